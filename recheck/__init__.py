@@ -1,0 +1,58 @@
+"""recheck: prove that activation checkpointing recomputes exactly what the forward computed.
+
+The findings model (:class:`Finding`, :class:`Report`, :class:`RecomputeMismatch`) is
+importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``,
+``watch``, ``tag``) is loaded on first use, so ``import recheck`` stays cheap and the
+linter and the CLI's catalogue commands never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from recheck.findings import (
+    DYNAMIC_KINDS,
+    KINDS,
+    Finding,
+    Invocation,
+    RecomputeMismatch,
+    Report,
+)
+
+__version__ = "0.1.0"
+
+#: public name -> module that defines it (imported lazily: these modules import torch)
+_LAZY = {
+    "check": "recheck.checker",
+    "assert_recompute_equal": "recheck.checker",
+    "watch": "recheck.watcher",
+    "tag": "recheck.watcher",
+}
+
+__all__ = [
+    "DYNAMIC_KINDS",
+    "KINDS",
+    "Finding",
+    "Invocation",
+    "RecomputeMismatch",
+    "Report",
+    "__version__",
+    *_LAZY,
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.checker import assert_recompute_equal, check
+    from recheck.watcher import tag, watch
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'recheck' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,14 @@
+"""The ``recheck`` subcommands, one module each.
+
+Each module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(ns) -> int``.
+Importing a command module must stay cheap: torch and libcst are imported inside ``run``.
+"""
+
+#: The subcommands in the order ``recheck --help`` lists them.
+COMMAND_MODULES = (
+    "recheck.commands.check",
+    "recheck.commands.lint",
+    "recheck.commands.rules",
+    "recheck.commands.explain",
+    "recheck.commands.lab",
+)

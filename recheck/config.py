@@ -1,0 +1,171 @@
+"""``[tool.recheck]`` configuration from the nearest ``pyproject.toml``.
+
+The table is looked up from a start path upwards; the first ``pyproject.toml`` that has a
+``[tool.recheck]`` table wins (as Fixit does).  Keys may be written kebab-case (ruff's
+style) or snake_case (pytest ini style); they are normalized to snake_case.  An unknown
+key or a value of the wrong type is a :class:`ConfigError` that names the file and the
+key.  Command-line flags override the file: see :meth:`Config.merged`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["SCHEMA", "Config", "ConfigError", "find_pyproject", "load_config"]
+
+
+class ConfigError(ValueError):
+    """The ``[tool.recheck]`` table is invalid; the message names the file and key."""
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _per_file_ignores(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _str_list(v) for k, v in value.items()
+    )
+
+
+def _store(value: Any) -> bool:
+    return value in ("digest", "copy")
+
+
+#: key -> (validator, description of the expected value, what it configures)
+SCHEMA: Mapping[str, tuple[Callable[[Any], bool], str, str]] = {
+    # linter
+    "select": (_str_list, "a list of rule codes or prefixes", "rules the linter reports"),
+    "ignore": (_str_list, "a list of rule codes or prefixes", "rules the linter skips"),
+    "extend_select": (_str_list, "a list of rule codes or prefixes", "rules added to select"),
+    "per_file_ignores": (
+        _per_file_ignores,
+        "a table of glob = [codes]",
+        "rules skipped in matching files",
+    ),
+    "exclude": (_str_list, "a list of glob patterns", "paths the linter skips"),
+    "checkpoint_functions": (
+        _str_list,
+        "a list of dotted names",
+        "extra functions that checkpoint their first argument",
+    ),
+    "cache_dir": (_str, "a path", "where the linter keeps its cache"),
+    "max_file_size": (_positive_int, "a positive number of bytes", "larger files are skipped"),
+    # dynamic checker, watch and the pytest plugin
+    "strict": (_bool, "true or false", "replay every recomputation fully (no early stop)"),
+    "store": (_store, '"digest" or "copy"', "what watch() keeps of each forward"),
+    "report": (_str, "a path", "where pytest --recheck writes its JSON report"),
+    "atol": (_number, "a number", "absolute tolerance (default: exact)"),
+    "rtol": (_number, "a number", "relative tolerance (default: exact)"),
+    "max_ulp": (_positive_int, "a positive integer", "tolerance in units in the last place"),
+}
+
+
+def find_pyproject(start: Path | str | None = None) -> Path | None:
+    """The nearest ``pyproject.toml`` at or above ``start`` with a ``[tool.recheck]`` table."""
+    here = Path(start or Path.cwd()).resolve()
+    if here.is_file():
+        here = here.parent
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and "recheck" in _read_tool_tables(candidate):
+            return candidate
+    return None
+
+
+def _read_tool_tables(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    tool = data.get("tool", {})
+    return tool if isinstance(tool, dict) else {}
+
+
+def normalize_key(key: str) -> str:
+    return key.replace("-", "_")
+
+
+def validate(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Check every key and value of a ``[tool.recheck]``-style table; return snake_case keys."""
+    values: dict[str, Any] = {}
+    for raw_key, value in table.items():
+        key = normalize_key(raw_key)
+        if key not in SCHEMA:
+            known = ", ".join(k.replace("_", "-") for k in SCHEMA)
+            raise ConfigError(f"{source}: unknown key '{raw_key}' in [tool.recheck]; known keys: {known}")
+        check, expected, _ = SCHEMA[key]
+        if not check(value):
+            raise ConfigError(
+                f"{source}: invalid value for '{raw_key}' in [tool.recheck]: expected {expected}, got {value!r}"
+            )
+        if key in values:
+            raise ConfigError(f"{source}: '{raw_key}' is given twice in [tool.recheck]")
+        values[key] = value
+    return values
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated ``[tool.recheck]`` table and where it came from (None: defaults)."""
+
+    path: Path | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        """The folder paths in the configuration are relative to."""
+        return self.path.parent if self.path else Path.cwd()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(normalize_key(key), default)
+
+    def merged(self, overrides: Mapping[str, Any]) -> Config:
+        """A copy where every override that is not None replaces the file's value."""
+        values = dict(self.values)
+        values.update({normalize_key(k): v for k, v in overrides.items() if v is not None})
+        return Config(self.path, values)
+
+
+def load_config(start: Path | str | None = None, *, path: Path | str | None = None) -> Config:
+    """Load ``[tool.recheck]``: from ``path`` if given, else the nearest one above ``start``."""
+    if path is not None:
+        pyproject = Path(path)
+        if not pyproject.is_file():
+            raise ConfigError(f"{pyproject}: no such configuration file")
+    else:
+        found = find_pyproject(start)
+        if found is None:
+            return Config()
+        pyproject = found
+    table = _read_tool_tables(pyproject).get("recheck", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{pyproject}: [tool.recheck] must be a table")
+    return Config(pyproject, validate(table, str(pyproject)))

@@ -1,0 +1,257 @@
+"""The findings model shared by every face of recheck (checker, watch, linter, cost).
+
+This module is the bottom layer: it imports nothing from torch or libcst and nothing
+else from recheck, so any part of the package can depend on it.
+
+A :class:`Finding` is one thing that differs (dynamic) or one hazard in source code
+(static).  A :class:`Report` is an ordered collection of findings plus the notes a run
+wants to pass on (for instance "compiled regions were not observed").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+__all__ = [
+    "DYNAMIC_KINDS",
+    "KINDS",
+    "LINT",
+    "Finding",
+    "Invocation",
+    "RecomputeMismatch",
+    "Report",
+]
+
+#: The dynamic kinds, each with the one-line meaning every face of recheck uses.
+DYNAMIC_KINDS: Mapping[str, str] = {
+    "output": "the checkpointed forward's output differs from the plain forward's",
+    "recompute": "values recomputed in backward differ from the original forward's",
+    "gradient": "a gradient differs from the uncheckpointed run's",
+    "rng": "a random-number generator's state differs",
+    "buffer": "a module buffer (such as BatchNorm running statistics) differs",
+    "state": "Python-side state (module attributes, containers, globals written) differs",
+    "global": "a global the region reads had another value at recompute than at forward",
+    "side_effect": "logging, printing or warnings were emitted again during recompute",
+    "param_version": "a parameter or input was modified in place between forward and recompute",
+    "input_mutation": "the region mutates one of its own inputs",
+}
+
+#: The kind of every static (linter) finding.
+LINT = "lint"
+
+#: All kinds a :class:`Finding` may carry.
+KINDS: tuple[str, ...] = (*DYNAMIC_KINDS, LINT)
+
+FIRST_LINE = "recheck: recomputation differs from the original forward"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """Which call of a region a dynamic finding belongs to.
+
+    ``index`` is 1-based and counts calls of the same region; ``of`` is the number of
+    calls seen when known.  ``tags`` carries labels such as ``stage`` and
+    ``microbatch`` (see ``recheck.tag``).  ``callsite`` is the ``file:line`` of the
+    code that called checkpoint.
+    """
+
+    index: int = 1
+    of: int | None = None
+    tags: Mapping[str, Any] = field(default_factory=dict)
+    callsite: str | None = None
+
+    def __str__(self) -> str:
+        text = f"call {self.index}" + (f" of {self.of}" if self.of else "")
+        if self.tags:
+            text += " (" + ", ".join(f"{k}={v}" for k, v in self.tags.items()) + ")"
+        if self.callsite:
+            text += f", checkpointed at {self.callsite}"
+        return text
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference found at run time, or one hazard found in source code.
+
+    Dynamic findings set ``region`` (qualified name of the checkpointed callable,
+    optionally followed by its ``file:line``), ``invocation`` and ``subject`` (what
+    differs: ``output[0]``, ``grad of `layer1.weight```, ``cpu RNG``, ...).  Static
+    findings use ``kind="lint"`` with a rule ``code`` and ``path``/``line``/``column``
+    (1-based).  ``latent`` marks a difference that the given configuration did not
+    execute but a full replay did; ``hint`` points at the rule document.
+    """
+
+    kind: str
+    message: str
+    code: str | None = None
+    path: str | None = None
+    line: int | None = None
+    column: int | None = None
+    end_line: int | None = None
+    end_column: int | None = None
+    region: str | None = None
+    invocation: Invocation | None = None
+    subject: str | None = None
+    detail: str = ""
+    hint: str | None = None
+    latent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"unknown finding kind {self.kind!r}; expected one of {', '.join(KINDS)}"
+            )
+        if self.kind == LINT and not self.code:
+            raise ValueError("a lint finding needs a rule code")
+        if "\n" in self.message:
+            raise ValueError("Finding.message is one line; put the rest in detail")
+
+    @property
+    def is_static(self) -> bool:
+        return self.kind == LINT
+
+    @property
+    def location(self) -> str | None:
+        """``path:line:col`` for static findings, else None."""
+        if self.path is None:
+            return None
+        parts = [self.path]
+        if self.line is not None:
+            parts.append(str(self.line))
+            if self.column is not None:
+                parts.append(str(self.column))
+        return ":".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.invocation is not None:
+            data["invocation"] = {**asdict(self.invocation), "tags": dict(self.invocation.tags)}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        data = dict(data)
+        inv = data.get("invocation")
+        if isinstance(inv, Mapping):
+            data["invocation"] = Invocation(**inv)
+        return cls(**data)
+
+    def format(self, number: int | None = None) -> str:
+        """Human-readable text: one headline, then the indented detail and hint."""
+        if self.is_static:
+            head = f"{self.location}: {self.code} {self.message}"
+        else:
+            prefix = f"[{number}] " if number is not None else ""
+            tag = " (latent)" if self.latent else ""
+            head = f"{prefix}{self.kind}{tag}: {self.message}"
+        lines = [head]
+        indent = "      " if number is not None else "    "
+        for text in self.detail.splitlines():
+            lines.append(indent + text if text else "")
+        if self.hint:
+            lines.append(f"{indent}hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class Report:
+    """An ordered list of findings with the notes of the run that produced them."""
+
+    def __init__(
+        self,
+        findings: Iterable[Finding] = (),
+        *,
+        title: str | None = None,
+        notes: Iterable[str] = (),
+        stats: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.findings: list[Finding] = list(findings)
+        self.title = title
+        self.notes: list[str] = list(notes)
+        self.stats: dict[str, Any] = dict(stats or {})
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no finding."""
+        return not self.findings
+
+    def __len__(self) -> int:
+        return len(self.findings)
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+    def by_kind(self, kind: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    @property
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.findings}
+
+    def extend(self, other: Report | Iterable[Finding]) -> None:
+        if isinstance(other, Report):
+            self.findings.extend(other.findings)
+            self.notes.extend(n for n in other.notes if n not in self.notes)
+        else:
+            self.findings.extend(other)
+
+    def __str__(self) -> str:
+        dynamic = [f for f in self.findings if not f.is_static]
+        static = [f for f in self.findings if f.is_static]
+        lines: list[str] = []
+        if dynamic:
+            lines.append(
+                f"{FIRST_LINE} ({len(dynamic)} difference{'s' if len(dynamic) != 1 else ''})"
+            )
+        elif not static:
+            lines.append("recheck: no difference found")
+        if self.title:
+            lines.append("")
+            lines.extend("  " + t for t in self.title.splitlines())
+        for number, finding in enumerate(dynamic, 1):
+            lines.append("")
+            lines.extend("  " + t if t else "" for t in finding.format(number).splitlines())
+        for finding in static:
+            lines.append(finding.format())
+        if self.notes:
+            lines.append("")
+            lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Report {len(self.findings)} finding(s), ok={self.ok}>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "title": self.title,
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+            "stats": dict(self.stats),
+        }
+
+    def to_json(self, **dumps_kwargs: Any) -> str:
+        dumps_kwargs.setdefault("indent", 2)
+        return json.dumps(self.to_dict(), default=repr, **dumps_kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        data = json.loads(text)
+        return cls(
+            (Finding.from_dict(f) for f in data.get("findings", ())),
+            title=data.get("title"),
+            notes=data.get("notes", ()),
+            stats=data.get("stats"),
+        )
+
+
+class RecomputeMismatch(AssertionError):
+    """Raised by the assertion helpers when a recomputation differs.
+
+    ``report`` holds the full :class:`Report`; ``str(exc)`` is its text.
+    """
+
+    def __init__(self, report: Report) -> None:
+        super().__init__(str(report))
+        self.report = report

@@ -1,0 +1,108 @@
+"""The shared findings model: kinds, validation, text and JSON round trips."""
+
+import json
+
+import pytest
+
+import recheck
+from recheck.findings import DYNAMIC_KINDS, FIRST_LINE, KINDS, Finding, Invocation, Report
+
+
+def test_kind_vocabulary_is_fixed():
+    assert tuple(DYNAMIC_KINDS) == (
+        "output",
+        "recompute",
+        "gradient",
+        "rng",
+        "buffer",
+        "state",
+        "global",
+        "side_effect",
+        "param_version",
+        "input_mutation",
+    )
+    assert KINDS == (*DYNAMIC_KINDS, "lint")
+
+
+def test_public_names_are_exported_without_torch():
+    for name in ("Finding", "Report", "RecomputeMismatch", "Invocation", "KINDS"):
+        assert hasattr(recheck, name)
+    assert issubclass(recheck.RecomputeMismatch, AssertionError)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"kind": "nonsense", "message": "m"}, "unknown finding kind 'nonsense'"),
+        ({"kind": "lint", "message": "m"}, "needs a rule code"),
+        ({"kind": "state", "message": "two\nlines"}, "one line"),
+    ],
+)
+def test_invalid_findings_are_rejected(kwargs, error):
+    with pytest.raises(ValueError, match=error):
+        Finding(**kwargs)
+
+
+def test_static_finding_formats_like_ruff():
+    f = Finding(kind="lint", code="RC104", message="`self.calls` is incremented", path="m.py", line=8, column=9)
+    assert f.location == "m.py:8:9"
+    assert f.format() == "m.py:8:9: RC104 `self.calls` is incremented"
+
+
+def dynamic_finding(**extra):
+    return Finding(
+        kind="buffer",
+        message="buffer `bn.running_mean` updated twice",
+        region="Block._inner (model.py:12)",
+        invocation=Invocation(index=2, of=3, tags={"microbatch": 1}, callsite="train.py:40"),
+        subject="buffer `bn.running_mean`",
+        detail="4 / 16 elements differ\nfirst difference at index (0,)",
+        hint="see rules/RC106-batchnorm-in-region.md",
+        **extra,
+    )
+
+
+def test_report_text_names_everything():
+    report = Report([dynamic_finding(), dynamic_finding(latent=True)], title="region Block._inner", notes=["n1"])
+    text = str(report)
+    assert text.splitlines()[0] == f"{FIRST_LINE} (2 differences)"
+    assert "[1] buffer: buffer `bn.running_mean` updated twice" in text
+    assert "[2] buffer (latent):" in text
+    assert "first difference at index (0,)" in text
+    assert "hint: see rules/RC106-batchnorm-in-region.md" in text
+    assert "note: n1" in text
+    assert not report.ok and len(report) == 2 and report.kinds == {"buffer"}
+
+
+def test_clean_report():
+    report = Report()
+    assert report.ok
+    assert str(report) == "recheck: no difference found"
+
+
+def test_json_round_trip_keeps_invocation_and_latent():
+    report = Report([dynamic_finding(latent=True)], notes=["compiled regions were not observed"])
+    data = json.loads(report.to_json())
+    assert data["ok"] is False
+    assert data["findings"][0]["invocation"] == {
+        "index": 2,
+        "of": 3,
+        "tags": {"microbatch": 1},
+        "callsite": "train.py:40",
+    }
+    again = Report.from_json(report.to_json())
+    assert again.findings == report.findings
+    assert again.notes == report.notes
+
+
+def test_invocation_text():
+    assert str(Invocation(index=3, of=8, tags={"stage": 1}, callsite="a.py:9")) == (
+        "call 3 of 8 (stage=1), checkpointed at a.py:9"
+    )
+
+
+def test_recompute_mismatch_carries_the_report():
+    report = Report([dynamic_finding()])
+    exc = recheck.RecomputeMismatch(report)
+    assert exc.report is report
+    assert str(exc) == str(report)
