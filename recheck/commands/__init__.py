@@ -8,6 +8,7 @@ Importing a command module must stay cheap: torch and libcst are imported inside
 COMMAND_MODULES = (
     "recheck.commands.check",
     "recheck.commands.lint",
+    "recheck.commands.cost",
     "recheck.commands.rules",
     "recheck.commands.explain",
     "recheck.commands.lab",

@@ -1,0 +1,79 @@
+"""``recheck lint [PATHS]``: find recomputation hazards inside checkpointed regions.
+
+Exit codes (ruff's): 0 clean, 1 findings or files that could not be linted, 2 usage or
+configuration error.  Nothing here imports torch; libcst is imported only by ``--fix``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+NAME = "lint"
+HELP = "lint checkpointed regions for recomputation hazards (static, never imports torch)"
+FORMATS = ("text", "json", "sarif", "github")
+
+
+def _codes(value: str) -> list[str]:
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to lint (default: .)")
+    parser.add_argument("--format", "--output-format", dest="format", choices=FORMATS, default="text",
+                        help="output format (default: text)")
+    parser.add_argument("--select", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to report")
+    parser.add_argument("--ignore", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to skip")
+    parser.add_argument("--extend-select", type=_codes, metavar="CODES", help="rules to add to the selection")
+    parser.add_argument("--statistics", action="store_true", help="print a count per rule instead of each finding")
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
+    parser.add_argument("--fix", action="store_true", help="add use_reentrant=False where RC001 flags it")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: one per CPU)")
+    parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
+
+
+def run(ns: argparse.Namespace) -> int:
+    from recheck import __version__
+    from recheck.config import load_config
+    from recheck.lint.engine import lint_paths
+    from recheck.lint.options import LintOptions, SelectorError
+    from recheck.lint.output import render, statistics, summary
+
+    paths = [Path(p) for p in (ns.paths or ["."])]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        for path in missing:
+            print(f"recheck lint: error: {path}: no such file or directory", file=sys.stderr)
+        return 2
+    config = load_config(paths[0], path=ns.config)
+    values = config.merged({"select": ns.select, "ignore": ns.ignore, "extend_select": ns.extend_select}).values
+    try:
+        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0))
+    except SelectorError as exc:
+        print(f"recheck lint: error: {exc}", file=sys.stderr)
+        return 2
+    result = lint_paths(paths, options)
+    findings = result.findings
+    fixed = 0
+    if ns.fix:
+        from recheck.lint.fix import fix_use_reentrant
+
+        done = fix_use_reentrant(findings, result.sources)
+        fixed = len(done)
+        findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
+    for error in result.errors:
+        print(error, file=sys.stderr)
+    if ns.statistics:
+        if findings:
+            print(statistics(findings))
+    else:
+        text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
+        if text:
+            print(text)
+    if ns.format == "text" or ns.statistics:
+        print(summary(findings, result.errors, fixed))
+    if ns.exit_zero:
+        return 0
+    return 1 if findings or result.errors else 0

@@ -1,0 +1,14 @@
+"""``recheck lint``: a static linter for activation-checkpointed regions.
+
+Phase one (:mod:`recheck.lint.extract`) reads each candidate file into plain facts;
+phase two (:mod:`recheck.lint.regions`) finds the regions across files and reports the
+hazards inside them.  This package never imports torch; libcst is imported only by
+``--fix`` (:mod:`recheck.lint.fix`).
+"""
+
+from __future__ import annotations
+
+from recheck.lint.engine import LintResult, lint_paths, lint_sources
+from recheck.lint.options import LintOptions
+
+__all__ = ["LintOptions", "LintResult", "lint_paths", "lint_sources"]

@@ -1,0 +1,253 @@
+"""The lint run: discover, pre-filter, phase one (pool + cache), regions, findings.
+
+Only files whose text can hold a checkpoint call or a ``GradientCheckpointingLayer``
+are parsed at first; files that define what those regions call are parsed on demand,
+round by round, until every reference the tree can answer is answered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from recheck.findings import LINT, Finding
+from recheck.lint.cache import FactsCache
+from recheck.lint.extract import extract
+from recheck.lint.facts import FileFacts
+from recheck.lint.files import FileError, discover, read_source
+from recheck.lint.imports import module_name
+from recheck.lint.index import Index
+from recheck.lint.options import LintOptions
+from recheck.lint.regions import Hit, find_regions, region_hits
+from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
+from recheck.lint.targets import CHECKPOINTING_BASES
+
+__all__ = ["LintResult", "lint_paths", "lint_sources"]
+
+#: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func.
+#: It starts with a literal so that the regex engine scans for it quickly.
+PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
+IMPLICIT_REGIONS = "GradientCheckpointingLayer"
+SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
+MAX_ROUNDS = 8
+POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
+
+
+@dataclass
+class LintResult:
+    """Findings (sorted), files that could not be linted, and counters for the summary."""
+
+    findings: list[Finding] = field(default_factory=list)
+    errors: list[FileError] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict, repr=False)  # display path -> text
+
+
+@dataclass
+class _Source:
+    path: Path
+    display: str
+    text: str
+    data: bytes
+    module: str
+    is_package: bool
+    _bases: set[str] | None = None
+
+    def base_names(self) -> set[str]:
+        """Last components of every class base written in the file (a text scan, cached)."""
+        if self._bases is None:
+            self._bases = {
+                base.strip().rsplit(".", 1)[-1]
+                for match in SUBCLASS.finditer(self.text) for base in match.group(1).split(",")
+            } if "class" in self.text else set()
+        return self._bases
+
+
+def _display(path: Path) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def _phase_one(job: tuple[str, str, str, bool, frozenset[str]]) -> tuple[str, FileFacts | FileError]:
+    display, text, module, is_package, extra = job
+    try:
+        return display, extract(text, display, module, is_package, extra)
+    except SyntaxError as exc:
+        where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
+        return display, FileError(display, f"does not parse: {exc.msg}{where}")
+    except (RecursionError, ValueError, MemoryError) as exc:
+        return display, FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+
+
+def _run_phase_one(jobs: list[tuple], workers: int) -> Iterable[tuple[str, FileFacts | FileError]]:
+    if workers <= 1 or len(jobs) < POOL_THRESHOLD:
+        return [_phase_one(job) for job in jobs]
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    with multiprocessing.get_context(method).Pool(workers) as pool:
+        return list(pool.imap_unordered(_phase_one, jobs, chunksize=4))
+
+
+class _Run:
+    def __init__(self, options: LintOptions) -> None:
+        self.options = options
+        extra = frozenset(options.checkpoint_functions)
+        self.extra = extra
+        self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in extra]
+        self.cache = FactsCache(options.cache_dir, ",".join(sorted(extra)))
+        self.workers = options.jobs or os.cpu_count() or 1
+        self.sources: dict[str, _Source] = {}
+        self.facts: dict[str, FileFacts] = {}
+        self.errors: list[FileError] = []
+        self.parsed = 0
+
+    def parse(self, sources: list[_Source]) -> None:
+        jobs = []
+        for source in sources:
+            key = self.cache.key(source.data, source.module)
+            cached = self.cache.get(key)
+            if cached is not None:
+                cached.path = source.display
+                self.facts[source.display] = cached
+            else:
+                jobs.append((source.display, source.text, source.module, source.is_package, self.extra))
+        self.parsed += len(jobs)
+        for display, result in _run_phase_one(jobs, self.workers):
+            if isinstance(result, FileError):
+                self.errors.append(result)
+                self.facts[display] = FileFacts(display, self.sources[display].module)
+            else:
+                self.facts[display] = result
+                source = self.sources[display]
+                self.cache.put(self.cache.key(source.data, source.module), result)
+
+    def wanted(self, index: Index, by_module: dict[str, _Source]) -> list[_Source]:
+        """Unparsed files that define what the regions reference, or subclass region classes."""
+        wanted: dict[str, _Source] = {}
+        for miss in index.misses:
+            parts = miss.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                source = by_module.get(".".join(parts[:cut]))
+                if source is not None and source.display not in self.facts:
+                    wanted[source.display] = source
+                    break
+        region_classes = set(CHECKPOINTING_BASES)
+        for file in index.files:
+            for cls in file.classes.values():
+                if any(b.rsplit(".", 1)[-1] in region_classes for b in index.base_names(file, cls)):
+                    region_classes.add(cls.qualname.rsplit(".", 1)[-1])
+        for source in self.sources.values():
+            if source.display not in self.facts and source.display not in wanted and source.base_names() & region_classes:
+                wanted[source.display] = source
+        return list(wanted.values())
+
+    def is_candidate(self, text: str) -> bool:
+        """The text pre-filter: can this file hold a checkpoint call or an implicit region?"""
+        return IMPLICIT_REGIONS in text or any(p.search(text) for p in self.patterns)
+
+
+def _read(paths: list[Path], run: _Run) -> None:
+    packages: dict[Path, str] = {}  # folder -> its dotted package ("" outside packages)
+    for path in paths:
+        display = _display(path)
+        if display in run.sources:
+            continue
+        result = read_source(path, display, run.options.max_file_size)
+        if isinstance(result, FileError):
+            run.errors.append(result)
+            continue
+        text, data = result
+        folder = path.parent
+        if folder not in packages:
+            package, _ = module_name(folder / "__init__.py") if (folder / "__init__.py").is_file() else ("", False)
+            packages[folder] = package
+        is_package = path.name == "__init__.py"
+        module = packages[folder] if is_package else ".".join(p for p in (packages[folder], path.stem) if p)
+        run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package)
+
+
+def lint_paths(paths: Iterable[Path], options: LintOptions | None = None) -> LintResult:
+    """Lint every Python file under ``paths``."""
+    options = options or LintOptions()
+    run = _Run(options)
+    _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
+    return _lint(run)
+
+
+def lint_sources(sources: dict[str, str], options: LintOptions | None = None) -> LintResult:
+    """Lint in-memory sources keyed by a display path (module name = file stem)."""
+    run = _Run(options or LintOptions(cache_dir=None))
+    for display, text in sources.items():
+        stem = Path(display).stem
+        run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
+    return _lint(run)
+
+
+def _lint(run: _Run) -> LintResult:
+    tree_key = hashlib.sha256("\0".join(
+        f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
+    stored = run.cache.get_result(tree_key)
+    if stored is not None:  # not one file changed since the last run: reuse its regions
+        hits, errors, stats = stored
+        run.errors.extend(errors)
+        stats = {**stats, "parsed": 0, "cached": stats["indexed"]}
+    else:
+        hits, stats = _analyse(run)
+        run.cache.put_result(tree_key, (hits, [e for e in run.errors if e.path in run.sources], stats))
+    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path))
+    result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
+    result.sources = {d: s.text for d, s in run.sources.items()}
+    result.stats = {"files": len(run.sources) + len(run.errors), **stats}
+    return result
+
+
+def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
+    """Phase one for the candidates and what their regions reach, then phase two."""
+    by_module: dict[str, _Source] = {}
+    for source in run.sources.values():
+        by_module.setdefault(source.module, source)
+    pending = [s for s in run.sources.values() if run.is_candidate(s.text)]
+    candidates = len(pending)
+    hits: list[Hit] = []
+    regions: list = []
+    for _ in range(MAX_ROUNDS):
+        run.parse(pending)
+        index = Index(run.facts.values())
+        regions = find_regions(index)
+        hits = region_hits(index, regions)
+        pending = run.wanted(index, by_module) if regions or index.misses else []
+        if not pending:
+            break
+    run.cache.flush()
+    return hits, {"candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
+                  "cached": run.cache.hits, "regions": len(regions)}
+
+
+def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:
+    tables: dict[str, dict[int, set[str]]] = {}
+    ignored_files: dict[str, bool] = {}
+    for hit in hits:
+        code, span = hit.hazard.code, hit.hazard.span
+        source = run.sources.get(hit.path)
+        relative = os.path.relpath(source.path.resolve(), run.options.root.resolve()) if source else hit.path
+        if not run.options.enabled(code, relative):
+            continue
+        if source is not None:
+            if hit.path not in tables:
+                ignored_files[hit.path] = file_ignored(source.text)
+                tables[hit.path] = line_suppressions(source.text)
+            if ignored_files[hit.path] or suppressed(code, (span.line, span.end_line), tables[hit.path]):
+                continue
+        where = f" inside checkpointed region `{hit.region}` ({hit.origin})" if hit.origin else ""
+        yield Finding(
+            kind=LINT, code=code, message=f"{hit.hazard.what}{where}; {hit.hazard.then}",
+            path=hit.path, line=span.line, column=span.column, end_line=span.end_line,
+            end_column=span.end_column, region=hit.region,
+        )

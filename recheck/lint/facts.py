@@ -1,0 +1,114 @@
+"""What one pass over a file learns: plain, picklable data (the cache stores it).
+
+The linter works in two phases.  Phase one reads a single file and records
+:class:`FileFacts`: its classes, functions, the hazards inside each function body and
+every checkpoint call site, with names already resolved through the file's imports.
+Phase two (``regions.py``) joins the facts of all files to decide which functions are
+actually checkpointed and turns their hazards into findings.  Nothing here imports
+anything outside the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+__all__ = ["CallSite", "ClassFacts", "FileFacts", "FunctionFacts", "Hazard", "Ref", "Span"]
+
+
+class Span(NamedTuple):
+    """A source range: 1-based lines and 1-based columns (characters, not bytes).
+
+    The small records here are named tuples: the cache pickles hundreds of thousands.
+    """
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+class Hazard(NamedTuple):
+    """One hazard in a function body, reported only if the function is in a region.
+
+    The finding reads ``{what} inside checkpointed region `R` (checkpointed at S); {then}``.
+    """
+
+    code: str
+    span: Span
+    what: str
+    then: str
+    #: "root": counts only in the region's own function (RC107: callees get internal tensors);
+    #: "draw:<rng>" / "seed:<rng>": a draw is deterministic when the region seeds that RNG.
+    tag: str = ""
+
+
+class Ref(NamedTuple):
+    """Something a call may run, resolved as far as one file allows.
+
+    ``kind`` is one of:
+
+    - ``"name"``: a module-level function or class, ``name`` its dotted qualified name;
+    - ``"local"``: a nested function or lambda of this file, ``name`` its qualname;
+    - ``"self"``: ``self.<name>``: a method of the enclosing class or a submodule attribute;
+    - ``"elements"``: the modules held by the container ``self.<name>`` (``ModuleList``,
+      ``Sequential``), as when a loop variable over ``self.layers`` is called;
+    - ``"member"``: method ``member`` of the submodule(s) ``self.<name>``;
+    - ``"super"``: method ``name`` of the enclosing class's bases;
+    - ``"returned"``: the nested functions that function ``name`` (a ``name``/``local``
+      reference in ``member``) returns, as with ``create_custom_forward(layer)``.
+    """
+
+    kind: str
+    name: str
+    span: Span
+    member: str = ""
+
+
+@dataclass
+class FunctionFacts:
+    """A function (or lambda) body: its hazards and what it calls."""
+
+    qualname: str
+    span: Span
+    self_class: str | None = None  # qualname of the class ``self`` refers to, if any
+    hazards: list[Hazard] = field(default_factory=list)
+    calls: list[Ref] = field(default_factory=list)
+    random_draws: list[tuple[Span, str]] = field(default_factory=list)
+    returns_local: list[str] = field(default_factory=list)
+    memoized: bool = False  # @lru_cache/@cache: the body runs once per arguments, not per call
+
+
+@dataclass
+class ClassFacts:
+    """A class: bases (qualified), methods and the submodule classes of its attributes."""
+
+    qualname: str
+    span: Span
+    bases: list[str] = field(default_factory=list)
+    methods: dict[str, str] = field(default_factory=dict)  # name -> function qualname
+    attributes: dict[str, list[str]] = field(default_factory=dict)  # attr -> class names
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call of a checkpoint entry point."""
+
+    span: Span
+    entry: str  # qualified name of the entry point (``torch.utils.checkpoint.checkpoint``)
+    caller: str  # qualname of the enclosing function, or ``<module>``
+    targets: tuple[Ref, ...]
+    use_reentrant: str  # "given", "splat" (may travel in **kwargs) or "missing"
+    preserve_rng_false: Span | None = None
+
+
+@dataclass
+class FileFacts:
+    """Everything phase one learns about one file."""
+
+    path: str
+    module: str
+    imports: dict[str, str] = field(default_factory=dict)  # local alias -> qualified name
+    classes: dict[str, ClassFacts] = field(default_factory=dict)  # qualname -> facts
+    functions: dict[str, FunctionFacts] = field(default_factory=dict)  # qualname -> facts
+    call_sites: list[CallSite] = field(default_factory=list)

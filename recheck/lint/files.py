@@ -1,0 +1,170 @@
+"""Which files to lint, and reading them with a clear error for each bad one.
+
+Directories are walked with ``.gitignore`` files honoured (from the enclosing git
+repository's root down), plus the usual tool folders and the configured ``exclude``
+globs.  Files named explicitly are always linted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+__all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_source"]
+
+DEFAULT_MAX_FILE_SIZE = 5 * 1024 * 1024
+ALWAYS_SKIPPED = frozenset({
+    ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", "__pycache__", "node_modules",
+    ".mypy_cache", ".ruff_cache", ".pytest_cache", ".recheck_cache", ".eggs", "site-packages",
+})
+
+
+@dataclass(frozen=True)
+class FileError:
+    """A file that could not be linted, and why (printed as ``path: error: reason``)."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: error: {self.reason}"
+
+
+def _glob_to_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("/.*")
+            i += 3
+        elif pattern[i] == "*":
+            out.append(".*" if pattern.startswith("**", i) else "[^/]*")
+            i += 2 if pattern.startswith("**", i) else 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+            end = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+class GitIgnore:
+    """The ``.gitignore`` rules seen so far: (folder, regex, negated, directories only)."""
+
+    def __init__(self) -> None:
+        self.rules: list[tuple[str, re.Pattern[str], bool, bool]] = []
+
+    def load(self, folder: Path) -> None:
+        try:
+            text = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        for raw in text.splitlines():
+            line = raw.rstrip()
+            if not line or line.startswith("#"):
+                continue
+            negated = line.startswith("!")
+            line = line[1:] if negated else line
+            dir_only = line.endswith("/")
+            line = line.rstrip("/")
+            anchored = "/" in line
+            body = _glob_to_regex(line.lstrip("/"))
+            regex = re.compile(body + "$" if anchored else "(?:.*/)?" + body + "$")
+            self.rules.append((str(folder.resolve()), regex, negated, dir_only))
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        """Whether ``path`` (absolute and normalized) is ignored; the last matching rule wins."""
+        resolved, verdict = str(path), False
+        for folder, regex, negated, dir_only in self.rules:
+            if dir_only and not is_dir or not resolved.startswith(folder + os.sep):
+                continue
+            if regex.match(resolved[len(folder) + 1:]):
+                verdict = not negated
+        return verdict
+
+
+def _excluded(path: Path, root: Path, patterns: list[str]) -> bool:
+    """``path`` and ``root`` absolute and normalized."""
+    if not patterns:
+        return False
+    try:
+        relative = path.relative_to(root).as_posix()
+    except ValueError:
+        relative = path.as_posix()
+    return any(fnmatch.fnmatch(relative, p) or fnmatch.fnmatch(path.name, p)
+               or fnmatch.fnmatch(relative, p.rstrip("/") + "/*") for p in patterns)
+
+
+def _git_root(start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> Iterator[Path]:
+    """Python files under ``paths`` (files given explicitly are always included)."""
+    exclude = list(exclude)
+    root = root.resolve()
+    for start in paths:
+        if start.is_file():
+            yield start
+            continue
+        ignore = GitIgnore()
+        top = start.resolve()
+        git_root = _git_root(top)
+        if git_root is not None:
+            for folder in reversed([top, *top.parents]):
+                if folder == git_root or git_root in folder.parents:
+                    if folder != top:
+                        ignore.load(folder)
+        for folder, dirs, files in os.walk(start):
+            here = Path(folder)
+            absolute = top / here.relative_to(start)
+            ignore.load(absolute)
+            dirs[:] = sorted(
+                d for d in dirs
+                if d not in ALWAYS_SKIPPED and not d.endswith(".egg-info")
+                and not ignore.ignored(absolute / d, True) and not _excluded(absolute / d, root, exclude)
+            )
+            for name in sorted(files):
+                if name.endswith(".py") and not ignore.ignored(absolute / name, False) \
+                        and not _excluded(absolute / name, root, exclude):
+                    yield here / name
+
+
+def read_source(path: Path, display: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> tuple[str, bytes] | FileError:
+    """``(text, raw bytes)``, or the reason the file cannot be linted."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            return FileError(display, f"file is {size} bytes, larger than the {max_bytes}-byte limit (max-file-size); skipped")
+        data = path.read_bytes()
+    except OSError as exc:
+        return FileError(display, f"cannot read file: {exc.strerror or exc}")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        return FileError(display, f"contains a NUL byte at offset {nul}; not Python source")
+    try:
+        try:
+            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        except SyntaxError:  # undecodable first lines, or an unknown declared encoding
+            encoding = "utf-8"
+        text = data.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        detail = f"invalid byte 0x{data[exc.start]:02x} at offset {exc.start}" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        return FileError(display, f"not valid UTF-8 ({detail})")
+    return text.lstrip("\ufeff"), data

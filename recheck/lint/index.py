@@ -1,0 +1,120 @@
+"""The cross-file index: qualified names to the classes and functions of the linted tree.
+
+Lookups follow re-exports (``from .modeling_llama import LlamaDecoderLayer`` in a
+package ``__init__``) and record the qualified names they could not find, so the engine
+can parse the files that define them and try again.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Union
+
+from recheck.lint.facts import ClassFacts, FileFacts, FunctionFacts
+
+__all__ = ["Index", "Symbol"]
+
+Symbol = tuple[FileFacts, Union[ClassFacts, FunctionFacts]]
+MAX_HOPS = 8
+
+
+class Index:
+    """Every file's facts, by module name."""
+
+    def __init__(self, files: Iterable[FileFacts]) -> None:
+        #: Every file, sorted by path.  Two files may share a module name (scripts in
+        #: separate folders): both are linted, and lookups by name find the first.
+        self.files: list[FileFacts] = sorted(files, key=lambda f: f.path)
+        self.modules: dict[str, FileFacts] = {}
+        for facts in self.files:
+            self.modules.setdefault(facts.module, facts)
+        self.misses: set[str] = set()
+        self._found: dict[str, Symbol | None] = {}
+        self._bases: dict[int, set[str]] = {}
+        self._lineages: dict[int, list[tuple[FileFacts, ClassFacts]]] = {}
+        self._methods: dict[tuple[int, str, bool], tuple[FileFacts, FunctionFacts] | None] = {}
+
+    def lookup(self, qualified: str, origin: FileFacts | None = None) -> Symbol | None:
+        """The class or function named ``package.module.Class[.method]``, if in the tree.
+
+        A name of ``origin``'s own module is looked up in ``origin`` first (another file
+        may share its module name).
+        """
+        if origin is not None and qualified.startswith(origin.module + "."):
+            rest = qualified[len(origin.module) + 1:]
+            if rest in origin.classes:
+                return origin, origin.classes[rest]
+            if rest in origin.functions:
+                return origin, origin.functions[rest]
+        if qualified not in self._found:
+            self._found[qualified] = self._lookup(qualified, 0)
+        return self._found[qualified]
+
+    def _lookup(self, qualified: str, hops: int) -> Symbol | None:
+        parts = qualified.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            facts = self.modules.get(".".join(parts[:cut]))
+            if facts is None:
+                continue
+            rest = ".".join(parts[cut:])
+            if rest in facts.classes:
+                return facts, facts.classes[rest]
+            if rest in facts.functions:
+                return facts, facts.functions[rest]
+            head = parts[cut]
+            if head in facts.imports and hops < MAX_HOPS:
+                return self._lookup(".".join([facts.imports[head], *parts[cut + 1:]]), hops + 1)
+            break
+        self.misses.add(qualified)  # the engine may parse the file that defines it, and retry
+        return None
+
+    def lookup_class(self, qualified: str, origin: FileFacts | None = None) -> tuple[FileFacts, ClassFacts] | None:
+        found = self.lookup(qualified, origin)
+        return found if found and isinstance(found[1], ClassFacts) else None  # type: ignore[return-value]
+
+    def lineage(self, facts: FileFacts, cls: ClassFacts) -> list[tuple[FileFacts, ClassFacts]]:
+        """The class and its bases found in the tree, depth-first (an approximate MRO)."""
+        if id(cls) not in self._lineages:
+            self._lineages[id(cls)] = list(self._lineage(facts, cls))
+        return self._lineages[id(cls)]
+
+    def _lineage(self, facts: FileFacts, cls: ClassFacts) -> Iterator[tuple[FileFacts, ClassFacts]]:
+        seen: set[int] = set()
+        stack = [(facts, cls)]
+        while stack:
+            file, klass = stack.pop()
+            if id(klass) in seen:
+                continue
+            seen.add(id(klass))
+            yield file, klass
+            for base in reversed(klass.bases):
+                found = self.lookup_class(base)
+                if found:
+                    stack.append(found)
+
+    def base_names(self, facts: FileFacts, cls: ClassFacts) -> set[str]:
+        """The qualified names of every base, transitively, found in the tree or not."""
+        if id(cls) not in self._bases:
+            self._bases[id(cls)] = {base for _, klass in self.lineage(facts, cls) for base in klass.bases}
+        return self._bases[id(cls)]
+
+    def find_method(self, facts: FileFacts, cls: ClassFacts, name: str, skip_self: bool = False) -> tuple[FileFacts, FunctionFacts] | None:
+        """The method ``name`` as the class sees it (``skip_self``: as ``super()`` sees it)."""
+        key = (id(cls), name, skip_self)
+        if key not in self._methods:
+            self._methods[key] = self._find_method(facts, cls, name, skip_self)
+        return self._methods[key]
+
+    def _find_method(self, facts: FileFacts, cls: ClassFacts, name: str, skip_self: bool) -> tuple[FileFacts, FunctionFacts] | None:
+        for file, klass in self.lineage(facts, cls):
+            if skip_self and klass is cls:
+                continue
+            qualname = klass.methods.get(name)
+            if qualname and qualname in file.functions:
+                return file, file.functions[qualname]
+        return None
+
+    def attribute_classes(self, facts: FileFacts, cls: ClassFacts, attribute: str) -> list[str]:
+        for _, klass in self.lineage(facts, cls):
+            if attribute in klass.attributes:
+                return klass.attributes[attribute]
+        return []

@@ -1,0 +1,83 @@
+"""The linter's settings: ``[tool.recheck]`` merged with command-line flags, and rule selection."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from recheck.lint.files import DEFAULT_MAX_FILE_SIZE
+from recheck.lint.rules import ALL_CODES
+
+__all__ = ["LintOptions", "SelectorError"]
+
+
+class SelectorError(ValueError):
+    """A rule selector (``--select``, ``ignore``, ...) that matches no rule."""
+
+
+def _check_selectors(selectors: list[str], where: str) -> list[str]:
+    normalized = [s.strip().upper() for s in selectors if s.strip()]
+    for selector in normalized:
+        if selector != "ALL" and not any(code.startswith(selector) for code in ALL_CODES):
+            raise SelectorError(f"{where}: unknown rule selector {selector!r}; rules are {', '.join(ALL_CODES)}")
+    return normalized
+
+
+def _matches(code: str, selector: str) -> int:
+    """How specific a match is (-1: no match); ``ALL`` is the least specific."""
+    if selector == "ALL":
+        return 0
+    return len(selector) if code.startswith(selector) else -1
+
+
+@dataclass
+class LintOptions:
+    """Everything a lint run needs to know besides the paths."""
+
+    root: Path = field(default_factory=Path.cwd)
+    select: list[str] = field(default_factory=lambda: ["ALL"])
+    ignore: list[str] = field(default_factory=list)
+    per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
+    exclude: list[str] = field(default_factory=list)
+    checkpoint_functions: list[str] = field(default_factory=list)
+    cache_dir: Path | None = None
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    jobs: int = 0  # 0: one per CPU
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], root: Path, *, use_cache: bool = True, jobs: int = 0) -> LintOptions:
+        """Build options from snake_case ``[tool.recheck]`` values (already merged with flags)."""
+        select = _check_selectors(values.get("select") or ["ALL"], "select")
+        select += _check_selectors(values.get("extend_select") or [], "extend-select")
+        per_file = {glob: _check_selectors(codes, f"per-file-ignores[{glob!r}]")
+                    for glob, codes in (values.get("per_file_ignores") or {}).items()}
+        cache_dir = None
+        if use_cache:
+            cache_dir = Path(values.get("cache_dir") or ".recheck_cache")
+            cache_dir = cache_dir if cache_dir.is_absolute() else root / cache_dir
+        return cls(
+            root=root,
+            select=select,
+            ignore=_check_selectors(values.get("ignore") or [], "ignore"),
+            per_file_ignores=per_file,
+            exclude=list(values.get("exclude") or []),
+            checkpoint_functions=list(values.get("checkpoint_functions") or []),
+            cache_dir=cache_dir,
+            max_file_size=int(values.get("max_file_size") or DEFAULT_MAX_FILE_SIZE),
+            jobs=jobs,
+        )
+
+    def enabled(self, code: str, path: str) -> bool:
+        """Whether ``code`` is reported for the file at ``path`` (relative to ``root`` or not)."""
+        chosen = max((_matches(code, s) for s in self.select), default=-1)
+        dropped = max((_matches(code, s) for s in self.ignore), default=-1)
+        if chosen < 0 or dropped >= chosen:
+            return False
+        posix = Path(path).as_posix()
+        for glob, codes in self.per_file_ignores.items():
+            if fnmatch.fnmatch(posix, glob) or fnmatch.fnmatch(Path(path).name, glob):
+                if any(_matches(code, s) >= 0 for s in codes):
+                    return False
+        return True

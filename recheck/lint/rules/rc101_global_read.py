@@ -1,0 +1,27 @@
+"""RC101: a checkpointed region reads a module global that the module rebinds or mutates."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from recheck.lint.facts import Hazard
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC101"
+NODES = (ast.Name,)
+ONCE_PER_FUNCTION = True  # one finding per global and function, at the first read
+
+
+def check(node: ast.Name, ctx: FunctionContext) -> Iterator[Hazard]:
+    if not isinstance(node.ctx, ast.Load) or node.id not in ctx.module.mutated_globals:
+        return
+    if id(node) in ctx.written:  # X[k] = v, X.append(v): a write, RC104's business
+        return
+    if ctx.is_global_variable(node.id):
+        yield Hazard(
+            CODE,
+            ctx.span(node),
+            f"module global `{node.id}` (rebound or mutated elsewhere in the module) is read",
+            "recomputation reads the value it holds at backward time, not at forward time",
+        )

@@ -1,0 +1,61 @@
+"""RC102: a checkpointed region moves tensors between devices."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from recheck.lint.facts import Hazard
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC102"
+NODES = (ast.Call,)
+DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xla", "xpu", "npu", "hpu", "meta", "privateuseone")
+THEN = "checkpoint preserves RNG state only on the devices of its tensor arguments"
+
+
+def _is_device_string(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.split(":")[0] in DEVICE_PREFIXES
+    )
+
+
+def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
+    """A device string, ``torch.device(...)``, or a device argument or global.
+
+    ``t.device`` (and a local variable or argument, typically ``device = t.device`` or
+    ``device=self.weight.device`` passed by the caller) is not a move to a new device: it
+    aligns with a tensor the region already holds, whose device is an input's or was
+    reached by another move (flagged there).  transformers does this hundreds of times
+    for model parallelism.  Module-level device globals are moves.
+    """
+    if _is_device_string(node):
+        return True
+    if isinstance(node, ast.Call) and ctx.qualify(node.func) == "torch.device":
+        return True
+    if isinstance(node, ast.Name) and "device" in node.id.lower():
+        return not ctx.is_local(node.id) and node.id not in ctx.closure_names
+    return False
+
+
+def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in ("cuda", "cpu") and not node.args:
+        if ctx.qualify(func) is None or not ctx.qualify(func).startswith("torch."):
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(func)}()` moves a tensor to another device", THEN)
+        return
+    if isinstance(func, ast.Attribute) and func.attr == "to":
+        moved = [a for a in node.args[:1] if _is_device_value(a, ctx)]
+        moved += [k.value for k in node.keywords if k.arg == "device" and _is_device_value(k.value, ctx)]
+        if moved:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node)}` moves a tensor to another device", THEN)
+        return
+    for keyword in node.keywords:
+        if keyword.arg == "device" and (
+            (_is_device_string(keyword.value) and keyword.value.value.split(":")[0] != "cpu")
+            or (isinstance(keyword.value, ast.Call) and ctx.qualify(keyword.value.func) == "torch.device")
+        ):
+            yield Hazard(CODE, ctx.span(keyword.value),
+                         f"`{ctx.source(keyword.value)}` creates a tensor on an explicit device", THEN)

@@ -1,0 +1,40 @@
+"""RC105: a checkpointed region uses RNG state that checkpoint does not restore."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from recheck.lint.facts import Hazard
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC105"
+NODES = (ast.Call,)
+#: Reseeding a host RNG inside the region makes its later draws repeatable (BigBird does
+#: this), so those draws are not reported; the reseed itself is.
+SEEDS = {"random.seed": "Python", "numpy.random.seed": "NumPy"}
+SEEDING = frozenset({
+    "torch.manual_seed", "torch.seed", "torch.random.manual_seed", "torch.random.seed",
+    "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.cuda.seed", "torch.cuda.seed_all",
+})
+
+
+def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    qualified = ctx.qualify(node.func) or ""
+    if qualified in SEEDS:
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds {SEEDS[qualified]}'s global RNG",
+                     "recomputation reseeds it again and shifts every later draw outside the region",
+                     f"seed:{SEEDS[qualified]}")
+    elif qualified.startswith("random.") and qualified.count(".") == 1:
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` draws from Python's `random`",
+                     "checkpoint does not restore Python's RNG, so recomputation draws a different value", "draw:Python")
+    elif qualified.startswith("numpy.random."):
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` uses NumPy's RNG",
+                     "checkpoint does not restore NumPy's RNG, so recomputation draws a different value", "draw:NumPy")
+    elif qualified in SEEDING:
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds torch's RNG",
+                     "recomputation reseeds it again and shifts every later draw")
+    for keyword in node.keywords:
+        if keyword.arg == "generator" and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None):
+            yield Hazard(CODE, ctx.span(keyword), f"an explicit `generator={ctx.source(keyword.value)}` is used",
+                         "checkpoint restores only the default generators, so recomputation draws different numbers")

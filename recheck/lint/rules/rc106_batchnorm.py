@@ -1,0 +1,39 @@
+"""RC106: BatchNorm in training mode inside a checkpointed region."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from recheck.lint.facts import Hazard, Span
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC106"
+NODES = (ast.Call,)
+FUNCTIONS = frozenset({"torch.nn.functional.batch_norm", "torch.batch_norm"})
+#: Class names (last component) that are BatchNorm modules; subclasses are found through bases.
+MODULE_CLASSES = frozenset({
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
+    "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "_BatchNorm",
+})
+THEN = "in training mode recomputation updates its running statistics a second time"
+TRAINING_POSITION = 5  # F.batch_norm(input, running_mean, running_var, weight, bias, training, ...)
+
+
+def _training(node: ast.Call, ctx: FunctionContext) -> bool:
+    value = node.args[TRAINING_POSITION] if len(node.args) > TRAINING_POSITION else None
+    value = next((k.value for k in node.keywords if k.arg == "training"), value)
+    if isinstance(value, ast.Constant):
+        return value.value is True
+    return isinstance(value, ast.Attribute) and value.attr == "training" and ctx.is_self(value.value)
+
+
+def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    if ctx.qualify(node.func) in FUNCTIONS and _training(node, ctx):
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(..., training=True)` is called",
+                     THEN)
+
+
+def module_call(class_name: str, attribute: str, span: Span) -> Hazard:
+    """The hazard for calling submodule ``self.<attribute>``, a BatchNorm (``class_name``)."""
+    return Hazard(CODE, span, f"BatchNorm submodule `self.{attribute}` ({class_name.rsplit('.', 1)[-1]}) is called", THEN)

@@ -1,0 +1,284 @@
+"""What a function body can see: its parameters, locals, closure and module globals.
+
+A light replacement for libcst's ScopeProvider, computed only for the functions of a
+file and only from assignments; it answers the questions the rules ask ("is ``x`` an
+argument of this region that is still the caller's object at line 12?", "is ``CACHE``
+a module global that something mutates?").
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from recheck.lint.facts import Ref, Span
+from recheck.lint.imports import dotted
+
+__all__ = ["FunctionContext", "ModuleContext", "bound_names", "partition_scopes"]
+
+FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
+MUTATING_METHODS = frozenset(
+    {"append", "extend", "update", "insert", "add", "setdefault", "pop", "popitem",
+     "clear", "remove", "discard", "__setitem__"}
+)
+LOGGER_FACTORIES = ("getLogger", "get_logger")
+
+
+def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
+    """One pass over the tree: ``id(scope) -> its nodes`` in source order.
+
+    The scopes are the module, classes, functions and lambdas; a nested scope's own node
+    (with its decorators, defaults and bases) belongs to the enclosing scope's list, its
+    body to its own.
+    """
+    lists: dict[int, list[ast.AST]] = {id(tree): []}
+    stack: list[tuple[ast.AST, list[ast.AST]]] = [(n, lists[id(tree)]) for n in reversed(tree.body)]
+    while stack:
+        node, out = stack.pop()
+        out.append(node)
+        children: list[tuple[ast.AST, list[ast.AST]]] = []
+        own = None
+        if isinstance(node, SCOPE_NODES):
+            own = lists[id(node)] = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            target = own if own is not None and name == "body" else out
+            if isinstance(value, ast.AST):
+                children.append((value, target))
+            elif isinstance(value, list):
+                children.extend((v, target) for v in value if isinstance(v, ast.AST))
+        stack.extend(reversed(children))
+    return lists
+
+
+_BINDERS = frozenset({
+    ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.comprehension, ast.withitem,
+    ast.NamedExpr, ast.ExceptHandler, ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+})
+_WRITERS = frozenset({ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.Call})
+
+
+def written_names(nodes: list[ast.AST]) -> set[int]:
+    """``id()`` of every Name that is written through: ``X[k] = v``, ``X.a = v``, ``X.append(v)``."""
+    written: set[int] = set()
+    for node in nodes:
+        if type(node) not in _WRITERS:
+            continue
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                if isinstance(target, (ast.Subscript, ast.Attribute)) and isinstance(target.value, ast.Name):
+                    written.add(id(target.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in MUTATING_METHODS and isinstance(node.func.value, ast.Name):
+                written.add(id(node.func.value))
+    return written
+
+
+def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
+    return {
+        n.attr for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == self_name
+    }
+
+
+def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
+    """``id()`` of assignment targets that fill a cache the guarding ``if`` tests.
+
+    ``if key not in self.cache: self.cache[key] = ...`` and ``if n != self._len_cached:
+    self._len_cached = n; self._cos_cached = ...`` fill a cache once: the block writes an
+    attribute its own test reads (the cache key).  A recomputation finds it filled.
+    """
+    found: set[int] = set()
+    if self_name is None:
+        return found
+    for node in nodes:
+        if not isinstance(node, ast.If):
+            continue
+        guarded = _self_attributes(node.test, self_name)
+        if not guarded:
+            continue
+        writes: list[tuple[ast.AST, str]] = []
+        for statement in node.body:
+            if not isinstance(statement, (ast.Assign, ast.AnnAssign)):
+                continue
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    base = element.value if isinstance(element, ast.Subscript) else element
+                    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == self_name:
+                        writes.append((element, base.attr))
+        if guarded & {attribute for _, attribute in writes}:
+            found.update(id(element) for element, _ in writes)
+    return found
+
+
+def _target_names(target: ast.AST) -> Iterator[str]:
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _target_names(element)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+
+
+def bound_names(nodes: list[ast.AST]) -> Iterator[tuple[str, int, bool]]:
+    """``(name, line, is_plain_assignment)`` for every name bound by one scope's ``nodes``."""
+    for node in nodes:
+        if type(node) not in _BINDERS:
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in _target_names(target):
+                    yield name, node.lineno, True
+        elif isinstance(node, ast.AugAssign):
+            yield from ((n, node.lineno, False) for n in _target_names(node.target))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            yield from ((n, getattr(node, "lineno", 0), True) for n in _target_names(node.target))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            yield from ((n, node.optional_vars.lineno, True) for n in _target_names(node.optional_vars))
+        elif isinstance(node, ast.NamedExpr):
+            yield node.target.id, node.lineno, True
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            yield node.name, node.lineno, True
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield (alias.asname or alias.name).split(".")[0], node.lineno, True
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name, node.lineno, True
+
+
+@dataclass
+class ModuleContext:
+    """Module-wide facts: imports, module-level names, mutated globals, loggers."""
+
+    module: str
+    lines: list[str]
+    imports: dict[str, str]
+    defined: dict[str, str] = field(default_factory=dict)  # def/class name -> qualname
+    assigned: set[str] = field(default_factory=set)  # module-level variables
+    mutated_globals: set[str] = field(default_factory=set)
+    loggers: set[str] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, tree: ast.Module, scopes: dict[int, list[ast.AST]], module: str, lines: list[str],
+              imports: dict[str, str]) -> ModuleContext:
+        context = cls(module, lines, imports)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                context.defined[node.name] = f"{module}.{node.name}"
+        top_level = scopes[id(tree)]
+        for name, _, _ in bound_names(top_level):
+            if name not in context.defined and name not in imports:
+                context.assigned.add(name)
+        for node in top_level:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                callee = dotted(node.value.func)
+                if callee and callee[-1] in LOGGER_FACTORIES:
+                    context.loggers.update(n for t in node.targets for n in _target_names(t))
+        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned)
+        return context
+
+    def qualify_parts(self, parts: list[str]) -> str:
+        head = parts[0]
+        if head in self.imports:
+            return ".".join([self.imports[head], *parts[1:]])
+        if head in self.defined:
+            return ".".join([self.defined[head], *parts[1:]])
+        return ".".join(parts)
+
+    def span(self, node: ast.AST) -> Span:
+        """The node's range with 1-based character columns (ast columns count UTF-8 bytes)."""
+        line, end_line = node.lineno, getattr(node, "end_lineno", None) or node.lineno
+        return Span(line, self._column(line, node.col_offset) + 1, end_line,
+                    self._column(end_line, getattr(node, "end_col_offset", None) or node.col_offset) + 1)
+
+    def _column(self, line: int, byte_offset: int) -> int:
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if text.isascii():
+            return byte_offset
+        return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "replace"))
+
+
+def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str]) -> set[str]:
+    """Module variables that functions rebind (``global``) or mutate in place at run time.
+
+    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and a global
+    initialised to ``None`` that functions only rebind is a lazily loaded singleton (a
+    kernel, a cache handle): neither changes between a forward and its recomputation.
+    """
+    none_initialised = {
+        name for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+        and isinstance(node.value, ast.Constant) and node.value.value is None
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for name in _target_names(target)
+    }
+    rebound: set[str] = set()
+    mutated: set[str] = set()
+    for scope, nodes in scopes.items():
+        if scope == id(tree):
+            continue
+        declared = {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
+        rebound |= declared
+        loading = declared & none_initialised  # the loader may set up what it loads
+        written = written_names(nodes)
+        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in loading)
+    return ((rebound - none_initialised) | mutated) & candidates
+
+
+@dataclass
+class FunctionContext:
+    """One function's view of names, handed to every rule's ``check``."""
+
+    module: ModuleContext
+    qualname: str
+    self_name: str | None
+    params: dict[str, ast.arg]
+    local_names: set[str]
+    closure_names: set[str]
+    declared_global: set[str]
+    declared_nonlocal: set[str]
+    rebound_at: dict[str, int]  # parameter -> first line that rebinds it
+    local_refs: dict[str, list[Ref]]  # loop variables over self.layers, nested defs, ...
+    defaults: dict[str, ast.AST] = field(default_factory=dict)  # parameter -> default value
+    written: set[int] = field(default_factory=set)  # ids of names written through (x[k] = v, x.append)
+    memo_targets: set[int] = field(default_factory=set)  # ids of cache-fill targets (see memo_targets)
+
+    def is_self(self, node: ast.AST) -> bool:
+        return self.self_name is not None and isinstance(node, ast.Name) and node.id == self.self_name
+
+    def is_live_param(self, name: str, line: int) -> bool:
+        """True when ``name`` is an argument still bound to the caller's object at ``line``."""
+        if name not in self.params or name == self.self_name:
+            return False
+        return self.rebound_at.get(name, 1 << 30) >= line
+
+    def is_local(self, name: str) -> bool:
+        return (name in self.local_names or name in self.params) and name not in self.declared_global
+
+    def is_global_variable(self, name: str) -> bool:
+        """A module-level variable (not a constant import, def or class) seen from here."""
+        if self.is_local(name):
+            return False
+        if name in self.closure_names and name not in self.declared_global:
+            return False
+        return name in self.module.assigned
+
+    def qualify(self, node: ast.AST) -> str | None:
+        """The dotted qualified name of a name chain whose head is not a local variable."""
+        parts = dotted(node)
+        if parts is None or self.is_local(parts[0]) or parts[0] in self.closure_names:
+            return None
+        return self.module.qualify_parts(parts)
+
+    def span(self, node: ast.AST) -> Span:
+        return self.module.span(node)
+
+    def source(self, node: ast.AST) -> str:
+        """Short source text of ``node`` for messages."""
+        text = ast.unparse(node)
+        return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,65 @@
+"""Engine mechanics: the cache, the process pool, on-demand parsing, discovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recheck.lint.cache import FORMAT_VERSION
+from recheck.lint.engine import POOL_THRESHOLD, lint_paths
+from recheck.lint.options import LintOptions
+
+
+def _findings(result):
+    return [(f.path, f.line, f.column, f.code, f.message) for f in result.findings]
+
+
+def test_cache_is_used_and_invalidated_by_content(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write("m.py", region_source)
+    options = LintOptions(root=tmp_path, cache_dir=tmp_path / "cache", jobs=1)
+    cold = lint_paths([Path(".")], options)
+    assert (cold.stats["parsed"], cold.stats["cached"]) == (1, 0)
+    warm = lint_paths([Path(".")], options)
+    assert (warm.stats["parsed"], warm.stats["cached"]) == (0, 1)
+    assert _findings(warm) == _findings(cold)
+    path.write_text(region_source.replace('print("block")', "pass"))
+    changed = lint_paths([Path(".")], options)
+    assert (changed.stats["parsed"], changed.stats["cached"]) == (1, 0)
+    assert [f.code for f in changed.findings] == ["RC104"]
+
+
+def test_corrupt_cache_entry_is_ignored(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write("m.py", region_source)
+    options = LintOptions(root=tmp_path, cache_dir=tmp_path / "cache", jobs=1)
+    cold = lint_paths([Path(".")], options)
+    for entry in (tmp_path / "cache" / f"lint-v{FORMAT_VERSION}").rglob("*.pickle"):
+        entry.write_bytes(b"not a pickle")
+    again = lint_paths([Path(".")], options)
+    assert again.stats["parsed"] == 1 and _findings(again) == _findings(cold)
+
+
+def test_pool_gives_the_same_findings(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i in range(POOL_THRESHOLD + 2):
+        write(f"m{i:02}.py", region_source)
+    serial = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    pooled = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=2))
+    assert len(serial.findings) == 2 * (POOL_THRESHOLD + 2)
+    assert _findings(pooled) == _findings(serial)
+
+
+def test_prefilter_skips_files_without_checkpoint_text(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write("m.py", region_source)
+    write("other.py", "def f():\n    print('not reached')\n")
+    result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    assert (result.stats["files"], result.stats["candidates"], result.stats["parsed"]) == (2, 1, 1)
+
+
+def test_files_sharing_a_module_name_are_all_linted(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write("one/model.py", region_source)
+    write("two/model.py", region_source)
+    result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    assert sorted({f.path for f in result.findings}) == ["one/model.py", "two/model.py"]
