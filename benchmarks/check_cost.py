@@ -1,0 +1,97 @@
+"""Cost of ``recheck.check()`` relative to one plain forward+backward.
+
+A stack of transformer encoder blocks is checked at two sizes; the script prints the
+median wall time of a plain step (forward + backward) and of ``check()`` on the same
+stack, and their ratio.  The floor is about 2.3x (a plain step plus a checkpointed step
+with its recompute); the target is at most 3x.
+
+Run: ``python benchmarks/check_cost.py [--repeats N] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recheck.checker import check  # noqa: E402
+
+SIZES = {
+    "small": {"width": 128, "heads": 4, "layers": 4, "batch": 8, "tokens": 64},
+    "large": {"width": 384, "heads": 6, "layers": 6, "batch": 8, "tokens": 128},
+}
+
+
+def build(width: int, heads: int, layers: int, batch: int, tokens: int):
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[
+        nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.1,
+                                   batch_first=True) for _ in range(layers)])
+    x = torch.randn(batch, tokens, width, requires_grad=True)
+    return blocks, x
+
+
+def plain_step(blocks: nn.Module, x: torch.Tensor) -> None:
+    out = blocks(x)
+    out.backward(torch.randn_like(out))
+    blocks.zero_grad(set_to_none=True)
+    x.grad = None
+
+
+def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
+    """Median wall time of each callable, measured round-robin so load noise is shared."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ns = parser.parse_args()
+    torch.set_num_threads(ns.threads)
+    variants = {"default": {}, "reentrant": {"use_reentrant": True},
+                "no_early_stop": {"early_stop": False}}
+    results = {}
+    for name, size in SIZES.items():
+        blocks, x = build(**size)
+        reports = []
+        fns = {"plain": lambda: plain_step(blocks, x)}
+        for label, options in variants.items():
+            fns[label] = functools.partial(
+                lambda opts: reports.append(check(blocks, x, **opts)), options)
+        medians = interleaved_medians(fns, ns.repeats)
+        assert all(r.ok for r in reports), "the benchmark's stack must check clean"
+        row = {"plain_s": medians["plain"]}
+        for label in variants:
+            row[f"check_{label}_s"] = medians[label]
+            row[f"ratio_{label}"] = medians[label] / medians["plain"]
+        results[name] = {**size, **row}
+        if not ns.json:
+            print(f"{name:6s} {size}: plain {medians['plain'] * 1e3:8.1f} ms | "
+                  + " | ".join(f"{label} {row[f'ratio_{label}']:.2f}x" for label in variants),
+                  flush=True)
+    if ns.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Turn what two runs saw into :class:`~recheck.findings.Finding` objects.
+
+Every function takes a :class:`Context` (region, invocation, tolerance, configuration)
+and returns a list of findings using the kind vocabulary of
+:data:`recheck.findings.DYNAMIC_KINDS`.  Nothing here runs the region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from recheck.checker.bits import Tolerance, compare_tensors, describe_tensor
+from recheck.checker.effects import Effect
+from recheck.checker.message import hint, value_detail
+from recheck.checker.state import Observed, fingerprint, show
+from recheck.findings import Finding, Invocation
+
+__all__ = ["Context", "code_for", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
+           "effect_findings", "flatten", "saved_tensor_findings"]
+
+_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every finding of one check shares."""
+
+    region: str
+    invocation: Invocation
+    tolerance: Tolerance | None
+    use_reentrant: bool
+    preserve_rng_state: bool
+
+    def finding(self, kind: str, subject: str, message: str, detail: str = "",
+                code: str | None = None, latent: bool = False) -> Finding:
+        """A finding of this check; ``code`` (``RC106``) becomes the hint."""
+        return Finding(kind=kind, message=message, region=self.region, invocation=self.invocation,
+                       subject=subject, detail=detail, hint=hint(code) if code else None,
+                       latent=latent)
+
+
+def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str, Any]]:
+    """Leaves of nested tuples, lists, dicts and dataclasses with assert_close-style paths."""
+    if depth > 0 and isinstance(value, (list, tuple)):
+        out: list[tuple[str, Any]] = [] if value else [(path, value)]
+        for index, item in enumerate(value):
+            out.extend(flatten(item, f"{path}[{index}]", depth - 1))
+        return out
+    if depth > 0 and isinstance(value, Mapping):
+        out = [] if value else [(path, value)]
+        for key, item in value.items():
+            out.extend(flatten(item, f"{path}[{key!r}]", depth - 1))
+        return out
+    if depth > 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = []
+        for spec in dataclasses.fields(value):
+            out.extend(flatten(getattr(value, spec.name), f"{path}.{spec.name}", depth - 1))
+        return out
+    return [(path, value)]
+
+
+def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
+                    other: torch.Tensor, message: str, check_requires_grad: bool = True,
+                    code: str | None = None, latent: bool = False) -> list[Finding]:
+    diff = compare_tensors(original, other, tolerance=ctx.tolerance,
+                           check_requires_grad=check_requires_grad,
+                           description=describe_tensor(original))
+    if diff is None:
+        return []
+    if diff.metadata:
+        message += " (metadata)"
+    else:
+        message += f" ({diff.mismatched:,} of {diff.numel:,} elements)"
+    code = code or ("CUDA" if original.device.type == "cuda" else None)
+    finding = ctx.finding(kind, subject, message, str(diff), None if code == "CUDA" else code,
+                          latent)
+    if code == "CUDA":
+        finding = dataclasses.replace(finding, hint=(
+            "CUDA kernels may be non-deterministic: run under "
+            "torch.use_deterministic_algorithms(True), or pass atol/rtol/max_ulp"))
+    return [finding]
+
+
+def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "output",
+                    labels: tuple[str, str] = ("plain forward", "checkpointed forward"),
+                    check_requires_grad: bool = True, latent: bool = False,
+                    flat: bool = False) -> list[Finding]:
+    """Outputs leaf by leaf: structure, tensors bit for bit, other values by content.
+
+    With ``flat=True`` both values are already :func:`flatten`-ed lists.
+    """
+    left, right = (original, other) if flat else (flatten(original), flatten(other))
+    if [p for p, _ in left] != [p for p, _ in right]:
+        detail = value_detail(show([p for p, _ in left], 200), show([p for p, _ in right], 200),
+                              labels)
+        return [ctx.finding(kind, "output", f"the output structure differs from the {labels[0]}'s",
+                            detail, latent=latent)]
+    findings: list[Finding] = []
+    for (path, a), (_, b) in zip(left, right):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            findings += _tensor_finding(ctx, kind, path, a, b,
+                                        f"{path} differs from the {labels[0]}'s",
+                                        check_requires_grad, latent=latent)
+        elif fingerprint(a) != fingerprint(b):
+            findings.append(ctx.finding(kind, path, f"{path} differs from the {labels[0]}'s",
+                                        value_detail(show(a), show(b), labels), latent=latent))
+    return findings
+
+
+def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
+                  other: Mapping[str, torch.Tensor | None]) -> list[Finding]:
+    """Gradients by name (``grad of `layer1.weight```), including None against a tensor."""
+    findings: list[Finding] = []
+    for name, a in original.items():
+        b = other.get(name)
+        subject = f"grad of {name}"
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            detail = value_detail("None" if a is None else describe_tensor(a),
+                                  "None" if b is None else describe_tensor(b),
+                                  ("plain run", "checkpointed run"))
+            findings.append(ctx.finding("gradient", subject,
+                                        f"{subject} is {'missing' if b is None else 'extra'} "
+                                        "under checkpoint", detail))
+            continue
+        findings += _tensor_finding(ctx, "gradient", subject, a, b,
+                                    f"{subject} differs from the uncheckpointed run's",
+                                    check_requires_grad=False)
+    return findings
+
+
+def code_for(kind: str, subject: str, preserve_rng_state: bool) -> str | None:
+    """The rule code that explains a finding of ``kind`` about ``subject``, if any."""
+    if kind == "rng":
+        if subject.startswith(("cpu ", "cuda:", "xpu:")) and not preserve_rng_state:
+            return "RC002"
+        return "RC105"
+    if kind == "buffer":
+        return "RC106" if subject.rstrip("`").endswith(_BN_BUFFERS) else "RC104"
+    return {"state": "RC104", "global": "RC101", "side_effect": "RC103",
+            "param_version": "RC201", "input_mutation": "RC107"}.get(kind)
+
+
+def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
+                     other: Mapping[tuple[str, str], Observed], *, when: str,
+                     labels: tuple[str, str] = ("plain run", "checkpointed run"),
+                     latent: bool = False) -> list[Finding]:
+    """Side state after two runs (rng, buffers, attributes, globals, parameters)."""
+    findings: list[Finding] = []
+    for key, a in original.items():
+        b = other.get(key)
+        if b is None:
+            continue
+        kind, subject = key
+        code = code_for(kind, subject, ctx.preserve_rng_state)
+        message = f"{subject} differs {when}"
+        if isinstance(a.value, torch.Tensor) and isinstance(b.value, torch.Tensor):
+            findings += _tensor_finding(ctx, kind, subject, a.value, b.value, message,
+                                        check_requires_grad=False, code=code, latent=latent)
+        elif a.value != b.value:
+            detail = value_detail(a.shown or show(a.value), b.shown or show(b.value), labels)
+            findings.append(ctx.finding(kind, subject, message, detail, code, latent))
+    return findings
+
+
+def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
+                    recompute: Mapping[tuple[str, str], Any], shown: Mapping[tuple[str, str], tuple[str, str]],
+                    *, latent: bool = False) -> list[Finding]:
+    """State at recompute start against forward start (rng, globals read, param versions)."""
+    findings: list[Finding] = []
+    for key, a in forward.items():
+        if key not in recompute or recompute[key] == a:
+            continue
+        kind, subject = key
+        before, after = shown.get(key, (show(a), show(recompute[key])))
+        findings.append(ctx.finding(
+            kind, subject, f"{subject} at recompute start differs from forward start",
+            value_detail(before, after, ("forward", "recompute")),
+            code_for(kind, subject, ctx.preserve_rng_state), latent))
+    return findings
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:
+    """One ``side_effect`` finding per channel that emitted during recompute.
+
+    Writes to stdout/stderr are joined and counted by line (``print`` writes the
+    text and the newline separately).
+    """
+    by_channel: dict[str, list[str]] = {}
+    for effect in effects:
+        by_channel.setdefault(effect.channel, []).append(effect.text)
+    findings = []
+    for channel, texts in by_channel.items():
+        if channel in ("stdout", "stderr"):
+            texts = "".join(texts).splitlines() or [""]
+            message = f"{_plural(len(texts), 'line')} written to {channel} again during recompute"
+        else:
+            noun = "logging record" if channel == "logging" else "warning"
+            message = f"{_plural(len(texts), noun)} emitted again during recompute"
+        shown = [str(Effect(channel, t)) for t in texts[:5]]
+        if len(texts) > 5:
+            shown.append(f"... and {len(texts) - 5} more")
+        findings.append(ctx.finding("side_effect", channel, message, "\n".join(shown), "RC103",
+                                    latent))
+    return findings
+
+
+def saved_tensor_findings(ctx: Context, mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]],
+                          compared: int, *, skip_storages: frozenset[int] = frozenset(),
+                          latent: bool = False) -> list[Finding]:
+    """One ``recompute`` finding for the saved tensors whose recomputed bytes differ.
+
+    The detail shows the first differing saved tensor in full and lists the others.
+    Saved tensors living in ``skip_storages`` (module buffers) are left to ``buffer``.
+    """
+    described = []
+    for position, original, recomputed, storage in mismatches:
+        if storage and storage in skip_storages:
+            continue
+        diff = compare_tensors(original, recomputed, tolerance=ctx.tolerance,
+                               check_requires_grad=False,
+                               description=f"saved tensor #{position}: {describe_tensor(original)}")
+        if diff is not None:
+            described.append((position, diff))
+    if not described:
+        return []
+    lines = described[0][1].lines()
+    if len(described) > 1:
+        others = ", ".join(f"#{p}" for p, _ in described[1:9])
+        more = f" and {len(described) - 9} more" if len(described) > 9 else ""
+        lines.append(f"also differ: saved tensor {others}{more}")
+    total = max(compared, len(described))
+    message = (f"{len(described)} of {total} tensors saved for backward differ when recomputed")
+    return [ctx.finding("recompute", "saved tensors", message, "\n".join(lines), latent=latent)]

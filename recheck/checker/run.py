@@ -1,0 +1,291 @@
+"""The check algorithm for one region.
+
+1. Snapshot every piece of state the region can touch (see :mod:`.reach`,
+   :mod:`.state`), the input tensors included.
+2. Plain run: call the region without checkpoint, then backward with a fixed,
+   seeded upstream gradient (or the caller's ``grad_outputs``).
+3. Restore.  4. Checkpointed run with the caller's configuration, same upstream
+   gradient; for non-reentrant checkpoint a bitwise ``determinism_check`` compares
+   every saved tensor (:mod:`.saved`).  Restore.
+5. When early stop cut the recompute short (non-reentrant, ``early_stop=True``), a
+   full replay observes the whole recompute: the state right after the checkpointed
+   forward is put back and the region is called again the way checkpoint's recompute
+   calls it (forward RNG restored, same inputs, grad mode on).  What only the replay
+   shows is reported as *latent*.  6. Restore: a check leaves no trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from recheck.checker.bits import Tolerance
+from recheck.checker.observe import CallRecord, Observer, Probe
+from recheck.checker.reach import ModuleRecorder, Reach, iter_tensors, static_reach
+from recheck.checker.saved import MODE, SavedTensorLog, bitwise_determinism
+from recheck.checker.state import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
+                                   RngRecord, Snapshot, TensorRecord, ValueRecord)
+
+__all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+
+
+class RegionError(ValueError):
+    """The region cannot be checked as given (no tensor output, nothing requires grad)."""
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """The checkpoint configuration under test and the comparison's tolerance."""
+
+    use_reentrant: bool = False
+    preserve_rng_state: bool = True
+    early_stop: bool = True
+    grad_outputs: Any = None
+    tolerance: Tolerance | None = None
+
+
+@dataclass
+class RunResult:
+    """What one run of the region produced."""
+
+    mode: str
+    outputs: Any = None
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    post: dict[tuple[str, str], Observed] = field(default_factory=dict)
+    calls: list[CallRecord] = field(default_factory=list)
+    forward_error: BaseException | None = None
+    backward_error: BaseException | None = None
+    saved: SavedTensorLog | None = None
+    rng_at_forward: torch.Tensor | None = None
+    baseline: dict[tuple[str, str], Observed] | None = None  # replay: state before recompute
+
+
+class Runner:
+    """Runs one region in the three modes, restoring the snapshot between runs."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                 options: CheckOptions) -> None:
+        self.fn, self.args, self.kwargs, self.options = fn, args, kwargs, options
+        self.reach: Reach = static_reach(fn, args, kwargs)
+        self.snapshot = Snapshot(RngRecord(self.reach.generators))
+        self.parameters: dict[str, torch.Tensor] = {}
+        self.upstream: list[tuple[str, torch.Tensor]] | None = None
+        self.after_forward: tuple[Snapshot, tuple, dict] | None = None
+        self._sync()
+
+    # -- snapshot bookkeeping --------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Add records for everything the reach knows and the snapshot does not yet."""
+        add = self.snapshot.add
+        for name, generator in self.reach.generators.items():
+            self.snapshot.rng.add_generator(name, generator)
+        for prefix, module in list(self.reach.modules.values()):
+            self._add_module(prefix, module)
+        for key, ref in list(self.reach.writes.items()) + list(self.reach.reads.items()):
+            add(("global", key), functools.partial(
+                ValueRecord, "state", f"global `{ref.display}`", ref.namespace, ref.name))
+        for name, tensor in list(self.reach.tensors.items()):
+            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
+                if add(("param", id(tensor)), functools.partial(
+                        TensorRecord, "param_version", f"parameter `{name}`", tensor)):
+                    self.parameters[name] = tensor
+                    add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
+            else:
+                add(("tensor", id(tensor)), functools.partial(
+                    TensorRecord, "state", f"tensor `{name}`", tensor))
+        for path, tensor in self._input_tensors():
+            add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path, tensor))
+
+    def _add_module(self, prefix: str, module: torch.nn.Module) -> None:
+        add = self.snapshot.add
+        if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
+            return
+        add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
+        add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
+        owner = prefix or "self"
+        add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__,
+                                                          _MODULE_INTERNALS, owner))
+        dotted = (prefix + ".") if prefix else ""
+        for name, param in module._parameters.items():
+            if param is None:
+                continue
+            full = dotted + name
+            if add(("param", id(param)), functools.partial(
+                    TensorRecord, "param_version", f"parameter `{full}`", param)):
+                self.parameters[full] = param
+                add(("grad", id(param)), functools.partial(GradRecord, full, param))
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                add(("buffer", id(buffer)), functools.partial(
+                    TensorRecord, "buffer", f"buffer `{dotted + name}`", buffer))
+        for key in list(vars(module)):
+            if key not in _MODULE_INTERNALS:
+                add(("attr", id(module), key), functools.partial(
+                    ValueRecord, "state", f"attribute `{owner}.{key}`", module.__dict__, key))
+
+    def _on_module(self, module: torch.nn.Module) -> None:
+        if id(module) not in self.reach.modules:
+            self.reach.add_module(self.reach.name_unknown(module), module)
+            self._sync()
+
+    def _input_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return list(iter_tensors(self.args, "args")) + list(iter_tensors(self.kwargs, "kwargs"))
+
+    def restore(self) -> None:
+        """Put back everything as it was before the check."""
+        self.snapshot.restore()
+
+    def buffer_storages(self) -> frozenset[int]:
+        """Storage pointers of every buffer of a reached module."""
+        return frozenset(b.untyped_storage().data_ptr()
+                         for _, m in self.reach.modules.values() for b in m._buffers.values()
+                         if b is not None and b.layout == torch.strided)
+
+    # -- one run ---------------------------------------------------------------------------------
+    def _prepare_inputs(self) -> tuple[tuple, dict, dict[str, torch.Tensor]]:
+        """Fresh leaves for inputs that require grad, so user tensors keep their ``.grad``."""
+        leaves: dict[str, torch.Tensor] = {}
+
+        def convert(value: Any, path: str) -> Any:
+            if isinstance(value, torch.Tensor):
+                if not value.requires_grad:
+                    return value
+                leaf = value.detach().requires_grad_(True)
+                leaves[path] = leaf
+                return leaf if value.is_leaf else leaf.clone()
+            if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+                return type(value)(convert(v, f"{path}[{i}]") for i, v in enumerate(value))
+            if isinstance(value, dict):
+                return type(value)((k, convert(v, f"{path}[{k!r}]")) for k, v in value.items())
+            return value
+
+        args = tuple(convert(a, f"args[{i}]") for i, a in enumerate(self.args))
+        kwargs = {k: convert(v, f"kwargs[{k!r}]") for k, v in self.kwargs.items()}
+        return args, kwargs, leaves
+
+    def _call(self, observer: Observer, args: tuple, kwargs: dict, mode: str,
+              log: SavedTensorLog | None) -> Any:
+        if mode == "plain":
+            return observer(*args, **kwargs)
+        from torch.utils.checkpoint import checkpoint
+
+        target = observer if not kwargs else (lambda *a: observer(*a, **kwargs))
+        options = self.options
+        if options.use_reentrant:
+            return checkpoint(target, *args, use_reentrant=True,
+                              preserve_rng_state=options.preserve_rng_state)
+        return checkpoint(target, *args, use_reentrant=False,
+                          preserve_rng_state=options.preserve_rng_state,
+                          determinism_check=MODE if log is not None else "default",
+                          early_stop=options.early_stop)
+
+    def execute(self, mode: str) -> RunResult:
+        """Run the region once: ``plain``, or ``user`` (checkpointed as configured)."""
+        for record in self.snapshot.grads():
+            record.clear()
+        args, kwargs, leaves = self._prepare_inputs()
+        probe = Probe(self.reach, self.parameters)
+        keep = self._keep_after_forward if mode == "user" else None
+        observer = Observer(self.fn, probe, passthrough=mode == "plain",
+                            track_inputs=mode == "plain", after_first=keep)
+        result = RunResult(mode=mode, calls=observer.calls)
+        reentrant = self.options.use_reentrant
+        bitwise = bitwise_determinism() if mode != "plain" and not reentrant else contextlib.nullcontext()
+        quiet = warnings.catch_warnings() if mode != "plain" else contextlib.nullcontext()
+        with ModuleRecorder(self._on_module), bitwise as log, quiet:
+            if mode != "plain":
+                warnings.simplefilter("ignore")
+            result.saved = log
+            result.rng_at_forward = torch.get_rng_state()  # what checkpoint stashes
+            try:
+                result.outputs = self._call(observer, args, kwargs, mode, log)
+            except Exception as exc:
+                result.forward_error = exc
+            if result.forward_error is None:
+                self._backward(result)
+            result.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+            result.grads.update({path: leaf.grad for path, leaf in leaves.items()})
+        result.post = self.snapshot.observe()
+        return result
+
+    def _keep_after_forward(self, args: tuple, kwargs: dict) -> None:
+        """Remember the state right after the checkpointed forward, for :meth:`replay`."""
+        if not self.options.use_reentrant and self.options.early_stop:
+            self.after_forward = (self.snapshot.recapture(), args, kwargs)
+
+    def replay(self, user: RunResult) -> RunResult | None:
+        """Replay the whole recompute of the checkpointed run, as early_stop=False would.
+
+        Puts back the state as it was right after the checkpointed forward, restores the
+        forward's RNG state when ``preserve_rng_state`` (forking the RNG like checkpoint
+        does), and calls the region again with the forward's inputs under grad mode.
+        Returns None when nothing is left to observe: the forward failed, or the
+        recompute already ran to the end.
+        """
+        recomputes = user.calls[1:]
+        if self.after_forward is None or (recomputes and recomputes[0].outcome == "returned"):
+            return None
+        snapshot, args, kwargs = self.after_forward
+        snapshot.restore()
+        baseline = self.snapshot.observe()
+        observer = Observer(self.fn, Probe(self.reach, self.parameters))
+        observer.calls.append(user.calls[0])
+        result = RunResult(mode="replay", calls=observer.calls, baseline=baseline)
+        forward_rng = user.rng_at_forward
+        with ModuleRecorder(self._on_module), warnings.catch_warnings(), torch.enable_grad():
+            warnings.simplefilter("ignore")
+            devices = [t.device.index or 0 for _, t in self._input_tensors() if t.is_cuda]
+            with torch.random.fork_rng(devices=sorted(set(devices)),
+                                       enabled=self.options.preserve_rng_state):
+                if self.options.preserve_rng_state and forward_rng is not None:
+                    torch.set_rng_state(forward_rng)
+                try:
+                    observer(*args, **kwargs)
+                except Exception:  # recorded by the observer as a raising recompute
+                    pass
+        result.post = self.snapshot.observe()
+        return result
+
+    def _backward(self, result: RunResult) -> None:
+        from recheck.checker.compare import flatten
+
+        leaves = dict(flatten(result.outputs))
+        if self.upstream is None:
+            self.upstream = self._make_upstream(leaves)
+        tensors, grads = [], []
+        for path, grad in self.upstream:
+            leaf = leaves.get(path)
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.shape == grad.shape:
+                tensors.append(leaf)
+                grads.append(grad)
+        if not tensors:
+            return
+        try:
+            torch.autograd.backward(tensors, grads)
+        except Exception as exc:
+            result.backward_error = exc
+
+    def _make_upstream(self, leaves: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+        wanted = [(p, t) for p, t in leaves.items() if isinstance(t, torch.Tensor)
+                  and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+        given = self.options.grad_outputs
+        if given is not None:
+            given_list = [given] if isinstance(given, torch.Tensor) else list(given)
+            if len(given_list) != len(wanted):
+                raise RegionError(f"grad_outputs has {len(given_list)} tensor(s) but the region "
+                                  f"returns {len(wanted)} output(s) that require grad")
+            return [(p, g) for (p, _), g in zip(wanted, given_list)]
+        upstream = []
+        for index, (path, tensor) in enumerate(wanted):
+            generator = torch.Generator().manual_seed(0x5EED + index)
+            base = torch.randn(tensor.shape, generator=generator,
+                               dtype=torch.complex128 if tensor.is_complex() else torch.float64)
+            upstream.append((path, base.to(dtype=tensor.dtype, device=tensor.device)))
+        return upstream

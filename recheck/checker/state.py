@@ -1,0 +1,285 @@
+"""Exact capture and restore of the state a region can touch, and comparable views of it.
+
+A :class:`Snapshot` holds *records*; each record remembers one piece of state as it
+was at capture time and can put it back exactly (:meth:`Snapshot.restore`), and
+each can report its current value as an :class:`Observed` for comparison between
+runs (:meth:`Snapshot.observe`).  Records exist for
+
+* RNG streams (:class:`RngRecord`): torch's default CPU generator, every
+  initialized CUDA device (and XPU when present), explicit ``torch.Generator``
+  objects, Python ``random`` and numpy's global state;
+* tensors (:class:`TensorRecord`): parameters, buffers and inputs, by bytes, with
+  their version counters (put back with ``_unsafe_set_version_counter``);
+* parameter gradients (:class:`GradRecord`): the original ``.grad`` object is
+  detached from the parameter during the check and reattached afterwards;
+* Python values in a namespace (:class:`ValueRecord`): module attributes (the
+  module's ``__dict__``) and module-level globals, rebinding the original object
+  and restoring the content of containers (nested up to three levels).
+
+:func:`fingerprint` turns any value into a comparable structure: numbers by bits,
+tensors by :func:`~recheck.checker.bits.digest`, containers by content and length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from recheck.checker.bits import bit_view
+from recheck.checker.values import (MISSING, Observed, RngRecord, _MAX_DEPTH, _MAX_ITEMS,
+                                    fingerprint, rng_fingerprint, rng_states, rng_summary, show)
+
+__all__ = [
+    "BindingsRecord",
+    "GradRecord",
+    "NewKeysRecord",
+    "Observed",
+    "RngRecord",
+    "Snapshot",
+    "TensorRecord",
+    "ValueRecord",
+    "fingerprint",
+    "rng_fingerprint",
+    "rng_states",
+    "rng_summary",
+    "show",
+]
+
+# -- tensors ------------------------------------------------------------------------------------
+
+
+def _set_version(t: torch.Tensor, version: int) -> None:
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is None or t._version == version:
+        return
+    try:
+        setter((t,), (version,))
+    except TypeError:  # torch < 2.5 took a single tensor and int
+        setter(t, version)
+
+
+class TensorRecord:
+    """A tensor's bytes, shape and version counter, restored in place."""
+
+    def __init__(self, kind: str, subject: str, tensor: torch.Tensor) -> None:
+        self.kind = kind
+        self.subject = subject
+        self.tensor = tensor
+        self.version = tensor._version
+        self.copy = tensor.detach().clone()
+
+    def changed(self) -> bool:
+        """True when the tensor's version, shape or bytes differ from the capture."""
+        t = self.tensor.detach()
+        return (t._version != self.version or t.shape != self.copy.shape
+                or fingerprint(t) != fingerprint(self.copy))
+
+    def restore(self) -> None:
+        t = self.tensor
+        if (t._version == self.version and t.shape == self.copy.shape
+                and t.dtype == self.copy.dtype
+                and torch.equal(bit_view(t), bit_view(self.copy))):
+            return
+        with torch.no_grad():
+            if t.shape != self.copy.shape or t.dtype != self.copy.dtype:
+                t.set_(self.copy.clone())
+            else:
+                t.copy_(self.copy)
+        _set_version(t, self.version)
+
+    def observe(self) -> Iterator[Observed]:
+        yield Observed(self.kind, self.subject, self.tensor.detach().clone())
+
+
+class GradRecord:
+    """The ``.grad`` of a parameter: detached while the check runs, reattached after."""
+
+    def __init__(self, name: str, parameter: torch.Tensor) -> None:
+        self.name = name
+        self.parameter = parameter
+        self.grad = parameter.grad
+        self.version = None if self.grad is None else self.grad._version
+
+    def clear(self) -> None:
+        self.parameter.grad = None
+
+    def restore(self) -> None:
+        self.parameter.grad = self.grad
+
+    def observe(self) -> Iterator[Observed]:
+        return iter(())
+
+
+# -- Python values ------------------------------------------------------------------------------
+
+
+class _Content:
+    """Shallow content of a container (and of containers nested in it)."""
+
+    def __init__(self, obj: Any, depth: int) -> None:
+        self.obj = obj
+        if isinstance(obj, list):
+            self.items: Any = list(obj)
+        elif isinstance(obj, dict):
+            self.items = dict(obj)
+        elif isinstance(obj, set):
+            self.items = set(obj)
+        elif isinstance(obj, bytearray):
+            self.items = bytes(obj)
+        elif isinstance(obj, torch.Tensor):
+            self.items = (obj._version, obj.detach().clone())
+        else:
+            self.items = None
+        values = (obj.values() if isinstance(obj, dict) else obj
+                  if isinstance(obj, (list, tuple, set)) else ())
+        self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
+                         if depth > 0 and _is_container(v)]
+
+    def restore(self) -> None:
+        for child in self.children:
+            child.restore()
+        obj, items = self.obj, self.items
+        if isinstance(obj, list) and obj != items:
+            obj[:] = items
+        elif isinstance(obj, dict):
+            if obj.keys() != items.keys() or any(obj[k] is not v for k, v in items.items()):
+                obj.clear()
+                obj.update(items)
+        elif isinstance(obj, set) and obj != items:
+            obj.clear()
+            obj.update(items)
+        elif isinstance(obj, bytearray):
+            obj[:] = items
+        elif isinstance(obj, torch.Tensor):
+            version, copy = items
+            if obj._version != version:
+                with torch.no_grad():
+                    obj.copy_(copy)
+                _set_version(obj, version)
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
+
+
+class ValueRecord:
+    """One key of a namespace dict (a module's ``__dict__`` or a module's globals)."""
+
+    def __init__(self, kind: str, subject: str, namespace: dict, key: str) -> None:
+        self.kind = kind
+        self.subject = subject
+        self.namespace = namespace
+        self.key = key
+        self.present = key in namespace
+        self.value = namespace.get(key)
+        self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
+
+    def restore(self) -> None:
+        if not self.present:
+            self.namespace.pop(self.key, None)
+            return
+        if self.namespace.get(self.key, MISSING) is not self.value:
+            self.namespace[self.key] = self.value
+        if self.content is not None:
+            self.content.restore()
+
+    def observe(self) -> Iterator[Observed]:
+        value = self.namespace.get(self.key, MISSING)
+        shown = "<absent>" if value is MISSING else show(value)
+        yield Observed(self.kind, self.subject,
+                       "<absent>" if value is MISSING else fingerprint(value), shown)
+
+
+class NewKeysRecord:
+    """Keys that appear in a namespace after capture (attributes a module creates).
+
+    Restore removes them; observe reports them as ``state`` named
+    ``attribute `<owner>.<key>``` so a lazily created counter is compared too.
+    """
+
+    def __init__(self, namespace: dict, ignore: Iterable[str] = (), owner: str = "self") -> None:
+        self.namespace = namespace
+        self.keys = set(namespace)
+        self.ignore = set(ignore)
+        self.owner = owner
+
+    def _new(self) -> list[str]:
+        return [k for k in self.namespace if k not in self.keys and k not in self.ignore]
+
+    def restore(self) -> None:
+        for key in self._new():
+            del self.namespace[key]
+
+    def observe(self) -> Iterator[Observed]:
+        for key in self._new():
+            value = self.namespace[key]
+            yield Observed("state", f"attribute `{self.owner}.{key}`", fingerprint(value), show(value))
+
+
+class BindingsRecord:
+    """Which objects a dict maps its keys to (a module's ``_parameters`` or ``_buffers``)."""
+
+    def __init__(self, namespace: dict) -> None:
+        self.content = _Content(namespace, 0)
+
+    def restore(self) -> None:
+        self.content.restore()
+
+    def observe(self) -> Iterator[Observed]:
+        return iter(())
+
+
+# -- the snapshot -------------------------------------------------------------------------------
+
+
+class Snapshot:
+    """An ordered set of records; restore puts every record back, last added first."""
+
+    def __init__(self, rng: RngRecord) -> None:
+        self.rng = rng
+        self.records: list[Any] = []
+        self.keys: set[Any] = set()
+        self._makers: list[tuple[Any, Any]] = []
+
+    def add(self, key: Any, make: Any) -> bool:
+        """Add ``make()`` under ``key`` unless a record for ``key`` exists; True when added."""
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        self.records.append(make())
+        self._makers.append((key, make))
+        return True
+
+    def recapture(self) -> Snapshot:
+        """A new snapshot of the same pieces of state, as they are now."""
+        again = Snapshot(RngRecord(self.rng.generators))
+        for key, make in self._makers:
+            again.add(key, make)
+        return again
+
+    def grads(self) -> list[GradRecord]:
+        """The gradient records (cleared before each run)."""
+        return [r for r in self.records if isinstance(r, GradRecord)]
+
+    def restore(self) -> None:
+        """Put everything back; continues past a failing record and re-raises the first error."""
+        first: BaseException | None = None
+        for record in reversed(self.records):
+            try:
+                record.restore()
+            except Exception as exc:  # keep restoring the rest
+                first = first or exc
+        self.rng.restore()
+        if first is not None:
+            raise first
+
+    def observe(self) -> dict[tuple[str, str], Observed]:
+        """The current value of every recorded piece of state, keyed by (kind, subject)."""
+        seen: dict[tuple[str, str], Observed] = {}
+        for item in self.rng.observe():
+            seen[(item.kind, item.subject)] = item
+        for record in self.records:
+            for item in record.observe():
+                seen[(item.kind, item.subject)] = item
+        return seen
