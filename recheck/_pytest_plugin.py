@@ -1,0 +1,199 @@
+"""recheck's pytest plugin: ``pytest --recheck`` runs each test inside ``recheck.watch()``.
+
+Registered as the ``pytest11`` entry point ``recheck`` (disable with ``-p no:recheck``).
+This module imports only pytest and the standard library; torch is imported when the
+first watched test runs, so a pytest run without ``--recheck`` never pays for it.
+
+* ``--recheck`` (ini ``recheck = true``): watch every test; a test whose recomputations
+  differ fails with the report as its message, and the report goes to a report section.
+* ``--recheck-strict`` / ``--recheck-store={digest,copy}`` / ``--recheck-report=PATH``,
+  the same as ini keys (``recheck_strict``, ...) and ``[tool.recheck]`` keys (``strict``,
+  ``store``, ``report``).  Precedence: marker > command line > ini > ``[tool.recheck]``.
+* ``@pytest.mark.recheck(strict=..., store=...)`` watches one test with its own options
+  (also without ``--recheck``); ``@pytest.mark.no_recheck(reason=...)`` opts a test out.
+* The terminal summary and the JSON report are built on the controller from the test
+  reports, so they are complete under pytest-xdist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+__all__ = ["PROPERTY"]
+
+#: the ``user_properties`` key carrying a test's watch report to the controller
+PROPERTY = "recheck"
+_MARKER_OPTIONS = ("strict", "store")
+_STORES = ("digest", "copy")
+
+
+@dataclass
+class _Settings:
+    enabled: bool
+    strict: bool
+    store: str
+    report_path: str | None
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+_SETTINGS = pytest.StashKey[_Settings]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("recheck", "recheck: verify activation-checkpoint recomputation")
+    group.addoption("--recheck", action="store_true", default=None, dest="recheck",
+                    help="run every test inside recheck.watch(): fail tests whose checkpoint "
+                         "recomputation differs from the forward")
+    group.addoption("--recheck-strict", action="store_true", default=None, dest="recheck_strict",
+                    help="replay every non-reentrant recomputation fully (early stop off)")
+    group.addoption("--recheck-store", choices=_STORES, default=None, dest="recheck_store",
+                    help="keep digests (default) or full copies of each forward's tensors")
+    group.addoption("--recheck-report", default=None, metavar="PATH", dest="recheck_report",
+                    help="write a JSON report of the whole run to PATH")
+    parser.addini("recheck", "run every test inside recheck.watch() (like --recheck)", type="bool", default=None)
+    parser.addini("recheck_strict", "like --recheck-strict", type="bool", default=None)
+    parser.addini("recheck_store", "like --recheck-store: digest or copy", type="string", default="")
+    parser.addini("recheck_report", "like --recheck-report: a path for the JSON report", type="string", default="")
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v not in (None, "")), None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "recheck(strict=False, store='digest'): run this test inside recheck.watch() with these options")
+    config.addinivalue_line("markers", "no_recheck(reason=None): do not watch this test even with --recheck")
+    from recheck.config import ConfigError, load_config
+
+    try:
+        table = load_config(config.rootpath).values
+    except ConfigError as exc:
+        raise pytest.UsageError(f"recheck: {exc}") from None
+    store = _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store"), "digest")
+    if store not in _STORES:
+        raise pytest.UsageError(f"recheck: recheck_store must be 'digest' or 'copy', got {store!r}")
+    config.stash[_SETTINGS] = _Settings(
+        enabled=bool(_first(config.getoption("recheck"), config.getini("recheck"), False)),
+        strict=bool(_first(config.getoption("recheck_strict"), config.getini("recheck_strict"),
+                           table.get("strict"), False)),
+        store=store,
+        report_path=_first(config.getoption("recheck_report"), config.getini("recheck_report"), table.get("report")),
+    )
+    config.pluginmanager.register(_Collector(config.stash[_SETTINGS]), "recheck-collector")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is None or not settings.enabled:
+        return None
+    return f"recheck: watching every test (strict={settings.strict}, store={settings.store})"
+
+
+def _options_for(item: pytest.Item, settings: _Settings) -> dict[str, Any] | None:
+    if item.get_closest_marker("no_recheck") is not None:
+        return None
+    marker = item.get_closest_marker("recheck")
+    if marker is None and not settings.enabled:
+        return None
+    options: dict[str, Any] = {"strict": settings.strict, "store": settings.store}
+    if marker is not None:
+        unknown = sorted(set(marker.kwargs) - set(_MARKER_OPTIONS))
+        if marker.args or unknown:
+            given = ", ".join([*map(repr, marker.args), *unknown])
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.recheck takes only the keywords "
+                f"{', '.join(_MARKER_OPTIONS)}; got {given}")
+        options.update(marker.kwargs)
+        if options["store"] not in _STORES or not isinstance(options["strict"], bool):
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.recheck needs strict=True/False and store='digest'/'copy', "
+                f"got strict={options['strict']!r}, store={options['store']!r}")
+    return options
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    settings = item.config.stash[_SETTINGS]
+    options = _options_for(item, settings)
+    if options is None:
+        return (yield)
+    from recheck.watcher import watch
+
+    watcher = watch(raise_on_finding=False, **options)
+    try:
+        with watcher:
+            result = yield
+    finally:
+        report = watcher.report
+        regions = sorted({str(r.region) for r in watcher.records if r.forward is not None})
+        item.user_properties.append((PROPERTY, {**report.to_dict(), "regions": regions}))
+        if report.stats.get("invocations"):
+            item.add_report_section("call", "recheck", str(report))
+    if not report.ok:
+        pytest.fail(str(report), pytrace=False)
+    return result
+
+
+class _Collector:
+    """Collects each test's watch report from the test reports (on the xdist controller too)."""
+
+    def __init__(self, settings: _Settings) -> None:
+        self.settings = settings
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == PROPERTY:
+                self.settings.results.append({"nodeid": report.nodeid, **value})
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is None or _is_worker(config) or not (settings.enabled or settings.results):
+        return
+    results = settings.results
+    regions = {r for result in results for r in result.get("regions", ())}
+    stats = [result.get("stats", {}) for result in results]
+    failing = [result["nodeid"] for result in results if result.get("findings")]
+    silent = [result["nodeid"] for result in results if not result.get("stats", {}).get("invocations")]
+    terminalreporter.write_sep("=", "recheck summary")
+    terminalreporter.write_line(
+        f"recheck: {len(results)} test(s) watched; {len(regions)} region(s), "
+        f"{sum(s.get('invocations', 0) for s in stats)} invocation(s), "
+        f"{sum(s.get('verified', 0) for s in stats)} recomputation(s) verified, "
+        f"{sum(len(result.get('findings', ())) for result in results)} finding(s) in {len(failing)} test(s)")
+    for nodeid in failing:
+        terminalreporter.write_line(f"  findings: {nodeid}")
+    if silent:
+        terminalreporter.write_line(f"tests that made no checkpoint call: {len(silent)}")
+        for nodeid in silent[:10]:
+            terminalreporter.write_line(f"  {nodeid}")
+        if len(silent) > 10:
+            terminalreporter.write_line(f"  ... and {len(silent) - 10} more")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    settings = config.stash.get(_SETTINGS, None)
+    if settings is None or _is_worker(config) or not settings.report_path:
+        return
+    path = Path(settings.report_path)
+    if not path.is_absolute():
+        path = config.rootpath / path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"tests": settings.results, "strict": settings.strict, "store": settings.store}
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(document, indent=2, default=repr), encoding="utf-8")
+    tmp.replace(path)

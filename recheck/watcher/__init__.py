@@ -1,0 +1,30 @@
+"""``recheck.watch()`` and ``recheck.tag()``: verify every checkpoint call a real program makes.
+
+Modules, bottom to top: ``tags`` (labels), ``regions`` (naming a region), ``prints``
+(digests or copies of tensors), ``capture`` (snapshots), ``records`` (one record per
+invocation, compared at recompute), ``patches`` (interception of torch's entry points),
+``dispatch`` (routes intercepted calls to records), ``session`` (the ``watch()`` block),
+``step`` (``recheck check --step file.py:fn``).
+
+The names below load on first use, so ``recheck.watcher.patches`` (used by the cost
+report to bypass checkpoint) can be imported without the session machinery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Watch", "tag", "watch"]
+
+_WHERE = {"Watch": "recheck.watcher.session", "watch": "recheck.watcher.session", "tag": "recheck.watcher.tags"}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.watcher.session import Watch, watch
+    from recheck.watcher.tags import tag
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'recheck.watcher' has no attribute {name!r}")

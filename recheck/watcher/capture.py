@@ -1,0 +1,155 @@
+"""Snapshots a record takes around a forward and its recomputations.
+
+Built on the checker's lower modules: ``recheck.checker.reach`` finds what a region can
+touch (its modules with their names, explicit generators, the globals its code reads)
+and ``recheck.checker.values`` reads RNG streams and fingerprints values.  What is added here is specific to
+watching many invocations: a per-region cache of the static reach, and module state
+(own buffers as prints, public attributes as fingerprints) keyed by module name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from recheck.checker.reach import Reach, static_reach
+from recheck.checker.values import MISSING, fingerprint, rng_states, show
+from recheck.watcher.prints import Store, print_tensor
+
+__all__ = ["ModuleState", "add_module", "entry_state", "module_state", "parameters_of", "reach_of"]
+
+#: (module name, "buffer" | "attribute", name) -> print or fingerprint
+ModuleState = dict[tuple[str, str, str], Any]
+
+
+def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
+    """The static reach of a checkpointed callable, cached by code object and bound objects.
+
+    Walking a region's code is the costly part of the reach, and every invocation of a
+    region runs the same code on the same modules.  The key is made of object ids; the
+    cache entry keeps those objects alive, so an id cannot be reused by another object
+    while the entry exists (the cache lives as long as the outermost ``watch()`` block).
+    """
+    key, holders = _cache_key(function)
+    entry = cache.get(key) if key is not None else None
+    if entry is None:
+        entry = (static_reach(function, (), {}), holders)
+        if key is not None:
+            cache[key] = entry
+    return entry[0]
+
+
+def _cache_key(function: Any) -> tuple[Any, tuple]:
+    holders: list[Any] = []
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
+            holders.extend(a for a in function.args if isinstance(a, torch.nn.Module))
+            function = function.func
+        elif isinstance(function, torch.nn.Module):
+            holders.append(function)
+            return tuple(map(id, holders)), tuple(holders)
+        elif hasattr(function, "__self__") and hasattr(function, "__func__"):
+            holders.append(function.__self__)
+            function = function.__func__
+        else:
+            break
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None, ()
+    for cell in function.__closure__ or ():
+        if _filled(cell):
+            value = cell.cell_contents
+            # timm's checkpoint_seq closes over a new list of the same modules each call
+            holders.extend(value if isinstance(value, (list, tuple)) else (value,))
+    return (code, *map(id, holders)), tuple(holders)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def add_module(reach: Reach, module: torch.nn.Module) -> None:
+    """A module ran in the region without being reachable statically: name and add it."""
+    if id(module) not in reach.modules:
+        reach.add_module(reach.name_unknown(module), module)
+
+
+def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
+    """Own parameters of every reached module, by dotted name."""
+    found: dict[str, torch.Tensor] = {}
+    for name, module in list(reach.modules.values()):
+        for param_name, param in module._parameters.items():
+            if param is not None:
+                found[f"{name}.{param_name}" if name else param_name] = param
+    return found
+
+
+def entry_state(reach: Reach, *, rng_only: bool = False) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
+    """RNG streams, globals read and parameter versions, as comparable values and as text.
+
+    The keys and texts are those of ``recheck.checker.observe.Probe.read``; the values
+    differ where it matters when every invocation is read four times: RNG states are
+    compared as raw bytes (``rng_fingerprint`` digests the 5 kB CPU state each time), and
+    ``rng_only`` skips globals and parameters.
+    """
+    values: dict[tuple[str, str], Any] = {}
+    shown: dict[tuple[str, str], str] = {}
+    for name, state in rng_states(reach.generators).items():
+        values[("rng", name)] = _exact(state)
+    if rng_only:
+        return values, shown
+    for ref in list(reach.reads.values()):
+        value = ref.namespace.get(ref.name, MISSING)
+        key = ("global", f"global `{ref.display}`")
+        values[key], shown[key] = fingerprint(value), show(value)
+    for name, parameter in parameters_of(reach).items():
+        key = ("param_version", f"parameter `{name}`")
+        values[key], shown[key] = parameter._version, f"version {parameter._version}"
+    return values, shown
+
+
+def _exact(state: Any) -> Any:
+    """RNG state as plain comparable bytes/ints: tensors and numpy arrays become bytes.
+
+    Only the top level of a tuple is converted: Python's state is (version, 625 ints,
+    gauss) and numpy's legacy state is (name, key array, pos, has_gauss, cached).
+    """
+    if isinstance(state, torch.Tensor):
+        return bytes(state.cpu().numpy())
+    if isinstance(state, tuple):
+        return tuple(item.tobytes() if hasattr(item, "tobytes") else
+                     bytes(item.cpu().numpy()) if isinstance(item, torch.Tensor) else item
+                     for item in state)
+    return state
+
+
+_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Numbers, strings, None, and short tuples/lists of them: the counters and flags a
+    forward may bump.  Configuration objects and containers of tensors are left out:
+    fingerprinting them for every invocation costs more than the region."""
+    if isinstance(value, _SCALARS):
+        return True
+    return isinstance(value, (tuple, list)) and len(value) <= 16 and all(isinstance(v, _SCALARS) for v in value)
+
+
+def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store) -> ModuleState:
+    """Own buffers (printed) and plain public attributes (fingerprinted) of each module."""
+    state: ModuleState = {}
+    for name, module in modules:
+        for buffer_name, buffer in module._buffers.items():
+            if buffer is not None:
+                state[(name, "buffer", buffer_name)] = print_tensor(buffer, store)
+        for attr, value in vars(module).items():
+            if not attr.startswith("_") and _plain(value):
+                state[(name, "attribute", attr)] = (fingerprint(value), show(value))
+    return state

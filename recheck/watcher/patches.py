@@ -1,0 +1,266 @@
+"""Interception of every entry point of ``torch.utils.checkpoint``, installed at any time.
+
+What is patched (layout measured on torch 2.13, see the research notes §2.3):
+
+1. ``torch.utils.checkpoint.checkpoint`` is ``torch._disable_dynamo``'s ``inner`` closure,
+   which calls the real function held in its free variable ``fn``.  Swapping that cell
+   catches every holder of the exported object at once: the module attribute, names bound
+   by ``from torch.utils.checkpoint import checkpoint`` before the patch, and
+   ``functools.partial`` objects stored earlier (transformers'
+   ``_gradient_checkpointing_func``, ``CheckpointWrapper.checkpoint_fn``), and it keeps
+   ``torch.compile``'s identity test (``obj is torch.utils.checkpoint.checkpoint``) true.
+   ``checkpoint_sequential`` and timm call the module attribute, so they are caught too.
+   If the layout is not the expected one, the module attribute and every module global
+   bound to it are replaced instead, with a warning naming what that misses.
+2. ``_checkpoint_without_reentrant_generator`` (``..._impl`` on torch 2.14), in
+   ``torch.utils.checkpoint`` and in ``torch.distributed._composable.checkpoint_activation``,
+   which imported it by name: the composable ``checkpoint(module)`` API (and torch 2.14's
+   decorator form ``checkpoint(use_reentrant=False)(fn)``) drive it without calling
+   ``checkpoint()``.
+3. ``CheckpointFunction.forward``, for code that calls ``CheckpointFunction.apply`` itself.
+
+The patches only route calls to a :class:`Hooks` object; what is recorded is decided
+there (``recheck.watcher.dispatch``).  :func:`acquire` / :func:`release` count nested
+users, and the last release puts every original object back (``is`` identity).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+__all__ = [
+    "CELL_VARIABLE",
+    "COMPOSABLE_MODULE",
+    "Hooks",
+    "Installation",
+    "LayoutWarning",
+    "acquire",
+    "closure_cell",
+    "installed",
+    "release",
+]
+
+#: The free variable of ``torch._compile._disable_dynamo.<locals>.inner`` holding the function.
+CELL_VARIABLE = "fn"
+#: The module of the composable ``checkpoint(module)`` API, which imports the generator by name.
+COMPOSABLE_MODULE = "torch.distributed._composable.checkpoint_activation"
+
+#: The non-reentrant choke point, newest name first: torch 2.14 added ``..._impl`` (which
+#: the composable API imports) and kept the old name as a shim that calls it.
+GENERATOR_NAMES = ("_checkpoint_without_reentrant_generator_impl", "_checkpoint_without_reentrant_generator")
+
+
+class LayoutWarning(UserWarning):
+    """torch's checkpoint has a layout recheck does not know; some calls are not observed."""
+
+
+class Hooks(Protocol):
+    """What the patches call; ``recheck.watcher.dispatch`` implements it."""
+
+    def checkpoint(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A call of ``torch.utils.checkpoint.checkpoint(*args, **kwargs)``."""
+
+    def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
+        """A call of ``_checkpoint_without_reentrant_generator(*args, **kwargs)``."""
+
+    def reentrant_forward(self, original: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
+        """``CheckpointFunction.forward(ctx, run_function, preserve_rng_state, *args)``."""
+
+    def compiled(self) -> None:
+        """A checkpoint call was passed through untouched because torch.compile was tracing."""
+
+
+def closure_cell(exported: Any) -> Any | None:
+    """The closure cell of ``exported`` that holds the real checkpoint function, or None.
+
+    The layout relied on: ``exported.__wrapped__`` (set by ``functools.wraps``) is the
+    real function and the closure variable :data:`CELL_VARIABLE` holds the same object.
+    """
+    code = getattr(exported, "__code__", None)
+    closure = getattr(exported, "__closure__", None)
+    wrapped = getattr(exported, "__wrapped__", None)
+    if code is None or not closure or wrapped is None or CELL_VARIABLE not in code.co_freevars:
+        return None
+    cell = closure[code.co_freevars.index(CELL_VARIABLE)]
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+    return cell if contents is wrapped else None
+
+
+@dataclass
+class Installation:
+    """Every object replaced, so that :meth:`undo` can put back exactly the originals."""
+
+    hooks: Hooks
+    exported: Any
+    cell: Any | None = None
+    real_checkpoint: Any = None
+    replaced_globals: list[tuple[dict, str, Any, Any]] = field(default_factory=list)
+    generator_name: str = ""
+    original_generator: Any = None
+    generator_replacement: Any = None
+    original_forward: Any = None
+    missed: list[str] = field(default_factory=list)
+
+    def undo(self) -> None:
+        """Restore every patched object (``is`` identity with the originals)."""
+        if self.cell is not None:
+            self.cell.cell_contents = self.real_checkpoint
+        for namespace, name, original, replacement in reversed(self.replaced_globals):
+            if namespace.get(name) is replacement:
+                namespace[name] = original
+        # A module imported while watching may have bound the replacement generator
+        # by name (the composable API does): give it the original as well.
+        composable = sys.modules.get(COMPOSABLE_MODULE)
+        for name in GENERATOR_NAMES:
+            if composable is not None and getattr(composable, name, None) is self.generator_replacement:
+                setattr(composable, name, self.original_generator)
+        if self.original_forward is not None:
+            torch_checkpoint.CheckpointFunction.forward = self.original_forward
+
+
+_lock = threading.RLock()
+_installation: Installation | None = None
+_users = 0
+
+
+def installed() -> Installation | None:
+    """The active installation, or None when nothing is patched."""
+    return _installation
+
+
+def acquire(hooks: Hooks) -> Installation:
+    """Install the patches (first user) or count one more user of the installed ones."""
+    global _installation, _users
+    with _lock:
+        if _installation is None:
+            _installation = _install(hooks)
+            for what in _installation.missed:
+                warnings.warn(what, LayoutWarning, stacklevel=3)
+        _users += 1
+        return _installation
+
+
+def release() -> None:
+    """Drop one user; the last one restores every original object."""
+    global _installation, _users
+    with _lock:
+        if _users == 0:
+            raise RuntimeError("recheck: patches released more often than acquired")
+        _users -= 1
+        if _users == 0 and _installation is not None:
+            installation, _installation = _installation, None
+            installation.undo()
+
+
+def _install(hooks: Hooks) -> Installation:
+    exported = torch_checkpoint.checkpoint
+    installation = Installation(hooks=hooks, exported=exported)
+    cell = closure_cell(exported)
+    if cell is not None:
+        real = cell.cell_contents
+        installation.cell, installation.real_checkpoint = cell, real
+        cell.cell_contents = _checkpoint_replacement(real, hooks)
+    else:
+        _rebind_exported(installation, exported)
+    _patch_generator(installation)
+    _patch_reentrant_forward(installation)
+    return installation
+
+
+def _checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+    # ``updated=()``: ``inner`` caches ``torch._dynamo.disable(fn)`` as an attribute of
+    # ``fn``; copying the real function's ``__dict__`` would copy that cache and route
+    # every call around the replacement.
+    @functools.wraps(real, updated=())
+    def watched_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            hooks.compiled()
+            return real(*args, **kwargs)
+        return hooks.checkpoint(real, args, kwargs)
+
+    return watched_checkpoint
+
+
+def _rebind_exported(installation: Installation, exported: Any) -> None:
+    """Fallback: replace the module attribute and every module global bound to it."""
+    replacement = _checkpoint_replacement(exported, installation.hooks)
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            if value is exported:
+                namespace[name] = replacement
+                installation.replaced_globals.append((namespace, name, exported, replacement))
+    installation.missed.append(
+        "recheck: torch.utils.checkpoint.checkpoint does not have the layout recheck expects "
+        f"(a torch._disable_dynamo closure whose {CELL_VARIABLE!r} cell holds __wrapped__); "
+        "falling back to replacing the module attribute and names bound by import. Not observed: "
+        "functools.partial objects made before watch() started (transformers' "
+        "gradient_checkpointing_enable(), FSDP's checkpoint_wrapper) and torch.compile's "
+        "identity check may see a different object."
+    )
+
+
+def _patch_generator(installation: Installation) -> None:
+    name = next((n for n in GENERATOR_NAMES if callable(getattr(torch_checkpoint, n, None))), None)
+    if name is None:
+        installation.missed.append(
+            f"recheck: none of torch.utils.checkpoint.{{{', '.join(GENERATOR_NAMES)}}} was found; "
+            "saved tensors are not compared and torch.distributed._composable.checkpoint(module) "
+            "calls are not observed"
+        )
+        return
+    original = getattr(torch_checkpoint, name)
+    hooks = installation.hooks
+
+    @functools.wraps(original, updated=())
+    def watched_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+        if torch.compiler.is_compiling():
+            hooks.compiled()
+            return original(*args, **kwargs)
+        return hooks.generator(original, args, kwargs)
+
+    installation.generator_name = name
+    installation.original_generator = original
+    installation.generator_replacement = watched_generator
+    namespaces = [vars(torch_checkpoint)]
+    composable = sys.modules.get(COMPOSABLE_MODULE)
+    if composable is not None:
+        namespaces.append(vars(composable))
+    for namespace in namespaces:
+        for bound_name in GENERATOR_NAMES:
+            if namespace.get(bound_name) is original:
+                namespace[bound_name] = watched_generator
+                installation.replaced_globals.append((namespace, bound_name, original, watched_generator))
+
+
+def _patch_reentrant_forward(installation: Installation) -> None:
+    function_class = torch_checkpoint.CheckpointFunction
+    original = function_class.__dict__.get("forward")
+    if not isinstance(original, staticmethod):
+        installation.missed.append(
+            "recheck: CheckpointFunction.forward is not a staticmethod; direct "
+            "CheckpointFunction.apply calls are observed only through checkpoint()"
+        )
+        return
+    real_forward = original.__func__
+    hooks = installation.hooks
+
+    @functools.wraps(real_forward, updated=())
+    def watched_forward(ctx: Any, run_function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+        return hooks.reentrant_forward(real_forward, ctx, run_function, preserve_rng_state, args)
+
+    installation.original_forward = original
+    function_class.forward = staticmethod(watched_forward)

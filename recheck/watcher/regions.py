@@ -1,0 +1,110 @@
+"""Naming a checkpointed region: what function it runs, where it is defined, who called it.
+
+A region is keyed by the qualified name of the checkpointed callable with its
+``file:line`` and by the ``file:line`` of the code that called checkpoint (the first
+frame outside torch, functools, contextlib and recheck).  The callable is unwrapped
+through ``functools.partial`` (transformers checkpoints ``partial(forward, self)``),
+bound methods and modules (``checkpoint_wrapper`` checkpoints the module itself), which
+also gives the module that owns the region, when there is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["RegionKey", "describe", "call_site", "owner_module", "unwrap"]
+
+_SKIPPED_DIRS = tuple(
+    str(Path(module.__file__).resolve().parent) + os.sep
+    for module in (torch, functools, sys.modules["recheck"])
+    if getattr(module, "__file__", None)
+)
+_SKIPPED_FILES = {functools.__file__, sys.modules["contextlib"].__file__}
+
+
+@dataclass(frozen=True)
+class RegionKey:
+    """The identity of a region: callable and the place that checkpoints it."""
+
+    qualname: str
+    defined_at: str | None
+    callsite: str | None
+
+    def __str__(self) -> str:
+        return f"{self.qualname} ({self.defined_at})" if self.defined_at else self.qualname
+
+
+def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
+    """The plain Python function behind ``function`` and the object it is bound to, if any."""
+    owner = None
+    seen = 0
+    while seen < 16:
+        seen += 1
+        if isinstance(function, functools.partial):
+            if owner is None and function.args and isinstance(function.args[0], torch.nn.Module):
+                owner = function.args[0]
+            function = function.func
+        elif isinstance(function, torch.nn.Module):
+            owner = owner if owner is not None else function
+            function = type(function).forward
+        elif hasattr(function, "__func__") and hasattr(function, "__self__"):
+            owner = owner if owner is not None else function.__self__
+            function = function.__func__
+        elif hasattr(function, "__code__"):
+            return function, owner
+        elif callable(function) and hasattr(type(function), "__call__"):
+            owner = owner if owner is not None else function
+            function = type(function).__call__
+        else:
+            break
+    return (function if hasattr(function, "__code__") else None), owner
+
+
+def owner_module(function: Any) -> torch.nn.Module | None:
+    """The module a checkpointed callable belongs to (partial/bound method/module), or None."""
+    _, owner = unwrap(function)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _relative(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if relative.startswith(".." + os.sep + "..") else relative
+
+
+def call_site(depth: int = 2) -> str | None:
+    """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename not in _SKIPPED_FILES and not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<frozen"):
+            return f"{_relative(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def describe(function: Any, callsite: str | None) -> RegionKey:
+    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``."""
+    plain, owner = unwrap(function)
+    if plain is not None:
+        try:
+            plain = inspect.unwrap(plain)  # decorated forwards (transformers' deprecate_kwarg)
+        except ValueError:  # a __wrapped__ cycle
+            pass
+        code = plain.__code__
+        qualname = getattr(plain, "__qualname__", code.co_name)
+        if isinstance(owner, torch.nn.Module) and "." not in qualname:
+            qualname = f"{type(owner).__qualname__}.{qualname}"
+        return RegionKey(qualname, f"{_relative(code.co_filename)}:{code.co_firstlineno}", callsite)
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return RegionKey(name, None, callsite)

@@ -1,0 +1,249 @@
+"""Planted hazards inside real training steps are reported with the right kind; clean runs stay clean."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+
+SCALE = 1.0
+VARIANTS = pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = 8, dropout: float = 0.0, norm: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, width), nn.Linear(width, width)
+        self.drop = nn.Dropout(dropout)
+        self.norm = nn.BatchNorm1d(width) if norm else nn.Identity()
+
+    def forward(self, x):
+        return self.fc2(self.drop(torch.relu(self.norm(self.fc1(x)))))
+
+
+class Net(nn.Module):
+    def __init__(self, reentrant: bool, **block_options) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(**block_options) for _ in range(2))
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=self.reentrant)
+        return x
+
+
+def inputs() -> torch.Tensor:
+    return torch.randn(4, 8, requires_grad=True)
+
+
+def scaled(x):
+    return torch.tanh(x * SCALE) * 2
+
+
+@VARIANTS
+def test_clean_mlp_with_dropout_has_no_finding(reentrant):
+    torch.manual_seed(0)
+    net = Net(reentrant, dropout=0.3)
+    with recheck.watch() as w:
+        for _ in range(2):
+            net(inputs()).sum().backward()
+    assert w.report.ok, str(w.report)
+    assert w.report.stats["verified"] == 4
+    assert w.report.stats["regions"] == 1
+
+
+@VARIANTS
+def test_global_flipped_between_forward_and_backward(reentrant):
+    global SCALE
+    x = inputs()
+    with recheck.watch(raise_on_finding=False) as w:
+        y = checkpoint(scaled, x, use_reentrant=reentrant)
+        SCALE = 3.0
+        try:
+            y.sum().backward()
+        finally:
+            SCALE = 1.0
+    assert {"global", "recompute"} <= w.report.kinds, str(w.report)
+    (finding,) = w.report.by_kind("global")
+    assert finding.subject == f"global `{__name__}.SCALE`"
+    assert "1.0 at forward and 3.0 at recompute" in finding.message
+    assert finding.hint and "RC101" in finding.hint
+
+
+@VARIANTS
+def test_optimizer_step_before_a_microbatch_backward(reentrant):
+    torch.manual_seed(0)
+    net = Net(reentrant)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with recheck.watch(raise_on_finding=False) as w:
+        first = net(inputs()).sum()
+        second = net(inputs()).sum()
+        first.backward()
+        optimizer.step()  # lands before the second microbatch's backward
+        second.backward()
+    versions = w.report.by_kind("param_version")
+    assert versions, str(w.report)
+    assert {f.invocation.index for f in versions} == {3, 4}  # the second microbatch's two calls
+    assert any("fc1.weight" in f.subject for f in versions)
+
+
+@VARIANTS
+def test_batchnorm_in_train_mode_is_reported_as_buffer(reentrant):
+    torch.manual_seed(0)
+    net = Net(reentrant, norm=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        net(inputs()).sum().backward()
+    buffers = w.report.by_kind("buffer")
+    assert buffers, str(w.report)
+    assert any("BatchNorm statistics `norm.running_mean` updated again by the recompute" in f.message
+               for f in buffers)
+    assert w.report.kinds == {"buffer"}
+
+
+def test_batchnorm_in_eval_mode_is_clean():
+    net = Net(False, norm=True).eval()
+    with recheck.watch() as w:
+        net(inputs()).sum().backward()
+    assert w.report.ok
+
+
+@VARIANTS
+def test_python_random_in_region_is_an_rng_finding(reentrant):
+    def noisy(x):
+        return (x * random.random()).sin()
+
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(noisy, inputs(), use_reentrant=reentrant).sum().backward()
+    assert "rng" in w.report.kinds, str(w.report)
+    assert w.report.by_kind("rng")[0].subject == "Python random"
+
+
+def test_dropout_without_preserved_rng_state():
+    drop = nn.Dropout(0.5)
+
+    def region(x):
+        return drop(x).exp()
+
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(region, inputs(), use_reentrant=False, preserve_rng_state=False).sum().backward()
+    assert {"rng", "recompute"} <= w.report.kinds, str(w.report)
+
+
+class Counter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc(x).sin()
+
+
+@VARIANTS
+def test_attribute_counter_is_a_state_finding(reentrant):
+    counter = Counter()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(counter, inputs(), use_reentrant=reentrant).sum().backward()
+    (finding,) = w.report.by_kind("state")
+    assert "attribute `calls` updated again by the recompute: 1 -> 2" in finding.message
+
+
+def test_print_in_region_is_a_side_effect(capsys):
+    def chatty(x):
+        y = x.sin()
+        print("inside the region")
+        return y.cos()
+
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(chatty, inputs(), use_reentrant=True).sum().backward()
+    assert "side_effect" in w.report.kinds
+    assert capsys.readouterr().out.count("inside the region") == 2  # the user still sees both
+
+
+def test_strict_replays_fully_and_marks_latent_findings():
+    def late_print(x):
+        y = x.sin().exp()
+        print("after the last saved tensor")
+        return y
+
+    for strict in (False, True):
+        with recheck.watch(raise_on_finding=False, strict=strict) as w:
+            checkpoint(late_print, inputs(), use_reentrant=False).sum().backward()
+        if strict:
+            (finding,) = w.report.by_kind("side_effect")
+            assert finding.latent
+            assert any("strict=True" in note for note in w.report.notes)
+        else:
+            assert w.report.ok, str(w.report)  # early stop: the print never runs again
+
+
+def test_store_copy_reports_the_first_difference():
+    global SCALE
+    with recheck.watch(raise_on_finding=False, store="copy") as w:
+        y = checkpoint(scaled, inputs(), use_reentrant=False)
+        SCALE = 2.0
+        try:
+            y.sum().backward()
+        finally:
+            SCALE = 1.0
+    (finding,) = w.report.by_kind("recompute")
+    assert "first difference at index" in finding.detail
+    assert "elements differ bitwise" in finding.detail
+
+
+def test_tags_label_invocations_and_raise_at_exit():
+    global SCALE
+    with pytest.raises(recheck.RecomputeMismatch) as raised:
+        with recheck.watch() as w:
+            for microbatch in range(2):
+                with recheck.tag(stage=1, microbatch=microbatch):
+                    y = checkpoint(scaled, inputs(), use_reentrant=False)
+                SCALE = 1.0 + microbatch
+                try:
+                    y.sum().backward()
+                finally:
+                    SCALE = 1.0
+    report = raised.value.report
+    assert report is w.report
+    (finding,) = report.by_kind("global")
+    assert dict(finding.invocation.tags) == {"stage": 1, "microbatch": 1}
+    assert (finding.invocation.index, finding.invocation.of) == (2, 2)
+    assert "call 2 of 2 (stage=1, microbatch=1)" in str(report)
+
+
+def test_tag_nesting_merges_and_validates():
+    with recheck.tag(stage=1):
+        with recheck.tag(microbatch=2) as labels:
+            assert dict(labels) == {"stage": 1, "microbatch": 2}
+    with pytest.raises(TypeError, match="identifiers"):
+        with recheck.tag(**{"not a name": 1}):
+            pass
+
+
+def test_invalid_options_are_clear_errors():
+    with pytest.raises(ValueError, match="store must be one of"):
+        recheck.watch(store="full")
+    with pytest.raises(TypeError, match="strict"):
+        recheck.watch(strict="yes")
+
+
+def test_report_round_trips_through_json():
+    global SCALE
+    with recheck.watch(raise_on_finding=False) as w:
+        with recheck.tag(microbatch=0):
+            y = checkpoint(scaled, inputs(), use_reentrant=True)
+        SCALE = 5.0
+        try:
+            y.sum().backward()
+        finally:
+            SCALE = 1.0
+    again = recheck.Report.from_json(w.report.to_json())
+    assert [f.kind for f in again] == [f.kind for f in w.report]
+    assert again.stats == w.report.stats

@@ -1,0 +1,210 @@
+"""The pytest plugin, driven through pytester.
+
+Plugin autoloading is switched off in every run (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``) and
+the plugin is loaded with ``-p``, so these tests behave the same before and after the
+``pytest11`` entry point is installed, and no other installed plugin interferes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch._dynamo  # noqa: F401  (see below)
+
+import recheck.watcher  # noqa: F401
+
+# In-process pytester runs restore sys.modules afterwards, dropping every module first
+# imported inside the run; importing torch's lazily loaded parts (checkpoint imports
+# torch._dynamo on first call) and recheck's watcher here keeps them loaded once.
+
+pytest_plugins = ["pytester"]
+
+PLUGIN = ("-p", "recheck._pytest_plugin")
+
+CLEAN_AND_HAZARD = """
+import torch
+from torch.utils.checkpoint import checkpoint
+
+SCALE = 1.0
+
+def scaled(x):
+    return torch.tanh(x * SCALE) * 2
+
+def test_clean():
+    torch.manual_seed(0)
+    drop = torch.nn.Dropout(0.5)
+    x = torch.randn(4, 8, requires_grad=True)
+    checkpoint(lambda t: drop(t).sin(), x, use_reentrant=False).sum().backward()
+
+def test_global_flipped():
+    global SCALE
+    x = torch.randn(4, 8, requires_grad=True)
+    y = checkpoint(scaled, x, use_reentrant=False)
+    SCALE = 2.0
+    try:
+        y.sum().backward()
+    finally:
+        SCALE = 1.0
+
+def test_no_checkpoint():
+    assert torch.ones(2).sum() == 2
+"""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    # subprocess runs import recheck from this checkout, installed or not
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.delenv("RECHECK_REQUIRE_LIBRARIES", raising=False)
+
+
+def test_off_by_default_and_torch_not_imported(pytester):
+    pytester.makepyfile(test_plain="""
+        import sys
+        def test_torch_not_loaded():
+            assert "torch" not in sys.modules
+    """)
+    result = pytester.runpytest_subprocess(*PLUGIN)
+    result.assert_outcomes(passed=1)
+    assert "recheck summary" not in result.stdout.str()
+
+
+def test_recheck_fails_the_hazard_and_summarises(pytester):
+    pytester.makepyfile(test_model=CLEAN_AND_HAZARD)
+    result = pytester.runpytest(*PLUGIN, "--recheck")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*recheck: watching every test (strict=False, store=digest)*",
+        "*test_global_flipped*",
+        "recheck: recomputation differs from the original forward (2 differences)",
+        "*global: global `test_model.SCALE` was 1.0 at forward and 2.0 at recompute*",
+        "*= recheck summary =*",
+        "recheck: 3 test(s) watched; 2 region(s), 2 invocation(s), 2 recomputation(s) verified, "
+        "2 finding(s) in 1 test(s)",
+        "  findings: test_model.py::test_global_flipped",
+        "tests that made no checkpoint call: 1",
+        "  test_model.py::test_no_checkpoint",
+    ])
+    # a clean failure: no plugin traceback in the failure text
+    assert "_pytest_plugin.py" not in result.stdout.str()
+
+
+def test_without_option_tests_pass_and_markers_opt_in_or_out(pytester):
+    pytester.makepyfile(test_model=CLEAN_AND_HAZARD + """
+import pytest
+
+@pytest.mark.recheck(store="copy")
+def test_marked():
+    test_global_flipped()
+
+@pytest.mark.no_recheck(reason="known")
+def test_opted_out():
+    test_global_flipped()
+""")
+    result = pytester.runpytest(*PLUGIN, "--strict-markers")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*test_marked*", "*first difference at index*"])
+    result = pytester.runpytest(*PLUGIN, "--recheck", "-k", "opted_out or clean")
+    result.assert_outcomes(passed=2)
+
+
+def test_marker_with_unknown_option_is_a_usage_error(pytester):
+    pytester.makepyfile(test_bad="""
+        import pytest
+        @pytest.mark.recheck(tolerance=1)
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*@pytest.mark.recheck takes only the keywords strict, store; got tolerance*"])
+
+
+def test_markers_are_registered(pytester):
+    result = pytester.runpytest(*PLUGIN, "--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.recheck(strict=False, store='digest'):*",
+                                 "@pytest.mark.no_recheck(reason=None):*"])
+    result = pytester.runpytest(*PLUGIN, "--help")
+    result.stdout.fnmatch_lines(["recheck: verify activation-checkpoint recomputation:", "*--recheck-store=*"])
+
+
+def test_ini_and_tool_recheck_and_json_report(pytester):
+    pytester.makepyprojecttoml("""
+        [tool.pytest.ini_options]
+        recheck = true
+
+        [tool.recheck]
+        store = "copy"
+        report = "out/recheck.json"
+    """)
+    pytester.makepyfile(test_model=CLEAN_AND_HAZARD)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*store=copy*", "*first difference at index*"])
+    document = json.loads((pytester.path / "out" / "recheck.json").read_text())
+    assert document["store"] == "copy"
+    by_test = {test["nodeid"]: test for test in document["tests"]}
+    assert set(by_test) == {f"test_model.py::test_{n}" for n in ("clean", "global_flipped", "no_checkpoint")}
+    kinds = {f["kind"] for f in by_test["test_model.py::test_global_flipped"]["findings"]}
+    assert kinds == {"global", "recompute"}
+
+
+def test_invalid_tool_recheck_is_a_usage_error(pytester):
+    pytester.makepyprojecttoml("""
+        [tool.recheck]
+        store = "everything"
+    """)
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest(*PLUGIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid value for 'store' in [[]tool.recheck[]]*"])
+
+
+def test_checkpoint_imported_in_conftest_before_the_plugin_configured(pytester):
+    pytester.makeconftest("""
+        from torch.utils.checkpoint import checkpoint as early_checkpoint
+        import functools
+        stored = functools.partial(early_checkpoint, use_reentrant=True)
+    """)
+    pytester.makepyfile(test_early="""
+        import torch
+        from conftest import stored
+
+        class Counter(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.calls = 0
+            def forward(self, x):
+                self.calls += 1
+                return x.sin()
+
+        def test_counter():
+            stored(Counter(), torch.randn(3, requires_grad=True)).sum().backward()
+    """)
+    result = pytester.runpytest(*PLUGIN, "--recheck")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*attribute `calls` updated again by the recompute: 1 -> 2*"])
+
+
+@pytest.mark.skipif("xdist" not in sys.modules and not __import__("importlib").util.find_spec("xdist"),
+                    reason="pytest-xdist is not installed")
+def test_xdist_summary_is_built_on_the_controller(pytester):
+    pytester.makepyfile(test_model=CLEAN_AND_HAZARD)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "xdist", "-n", "2", "--recheck",
+                                           "--recheck-report=run.json")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*= recheck summary =*",
+        "recheck: 3 test(s) watched; 2 region(s), 2 invocation(s), 2 recomputation(s) verified, "
+        "2 finding(s) in 1 test(s)",
+    ])
+    document = json.loads((pytester.path / "run.json").read_text())
+    assert len(document["tests"]) == 3
