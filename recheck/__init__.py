@@ -2,7 +2,7 @@
 
 The findings model (:class:`Finding`, :class:`Report`, :class:`RecomputeMismatch`) is
 importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``,
-``watch``, ``tag``) is loaded on first use, so ``import recheck`` stays cheap and the
+``watch``, ``tag``, ``measure``) is loaded on first use, so ``import recheck`` stays cheap and the
 linter and the CLI's catalogue commands never import torch.
 """
 
@@ -28,6 +28,7 @@ _LAZY = {
     "assert_recompute_equal": "recheck.checker",
     "watch": "recheck.watcher",
     "tag": "recheck.watcher",
+    "measure": "recheck.cost",
 }
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.checker import assert_recompute_equal, check
+    from recheck.cost import measure
     from recheck.watcher import tag, watch
 
 

@@ -1,0 +1,252 @@
+"""``recheck.measure(step)``: the same training step with checkpointing as written and bypassed.
+
+Each mode runs once traced (storage ledger, saved-tensor hooks, operator counts: see
+:mod:`recheck.cost.trace`) and ``repeats`` times untraced for wall time (and, on CUDA,
+the allocator's peaks).  Before every run all state the step touches is put back
+(parameters, gradients, buffers, optimizer state, CPU/CUDA/Python/NumPy RNG), so both
+modes see the same model, data, precision and random numbers; after the measurement the
+state is left as it was found.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from recheck.cost import budget as budget_fit
+from recheck.cost.peak import cuda_peak, synchronize
+from recheck.cost.results import BudgetEstimate, ModeResult, RegionResult, rank_regions
+from recheck.cost.router import RegionStats, Router, routing
+from recheck.cost.state import StepState, discover_state
+from recheck.cost.trace import Tracer
+from recheck.cost.units import parse_bytes
+from recheck.cost.work import Work
+
+__all__ = ["MODES", "Comparison", "measure"]
+
+#: The two modes: checkpoints run as written, and every checkpoint bypassed.
+MODES = ("checkpointed", "bypassed")
+_ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
+
+
+@dataclass
+class Comparison:
+    """The measured trade of checkpointing for one step; ``str()`` is the table."""
+
+    modes: dict[str, ModeResult]
+    regions: list[RegionResult]
+    repeats: int
+    notes: list[str] = field(default_factory=list)
+    budget: BudgetEstimate | None = None
+
+    @property
+    def checkpointed(self) -> ModeResult:
+        """The step as written."""
+        return self.modes["checkpointed"]
+
+    @property
+    def bypassed(self) -> ModeResult:
+        """The step with every checkpoint call replaced by a direct call of its region."""
+        return self.modes["bypassed"]
+
+    @property
+    def recompute(self) -> Work:
+        """Backward work added by checkpointing: checkpointed minus bypassed backward."""
+        return self.checkpointed.work["backward"].minus(self.bypassed.work["backward"])
+
+    @property
+    def time_ratio(self) -> float:
+        """Median step time checkpointed / bypassed."""
+        return self.checkpointed.median_seconds / self.bypassed.median_seconds
+
+    def __str__(self) -> str:
+        from recheck.cost.table import render_text
+
+        return render_text(self)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict with every figure and the definitions of the terms."""
+        from recheck.cost.table import to_dict
+
+        return to_dict(self, timeline=timeline)
+
+    def to_json(self, timeline: bool = False) -> str:
+        """The comparison as JSON (``timeline=True`` adds the memory-over-the-step samples)."""
+        return json.dumps(self.to_dict(timeline=timeline), indent=2)
+
+    def plot(self, path: str) -> str:
+        """Write a PNG of memory over the step for both modes (needs matplotlib); returns the path."""
+        from recheck.cost.plot import plot_comparison
+
+        return plot_comparison(self, path)
+
+
+def _traced_run(step: Callable[[], Any], state: StepState, router: Router, mode: str) -> tuple[ModeResult, dict]:
+    router.reset(_ROUTER_MODE[mode])
+    started = time.perf_counter()
+    with Tracer(state, router) as tracer:
+        step()
+    traced_seconds = time.perf_counter() - started
+    trace, ledger = tracer.trace, tracer.trace.ledger
+    result = ModeResult(
+        name=mode,
+        retained_peak=ledger.saved_peak,
+        retained_peak_split=dict(ledger.saved_peak_split),
+        retained_end_of_forward=trace.saved_at_end_of_forward,
+        observed_peak=ledger.observed_peak,
+        peak_breakdown=dict(ledger.peak_breakdown),
+        observed_end_of_forward=trace.observed_at_end_of_forward,
+        work=trace.work,
+        seconds=[],
+        timeline=list(ledger.timeline),
+        end_of_forward_index=trace.end_of_forward_index,
+        phase_peaks=dict(ledger.phase_peaks),
+        observed_at_start=ledger.timeline[0][0] if ledger.timeline else 0,
+        traced_seconds=traced_seconds,
+    )
+    return result, dict(router.regions)
+
+
+def _timed_runs(
+    step: Callable[[], Any], state: StepState, router: Router, mode: str, restore: Callable[[], None], repeats: int
+) -> tuple[list[float], list[dict], dict | None]:
+    seconds: list[float] = []
+    region_runs: list[dict] = []
+    cuda: dict | None = None
+    for index in range(repeats):
+        restore()
+        router.reset(_ROUTER_MODE[mode])
+        with cuda_peak(state) as peak:
+            synchronize(state)
+            started = time.perf_counter()
+            step()
+            synchronize(state)
+            seconds.append(time.perf_counter() - started)
+        if index == 0 and peak.result is not None:
+            cuda = peak.result.to_dict()
+        region_runs.append(dict(router.regions))
+    return seconds, region_runs, cuda
+
+
+def _regions(checkpointed: dict, bypassed: dict, timed: list[dict]) -> list[RegionResult]:
+    results = []
+    for key, stats in checkpointed.items():
+        plain: RegionStats | None = bypassed.get(key)
+        per_run = [run[key].recompute_seconds for run in timed if key in run]
+        results.append(
+            RegionResult(
+                name=key.qualname,
+                defined_at=key.defined_at,
+                callsite=key.callsite,
+                invocations=stats.invocations,
+                saved_bytes=plain.saved_bytes if plain is not None else 0,
+                inputs_kept_bytes=stats.inputs_kept_bytes,
+                recompute=stats.recompute,
+                recompute_seconds=statistics.median(per_run) if per_run else None,
+                recomputes=stats.recomputes,
+            )
+        )
+    return rank_regions(results)
+
+
+def _measure_modes(
+    step: Callable[[], Any], state: StepState, restore: Callable[[], None], repeats: int
+) -> tuple[dict[str, ModeResult], list[RegionResult], list[str]]:
+    router = Router()
+    modes: dict[str, ModeResult] = {}
+    region_stats: dict[str, dict] = {}
+    timed_regions: list[dict] = []
+    with routing(router):
+        for mode in MODES:
+            restore()
+            modes[mode], region_stats[mode] = _traced_run(step, state, router, mode)
+            seconds, region_runs, cuda = _timed_runs(step, state, router, mode, restore, repeats)
+            modes[mode].seconds, modes[mode].cuda = seconds, cuda
+            if mode == "checkpointed":
+                timed_regions = region_runs
+    regions = _regions(region_stats["checkpointed"], region_stats["bypassed"], timed_regions)
+    return modes, regions, list(router.notes)
+
+
+def _budget_peaks(result: ModeResult, reserve: int) -> dict[str, int]:
+    """Observed peak per phase plus ``reserve`` (the CUDA allocator's reserve at the base size)."""
+    return {phase: peak + reserve for phase, peak in result.phase_peaks.items()}
+
+
+def _allocator_reserve(result: ModeResult) -> int:
+    if not result.cuda:
+        return 0
+    return max(0, int(result.cuda["max_memory_reserved"]) - int(result.cuda["max_memory_allocated"]))
+
+
+def measure(
+    step: Callable[..., Any],
+    repeats: int = 5,
+    *,
+    modules: Iterable[torch.nn.Module] = (),
+    optimizers: Iterable[torch.optim.Optimizer] = (),
+    budget: int | str | None = None,
+) -> Comparison:
+    """Run ``step`` (forward + backward, optionally the optimizer step) checkpointed and bypassed.
+
+    ``step`` is called with no arguments.  The modules and optimizers it uses are found
+    in its closure and globals; pass ``modules=``/``optimizers=`` when they are out of
+    reach.  ``budget`` (bytes, or a size such as ``"40GiB"``) adds the largest microbatch that fits each mode: when
+    ``step`` takes a ``batch_size`` argument it is also run at twice its default and the
+    result is extrapolated linearly (and labelled so).
+    """
+    if not callable(step):
+        raise TypeError(f"recheck.measure needs a callable step, got {type(step).__name__}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if isinstance(budget, str):
+        budget = parse_bytes(budget)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+        raise ValueError(f"budget must be a positive number of bytes, got {budget!r}")
+    state = discover_state(step, modules, optimizers)
+    notes: list[str] = []
+    if not state.parameters():
+        notes.append("no module or optimizer was found from the step; parameters count as saved activations")
+    if any(not opt.state for opt in state.optimizers):
+        notes.append(
+            "an optimizer had no state yet: every run is its first step, which allocates that state "
+            "(later steps reuse it); the optimizer-phase peak includes the allocation"
+        )
+    restore = state.snapshot()
+    try:
+        modes, regions, router_notes = _measure_modes(step, state, restore, repeats)
+        notes += router_notes
+        if not regions:
+            notes.append("the step made no checkpoint call: both modes ran the same code")
+        estimate = None
+        if budget is not None:
+            estimate = _estimate_budget(step, state, restore, repeats, budget, modes)
+    finally:
+        restore()
+    return Comparison(modes=modes, regions=regions, repeats=repeats, notes=notes, budget=estimate)
+
+
+def _estimate_budget(
+    step: Callable[..., Any],
+    state: StepState,
+    restore: Callable[[], None],
+    repeats: int,
+    budget: int,
+    modes: dict[str, ModeResult],
+) -> BudgetEstimate:
+    base = budget_fit.default_batch_size(step)
+    reserve = {m: _allocator_reserve(r) for m, r in modes.items()}
+    points = {m: [(base, _budget_peaks(r, reserve[m]), r.median_seconds)] for m, r in modes.items()}
+    if base is not None and budget_fit.accepts_batch_size(step):
+        larger = functools.partial(step, batch_size=2 * base)
+        more, _, _ = _measure_modes(larger, state, restore, repeats)
+        for mode, result in more.items():
+            points[mode].append((2 * base, _budget_peaks(result, reserve[mode]), result.median_seconds))
+    return budget_fit.estimate(budget, points)
