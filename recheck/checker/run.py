@@ -208,6 +208,8 @@ class Runner:
                 result.outputs = self._call(observer, args, kwargs, mode, log)
             except Exception as exc:
                 result.forward_error = exc
+            if log is not None:
+                log.freeze()
             if result.forward_error is None:
                 self._backward(result)
             result.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}

@@ -39,6 +39,20 @@ class SavedTensorLog:
         self.mismatches: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.counter = itertools.count(1)
         self.compared = 0
+        self.pending: list[_BitwiseMetadata] = []
+
+    def freeze(self) -> None:
+        """Take the forward's copies of saved leaves now that the forward has returned.
+
+        A kernel may fill a tensor after saving it (RReLU saves its noise buffer, then
+        draws into it), so a copy taken at pack time would hold uninitialized bytes.
+        Copying at the end of the forward sees what backward will use, and still
+        precedes anything the caller does between forward and recompute.
+        """
+        for metadata in self.pending:
+            if metadata.leaf and metadata.ref is not None:
+                metadata.copy = metadata.ref.clone()
+        self.pending.clear()
 
 
 _active: list[SavedTensorLog] = []
@@ -47,7 +61,7 @@ _active: list[SavedTensorLog] = []
 class _BitwiseMetadata:
     """What the pack hook stores per saved tensor: metadata plus the tensor's bytes."""
 
-    __slots__ = ("shape", "dtype", "device", "copy", "position", "storage")
+    __slots__ = ("shape", "dtype", "device", "copy", "ref", "leaf", "position", "storage")
 
     def __init__(self, x: torch.Tensor) -> None:
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
@@ -59,10 +73,14 @@ class _BitwiseMetadata:
             # Leaves (parameters, buffers, inputs) can change between forward and
             # recompute, so they are copied.
             strided = x.layout == torch.strided
-            self.copy = (x.detach().clone() if x.is_leaf else x.detach()) if strided else None
+            self.leaf = x.is_leaf
+            self.ref = x.detach() if strided else None
+            self.copy = (self.ref.clone() if x.is_leaf else self.ref) if strided else None
             self.storage = x.untyped_storage().data_ptr() if self.copy is not None else 0
         except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
-            self.copy, self.storage = None, 0
+            self.copy, self.ref, self.leaf, self.storage = None, None, False, 0
+        if log is not None and self.ref is not None:
+            log.pending.append(self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _BitwiseMetadata):
@@ -73,8 +91,11 @@ class _BitwiseMetadata:
         if log is None or self.copy is None or other.copy is None:
             return True
         log.compared += 1
-        if self.device.type != "meta" and not torch.equal(bit_view(self.copy), bit_view(other.copy)):
-            log.mismatches.append((self.position, self.copy, other.copy, self.storage))
+        # ``self`` is the forward's (copied when its forward returned), ``other`` the
+        # recompute's, read now that the recompute has run: both after any in-kernel fill.
+        recomputed = other.ref if other.ref is not None else other.copy
+        if self.device.type != "meta" and not torch.equal(bit_view(self.copy), bit_view(recomputed)):
+            log.mismatches.append((self.position, self.copy, recomputed.clone(), self.storage))
         return True
 
     def __ne__(self, other: object) -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-__all__ = ["Region", "Target", "TargetError", "build_region", "load_target"]
+__all__ = ["Region", "Target", "TargetError", "build_region", "load_target", "user_frames"]
 
 _OPTION_NAMES = frozenset({"use_reentrant", "preserve_rng_state", "early_stop", "grad_outputs",
                            "atol", "rtol", "max_ulp"})
@@ -54,7 +54,7 @@ class Region:
     kwargs: dict
 
 
-def _user_frames(exc: BaseException) -> str:
+def user_frames(exc: BaseException) -> str:
     """The traceback of ``exc`` without recheck's and importlib's frames."""
     here = str(Path(__file__).resolve().parent.parent)
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
@@ -92,7 +92,7 @@ def _import_file(path: Path) -> ModuleType:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}",
-                          _user_frames(exc)) from None
+                          user_frames(exc)) from None
     finally:
         if directory in sys.path:
             sys.path.remove(directory)
@@ -108,10 +108,10 @@ def _import_module(dotted: str) -> ModuleType:
     except ModuleNotFoundError as exc:
         if exc.name and dotted.startswith(exc.name):
             raise TargetError(f"no module named {dotted!r}") from None
-        raise TargetError(f"importing {dotted} failed: {exc}", _user_frames(exc)) from None
+        raise TargetError(f"importing {dotted} failed: {exc}", user_frames(exc)) from None
     except Exception as exc:
         raise TargetError(f"importing {dotted} failed: {type(exc).__name__}: {exc}",
-                          _user_frames(exc)) from None
+                          user_frames(exc)) from None
 
 
 def _options(module: ModuleType, name: str) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def build_region(target: Target) -> Region:
         built = target.factory()
     except Exception as exc:
         raise TargetError(f"{target.label} raised {type(exc).__name__}: {exc}",
-                          _user_frames(exc)) from None
+                          user_frames(exc)) from None
     if isinstance(built, tuple) and len(built) in (2, 3) and callable(built[0]):
         args = built[1]
         kwargs = built[2] if len(built) == 3 else {}

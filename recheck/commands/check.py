@@ -2,8 +2,11 @@
 
 A target is ``file.py`` (every module-level ``region_*`` callable), ``file.py:name`` or
 ``pkg.module:name``; a named callable returns ``(region, args)`` or
-``(region, args, kwargs)``.  Exit status: 0 clean, 1 findings, 2 usage or import error
-(with the traceback of the user's code).
+``(region, args, kwargs)``.  ``recheck check --step file.py:fn`` instead runs a
+zero-argument training step once under ``recheck.watch()`` and reports every checkpoint
+call it made.  Exit status: 0 clean, 1 findings, 2 usage or import error (with the
+traceback of the user's code).  Tolerances, ``strict`` and ``store`` default to
+``[tool.recheck]``; flags override it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,15 @@ HELP = "check that checkpointed regions recompute exactly what their forward com
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Targets, output format, checkpoint configuration and tolerance options."""
-    parser.add_argument("targets", nargs="+", metavar="TARGET",
+    parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="file.py, file.py:name or pkg.module:name")
+    parser.add_argument("--step", action="append", default=[], metavar="FILE.py:FN",
+                        help="run a zero-argument training step under recheck.watch() and report "
+                             "every checkpoint call it makes (repeatable)")
+    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --step: also replay every recomputation fully (early stop off)")
+    parser.add_argument("--store", choices=("digest", "copy"), default=None,
+                        help="with --step: keep digests (default) or full copies of each forward")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="output format (default: text)")
     parser.add_argument("--use-reentrant", action=argparse.BooleanOptionalAction, default=None,
@@ -38,8 +48,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    """Check options from the flags, over the tolerances of ``[tool.recheck]``."""
+    from recheck.config import load_config
+
+    table = load_config().values
+    options = {n: table[n] for n in ("atol", "rtol", "max_ulp") if n in table}
     names = ("use_reentrant", "preserve_rng_state", "early_stop", "atol", "rtol", "max_ulp")
-    return {n: getattr(ns, n) for n in names if getattr(ns, n) is not None}
+    options.update({n: getattr(ns, n) for n in names if getattr(ns, n) is not None})
+    return options
+
+
+def _run_steps(ns: argparse.Namespace) -> int:
+    """``--step``: each training step once under watch(); one report each, then a summary."""
+    from recheck.config import load_config
+    from recheck.watcher.step import StepError, run_step
+
+    table = load_config().values
+    strict = ns.strict if ns.strict is not None else table.get("strict", False)
+    store = ns.store or table.get("store", "digest")
+    reports = []
+    for target in ns.step:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # the step's prints stay off stdout
+                report = run_step(target, strict=strict, store=store)
+        except StepError as exc:
+            return _error(str(exc), exc.user_traceback)
+        except Exception as exc:  # the step's own error
+            from recheck.checker.targets import user_frames
+
+            return _error(f"{target}: the step raised {type(exc).__name__}: {exc}", user_frames(exc))
+        reports.append((target, report))
+    dirty = [r for _, r in reports if not r.ok]
+    if ns.format == "json":
+        print(json.dumps({"steps": [{"target": t, **r.to_dict()} for t, r in reports]}, indent=2, default=repr))
+    else:
+        for target, report in reports:
+            print(f"step {target}")
+            print(report)
+            print()
+        print(f"recheck: ran {len(reports)} step{'s' if len(reports) != 1 else ''}: {len(dirty)} with findings")
+    return 1 if dirty else 0
 
 
 def _error(message: str, user_traceback: str = "") -> int:
@@ -51,9 +99,17 @@ def _error(message: str, user_traceback: str = "") -> int:
 
 def run(ns: argparse.Namespace) -> int:
     """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error."""
+    if ns.step and ns.targets:
+        return _error("give region TARGETs or --step, not both")
+    if ns.step:
+        return _run_steps(ns)
+    if not ns.targets:
+        return _error("nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN")
+    if ns.strict is not None or ns.store is not None:
+        return _error("--strict and --store go with --step")
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
-    from recheck.checker.targets import TargetError, _user_frames, build_region, load_target
+    from recheck.checker.targets import TargetError, build_region, load_target, user_frames
     from recheck.findings import Report
 
     try:
@@ -73,10 +129,10 @@ def run(ns: argparse.Namespace) -> int:
             if isinstance(exc, RegionError):
                 return _error(f"{target.label}: {exc}")
             return _error(f"{target.label}: the region raised {type(exc).__name__}: {exc}",
-                          _user_frames(exc))
+                          user_frames(exc))
         except Exception as exc:  # the region's own error, re-raised by check()
             return _error(f"{target.label}: the region raised {type(exc).__name__}: {exc}",
-                          _user_frames(exc))
+                          user_frames(exc))
         title = f"target         {target.label}\n{report.title or ''}".rstrip()
         reports.append((target.label, Report(report.findings, title=title, notes=report.notes,
                                              stats=report.stats)))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
+from recheck.checker.targets import TargetError, load_target
 from recheck.findings import Report
 from recheck.watcher.session import watch
 
@@ -14,34 +12,27 @@ __all__ = ["StepError", "load_step", "run_step"]
 
 
 class StepError(ValueError):
-    """The ``file.py:fn`` target cannot be loaded or is not a zero-argument callable."""
+    """The target cannot be loaded or is not a callable; ``user_traceback`` is the user's part."""
+
+    def __init__(self, message: str, user_traceback: str = "") -> None:
+        super().__init__(message)
+        self.user_traceback = user_traceback
 
 
 def load_step(target: str) -> Callable[[], Any]:
-    """The callable named by ``path/to/file.py:function`` (the file is run as a module)."""
-    path_text, sep, name = target.rpartition(":")
-    if not sep or not path_text or not name:
+    """The callable named by ``path/to/file.py:function`` or ``pkg.module:function``.
+
+    Files load through the same loader as ``recheck check``'s region targets
+    (:func:`recheck.checker.targets.load_target`), so imports and error messages agree.
+    """
+    location, sep, name = target.rpartition(":")
+    if not sep or not location or not name:
         raise StepError(f"expected FILE.py:FUNCTION, got {target!r}")
-    path = Path(path_text)
-    if not path.is_file():
-        raise StepError(f"{path}: no such file")
-    module_name = f"_recheck_step_{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise StepError(f"{path}: cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    sys.path.insert(0, str(path.resolve().parent))
     try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.resolve().parent))
-    step = getattr(module, name, None)
-    if step is None:
-        raise StepError(f"{path} defines no {name!r}")
-    if not callable(step):
-        raise StepError(f"{path}:{name} is not callable")
-    return step
+        (found,) = load_target(target)
+    except TargetError as exc:
+        raise StepError(str(exc), exc.user_traceback) from None
+    return found.factory
 
 
 def run_step(target: str, **watch_options: Any) -> Report:

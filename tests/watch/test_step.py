@@ -48,7 +48,7 @@ def test_clean_step_and_options(step_file):
 @pytest.mark.parametrize("target, message", [
     ("no-colon.py", "expected FILE.py:FUNCTION"),
     ("{dir}/missing.py:f", "no such file"),
-    ("{file}:absent", "defines no 'absent'"),
+    ("{file}:absent", "has no attribute 'absent'"),
     ("{file}:NOT_CALLABLE", "is not callable"),
 ])
 def test_bad_targets_are_clear_errors(step_file, target, message):
