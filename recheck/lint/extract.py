@@ -38,6 +38,11 @@ def extract(source: str, path: str, module: str, is_package: bool = False,
     top = _function_context(context, "<module>", [], {}, None, None)
     extractor = _Extractor(facts, context, extra_entries, scopes)
     nodes = scopes[id(tree)]
+    for node in nodes:  # module-level instances: `BLOCK = Block()`, later `checkpoint(BLOCK, x)`
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            refs = _instance_refs(node.value, top)
+            if refs:
+                top.local_refs[node.targets[0].id] = refs
     extractor.block(nodes, "", top, None)
     for node in nodes:  # scripts checkpoint at module level too
         if isinstance(node, ast.Call):
@@ -185,8 +190,16 @@ def _alias_refs(value: ast.AST, context: FunctionContext) -> list[Ref]:
     if isinstance(value, (ast.Attribute, ast.Subscript, ast.Name)):
         return callee_refs(value, context)
     if isinstance(value, ast.Call):
-        return target_refs(value, context) if _is_factory_like(value, context) else []
+        return target_refs(value, context) if _is_factory_like(value, context) else _instance_refs(value, context)
     return []
+
+
+def _instance_refs(value: ast.AST, context: FunctionContext) -> list[Ref]:
+    """``block = Block(...)``: what the name holds is an instance of the class (or what a
+    factory function returns), resolved in phase two; any other value binds nothing."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return []
+    return [r for r in target_refs(value, context) if r.kind == "returned"]
 
 
 def _is_factory_like(call: ast.Call, context: FunctionContext) -> bool:
