@@ -1,11 +1,14 @@
 """Cost of ``recheck.check()`` relative to one plain forward+backward.
 
 A stack of transformer encoder blocks is checked at two sizes; the script prints the
-median wall time of a plain step (forward + backward) and of ``check()`` on the same
-stack, and their ratio.  The floor is about 2.3x (a plain step plus a checkpointed step
+median wall time of a plain step (forward + backward), of ``check()`` on the same
+stack, and of the floor (a plain step plus a non-reentrant checkpointed step), as ratios
+to the plain step.  The floor is about 2.3x (a plain step plus a checkpointed step
 with its recompute); the target is at most 3x.
 
-Run: ``python benchmarks/check_cost.py [--repeats N] [--json]``.
+Run: ``python benchmarks/check_cost.py [--repeats N] [--json] [--clock cpu]``.
+``--clock cpu`` times with the process's CPU clock instead of the wall clock: every step
+runs on one thread, so on a shared, loaded machine it is the steadier measure.
 """
 
 from __future__ import annotations
@@ -47,16 +50,27 @@ def plain_step(blocks: nn.Module, x: torch.Tensor) -> None:
     x.grad = None
 
 
-def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
-    """Median wall time of each callable, measured round-robin so load noise is shared."""
+def floor_step(blocks: nn.Module, x: torch.Tensor) -> None:
+    """What any check must run at least: a plain step and a checkpointed step."""
+    from torch.utils.checkpoint import checkpoint
+
+    plain_step(blocks, x)
+    out = checkpoint(blocks, x, use_reentrant=False)
+    out.backward(torch.randn_like(out))
+    blocks.zero_grad(set_to_none=True)
+    x.grad = None
+
+
+def interleaved_medians(fns: dict, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Median time of each callable, measured round-robin so load noise is shared."""
     for fn in fns.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -65,7 +79,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall clock (default) or this process's CPU time")
     ns = parser.parse_args()
+    clock = time.perf_counter if ns.clock == "wall" else time.process_time
     torch.set_num_threads(ns.threads)
     variants = {"default": {}, "reentrant": {"use_reentrant": True},
                 "no_early_stop": {"early_stop": False}}
@@ -73,19 +90,22 @@ def main() -> int:
     for name, size in SIZES.items():
         blocks, x = build(**size)
         reports = []
-        fns = {"plain": lambda: plain_step(blocks, x)}
+        fns = {"plain": lambda: plain_step(blocks, x), "floor": lambda: floor_step(blocks, x)}
         for label, options in variants.items():
             fns[label] = functools.partial(
                 lambda opts: reports.append(check(blocks, x, **opts)), options)
-        medians = interleaved_medians(fns, ns.repeats)
+        medians = interleaved_medians(fns, ns.repeats, clock)
         assert all(r.ok for r in reports), "the benchmark's stack must check clean"
-        row = {"plain_s": medians["plain"]}
+        row = {"clock": ns.clock, "plain_s": medians["plain"],
+               "runs_default": reports[0].stats["runs"]}  # 2: the full replay was not rerun
+        row["ratio_floor"] = medians["floor"] / medians["plain"]
         for label in variants:
             row[f"check_{label}_s"] = medians[label]
             row[f"ratio_{label}"] = medians[label] / medians["plain"]
         results[name] = {**size, **row}
         if not ns.json:
             print(f"{name:6s} {size}: plain {medians['plain'] * 1e3:8.1f} ms | "
+                  f"floor {row['ratio_floor']:.2f}x | "
                   + " | ".join(f"{label} {row[f'ratio_{label}']:.2f}x" for label in variants),
                   flush=True)
     if ns.json:

@@ -88,9 +88,12 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
     if not use_reentrant and user.saved is None:
         notes.append("this torch has no determinism-check registry: saved tensors were "
                      "compared by shape, dtype and device only")
-    if replay is not None:
+    if replay is not None and replay.stand_in:
+        notes.append("early stop ended the recompute; the full replay would have started from "
+                     "the plain forward's exact state, so the plain forward's record stands for it")
+    elif replay is not None:
         notes.append("early stop ended the recompute; a full replay observed the rest")
-    stats = {"runs": 3 if replay is not None else 2,
+    stats = {"runs": 3 if replay is not None and not replay.stand_in else 2,
              "saved_tensors_compared": user.saved.compared if user.saved else 0,
              "modules": len(runner.reach.modules)}
     config = configuration_text(use_reentrant, preserve_rng_state, early_stop, options.tolerance)

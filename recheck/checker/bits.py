@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Tolerance", "TensorDiff", "bit_view", "compare_tensors", "digest", "format_bits"]
+__all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
+           "format_bits"]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -117,9 +118,32 @@ def bit_view(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.layout != torch.strided:
         raise TypeError(f"bitwise comparison needs a strided tensor, got layout {t.layout}")
+    return _reinterpreted(t).contiguous()
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when two tensors have the same shape, dtype, device, layout and element bytes.
+
+    The same answer as ``torch.equal(bit_view(a), bit_view(b))`` for strided tensors,
+    without the contiguous copies: a same-width integer view keeps the strides, so
+    a transposed weight is compared where it lies.
+    """
+    a, b = a.detach(), b.detach()
+    if (a.shape != b.shape or a.dtype != b.dtype or a.device != b.device
+            or a.layout != b.layout):
+        return False
+    if a.device.type == "meta":
+        return True
+    if a.layout != torch.strided:
+        return torch.equal(bit_view(a), bit_view(b))  # raises TypeError, as bit_view does
+    return torch.equal(_reinterpreted(a), _reinterpreted(b))
+
+
+def _reinterpreted(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as same-width integers, strides kept (a copy only for conj/neg bits)."""
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj())
-    t = t.resolve_neg().resolve_conj().contiguous()
+    t = t.resolve_neg().resolve_conj()
     if t.dtype == torch.bool:
         return t.view(torch.uint8)
     int_dtype = _INT_OF_SIZE.get(t.element_size())

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from recheck.checker.bits import Tolerance, compare_tensors, describe_tensor
+from recheck.checker.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
 from recheck.checker.effects import Effect
 from recheck.checker.message import hint, value_detail
 from recheck.checker.state import Observed, fingerprint, show
@@ -66,6 +66,10 @@ def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str,
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
                     other: torch.Tensor, message: str, check_requires_grad: bool = True,
                     code: str | None = None, latent: bool = False) -> list[Finding]:
+    if (ctx.tolerance is None and original.layout == torch.strided
+            and (not check_requires_grad or original.requires_grad == other.requires_grad)
+            and (original is other or bits_equal(original, other))):
+        return []  # identical: no need to build the difference
     diff = compare_tensors(original, other, tolerance=ctx.tolerance,
                            check_requires_grad=check_requires_grad,
                            description=describe_tensor(original))

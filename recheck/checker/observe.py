@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.checker.bits import digest
+from recheck.checker.bits import bits_equal
 from recheck.checker.compare import flatten
 from recheck.checker.effects import Effect, EffectCapture
 from recheck.checker.reach import Reach, iter_tensors
@@ -34,8 +34,8 @@ class CallRecord:
     index: int
     entry: dict[tuple[str, str], Any]
     shown: dict[tuple[str, str], str]
-    inputs_entry: dict[str, tuple[int, int]] = field(default_factory=dict)
-    inputs_exit: dict[str, tuple[int, int]] = field(default_factory=dict)
+    inputs_entry: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)  # version, copy
+    inputs_exit: dict[str, tuple[int, bool]] = field(default_factory=dict)  # version, same bytes
     effects: list[Effect] = field(default_factory=list)
     outputs: list[tuple[str, Any]] | None = None
     outcome: str = "running"
@@ -68,9 +68,18 @@ class Probe:
         return values, shown
 
 
-def _input_states(args: tuple, kwargs: dict) -> dict[str, tuple[int, int]]:
-    found = list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))
-    return {path: (t._version, digest(t)) for path, t in found}
+def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    return list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))
+
+
+def _input_copies(args: tuple, kwargs: dict) -> dict[str, tuple[int, torch.Tensor]]:
+    return {path: (t._version, t.detach().clone()) for path, t in _input_tensors(args, kwargs)}
+
+
+def _input_exits(args: tuple, kwargs: dict,
+                 entry: dict[str, tuple[int, torch.Tensor]]) -> dict[str, tuple[int, bool]]:
+    return {path: (t._version, path in entry and bits_equal(t, entry[path][1]))
+            for path, t in _input_tensors(args, kwargs)}
 
 
 def _detached(value: Any) -> Any:
@@ -98,7 +107,7 @@ class Observer:
         record = CallRecord(index=len(self.calls) + 1, entry=entry, shown=shown)
         self.calls.append(record)
         if self.track_inputs and record.index == 1:
-            record.inputs_entry = _input_states(args, kwargs)
+            record.inputs_entry = _input_copies(args, kwargs)
         capture = EffectCapture(passthrough=self.passthrough and record.index == 1)
         try:
             with capture:
@@ -110,7 +119,7 @@ class Observer:
         finally:
             record.effects = capture.effects
             if self.track_inputs and record.index == 1:
-                record.inputs_exit = _input_states(args, kwargs)
+                record.inputs_exit = _input_exits(args, kwargs, record.inputs_entry)
         record.outcome = "returned"
         record.outputs = [(path, _detached(leaf)) for path, leaf in flatten(result)]
         if self.after_first is not None and record.index == 1:

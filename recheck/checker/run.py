@@ -11,7 +11,12 @@
    full replay observes the whole recompute: the state right after the checkpointed
    forward is put back and the region is called again the way checkpoint's recompute
    calls it (forward RNG restored, same inputs, grad mode on).  What only the replay
-   shows is reported as *latent*.  6. Restore: a check leaves no trace.
+   shows is reported as *latent*.  When the checkpointed forward left every piece of
+   state as the check found it (the streams the recompute resets aside) and the plain
+   forward, run with grad from that same state, did too, the replay would be that
+   plain forward again: its record stands in and nothing runs a third time.
+6. Restore: a check leaves no trace.  Each run's state is observed and restored in one
+   pass; a tensor is copied only when its bytes changed.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.checker.bits import Tolerance
+from recheck.checker.bits import Tolerance, bits_equal
+from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
 from recheck.checker.reach import ModuleRecorder, Reach, iter_tensors, static_reach
 from recheck.checker.saved import MODE, SavedTensorLog, bitwise_determinism
@@ -34,10 +40,6 @@ from recheck.checker.state import (BindingsRecord, GradRecord, NewKeysRecord, Ob
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
-
-
-class RegionError(ValueError):
-    """The region cannot be checked as given (no tensor output, nothing requires grad)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class RunResult:
     saved: SavedTensorLog | None = None
     rng_at_forward: torch.Tensor | None = None
     baseline: dict[tuple[str, str], Observed] | None = None  # replay: state before recompute
+    stand_in: bool = False  # replay: the plain forward's call, which started from the same state
 
 
 class Runner:
@@ -77,7 +80,12 @@ class Runner:
         self.snapshot = Snapshot(RngRecord(self.reach.generators))
         self.parameters: dict[str, torch.Tensor] = {}
         self.upstream: list[tuple[str, torch.Tensor]] | None = None
-        self.after_forward: tuple[Snapshot, tuple, dict] | None = None
+        self.after_forward: tuple[Snapshot | None, tuple, dict] | None = None
+        self.plain_forward: CallRecord | None = None  # set when it left the state as found
+        self._inputs: dict[str, TensorRecord] = {}
+        self._user_args: Any = None
+        self._calls: list[CallRecord] = []
+        self._dirty = False
         self._sync()
 
     # -- snapshot bookkeeping --------------------------------------------------------------------
@@ -101,7 +109,9 @@ class Runner:
                 add(("tensor", id(tensor)), functools.partial(
                     TensorRecord, "state", f"tensor `{name}`", tensor))
         for path, tensor in self._input_tensors():
-            add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path, tensor))
+            if add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
+                                                            tensor)):
+                self._inputs[path] = self.snapshot.records[-1]
 
     def _add_module(self, prefix: str, module: torch.nn.Module) -> None:
         add = self.snapshot.add
@@ -139,8 +149,20 @@ class Runner:
         return list(iter_tensors(self.args, "args")) + list(iter_tensors(self.kwargs, "kwargs"))
 
     def restore(self) -> None:
-        """Put back everything as it was before the check."""
-        self.snapshot.restore()
+        """Put back everything as it was before the check (nothing to do after a settled run)."""
+        if self._dirty:
+            self.snapshot.restore()
+            self._dirty = False
+
+    def _settle(self) -> dict[tuple[str, str], Observed]:
+        """The state after a run, then restored (each tensor compared once)."""
+        seen = self.snapshot.observe_and_restore()
+        self._dirty = False
+        return seen
+
+    def _reset_streams(self) -> frozenset[str]:
+        """RNG streams checkpoint's recompute (and the full replay) set back to the forward's."""
+        return frozenset({"cpu RNG"}) if self.options.preserve_rng_state else frozenset()
 
     def buffer_storages(self) -> frozenset[int]:
         """Storage pointers of every buffer of a reached module."""
@@ -149,27 +171,6 @@ class Runner:
                          if b is not None and b.layout == torch.strided)
 
     # -- one run ---------------------------------------------------------------------------------
-    def _prepare_inputs(self) -> tuple[tuple, dict, dict[str, torch.Tensor]]:
-        """Fresh leaves for inputs that require grad, so user tensors keep their ``.grad``."""
-        leaves: dict[str, torch.Tensor] = {}
-
-        def convert(value: Any, path: str) -> Any:
-            if isinstance(value, torch.Tensor):
-                if not value.requires_grad:
-                    return value
-                leaf = value.detach().requires_grad_(True)
-                leaves[path] = leaf
-                return leaf if value.is_leaf else leaf.clone()
-            if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-                return type(value)(convert(v, f"{path}[{i}]") for i, v in enumerate(value))
-            if isinstance(value, dict):
-                return type(value)((k, convert(v, f"{path}[{k!r}]")) for k, v in value.items())
-            return value
-
-        args = tuple(convert(a, f"args[{i}]") for i, a in enumerate(self.args))
-        kwargs = {k: convert(v, f"kwargs[{k!r}]") for k, v in self.kwargs.items()}
-        return args, kwargs, leaves
-
     def _call(self, observer: Observer, args: tuple, kwargs: dict, mode: str,
               log: SavedTensorLog | None) -> Any:
         if mode == "plain":
@@ -188,14 +189,19 @@ class Runner:
 
     def execute(self, mode: str) -> RunResult:
         """Run the region once: ``plain``, or ``user`` (checkpointed as configured)."""
+        self._dirty = True
         for record in self.snapshot.grads():
             record.clear()
-        args, kwargs, leaves = self._prepare_inputs()
+        args, kwargs, leaves = prepare_inputs(self.args, self.kwargs)
         probe = Probe(self.reach, self.parameters)
-        keep = self._keep_after_forward if mode == "user" else None
+        keep = self._keep_after_forward if mode == "user" else self._check_plain_forward
+        self.plain_forward = None if mode == "plain" else self.plain_forward
+        if mode == "user":
+            self._user_args = arguments_print(args, kwargs)
         observer = Observer(self.fn, probe, passthrough=mode == "plain",
                             track_inputs=mode == "plain", after_first=keep)
         result = RunResult(mode=mode, calls=observer.calls)
+        self._calls = observer.calls
         reentrant = self.options.use_reentrant
         bitwise = bitwise_determinism() if mode != "plain" and not reentrant else contextlib.nullcontext()
         quiet = warnings.catch_warnings() if mode != "plain" else contextlib.nullcontext()
@@ -214,13 +220,32 @@ class Runner:
                 self._backward(result)
             result.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
             result.grads.update({path: leaf.grad for path, leaf in leaves.items()})
-        result.post = self.snapshot.observe()
+        result.post = self._settle()
         return result
+
+    def _check_plain_forward(self, args: tuple, kwargs: dict) -> None:
+        """Keep the plain forward's call when it ran with grad and left the state as found."""
+        if self.options.use_reentrant or not self.options.early_stop:
+            return  # no full replay to stand in for
+        call = self._calls[0]
+        if any(effect.channel == "warning" for effect in call.effects):
+            return  # re-shown on the user's stderr, which the record may then hold as well
+        if torch.is_grad_enabled() and self.snapshot.unchanged(self._reset_streams()):
+            self.plain_forward = call
 
     def _keep_after_forward(self, args: tuple, kwargs: dict) -> None:
         """Remember the state right after the checkpointed forward, for :meth:`replay`."""
         if not self.options.use_reentrant and self.options.early_stop:
-            self.after_forward = (self.snapshot.recapture(), args, kwargs)
+            as_plain = (self.plain_forward is not None and self._inputs_as_captured(args, kwargs)
+                        and arguments_print(args, kwargs) == self._user_args
+                        and self.snapshot.unchanged(self._reset_streams()))
+            self.after_forward = (None if as_plain else self.snapshot.recapture(), args, kwargs)
+
+    def _inputs_as_captured(self, args: tuple, kwargs: dict) -> bool:
+        """True when every input tensor the forward got holds the bytes captured at the start."""
+        found = list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))
+        return all(path in self._inputs and bits_equal(t, self._inputs[path].copy)
+                   for path, t in found)
 
     def replay(self, user: RunResult) -> RunResult | None:
         """Replay the whole recompute of the checkpointed run, as early_stop=False would.
@@ -235,6 +260,9 @@ class Runner:
         if self.after_forward is None or (recomputes and recomputes[0].outcome == "returned"):
             return None
         snapshot, args, kwargs = self.after_forward
+        if snapshot is None:
+            return self._stand_in(user)
+        self._dirty = True
         snapshot.restore()
         baseline = self.snapshot.observe()
         observer = Observer(self.fn, Probe(self.reach, self.parameters))
@@ -252,15 +280,31 @@ class Runner:
                     observer(*args, **kwargs)
                 except Exception:  # recorded by the observer as a raising recompute
                     pass
-        result.post = self.snapshot.observe()
+        result.post = self._settle()
         return result
+
+    def _stand_in(self, user: RunResult) -> RunResult:
+        """The full replay's observation without running it again.
+
+        The state right after the checkpointed forward was the state the check started
+        from (every tensor by bytes and version, every value, every RNG stream but those
+        the recompute sets back to the forward's), the forward's inputs held their
+        original bytes, and the plain forward ran with grad from that same state and left
+        it so.  A replay would start exactly where the plain forward started, with the
+        same inputs, RNG and grad mode: it is that call again, so the plain forward's
+        record (entry state, side effects, outputs) stands for it and, like it, the
+        replay changes no state.
+        """
+        assert self.plain_forward is not None
+        return RunResult(mode="replay", calls=[user.calls[0], self.plain_forward],
+                         baseline={}, post={}, stand_in=True)
 
     def _backward(self, result: RunResult) -> None:
         from recheck.checker.compare import flatten
 
         leaves = dict(flatten(result.outputs))
         if self.upstream is None:
-            self.upstream = self._make_upstream(leaves)
+            self.upstream = make_upstream(leaves, self.options.grad_outputs)
         tensors, grads = [], []
         for path, grad in self.upstream:
             leaf = leaves.get(path)
@@ -273,21 +317,3 @@ class Runner:
             torch.autograd.backward(tensors, grads)
         except Exception as exc:
             result.backward_error = exc
-
-    def _make_upstream(self, leaves: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-        wanted = [(p, t) for p, t in leaves.items() if isinstance(t, torch.Tensor)
-                  and t.requires_grad and (t.is_floating_point() or t.is_complex())]
-        given = self.options.grad_outputs
-        if given is not None:
-            given_list = [given] if isinstance(given, torch.Tensor) else list(given)
-            if len(given_list) != len(wanted):
-                raise RegionError(f"grad_outputs has {len(given_list)} tensor(s) but the region "
-                                  f"returns {len(wanted)} output(s) that require grad")
-            return [(p, g) for (p, _), g in zip(wanted, given_list)]
-        upstream = []
-        for index, (path, tensor) in enumerate(wanted):
-            generator = torch.Generator().manual_seed(0x5EED + index)
-            base = torch.randn(tensor.shape, generator=generator,
-                               dtype=torch.complex128 if tensor.is_complex() else torch.float64)
-            upstream.append((path, base.to(dtype=tensor.dtype, device=tensor.device)))
-        return upstream

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from recheck.checker.bits import bit_view
+from recheck.checker.bits import bits_equal
 
 __all__ = ["MODE", "SavedTensorLog", "bitwise_determinism"]
 
@@ -39,6 +39,7 @@ class SavedTensorLog:
         self.mismatches: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self.counter = itertools.count(1)
         self.compared = 0
+        self.frozen = False  # set once the forward returned: later metadata are the recompute's
         self.pending: list[_BitwiseMetadata] = []
 
     def freeze(self) -> None:
@@ -53,6 +54,7 @@ class SavedTensorLog:
             if metadata.leaf and metadata.ref is not None:
                 metadata.copy = metadata.ref.clone()
         self.pending.clear()
+        self.frozen = True
 
 
 _active: list[SavedTensorLog] = []
@@ -71,15 +73,17 @@ class _BitwiseMetadata:
             # Intermediates are held by reference (the memory of an uncheckpointed step,
             # no copying): changing one in place after saving it makes the plain run fail.
             # Leaves (parameters, buffers, inputs) can change between forward and
-            # recompute, so they are copied.
+            # recompute, so the forward's are copied, once, by ``SavedTensorLog.freeze``.
+            # The recompute's tensors (created after the freeze) are compared as they are.
             strided = x.layout == torch.strided
-            self.leaf = x.is_leaf
+            self.leaf = x.is_leaf and not (log is not None and log.frozen)
             self.ref = x.detach() if strided else None
-            self.copy = (self.ref.clone() if x.is_leaf else self.ref) if strided else None
+            copy_now = self.leaf and log is None  # no log to freeze it later
+            self.copy = (self.ref.clone() if copy_now else self.ref) if strided else None
             self.storage = x.untyped_storage().data_ptr() if self.copy is not None else 0
         except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
             self.copy, self.ref, self.leaf, self.storage = None, None, False, 0
-        if log is not None and self.ref is not None:
+        if log is not None and not log.frozen and self.ref is not None:
             log.pending.append(self)
 
     def __eq__(self, other: object) -> bool:
@@ -94,7 +98,7 @@ class _BitwiseMetadata:
         # ``self`` is the forward's (copied when its forward returned), ``other`` the
         # recompute's, read now that the recompute has run: both after any in-kernel fill.
         recomputed = other.ref if other.ref is not None else other.copy
-        if self.device.type != "meta" and not torch.equal(bit_view(self.copy), bit_view(recomputed)):
+        if self.device.type != "meta" and not bits_equal(self.copy, recomputed):
             log.mismatches.append((self.position, self.copy, recomputed.clone(), self.storage))
         return True
 

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from recheck.checker.bits import bit_view
+from recheck.checker.bits import bits_equal
 from recheck.checker.values import (MISSING, Observed, RngRecord, _MAX_DEPTH, _MAX_ITEMS,
                                     fingerprint, rng_fingerprint, rng_states, rng_summary, show)
 
@@ -62,24 +62,40 @@ def _set_version(t: torch.Tensor, version: int) -> None:
 class TensorRecord:
     """A tensor's bytes, shape and version counter, restored in place."""
 
-    def __init__(self, kind: str, subject: str, tensor: torch.Tensor) -> None:
+    def __init__(self, kind: str, subject: str, tensor: torch.Tensor,
+                 copy: torch.Tensor | None = None) -> None:
         self.kind = kind
         self.subject = subject
         self.tensor = tensor
         self.version = tensor._version
-        self.copy = tensor.detach().clone()
+        self.copy = tensor.detach().clone() if copy is None else copy
+        self._verified = False  # set by observe when the tensor was found as captured
+
+    def same_bytes(self) -> bool:
+        """True when the tensor's shape, dtype and bytes are those captured.
+
+        Exact even for writes through ``.data``, which bypass the version counter.
+        """
+        return bits_equal(self.tensor, self.copy)
+
+    def unchanged(self) -> bool:
+        """True when the tensor's version and bytes are those captured."""
+        return self.tensor._version == self.version and self.same_bytes()
 
     def changed(self) -> bool:
         """True when the tensor's version, shape or bytes differ from the capture."""
-        t = self.tensor.detach()
-        return (t._version != self.version or t.shape != self.copy.shape
-                or fingerprint(t) != fingerprint(self.copy))
+        return not self.unchanged()
 
-    def restore(self) -> None:
+    def recaptured(self) -> TensorRecord:
+        """A record of the tensor as it is now, sharing the copy when nothing changed."""
+        same = self.unchanged()
+        return TensorRecord(self.kind, self.subject, self.tensor, self.copy if same else None)
+
+    def restore(self, trust_observed: bool = False) -> None:
+        """Put the bytes and version back; ``trust_observed``: the last observe is current."""
         t = self.tensor
-        if (t._version == self.version and t.shape == self.copy.shape
-                and t.dtype == self.copy.dtype
-                and torch.equal(bit_view(t), bit_view(self.copy))):
+        verified, self._verified = self._verified and trust_observed, False
+        if t._version == self.version and (verified or self.same_bytes()):
             return
         with torch.no_grad():
             if t.shape != self.copy.shape or t.dtype != self.copy.dtype:
@@ -89,7 +105,17 @@ class TensorRecord:
         _set_version(t, self.version)
 
     def observe(self) -> Iterator[Observed]:
-        yield Observed(self.kind, self.subject, self.tensor.detach().clone())
+        """The tensor's value: the captured copy itself when the bytes are unchanged.
+
+        Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
+        restore follows at once and so need not compare the bytes again.
+        """
+        if self.same_bytes():
+            self._verified = True
+            yield Observed(self.kind, self.subject, self.copy)
+        else:
+            self._verified = False
+            yield Observed(self.kind, self.subject, self.tensor.detach().clone())
 
 
 class GradRecord:
@@ -103,6 +129,10 @@ class GradRecord:
 
     def clear(self) -> None:
         self.parameter.grad = None
+
+    def unchanged(self) -> bool:
+        """Always True: gradients are compared as gradients, not as state."""
+        return True
 
     def restore(self) -> None:
         self.parameter.grad = self.grad
@@ -174,6 +204,14 @@ class ValueRecord:
         self.present = key in namespace
         self.value = namespace.get(key)
         self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
+        self.print = fingerprint(self.value) if self.present else MISSING
+
+    def unchanged(self) -> bool:
+        """True when the key holds a value with the captured fingerprint (or is still absent)."""
+        value = self.namespace.get(self.key, MISSING)
+        if value is MISSING or not self.present:
+            return value is MISSING and not self.present
+        return fingerprint(value) == self.print
 
     def restore(self) -> None:
         if not self.present:
@@ -207,6 +245,10 @@ class NewKeysRecord:
     def _new(self) -> list[str]:
         return [k for k in self.namespace if k not in self.keys and k not in self.ignore]
 
+    def unchanged(self) -> bool:
+        """True when no key appeared."""
+        return not self._new()
+
     def restore(self) -> None:
         for key in self._new():
             del self.namespace[key]
@@ -222,6 +264,11 @@ class BindingsRecord:
 
     def __init__(self, namespace: dict) -> None:
         self.content = _Content(namespace, 0)
+
+    def unchanged(self) -> bool:
+        """True when the dict maps the same keys to the same objects."""
+        now, then = self.content.obj, self.content.items
+        return now.keys() == then.keys() and all(now[k] is v for k, v in then.items())
 
     def restore(self) -> None:
         self.content.restore()
@@ -252,22 +299,45 @@ class Snapshot:
         return True
 
     def recapture(self) -> Snapshot:
-        """A new snapshot of the same pieces of state, as they are now."""
+        """A new snapshot of the same pieces of state, as they are now.
+
+        Tensors found unchanged (version and bytes) share the existing copy.
+        """
         again = Snapshot(RngRecord(self.rng.generators))
-        for key, make in self._makers:
-            again.add(key, make)
+        for (key, make), record in zip(self._makers, self.records):
+            again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
+            again._makers[-1] = (key, make)
         return again
+
+    def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
+        """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
+        if self.rng.changed_streams() - except_rng:
+            return False
+        return all(record.unchanged() for record in self.records)
+
+    def observe_and_restore(self) -> dict[tuple[str, str], Observed]:
+        """:meth:`observe`, then :meth:`restore`, comparing each tensor's bytes only once."""
+        seen = self.observe()
+        self.restore(trust_observed=True)
+        return seen
 
     def grads(self) -> list[GradRecord]:
         """The gradient records (cleared before each run)."""
         return [r for r in self.records if isinstance(r, GradRecord)]
 
-    def restore(self) -> None:
-        """Put everything back; continues past a failing record and re-raises the first error."""
+    def restore(self, trust_observed: bool = False) -> None:
+        """Put everything back; continues past a failing record and re-raises the first error.
+
+        ``trust_observed`` (only for :meth:`observe_and_restore`): tensors the last
+        :meth:`observe` found unchanged are not compared again.
+        """
         first: BaseException | None = None
         for record in reversed(self.records):
             try:
-                record.restore()
+                if isinstance(record, TensorRecord):
+                    record.restore(trust_observed)
+                else:
+                    record.restore()
             except Exception as exc:  # keep restoring the rest
                 first = first or exc
         self.rng.restore()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -107,7 +108,7 @@ def _initialized_accelerators() -> Iterator[tuple[str, Any]]:
 def rng_fingerprint(state: Any) -> Any:
     """An exact comparable form of an RNG state (tensor bytes, Python or numpy state)."""
     if isinstance(state, torch.Tensor):
-        return ("tensor", digest(state))
+        return ("tensor", _state_bytes(state))
     if isinstance(state, tuple):
         try:
             hash(state)  # Python random: a tuple of ints is exact as it is
@@ -117,6 +118,15 @@ def rng_fingerprint(state: Any) -> Any:
     if hasattr(state, "tobytes"):
         return ("ndarray", state.tobytes())
     return state
+
+
+def _state_bytes(state: torch.Tensor) -> bytes:
+    """An RNG state tensor's bytes (a few kB, on the host): exact and cheap to compare."""
+    flat = state.detach().cpu().contiguous().reshape(-1)
+    try:
+        return bytes(flat.view(torch.uint8).numpy())
+    except (RuntimeError, TypeError):  # torch built without numpy
+        return bytes(flat.view(torch.uint8).tolist())
 
 
 def rng_states(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
@@ -161,6 +171,14 @@ class RngRecord:
             self.generators[name] = generator
             self.states[f"generator `{name}`"] = generator.get_state()
 
+    def changed_streams(self) -> set[str]:
+        """Names of the streams whose state differs from the captured one."""
+        changed = set()
+        for name, state in rng_states(self.generators).items():
+            if name not in self.states or rng_fingerprint(state) != rng_fingerprint(self.states[name]):
+                changed.add(name)
+        return changed
+
     def restore(self) -> None:
         for name, state in self.states.items():
             if name.startswith(("cuda:", "xpu:")) and not any(
@@ -175,9 +193,9 @@ class RngRecord:
 
 
 def rng_summary(state: Any) -> str:
-    """A short description of an RNG state (a Mersenne Twister position, or a digest)."""
+    """A short description of an RNG state (a Mersenne Twister position, or a CRC-32)."""
     if isinstance(state, torch.Tensor):
-        return f"state digest {digest(state) & 0xFFFFFFFF:08x}"
+        return f"state digest {zlib.crc32(_state_bytes(state)):08x}"
     if isinstance(state, tuple) and len(state) >= 2 and isinstance(state[1], tuple):
         return f"position {state[1][-1]}"  # Python random: the Mersenne Twister index
     if isinstance(state, tuple) and len(state) >= 3:

@@ -56,9 +56,9 @@ def _input_mutations(ctx: Context, plain: RunResult) -> list[Finding]:
         return []
     call = plain.calls[0]
     findings = []
-    for path, (version, digest) in call.inputs_entry.items():
+    for path, (version, _copy) in call.inputs_entry.items():
         after = call.inputs_exit.get(path)
-        if after is None or after == (version, digest):
+        if after is None or after == (version, True):
             continue
         how = (f"version {version} -> {after[0]}" if after[0] != version
                else "bytes changed without a version bump (.data or a view)")

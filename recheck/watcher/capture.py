@@ -9,6 +9,7 @@ watching many invocations: a per-region cache of the static reach, and module st
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 import torch
@@ -17,7 +18,8 @@ from recheck.checker.reach import Reach, static_reach
 from recheck.checker.values import MISSING, fingerprint, rng_states, show
 from recheck.watcher.prints import Store, print_tensor
 
-__all__ = ["ModuleState", "add_module", "entry_state", "module_state", "parameters_of", "reach_of"]
+__all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_print", "global_text", "module_state",
+           "parameters_of", "reach_of", "with_submodules"]
 
 #: (module name, "buffer" | "attribute", name) -> print or fingerprint
 ModuleState = dict[tuple[str, str, str], Any]
@@ -81,6 +83,61 @@ def add_module(reach: Reach, module: torch.nn.Module) -> None:
         reach.add_module(reach.name_unknown(module), module)
 
 
+def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
+    """Modules a checkpointed callable names directly: itself, its bound ``self``, a
+    ``partial``'s arguments, its closure cells and the globals its code reads.
+
+    Modules only inside a container (timm's ``checkpoint_seq`` closes over a tuple of
+    every block) are left out: they count when their forward runs (``with_submodules``).
+    """
+    found: list[torch.nn.Module] = []
+    for _ in range(8):
+        if isinstance(function, torch.nn.Module):
+            found.append(function)
+            break
+        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
+            found.extend(a for a in (*function.args, *getattr(function, "keywords", {}).values())
+                         if isinstance(a, torch.nn.Module))
+            function = function.func
+        elif hasattr(function, "__self__") and hasattr(function, "__func__"):
+            if isinstance(function.__self__, torch.nn.Module):
+                found.append(function.__self__)
+            function = function.__func__
+        else:
+            break
+    for cell in getattr(function, "__closure__", None) or ():
+        if _filled(cell) and isinstance(cell.cell_contents, torch.nn.Module):
+            found.append(cell.cell_contents)
+    for ref in list(reach.reads.values()):
+        value = ref.namespace.get(ref.name)
+        if isinstance(value, torch.nn.Module):
+            found.append(value)
+    return found
+
+
+def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
+    """The given modules and all their submodules, each once, with its reach name.
+
+    Module state is compared for the modules a forward ran and those its callable names
+    directly (issue 4: "the buffers and attributes of the modules it runs"), not for every
+    module the region could reach statically: timm's ``checkpoint_seq`` closes over all
+    blocks in each segment, and comparing the other segments' BatchNorm buffers cost time
+    and blamed this region for their updates.  Submodules are included so that a buffer
+    a parent updates without calling the child's forward
+    (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
+    """
+    selected: dict[int, tuple[str, torch.nn.Module]] = {}
+    for module in list(ran):
+        if id(module) in selected:
+            continue  # a submodule of one already walked
+        for sub in module.modules():
+            if id(sub) not in selected:
+                if id(sub) not in reach.modules:
+                    add_module(reach, sub)
+                selected[id(sub)] = reach.modules[id(sub)]
+    return list(selected.values())
+
+
 def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
     """Own parameters of every reached module, by dotted name."""
     found: dict[str, torch.Tensor] = {}
@@ -91,13 +148,16 @@ def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
     return found
 
 
-def entry_state(reach: Reach, *, rng_only: bool = False) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
+def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
+                ) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
     """RNG streams, globals read and parameter versions, as comparable values and as text.
 
     The keys and texts are those of ``recheck.checker.observe.Probe.read``; the values
     differ where it matters when every invocation is read four times: RNG states are
-    compared as raw bytes (``rng_fingerprint`` digests the 5 kB CPU state each time), and
-    ``rng_only`` skips globals and parameters.
+    compared as raw bytes (``rng_fingerprint`` digests the 5 kB CPU state each time),
+    loggers by their configuration (:func:`global_print`), ``rng_only`` skips globals and
+    parameters, and ``with_text=False`` skips the texts (a recompute only needs the text
+    of what differs: :func:`global_text`).
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
@@ -108,11 +168,48 @@ def entry_state(reach: Reach, *, rng_only: bool = False) -> tuple[dict[tuple[str
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = ("global", f"global `{ref.display}`")
-        values[key], shown[key] = fingerprint(value), show(value)
+        values[key] = global_print(value)
+        if with_text:
+            shown[key] = show(value)
     for name, parameter in parameters_of(reach).items():
         key = ("param_version", f"parameter `{name}`")
-        values[key], shown[key] = parameter._version, f"version {parameter._version}"
+        values[key] = parameter._version
+        if with_text:
+            shown[key] = f"version {parameter._version}"
     return values, shown
+
+
+def global_text(reach: Reach, key: tuple[str, str]) -> str:
+    """The text :func:`entry_state` gives for ``key``, read now."""
+    kind, subject = key
+    if kind == "global":
+        for ref in list(reach.reads.values()):
+            if subject == f"global `{ref.display}`":
+                return show(ref.namespace.get(ref.name, MISSING))
+    elif kind == "param_version":
+        parameter = parameters_of(reach).get(subject[len("parameter `"):-1])
+        if parameter is not None:
+            return f"version {parameter._version}"
+    return "?"
+
+
+_LOGGERS = (logging.Logger, logging.LoggerAdapter)
+
+
+def global_print(value: Any) -> Any:
+    """The comparable form of a global a region reads: ``fingerprint``, except for loggers.
+
+    A logger (transformers' modules all read theirs) is compared by what decides what a
+    call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
+    ``fingerprint`` would walk its lookup cache (filled by the first call at each level,
+    inside the forward) and the manager's registry of every logger in the process (grown
+    by any import), which change without changing the region, and it cost 1.6 ms per read.
+    """
+    if isinstance(value, _LOGGERS):
+        logger = value.logger if isinstance(value, logging.LoggerAdapter) else value
+        return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
+                tuple(map(id, logger.handlers)))
+    return fingerprint(value)
 
 
 def _exact(state: Any) -> Any:
@@ -143,7 +240,7 @@ def _plain(value: Any) -> bool:
 
 
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store) -> ModuleState:
-    """Own buffers (printed) and plain public attributes (fingerprinted) of each module."""
+    """Own buffers (printed) and plain public attributes (fingerprint and value) of each module."""
     state: ModuleState = {}
     for name, module in modules:
         for buffer_name, buffer in module._buffers.items():
@@ -151,5 +248,6 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store) -
                 state[(name, "buffer", buffer_name)] = print_tensor(buffer, store)
         for attr, value in vars(module).items():
             if not attr.startswith("_") and _plain(value):
-                state[(name, "attribute", attr)] = (fingerprint(value), show(value))
+                # the value itself (a copy of a list) for the message: shown only on a finding
+                state[(name, "attribute", attr)] = (fingerprint(value), list(value) if isinstance(value, list) else value)
     return state

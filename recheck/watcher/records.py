@@ -20,6 +20,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten_with_path
 
 from recheck.checker.reach import Reach
+from recheck.checker.values import show
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
 from recheck.watcher.hints import hint_for
@@ -44,6 +45,10 @@ class Forward:
     saved_buffers: set[int] = field(default_factory=set)
     buffer_storage: dict[int, str] = field(default_factory=dict)
     buffer_modules: int = -1
+    #: the modules the callable names directly, then those the forward ran, by id
+    ran: dict[int, torch.nn.Module] = field(default_factory=dict)
+    #: those modules and their submodules, named: whose state is compared
+    state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
 
     def buffer_named(self, tensor: torch.Tensor) -> str | None:
         """The name of the module buffer ``tensor`` is (by storage), or None."""
@@ -125,11 +130,15 @@ class InvocationRecord:
     def begin_forward(self, reach: Reach) -> None:
         entry, shown = capture.entry_state(reach)
         self.forward = Forward(reach, entry, shown)
+        for module in capture.direct_modules(self.function, reach):
+            self.forward.ran.setdefault(id(module), module)
 
     def add_module(self, module: torch.nn.Module) -> None:
         """A module ran inside the forward (found by the global forward pre-hook)."""
-        if self.forward is not None:
-            capture.add_module(self.forward.reach, module)
+        forward = self.forward
+        if forward is not None:
+            capture.add_module(forward.reach, module)
+            forward.ran.setdefault(id(module), module)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -137,7 +146,8 @@ class InvocationRecord:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
         forward.rng_consumed = {k for k, v in exit_state.items() if k[0] == "rng" and forward.entry.get(k) != v}
-        forward.state_exit = capture.module_state(forward.reach.modules.values(), self.store)
+        forward.state_modules = capture.with_submodules(forward.reach, forward.ran.values())
+        forward.state_exit = capture.module_state(forward.state_modules, self.store)
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
         self.forward_done = True
@@ -166,21 +176,22 @@ class InvocationRecord:
         self._pass_saved = set()
         forward = self.forward
         assert forward is not None
-        entry, shown = capture.entry_state(forward.reach)
+        entry, _ = capture.entry_state(forward.reach, with_text=False)
         for key, value in entry.items():
             kind, subject = key
             before = forward.entry.get(key, value)
             if kind == "rng" or before == value:
                 continue
+            now = capture.global_text(forward.reach, key)
             if kind == "global":
-                self._add("global", f"{subject} was {forward.shown[key]} at forward and {shown[key]} at recompute",
+                self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
                           subject=subject, code="RC101")
             elif kind == "param_version":
                 self._add("param_version",
                           f"{subject} was modified in place between forward and recompute "
-                          f"({forward.shown[key]} -> {shown[key]})", subject=subject,
+                          f"({forward.shown[key]} -> {now})", subject=subject,
                           detail="an optimizer step or another in-place update ran before this invocation's backward")
-        state_entry = capture.module_state(forward.reach.modules.values(), self.store)
+        state_entry = capture.module_state(forward.state_modules, self.store)
         for state_key, value in state_entry.items():
             before = forward.state_exit.get(state_key, value)
             if not _same(before, value):
@@ -199,7 +210,7 @@ class InvocationRecord:
                           subject=key[1], code="RC002",
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
-        state_exit = capture.module_state(forward.reach.modules.values(), self.store)
+        state_exit = capture.module_state(forward.state_modules, self.store)
         for state_key, value in state_exit.items():
             before = state_entry.get(state_key, value)
             if not _same(before, value):
@@ -233,6 +244,7 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None:
             forward.saved, forward.outputs, forward.state_exit = [], None, {}
+            forward.ran, forward.state_modules = {}, []
 
     # -- findings ------------------------------------------------------------------------
 
@@ -248,18 +260,20 @@ class InvocationRecord:
             self._add("buffer", message, subject=f"buffer `{label}`", detail=before.difference(after),
                       code="RC106" if batchnorm else None)
         else:
-            self._add("state", f"attribute `{label}` {how}: {before[1]} -> {after[1]}", subject=f"attribute `{label}`")
+            self._add("state", f"attribute `{label}` {how}: {show(before[1])} -> {show(after[1])}",
+                      subject=f"attribute `{label}`")
 
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", code: str | None = None) -> None:
         # Under strict=True an invocation whose own setting was early stop replays fully: Python
         # state and side effects after the last saved tensor only ran because of that.  (A
         # buffer updated by a kernel, like BatchNorm's, is updated with early stop too.)
+        if any(f.message == message and f.subject == subject for f in self.findings):
+            return
         latent = self.strict and self.early_stop is True and kind in ("state", "side_effect")
         finding = Finding(kind, message, region=str(self.region), subject=subject, detail=detail,
                           hint=hint_for(code), latent=latent,
                           invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
-        if not any(f.message == finding.message and f.subject == finding.subject for f in self.findings):
-            self.findings.append(finding)
+        self.findings.append(finding)
 
     def findings_of(self, calls_of_region: int) -> list[Finding]:
         """The findings with ``call i of n`` filled in."""

@@ -75,8 +75,14 @@ def owner_module(function: Any) -> torch.nn.Module | None:
 
 
 def _relative(path: str) -> str:
+    return _relative_to(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _relative_to(path: str, cwd: str) -> str:
+    """``path`` relative to ``cwd`` when it is inside or beside it (cached: once per call site)."""
     try:
-        relative = os.path.relpath(path)
+        relative = os.path.relpath(path, cwd)
     except ValueError:  # another drive on Windows
         return path
     return path if relative.startswith(".." + os.sep + "..") else relative
