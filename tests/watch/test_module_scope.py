@@ -1,0 +1,74 @@
+"""What watch() compares after the overhead work: the modules a forward runs, loggers by identity."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+
+LOG = logging.getLogger("recheck.tests.region")
+
+
+class FunctionalNorm(nn.Module):
+    """Updates a BatchNorm's buffers through F.batch_norm without calling the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return F.batch_norm(h, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                            training=True)
+
+
+class Logged(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        # reads the module's logger without logging (a logging call itself is a side effect,
+        # recorded whatever the level, like the linter's RC103)
+        scale = 2.0 if LOG.isEnabledFor(logging.DEBUG) else 1.0
+        return torch.tanh(self.lin(x) * scale)
+
+
+def test_buffers_updated_without_calling_the_module_are_reported():
+    torch.manual_seed(0)
+    model = FunctionalNorm()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=False).sum().backward()
+    assert "buffer" in w.report.kinds, str(w.report)
+    assert any("running_mean" in (f.subject or f.message) for f in w.report.findings)
+
+
+def test_a_logger_created_between_forward_and_recompute_is_no_finding():
+    torch.manual_seed(0)
+    model = Logged()
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=False)
+        logging.getLogger("recheck.tests.created.between")  # grows the logging registry
+        LOG.isEnabledFor(logging.INFO)  # fills the logger's level cache
+        out.sum().backward()
+    assert w.report.ok, str(w.report)
+
+
+def test_a_logger_whose_level_changes_between_forward_and_recompute_is_reported():
+    torch.manual_seed(0)
+    model = Logged()
+    before = LOG.level
+    try:
+        with recheck.watch(raise_on_finding=False) as w:
+            out = checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=False)
+            LOG.setLevel(logging.DEBUG)
+            out.sum().backward()
+    finally:
+        LOG.setLevel(before)
+    assert "global" in w.report.kinds, str(w.report)
