@@ -43,8 +43,13 @@ class GlobalRef:
         return f"{self.module}.{self.name}"
 
 
-def code_globals(code: types.CodeType) -> tuple[set[str], set[str]]:
-    """Global names a code object (and the code nested in it) reads and writes."""
+@functools.lru_cache(maxsize=8192)
+def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
+    """Global names a code object (and the code nested in it) reads and writes.
+
+    Code objects are immutable, so the answer is cached per code object: watch() asks
+    again for every region of every block.
+    """
     reads: set[str] = set()
     writes: set[str] = set()
     for instruction in dis.get_instructions(code):
@@ -57,7 +62,7 @@ def code_globals(code: types.CodeType) -> tuple[set[str], set[str]]:
             nested_reads, nested_writes = code_globals(const)
             reads |= nested_reads
             writes |= nested_writes
-    return reads, writes
+    return frozenset(reads), frozenset(writes)
 
 
 def _is_library(module_name: str | None) -> bool:
