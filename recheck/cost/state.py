@@ -15,13 +15,14 @@ import copy
 import dis
 import functools
 import inspect
-import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
+
+from recheck.checker.values import RngRecord
 
 __all__ = ["StepState", "discover_state"]
 
@@ -81,8 +82,8 @@ class StepState:
         tensors = list(self.tensors)
         tensor_values = [_host_copy(t) for t in tensors]
         optimizer_states = [tree_map(_host_copy_if_tensor, opt.state_dict()) for opt in self.optimizers]
-        rng = _rng_snapshot()
-        generator_states = [g.get_state() for g in self.generators]
+        _import_numpy()  # so a step that first imports numpy still sees the same numpy RNG in every run
+        rng = RngRecord({f"#{i}": g for i, g in enumerate(self.generators)})
         stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
 
         def restore() -> None:
@@ -97,9 +98,7 @@ class StepState:
             for opt, state in zip(self.optimizers, optimizer_states):
                 opt.state.clear()
                 opt.load_state_dict(copy.deepcopy(state))
-            _rng_restore(rng)
-            for generator, generator_state in zip(self.generators, generator_states):
-                generator.set_state(generator_state)
+            rng.restore()
             for obj, obj_state in zip(self.stateful, stateful_states):
                 obj.load_state_dict(copy.deepcopy(obj_state))
 
@@ -114,28 +113,11 @@ def _host_copy_if_tensor(value: Any) -> Any:
     return _host_copy(value) if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
-def _rng_snapshot() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+def _import_numpy() -> None:
     try:
-        import numpy
-
-        state["numpy"] = numpy.random.get_state()
+        import numpy  # noqa: F401
     except ImportError:  # pragma: no cover - numpy is optional
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _rng_restore(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def discover_state(
