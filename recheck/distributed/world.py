@@ -1,0 +1,44 @@
+"""This process's place in a torch.distributed world, read without initialising anything."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+__all__ = ["Place", "current_place"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """``rank`` of ``world_size``; ``backend`` is None when only the launcher's variables say so."""
+
+    rank: int
+    world_size: int
+    backend: str | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of {self.world_size}"
+
+
+def current_place() -> Place | None:
+    """The initialised default process group's rank, else ``RANK``/``WORLD_SIZE`` set by
+    torchrun or another launcher; None for a single process (world size 1 or unknown).
+
+    torch.distributed is consulted only if it is already imported.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+        if world_size > 1:
+            return Place(dist.get_rank(), world_size, str(dist.get_backend()))
+        return None
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return Place(rank, world_size) if world_size > 1 and 0 <= rank < world_size else None
