@@ -8,18 +8,15 @@ names; the region of its *Use instead* section must check clean.
 
 from __future__ import annotations
 
-import itertools
-import linecache
-import sys
 import types
 from typing import Any
 
 import pytest
 
 import recheck
+from source_modules import exec_source
 from recheck.catalogue import Rule, all_rules
 
-_modules = itertools.count()
 
 
 def _runnable(sources: list[str]) -> str | None:
@@ -43,14 +40,7 @@ def _has_accelerator() -> bool:
 
 def _exec(source: str, label: str) -> types.ModuleType:
     """Execute a document's block as a real module (inspect, dataclasses and pickle work)."""
-    name = f"recheck_rule_example_{next(_modules)}"
-    filename = f"<{label}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    module = types.ModuleType(name)
-    module.__file__ = filename
-    sys.modules[name] = module
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - a rule's example
-    return module
+    return exec_source(source, label, prefix="recheck_rule_example")
 
 
 def _check_block(source: str, label: str) -> recheck.Report:

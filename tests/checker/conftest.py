@@ -6,31 +6,23 @@ file, so these tests do not depend on ``fixtures`` being importable as a package
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from source_modules import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO_PATH = ROOT / "fixtures" / "models" / "zoo.py"
 NONE: frozenset[str] = frozenset()
 
 
-@cache
 def load_zoo() -> ModuleType:
     """Import ``fixtures/models/zoo.py`` once, registered in ``sys.modules`` as ``recheck_zoo``."""
-    spec = importlib.util.spec_from_file_location("recheck_zoo", ZOO_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ZOO_PATH, "recheck_zoo")
 
 
 @dataclass(frozen=True)

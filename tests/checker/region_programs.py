@@ -14,8 +14,6 @@ purpose and recorded: :meth:`Program.required_kinds` is what a check must report
 from __future__ import annotations
 
 import itertools
-import linecache
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from typing import Any
 
 import torch
 from hypothesis import strategies as st
+from source_modules import exec_source
 
 BATCH, WIDTH = 4, 6
 ACTIVATIONS = ("torch.tanh", "torch.sigmoid", "torch.relu", "F.gelu", "F.silu")
@@ -198,14 +197,7 @@ def _render(program: Program) -> str:
 
 
 def _build(program: Program) -> tuple[Callable[..., Any], tuple[Any, ...], types.ModuleType]:
-    text = program.source()
-    name = f"recheck_region_program_{next(_counter)}"
-    filename = f"<{name}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    module = types.ModuleType(name)
-    module.__file__ = filename
-    sys.modules[name] = module
-    exec(compile(text, filename, "exec"), module.__dict__)  # noqa: S102 - the grammar's own code
+    module = exec_source(program.source(), "region program", prefix="recheck_region_program")
     torch.manual_seed(0)
     region = module.build()
     x = torch.randn(BATCH, WIDTH, requires_grad=True)
