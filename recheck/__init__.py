@@ -2,7 +2,7 @@
 
 The findings model (:class:`Finding`, :class:`Report`, :class:`RecomputeMismatch`) is
 importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``,
-``watch``, ``tag``, ``measure``) is loaded on first use, so ``import recheck`` stays cheap and the
+``watch``, ``tag``, ``measure``, ``gather_report``) is loaded on first use, so ``import recheck`` stays cheap and the
 linter and the CLI's catalogue commands never import torch.
 """
 
@@ -29,6 +29,7 @@ _LAZY = {
     "watch": "recheck.watcher",
     "tag": "recheck.watcher",
     "measure": "recheck.cost",
+    "gather_report": "recheck.distributed.reports",
 }
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.checker import assert_recompute_equal, check
     from recheck.cost import measure
+    from recheck.distributed.reports import gather_report
     from recheck.watcher import tag, watch
 
 

@@ -13,6 +13,10 @@ first watched test runs, so a pytest run without ``--recheck`` never pays for it
   (also without ``--recheck``); ``@pytest.mark.no_recheck(reason=...)`` opts a test out.
 * The terminal summary and the JSON report are built on the controller from the test
   reports, so they are complete under pytest-xdist.
+* In a torch.distributed process (a process group initialised by the tests, or ``RANK`` and
+  ``WORLD_SIZE`` set by the launcher) each rank verifies its own invocations: the summary
+  says which rank it is, and ``--recheck-report PATH`` writes ``PATH`` with the rank in its
+  name (``report.json`` -> ``report.rank1.json``), one file per rank.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class _Settings:
     store: str
     report_path: str | None
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: ``recheck.distributed.world.Place`` of this process, once a watched test has seen one
+    place: Any = None
 
 
 _SETTINGS = pytest.StashKey[_Settings]()
@@ -132,6 +138,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             result = yield
     finally:
         report = watcher.report
+        if settings.place is None:
+            settings.place = watcher.place
         regions = sorted({str(r.region) for r in watcher.records if r.forward is not None})
         item.user_properties.append((PROPERTY, {**report.to_dict(), "regions": regions}))
         if report.stats.get("invocations"):
@@ -168,9 +176,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     stats = [result.get("stats", {}) for result in results]
     failing = [result["nodeid"] for result in results if result.get("findings")]
     silent = [result["nodeid"] for result in results if not result.get("stats", {}).get("invocations")]
-    terminalreporter.write_sep("=", "recheck summary")
+    place = _place(settings)
+    where = f" ({place})" if place is not None else ""
+    terminalreporter.write_sep("=", f"recheck summary{where}")
     terminalreporter.write_line(
-        f"recheck: {len(results)} test(s) watched; {len(regions)} region(s), "
+        f"recheck{where}: {len(results)} test(s) watched; {len(regions)} region(s), "
         f"{sum(s.get('invocations', 0) for s in stats)} invocation(s), "
         f"{sum(s.get('verified', 0) for s in stats)} recomputation(s) verified, "
         f"{sum(len(result.get('findings', ())) for result in results)} finding(s) in {len(failing)} test(s)")
@@ -184,16 +194,31 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line(f"  ... and {len(silent) - 10} more")
 
 
+def _place(settings: _Settings) -> Any:
+    """This process's rank as a watched test saw it, else as the launcher's variables say."""
+    if settings.place is not None:
+        return settings.place
+    from recheck.distributed.world import current_place
+
+    return current_place()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     settings = config.stash.get(_SETTINGS, None)
     if settings is None or _is_worker(config) or not settings.report_path:
         return
+    from recheck.distributed.reports import rank_report_path
+
     path = Path(settings.report_path)
     if not path.is_absolute():
         path = config.rootpath / path
+    document: dict[str, Any] = {"tests": settings.results, "strict": settings.strict, "store": settings.store}
+    place = _place(settings)
+    if place is not None:
+        path = rank_report_path(path, place.rank)
+        document.update(rank=place.rank, world_size=place.world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"tests": settings.results, "strict": settings.strict, "store": settings.store}
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(document, indent=2, default=repr), encoding="utf-8")
     tmp.replace(path)

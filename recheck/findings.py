@@ -196,6 +196,33 @@ class Report:
         else:
             self.findings.extend(other)
 
+    @classmethod
+    def merge(cls, reports: Iterable[Report]) -> Report:
+        """One report from several ranks' reports (pure: the inputs are not changed).
+
+        Reports are taken in rank order (``stats["rank"]``; those without a rank keep their
+        place after the ranked ones).  Findings are concatenated in that order, notes are
+        de-duplicated, titles are joined one per line.  Numeric statistics are summed;
+        ``stats["ranks"]`` keeps every input's own statistics (a list, so it survives JSON),
+        and ``world_size`` is taken from the inputs.
+        """
+        ordered = sorted(reports, key=_rank_order)
+        merged = cls(title="\n".join(r.title for r in ordered if r.title) or None)
+        stats: dict[str, Any] = {}
+        for report in ordered:
+            merged.extend(report)
+            for key, value in report.stats.items():
+                if key in _PER_RANK_STATS or key == "ranks":
+                    continue
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    stats[key] = stats.get(key, 0) + value
+        world_sizes = {r.stats["world_size"] for r in ordered if "world_size" in r.stats}
+        if len(world_sizes) == 1:
+            stats["world_size"] = world_sizes.pop()
+        stats["ranks"] = [dict(r.stats) for r in ordered]
+        merged.stats = stats
+        return merged
+
     def __str__(self) -> str:
         dynamic = [f for f in self.findings if not f.is_static]
         static = [f for f in self.findings if f.is_static]
@@ -244,6 +271,15 @@ class Report:
             notes=data.get("notes", ()),
             stats=data.get("stats"),
         )
+
+
+#: statistics that describe one rank, never summed by :meth:`Report.merge`
+_PER_RANK_STATS = ("rank", "world_size")
+
+
+def _rank_order(report: Report) -> tuple[int, int]:
+    rank = report.stats.get("rank")
+    return (0, rank) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0)
 
 
 class RecomputeMismatch(AssertionError):

@@ -150,7 +150,7 @@ def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
                 ) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
-    """RNG streams, globals read and parameter versions, as comparable values and as text.
+    """RNG streams, globals read and parameter versions as comparable values; globals also as text.
 
     The keys and texts are those of ``recheck.checker.observe.Probe.read``; the values
     differ where it matters when every invocation is read four times: RNG states are
@@ -172,24 +172,18 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
         if with_text:
             shown[key] = show(value)
     for name, parameter in parameters_of(reach).items():
-        key = ("param_version", f"parameter `{name}`")
-        values[key] = parameter._version
-        if with_text:
-            shown[key] = f"version {parameter._version}"
+        values[("param_version", name)] = parameter._version
     return values, shown
 
 
 def global_text(reach: Reach, key: tuple[str, str]) -> str:
-    """The text :func:`entry_state` gives for ``key``, read now."""
+    """The text :func:`entry_state` gives for the global ``key``, read now ("?" for other keys:
+    a parameter's version is shown from the values themselves)."""
     kind, subject = key
     if kind == "global":
         for ref in list(reach.reads.values()):
             if subject == f"global `{ref.display}`":
                 return show(ref.namespace.get(ref.name, MISSING))
-    elif kind == "param_version":
-        parameter = parameters_of(reach).get(subject[len("parameter `"):-1])
-        if parameter is not None:
-            return f"version {parameter._version}"
     return "?"
 
 

@@ -8,7 +8,10 @@ own forward.  Non-reentrant calls also get a per-invocation ``determinism_check`
 prints every saved tensor (torch's own shape/dtype/device check is kept).
 
 Every active ``watch()`` receives every record made while it is active, so nested blocks
-both see inner calls.  Bookkeeping errors never break the user's program: they become
+both see inner calls.  While any block is active the pipelining labels
+(``recheck.watcher.pipelining``) are acquired, so calls made inside a pipeline chunk are
+tagged with ``stage`` and ``microbatch``; in a torch.distributed process every record is
+also tagged with ``rank``.  Bookkeeping errors never break the user's program: they become
 report notes.
 """
 
@@ -25,7 +28,8 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from recheck.checker.effects import EffectCapture
-from recheck.watcher import patches
+from recheck.distributed.world import current_place
+from recheck.watcher import patches, pipelining
 from recheck.watcher.capture import reach_of
 from recheck.watcher.records import InvocationRecord
 from recheck.watcher.regions import call_site, describe
@@ -91,6 +95,7 @@ class Dispatcher:
     def enter(self, session: SessionLike) -> None:
         with self._lock:
             patches.acquire(self)
+            pipelining.acquire()
             if not self.sessions:
                 self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
             self.sessions.append(session)
@@ -105,6 +110,7 @@ class Dispatcher:
                 if self._hook_handle is not None:
                     self._hook_handle.remove()
                     self._hook_handle = None
+            pipelining.release()
             patches.release()
 
     def _option_store(self) -> str:
@@ -115,7 +121,7 @@ class Dispatcher:
         with self._lock:
             index = self.region_calls.get(region, 0) + 1
             self.region_calls[region] = index
-            record = InvocationRecord(region, index, current_tags(), entry=entry, store=self._option_store(),
+            record = InvocationRecord(region, index, _labels(), entry=entry, store=self._option_store(),
                                       strict=any(s.strict for s in self.sessions), function=function)
             self.records.append(record)
             for session in self.sessions:
@@ -282,6 +288,16 @@ class Dispatcher:
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
         return output
+
+
+def _labels() -> dict[str, Any]:
+    """The tags of a new record: ``rank`` first in a distributed process, then the user's
+    and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins."""
+    tags = current_tags()
+    place = current_place()
+    if place is None or "rank" in tags:
+        return dict(tags)
+    return {"rank": place.rank, **tags}
 
 
 #: The process-wide dispatcher: the patches are process-wide, so is what they report to.

@@ -177,20 +177,20 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         entry, _ = capture.entry_state(forward.reach, with_text=False)
+        versions: list[tuple[str, Any, Any]] = []
         for key, value in entry.items():
             kind, subject = key
             before = forward.entry.get(key, value)
             if kind == "rng" or before == value:
                 continue
-            now = capture.global_text(forward.reach, key)
             if kind == "global":
+                now = capture.global_text(forward.reach, key)
                 self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
                           subject=subject, code="RC101")
             elif kind == "param_version":
-                self._add("param_version",
-                          f"{subject} was modified in place between forward and recompute "
-                          f"({forward.shown[key]} -> {now})", subject=subject,
-                          detail="an optimizer step or another in-place update ran before this invocation's backward")
+                versions.append((subject, before, value))  # subject: the parameter's name
+        if versions:
+            self._version_finding(versions)
         state_entry = capture.module_state(forward.state_modules, self.store)
         for state_key, value in state_entry.items():
             before = forward.state_exit.get(state_key, value)
@@ -263,6 +263,18 @@ class InvocationRecord:
             self._add("state", f"attribute `{label}` {how}: {show(before[1])} -> {show(after[1])}",
                       subject=f"attribute `{label}`")
 
+    def _version_finding(self, versions: list[tuple[str, Any, Any]]) -> None:
+        """One finding for the parameters (name, version at forward, at recompute) that changed."""
+        shown = [f"`{name}` (version {before} at forward, {after} at recompute)" for name, before, after in versions]
+        listed = ", ".join(shown[:_LISTED]) + (f" and {len(shown) - _LISTED} more" if len(shown) > _LISTED else "")
+        plural = "s" if len(versions) > 1 else ""
+        detail = "an optimizer step or another in-place update ran between this invocation's forward and its recompute"
+        if len(shown) > _LISTED:
+            detail += "\n" + "\n".join(shown)
+        self._add("param_version", f"parameter{plural} modified in place between forward and recompute: {listed}",
+                  subject=f"parameter{plural} " + ", ".join(f"`{name}`" for name, _, _ in versions),
+                  detail=detail, code="RC201")
+
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", code: str | None = None) -> None:
         # Under strict=True an invocation whose own setting was early stop replays fully: Python
         # state and side effects after the last saved tensor only ran because of that.  (A
@@ -284,6 +296,10 @@ class InvocationRecord:
             detail = where + ("\n" + finding.detail if finding.detail else "")
             out.append(replace(finding, invocation=invocation, detail=detail))
         return out
+
+
+#: parameters a ``param_version`` message names before "and N more" (the detail lists all)
+_LISTED = 4
 
 
 def _same(before: Any, after: Any) -> bool:

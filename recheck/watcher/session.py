@@ -11,6 +11,11 @@ The block installs the interception (``patches``), records every invocation
 objects are the originals again, the report is built, and with findings and
 ``raise_on_finding=True`` :class:`~recheck.findings.RecomputeMismatch` is raised (unless
 the block is already raising).
+
+In a torch.distributed process each rank's block verifies that rank's own invocations: its
+records carry a ``rank`` tag, its report's statistics ``rank`` and ``world_size``, and its
+title says which rank.  ``w.gather(dst=0)`` merges every rank's report on one rank
+(``recheck.distributed.reports``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from recheck.distributed.world import Place, current_place
 from recheck.findings import Finding, RecomputeMismatch, Report
 from recheck.watcher.dispatch import DISPATCHER
 from recheck.watcher.prints import STORES
@@ -53,6 +59,8 @@ class Watch:
         self._report: Report | None = None
         self._active = False
         self._compilations_at_entry = 0
+        #: this process's rank in a torch.distributed world (None for a single process)
+        self.place: Place | None = None
 
     # -- called by the dispatcher -------------------------------------------------------
 
@@ -75,6 +83,7 @@ class Watch:
         if self._active or self._report is not None:
             raise RuntimeError("recheck.watch: a watch() block can be entered only once")
         self._compilations_at_entry = _dynamo_compilations()
+        self.place = current_place()
         DISPATCHER.enter(self)
         self._active = True
         return self
@@ -87,6 +96,8 @@ class Watch:
     ) -> None:
         self._active = False
         DISPATCHER.exit(self)
+        if self.place is None:  # the process group was set up inside the block
+            self.place = current_place()
         report = self._report = self.build_report()
         if exc_type is None and self.raise_on_finding and not report.ok:
             raise RecomputeMismatch(report)
@@ -121,6 +132,9 @@ class Watch:
             "compiled_calls": self.compiled_calls,
             "findings": len(findings),
         }
+        place = self.place if self.place is not None else current_place()
+        if place is not None:
+            stats.update(rank=place.rank, world_size=place.world_size)
         if never:
             notes.append(f"{never} checkpointed forward(s) were never recomputed (no backward reached them); "
                          "counted, not checked")
@@ -130,9 +144,21 @@ class Watch:
             notes.append(STRICT_NOTE)
         return Report(findings, title=self._title(stats), notes=notes, stats=stats)
 
+    def gather(self, dst: int = 0) -> Report | None:
+        """Every rank's report merged on rank ``dst`` (None on the other ranks).
+
+        A collective: every rank of the default process group must call it, after its
+        block.  With ``raise_on_finding=True`` a rank with findings raises at the end of
+        its block, so call it in a ``finally:`` (see ``recheck.distributed.reports``).
+        """
+        from recheck.distributed.reports import gather_report
+
+        return gather_report(self.report, dst=dst)
+
     @staticmethod
     def _title(stats: dict[str, Any]) -> str:
-        return (f"watch: {stats['invocations']} checkpoint invocation(s) of {stats['regions']} region(s), "
+        where = f" (rank {stats['rank']} of {stats['world_size']})" if "rank" in stats else ""
+        return (f"watch{where}: {stats['invocations']} checkpoint invocation(s) of {stats['regions']} region(s), "
                 f"{stats['verified']} verified against their recomputation")
 
 

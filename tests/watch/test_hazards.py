@@ -89,8 +89,35 @@ def test_optimizer_step_before_a_microbatch_backward(reentrant):
         second.backward()
     versions = w.report.by_kind("param_version")
     assert versions, str(w.report)
-    assert {f.invocation.index for f in versions} == {3, 4}  # the second microbatch's two calls
-    assert any("fc1.weight" in f.subject for f in versions)
+    assert [f.invocation.index for f in versions] == [3, 4]  # the second microbatch's two calls: one finding each
+    for finding, block in zip(versions, net.blocks):
+        # each names every parameter of its block, with its version at forward and at recompute
+        listed = ", ".join(f"`{name}` (version {p._version - 1} at forward, {p._version} at recompute)"
+                           for name, p in block.named_parameters())
+        assert finding.message == f"parameters modified in place between forward and recompute: {listed}"
+        assert finding.subject == "parameters `fc1.weight`, `fc1.bias`, `fc2.weight`, `fc2.bias`"
+        assert "RC201" in finding.hint
+
+
+def test_param_version_lists_at_most_four_parameters_in_its_one_line_message():
+    torch.manual_seed(0)
+    wide = nn.Sequential(*(nn.Linear(8, 8) for _ in range(3)))
+    single = nn.Linear(8, 8, bias=False)
+    optimizer = torch.optim.SGD([*wide.parameters(), *single.parameters()], lr=0.1)
+    for parameter in optimizer.param_groups[0]["params"]:
+        parameter.grad = torch.ones_like(parameter)
+    with recheck.watch(raise_on_finding=False) as w:
+        outputs = [checkpoint(wide, inputs(), use_reentrant=False), checkpoint(single, inputs(), use_reentrant=False)]
+        optimizer.step()
+        sum(o.sum() for o in outputs).backward()
+    many, one = w.report.by_kind("param_version")
+    assert many.message.endswith(" and 2 more") and "\n" not in many.message
+    assert many.message.count(" at recompute)") == 4
+    assert [line for line in many.detail.splitlines() if line.startswith("`")] == [
+        f"`{name}` (version 1 at forward, 2 at recompute)" for name, _ in wide.named_parameters()]
+    assert one.message == ("parameter modified in place between forward and recompute: "
+                           "`weight` (version 1 at forward, 2 at recompute)")
+    assert one.subject == "parameter `weight`"
 
 
 @VARIANTS
