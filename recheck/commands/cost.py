@@ -1,13 +1,25 @@
 """``recheck cost file.py:step``: what checkpointing saves and costs in a training step.
 
-Exit codes: 0 measured, 2 usage, import or measurement error.  torch is imported only
-inside :func:`run`.
+Three forms:
+
+* ``recheck cost FILE.py:STEP``: one process, STEP is the zero-argument step;
+* ``recheck cost --ranks N FILE.py:STEP``: a pipeline step on N local gloo ranks; STEP is
+  called once per rank after the process group is up and returns that rank's step (it
+  builds its stage from ``torch.distributed.get_rank()``); prints the per-stage table;
+* ``recheck cost --plan FILE.py:STEP --schedule gpipe|1f1b --microbatches M [--stages S]``:
+  one process, STEP runs one microbatch through the stages with each stage's forward
+  inside ``recheck.tag(stage=s)``; prints the predicted per-stage peaks.
+
+Exit codes: 0 measured, 2 usage, import or measurement error (a failing rank is named,
+with its traceback).  torch is imported only inside :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Callable
 
 from recheck.cost.units import parse_bytes
 
@@ -18,6 +30,8 @@ HELP = (
 )
 
 _DEFAULT_FUNCTION = "step"
+#: Seconds a ``--ranks`` world may run before its processes are killed.
+_DEFAULT_TIMEOUT = 300.0
 
 
 def _size(text: str) -> int:
@@ -37,6 +51,29 @@ def _repeats(text: str) -> int:
     return value
 
 
+def _positive(option: str, most: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not 1 <= value <= most:
+            raise argparse.ArgumentTypeError(f"{option} must be between 1 and {most}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("--timeout must be more than 0 seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
@@ -44,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a zero-argument callable doing forward + backward (file.py:name or pkg.module:name; "
         f"the name defaults to '{_DEFAULT_FUNCTION}')",
     )
-    parser.add_argument("--repeats", type=_repeats, default=5, help="timed runs per mode (default 5)")
+    parser.add_argument("--repeats", type=_repeats, default=5, help="timed runs per mode (default 5; --ranks and --plan trace one run per mode)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of memory over the step (needs matplotlib)")
     parser.add_argument(
@@ -53,6 +90,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="a memory budget such as 40GiB: report the largest microbatch that fits each mode",
     )
+    pipeline = parser.add_argument_group("pipelines (torch.distributed.pipelining)")
+    pipeline.add_argument("--ranks", type=_positive("--ranks", 64), metavar="N",
+                          help="run STEP's pipeline on N local gloo ranks and print the per-stage table; "
+                          "STEP() returns the rank's zero-argument step")
+    pipeline.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                          help=f"with --ranks: kill the ranks after this long (default {_DEFAULT_TIMEOUT:g})")
+    pipeline.add_argument("--plan", action="store_true",
+                          help="predict per-stage peaks from one microbatch run in one process "
+                          "(each stage's forward inside recheck.tag(stage=s))")
+    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"), help="with --plan: the schedule to lay out")
+    pipeline.add_argument("--microbatches", type=_positive("--microbatches", 100_000), metavar="M",
+                          help="with --plan: microbatches per step")
+    pipeline.add_argument("--stages", type=_positive("--stages", 4096), metavar="S",
+                          help="with --plan: stage count (must match the stages the step tags; default: those)")
 
 
 def _target_spec(target: str) -> str:
@@ -62,7 +113,36 @@ def _target_spec(target: str) -> str:
     return target
 
 
+def _usage_problem(ns: argparse.Namespace) -> str | None:
+    if ns.plan and ns.ranks is not None:
+        return "--plan and --ranks are separate modes; use one"
+    planning = [name for name in ("schedule", "microbatches", "stages") if getattr(ns, name) is not None]
+    if planning and not ns.plan:
+        return f"--{planning[0]} needs --plan"
+    if ns.timeout is not None and ns.ranks is None:
+        return "--timeout needs --ranks"
+    if ns.plan and (ns.schedule is None or ns.microbatches is None):
+        return "--plan needs --schedule and --microbatches"
+    if ns.plan or ns.ranks is not None:
+        extra = [flag for flag, value in (("--plot", ns.plot), ("--budget", ns.budget)) if value]
+        if extra:
+            return f"{extra[0]} applies to a single-process step, not with --ranks or --plan"
+    return None
+
+
+def _error(message: str, details: str = "") -> int:
+    print(f"recheck cost: error: {message}", file=sys.stderr)
+    if details:
+        print(details, file=sys.stderr, end="" if details.endswith("\n") else "\n")
+    return 2
+
+
 def run(ns: argparse.Namespace) -> int:
+    problem = _usage_problem(ns)
+    if problem:
+        return _error(problem)
+    if ns.ranks is not None:
+        return _run_ranks(ns)
     from recheck.checker.targets import TargetError, load_target
 
     try:
@@ -72,6 +152,8 @@ def run(ns: argparse.Namespace) -> int:
         if exc.user_traceback:
             print(exc.user_traceback, file=sys.stderr, end="")
         return 2
+    if ns.plan:
+        return _run_plan(ns, target.factory, target.label)
     from recheck.cost.compare import measure
     from recheck.cost.plot import PlotError
 
@@ -91,4 +173,53 @@ def run(ns: argparse.Namespace) -> int:
             print(f"recheck cost: error: {exc}", file=sys.stderr)
             return 2
         print(f"recheck cost: memory plot written to {written}", file=sys.stderr)
+    return 0
+
+
+def _run_ranks(ns: argparse.Namespace) -> int:
+    """``--ranks N``: every rank measures its stage; the table is printed here."""
+    from recheck.cost.stage_table import render_stages, stages_to_dict
+    from recheck.cost.stages import rank_entry
+    from recheck.distributed.launch import WorldFailed, WorldTimeout, run_world
+
+    spec = _target_spec(ns.target)
+    try:
+        timeout = _DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout
+        per_rank = run_world(rank_entry, ns.ranks, args=([spec],), timeout=timeout)
+    except WorldFailed as exc:
+        last = exc.remote_traceback.strip().splitlines()[-1] if exc.remote_traceback.strip() else "no traceback"
+        return _error(f"rank {exc.rank} of {ns.ranks} failed running {spec}: {last}", exc.remote_traceback)
+    except WorldTimeout as exc:
+        return _error(f"{spec} on {ns.ranks} rank(s): {exc} (raise --timeout if the step is slow)")
+    reports = []
+    for rank, results in enumerate(per_rank):
+        outcome = results[spec]
+        if isinstance(outcome, str):
+            return _error(f"rank {rank}: {outcome}")
+        reports += outcome
+    if ns.format == "json":
+        print(json.dumps(stages_to_dict(reports, spec), indent=2))
+    else:
+        print(render_stages(reports, spec))
+    return 0
+
+
+def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) -> int:
+    """``--plan``: one process, one microbatch, a predicted table."""
+    from recheck.cost.plan import NoStageTags, measure_plan, predict
+    from recheck.cost.stage_table import plan_to_dict, render_plan
+
+    try:
+        measurement = measure_plan(step)
+        predictions = predict(measurement, ns.schedule, ns.microbatches, ns.stages)
+    except NoStageTags as exc:
+        return _error(f"{label}: {exc}")
+    except ValueError as exc:
+        return _error(str(exc))
+    except Exception as exc:  # the user's step failed: say so, no traceback dump
+        return _error(f"measuring {label} failed: {type(exc).__name__}: {exc}")
+    if ns.format == "json":
+        print(json.dumps(plan_to_dict(predictions, ns.schedule, ns.microbatches, label), indent=2))
+    else:
+        print(render_plan(predictions, ns.schedule, ns.microbatches, label))
     return 0

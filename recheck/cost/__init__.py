@@ -5,6 +5,11 @@ operator), ``ledger`` (live storages by category), ``state`` (finding and restor
 step's state), ``router`` (runs each checkpoint as written or bypassed, through
 ``recheck.watcher.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
 ``results``/``budget`` (figures), ``compare`` (:func:`measure`), ``table``/``plot``
+(rendering).  Pipelines (``torch.distributed.pipelining``): ``schedules`` (orders of
+forward/backward per stage, theoretical bundle counts, the retained-peak model; no torch),
+``bundles`` (saved state attributed to a stage and microbatch), ``stages`` (a real
+schedule step traced on each rank: ``recheck cost --ranks``), ``plan`` (one microbatch in
+one process, laid out along a schedule: ``recheck cost --plan``), ``stage_table``
 (rendering).  Importing this package does not import torch; ``measure`` loads it.
 """
 

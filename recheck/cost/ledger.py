@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["CATEGORIES", "HOLD_KINDS", "Ledger", "storage_key"]
+__all__ = ["CATEGORIES", "HOLD_KINDS", "Ledger", "LedgerListener", "storage_key"]
 
 #: Categories of the observed peak breakdown, in display order.
 CATEGORIES = (
@@ -38,6 +38,17 @@ CATEGORIES = (
 HOLD_KINDS = ("saved", "input", "recomputed")
 _HOLD_CATEGORY = {"saved": "saved_activations", "input": "checkpoint_inputs", "recomputed": "saved_activations"}
 _FIXED = ("parameters", "gradients", "optimizer_state")
+
+
+class LedgerListener(Protocol):
+    """Told of a new storage, of every hold (``first``: the storage was not held before) and
+    of the last release; the totals already include a hold and still include a release."""
+
+    def created(self, key: int) -> None: ...
+
+    def held(self, key: int, entry: Any, first: bool) -> None: ...
+
+    def released(self, key: int, entry: Any) -> None: ...
 
 
 def storage_key(storage: Any) -> int:
@@ -76,6 +87,8 @@ class Ledger:
     timeline: list[tuple[int, int]] = field(default_factory=list)
     phase: str = "forward"
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    #: told of every new storage, hold and release (:class:`LedgerListener`); None by default
+    listener: LedgerListener | None = None
 
     def track(self, storage: Any, base: str = "temporary", observed: bool = True) -> int:
         """Follow ``storage`` (no-op when already followed); returns its key."""
@@ -93,6 +106,8 @@ class Ledger:
         self._categorise(entry)
         if observed:
             self._count(entry, +1)
+        if self.listener is not None:
+            self.listener.created(key)
         return key
 
     def set_base(self, storage: Any, base: str) -> None:
@@ -116,6 +131,8 @@ class Ledger:
             self.by_hold[kind] += entry.nbytes
             self._recount(entry)
             self._sample()
+        if self.listener is not None:
+            self.listener.held(key, entry, entry.holders == 1)
         return key
 
     def release(self, key: int) -> None:
@@ -125,6 +142,8 @@ class Ledger:
             return
         entry.holders -= 1
         if entry.holders == 0:
+            if self.listener is not None:
+                self.listener.released(key, entry)
             self.saved_total -= entry.nbytes
             self.by_hold[entry.kind or "saved"] -= entry.nbytes
             entry.kind = None
@@ -156,6 +175,8 @@ class Ledger:
         if entry is None:
             return
         if entry.holders:  # only a recomputed set is held by lifetime, never past it
+            if self.listener is not None:
+                self.listener.released(key, entry)
             self.saved_total -= entry.nbytes
             self.by_hold[entry.kind or "saved"] -= entry.nbytes
             entry.holders = 0

@@ -25,6 +25,7 @@ import torch
 from recheck.cost.work import Work
 from recheck.watcher import patches
 from recheck.watcher.regions import RegionKey, call_site, describe
+from recheck.watcher.tags import current_tags
 
 __all__ = ["CHECKPOINT_OPTIONS", "RegionCall", "RegionStats", "Router", "routing"]
 
@@ -58,6 +59,8 @@ class RegionCall:
     created: list[Any] = field(default_factory=list)
     packs_seen: int = 0
     started: float = 0.0
+    #: the ``recheck.tag`` labels of the region's forward (a recompute carries its forward's)
+    labels: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,10 +74,13 @@ class _RegionFunction:
 
     def __init__(self, function: Callable[..., Any], stats: RegionStats, router: Router) -> None:
         self.function, self.stats, self.router = function, stats, router
+        self.labels: dict[str, Any] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         recompute = torch._C._current_graph_task_id() != -1
-        call = self.router.enter_call(self.stats, recompute)
+        if not recompute:
+            self.labels = dict(current_tags())
+        call = self.router.enter_call(self.stats, recompute, self.labels)
         try:
             return self.function(*args, **kwargs)
         finally:
@@ -113,9 +119,9 @@ class Router:
         """The checkpoint code running now outside any region function, if any."""
         return self.stack[-1] if self.stack and isinstance(self.stack[-1], _Machinery) else None
 
-    def enter_call(self, stats: RegionStats, recompute: bool) -> RegionCall:
+    def enter_call(self, stats: RegionStats, recompute: bool, labels: dict[str, Any] | None = None) -> RegionCall:
         """Push a region call; the tracer attributes operators and saved tensors to it."""
-        call = RegionCall(stats, recompute, started=time.perf_counter())
+        call = RegionCall(stats, recompute, started=time.perf_counter(), labels=dict(labels or {}))
         if not recompute:
             stats.invocations += 1
         self.stack.append(call)
@@ -168,8 +174,9 @@ class Router:
         stats = self.region(function, call_site(3))
         if self.mode == "bypass":
             return self._bypassed_generator(stats)
-        inner = original(_RegionFunction(function, stats, self), *args[1:], **kwargs)
-        return self._checkpointed_generator(stats, inner)
+        wrapped = _RegionFunction(function, stats, self)
+        inner = original(wrapped, *args[1:], **kwargs)
+        return self._checkpointed_generator(stats, inner, wrapped)
 
     def _bypassed_generator(self, stats: RegionStats) -> Iterator[None]:
         call = self.enter_call(stats, recompute=False)
@@ -178,9 +185,10 @@ class Router:
         finally:
             self.exit_call(call)
 
-    def _checkpointed_generator(self, stats: RegionStats, inner: Iterator[None]) -> Iterator[None]:
+    def _checkpointed_generator(self, stats: RegionStats, inner: Iterator[None], wrapped: _RegionFunction) -> Iterator[None]:
         self._run_machinery(stats, lambda: next(inner))
-        call = self.enter_call(stats, recompute=False)
+        wrapped.labels = dict(current_tags())  # the forward runs here, not through the wrapper
+        call = self.enter_call(stats, recompute=False, labels=wrapped.labels)
         try:
             yield
         finally:

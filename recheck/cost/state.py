@@ -15,6 +15,7 @@ import copy
 import dis
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +34,10 @@ _STATEFUL = (torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler)
 
 @dataclass
 class StepState:
-    """What a step uses: modules, optimizers, loose tensors, ``torch.Generator`` objects, and
-    learning-rate schedulers and gradient scalers (restored through their ``state_dict``)."""
+    """What a step uses: modules, optimizers, loose tensors, ``torch.Generator`` objects,
+    learning-rate schedulers and gradient scalers (restored through their ``state_dict``), and
+    ``torch.distributed.pipelining`` schedules (only found, never restored: their stages'
+    modules are found through them)."""
 
     modules: list[torch.nn.Module] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
@@ -42,6 +45,7 @@ class StepState:
     leaves: list[torch.Tensor] = field(default_factory=list)
     generators: list[torch.Generator] = field(default_factory=list)
     stateful: list[Any] = field(default_factory=list)
+    schedules: list[Any] = field(default_factory=list)
 
     def parameters(self) -> list[torch.Tensor]:
         """Every distinct parameter: of the modules, the optimizers' groups, and loose leaves
@@ -158,6 +162,8 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
     if isinstance(obj, _STATEFUL):
         state.stateful.append(obj)
         return
+    if _is_schedule(obj):
+        state.schedules.append(obj)  # and on into its attributes: the stages' modules
     if isinstance(obj, torch.Tensor):
         if not obj.is_inference() and obj.device.type != "meta":
             state.tensors.append(obj)
@@ -203,6 +209,13 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
         call = next((k.__dict__["__call__"] for k in type(obj).__mro__ if "__call__" in k.__dict__), None)
         if inspect.isfunction(call):
             _visit(call, state, seen, depth + 1)
+
+
+def _is_schedule(obj: Any) -> bool:
+    """A ``torch.distributed.pipelining`` schedule (only if that package is already imported)."""
+    schedules = sys.modules.get("torch.distributed.pipelining.schedules")
+    base = getattr(schedules, "_PipelineSchedule", None)
+    return base is not None and isinstance(obj, base)
 
 
 def _names_used(code: Any) -> set[str]:

@@ -90,6 +90,8 @@ class Tracer:
         self.excluded: set[int] = set()
         self.pending: list[RegionCall] = []
         self.in_optimizer = 0
+        #: the recompute whose rebuilt set is being held right now (for ledger listeners)
+        self.holding_for: RegionCall | None = None
         self._handles: list[Any] = []
         self._contexts: list[Any] = []
 
@@ -193,11 +195,13 @@ class Tracer:
         pending, self.pending = self.pending, []
         ledger = trace.ledger
         for call in pending:
+            self.holding_for = call
             for ref in call.created:
                 storage = ref()
                 if storage is not None:
                     # held for as long as it lives: the ledger lets go when it is freed
                     ledger.hold(storage, "recomputed")
+        self.holding_for = None
         ledger.mark()
 
     def after_operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:

@@ -1,0 +1,155 @@
+"""Pipeline schedules as orders of actions on one stage, and what an order implies for memory.
+
+A schedule decides *how many* microbatch bundles of saved state a stage holds at once;
+checkpointing decides *what each bundle holds*.  This module is the first half: the order
+in which a stage runs the forward (``F``) and backward (``B``) of each microbatch, the
+*theoretical bundle count* that order implies (most microbatches forwarded and not yet
+backpropagated at one time), and the retained-state peak it predicts from bundle sizes.
+
+* GPipe: every forward, then every backward — ``M`` bundles on every stage.
+* 1F1B: stage ``s`` of ``S`` runs ``min(M, S - s - 1)`` warm-up forwards, then alternates
+  one forward and one backward, then drains — ``min(M, S - s)`` bundles.
+* Other schedules (interleaved, zero-bubble) are read from the schedule object's
+  ``pipeline_order`` when it has one (``I``/``B``/full backward count as the backward that
+  frees a bundle; weight-only backward ``W`` does not hold activations of the stage input).
+
+No torch import: the schedule object, when given, is only read through attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "KINDS",
+    "Action",
+    "PeakModel",
+    "order_for",
+    "order_of_schedule",
+    "predict_retained_peak",
+    "schedule_kind",
+    "theoretical_bundles",
+]
+
+#: The schedules ``recheck cost --plan`` can lay out from a stage count and a microbatch count.
+KINDS = ("gpipe", "1f1b")
+_CLASS_KINDS = {"ScheduleGPipe": "gpipe", "Schedule1F1B": "1f1b"}
+_FREES_BUNDLE = {"B", "I", "FULL_BACKWARD", "BACKWARD_INPUT"}
+
+
+@dataclass(frozen=True)
+class Action:
+    """``F`` (forward) or ``B`` (the backward that frees the bundle) of one microbatch."""
+
+    phase: str
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.phase}{self.microbatch}"
+
+
+def order_for(kind: str, num_stages: int, stage: int, microbatches: int) -> list[Action]:
+    """The order of actions of ``stage`` (0-based) under schedule ``kind`` (one of :data:`KINDS`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown schedule {kind!r}; expected one of {', '.join(KINDS)}")
+    if not 0 <= stage < num_stages or microbatches < 1:
+        raise ValueError(f"stage {stage} of {num_stages} with {microbatches} microbatches is not a pipeline")
+    forward = [Action("F", m) for m in range(microbatches)]
+    backward = [Action("B", m) for m in range(microbatches)]
+    if kind == "gpipe":
+        return forward + backward
+    warmup = min(microbatches, num_stages - stage - 1)
+    order = forward[:warmup]
+    for index in range(microbatches - warmup):
+        order += [forward[warmup + index], backward[index]]
+    return order + backward[microbatches - warmup :]
+
+
+def schedule_kind(schedule: Any) -> str | None:
+    """``"gpipe"`` or ``"1f1b"`` for torch's single-stage schedules, else None."""
+    for klass in type(schedule).__mro__:
+        if klass.__name__ in _CLASS_KINDS:
+            return _CLASS_KINDS[klass.__name__]
+    return None
+
+
+def order_of_schedule(schedule: Any, stage: int, num_stages: int, microbatches: int) -> list[Action] | None:
+    """The order ``schedule`` runs on ``stage``: from its class for GPipe and 1F1B, else from
+    its ``pipeline_order`` (None when neither is known)."""
+    kind = schedule_kind(schedule)
+    if kind is not None:
+        return order_for(kind, num_stages, stage, microbatches)
+    table = getattr(schedule, "pipeline_order", None)
+    if not isinstance(table, dict):
+        return None
+    order: list[Action] = []
+    for actions in table.values():
+        for action in actions or ():
+            order += _compute_actions(action, stage)
+    return order or None
+
+
+def _compute_actions(action: Any, stage: int) -> list[Action]:
+    """The forward / bundle-freeing backward in one ``pipeline_order`` entry (overlapped
+    F+B entries carry theirs in ``sub_actions``)."""
+    if action is None:
+        return []
+    subs = getattr(action, "sub_actions", None)
+    if subs:
+        return [found for sub in subs for found in _compute_actions(sub, stage)]
+    microbatch = getattr(action, "microbatch_index", None)
+    if getattr(action, "stage_index", None) != stage or microbatch is None:
+        return []
+    kind = getattr(action, "computation_type", None)
+    name = getattr(kind, "name", str(kind))
+    if name in ("F", "FORWARD"):
+        return [Action("F", int(microbatch))]
+    return [Action("B", int(microbatch))] if name in _FREES_BUNDLE else []
+
+
+def theoretical_bundles(order: list[Action]) -> int:
+    """Most microbatches forwarded and not yet backpropagated at once under ``order``."""
+    alive: set[int] = set()
+    most = 0
+    for action in order:
+        if action.phase == "F":
+            alive.add(action.microbatch)
+            most = max(most, len(alive))
+        else:
+            alive.discard(action.microbatch)
+    return most
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """What the retained-state prediction of a stage is made of.
+
+    ``bundle`` bytes held per microbatch while it waits for its backward (its own storages);
+    ``backward_extra`` the most bytes held for a microbatch above that while its backward
+    runs (a checkpoint's rebuilt set); ``shared`` bytes held for all microbatches at once
+    (the step's input batch, of which each microbatch is a view), alive while any bundle is.
+    """
+
+    bundle: int
+    backward_extra: int = 0
+    shared: int = 0
+
+
+def predict_retained_peak(order: list[Action], model: PeakModel) -> int:
+    """The retained-state peak ``order`` implies: bundles alive x bundle bytes, plus the rebuilt
+    set of the microbatch in backward, plus the shared bytes while any bundle is alive."""
+    alive: set[int] = set()
+    peak = 0
+
+    def held() -> int:
+        return len(alive) * model.bundle + (model.shared if alive else 0)
+
+    for action in order:
+        if action.phase == "F":
+            alive.add(action.microbatch)
+            peak = max(peak, held())
+        else:
+            peak = max(peak, held() + model.backward_extra)
+            alive.discard(action.microbatch)
+    return peak

@@ -1,0 +1,229 @@
+"""Per-stage cost of a real pipeline step: every rank traces one ``schedule.step`` per mode.
+
+``recheck cost --ranks N FILE.py:STEP``: on each of N ranks (one gloo process group,
+launched by the caller) ``STEP()`` is called once, after the process group is up; it
+builds this rank's stage from ``torch.distributed.get_rank()`` and returns the
+zero-argument step that runs one ``schedule.step(...)``.  Each rank then
+
+1. runs the step once untraced (the first step of a ``PipelineStage`` infers shapes and
+   allocates its recv buffers), and finds the step's state and its schedule;
+2. runs it traced with its checkpoints as written, then bypassed (state restored before
+   each), with a :class:`~recheck.cost.bundles.BundleTracker` told of every chunk by
+   :mod:`recheck.watcher.pipelining`;
+3. returns a :class:`StageReport` per stage it holds (plain data, picklable).
+
+Every rank runs the same sequence of steps, so the schedules' sends and receives pair up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.schedules import (
+    PeakModel,
+    order_of_schedule,
+    predict_retained_peak,
+    schedule_kind,
+    theoretical_bundles,
+)
+
+__all__ = ["MODES", "NotAPipeline", "StageMode", "StageReport", "measure_rank", "rank_entry"]
+
+#: The two modes, as in :mod:`recheck.cost.compare`.
+MODES = ("checkpointed", "bypassed")
+_ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
+
+
+class NotAPipeline(Exception):
+    """The step does not run a ``torch.distributed.pipelining`` schedule, or STEP is not a factory."""
+
+
+@dataclass
+class StageMode:
+    """One stage in one mode (bytes)."""
+
+    bundles: StageBundles
+    rank_retained_peak: int
+    observed_peak: int
+    predicted_retained_peak: int | None
+    peak_breakdown: dict[str, int] = field(default_factory=dict)
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def retained_peak(self) -> int:
+        """Most bytes held at once for this stage's bundles and shared storages."""
+        return self.bundles.retained_peak
+
+    @property
+    def bundle_bytes(self) -> int:
+        """The largest bundle of the stage."""
+        return max(self.bundles.bundle_bytes.values(), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            **self.bundles.to_dict(),
+            "rank_retained_peak": self.rank_retained_peak,
+            "observed_peak": self.observed_peak,
+            "predicted_retained_peak": self.predicted_retained_peak,
+            "observed_peak_breakdown": dict(self.peak_breakdown),
+            "observed_peak_by_phase": dict(self.phase_peaks),
+        }
+
+
+@dataclass
+class StageReport:
+    """One stage of a real pipeline step, as measured on its rank."""
+
+    rank: int
+    stage: int
+    num_stages: int
+    microbatches: int
+    schedule: str
+    theoretical_bundles: int | None
+    comm_buffer_bytes: int
+    modes: dict[str, StageMode] = field(default_factory=dict)
+    stages_on_rank: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "rank": self.rank,
+            "stage": self.stage,
+            "num_stages": self.num_stages,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "theoretical_bundles": self.theoretical_bundles,
+            "comm_buffer_bytes": self.comm_buffer_bytes,
+            "stages_on_rank": self.stages_on_rank,
+            "modes": {name: mode.to_dict() for name, mode in self.modes.items()},
+        }
+
+
+def _stages_of(schedule: Any) -> list[Any]:
+    stages = getattr(schedule, "_stages", None)
+    if isinstance(stages, (list, tuple)) and stages:
+        return list(stages)
+    stage = getattr(schedule, "_stage", None)
+    return [stage] if stage is not None else []
+
+
+def comm_buffers(stage: Any) -> list[Any]:
+    """The stage's recv buffers: activations from the previous stage and gradients from the next."""
+    import torch
+
+    found: list[Any] = []
+    for name in ("args_recv_info", "grad_recv_info"):
+        table = getattr(stage, name, None)
+        if not isinstance(table, dict):
+            continue
+        for infos in table.values():
+            for info in infos if isinstance(infos, (list, tuple)) else ():
+                buffer = getattr(info, "buffer", None)
+                if isinstance(buffer, torch.Tensor) and buffer.device.type != "meta":
+                    found.append(buffer)
+    return found
+
+
+def _buffer_bytes(buffers: list[Any]) -> int:
+    storages = {int(b.untyped_storage()._cdata): int(b.untyped_storage().nbytes()) for b in buffers}
+    return sum(storages.values())
+
+
+def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport]:
+    """Trace this rank's step in both modes; one report per stage the rank holds."""
+    from recheck.cost.router import Router, routing
+    from recheck.cost.state import discover_state
+    from recheck.cost.trace import Tracer
+    from recheck.watcher import pipelining
+
+    step = step_factory()
+    if not callable(step):
+        raise NotAPipeline(f"STEP must return the zero-argument step to run on this rank, got {type(step).__name__}")
+    router = Router()
+    with routing(router):
+        router.reset("checkpoint")
+        step()  # warm-up: shape inference and recv buffers
+        state = discover_state(step)
+        if not state.schedules:
+            raise NotAPipeline("the step runs no torch.distributed.pipelining schedule reachable from it "
+                               "(its closure, globals or bound objects)")
+        schedule = state.schedules[0]
+        stages = _stages_of(schedule)
+        buffers = {stage.stage_index: comm_buffers(stage) for stage in stages}
+        known = {id(t) for t in state.tensors}
+        state.tensors += [b for found in buffers.values() for b in found if id(b) not in known]
+        restore = state.snapshot()
+        reports = {
+            stage.stage_index: _report(schedule, stage, rank, len(stages), _buffer_bytes(buffers[stage.stage_index]))
+            for stage in stages
+        }
+        try:
+            for mode in MODES:
+                restore()
+                router.reset(_ROUTER_MODE[mode])
+                tracer = Tracer(state, router)
+                tracker = BundleTracker("chunks")
+                tracker.attach(tracer)
+                pipelining.acquire(tracker)
+                try:
+                    with tracer:
+                        step()
+                finally:
+                    pipelining.release(tracker)
+                ledger = tracer.trace.ledger
+                for index, report in reports.items():
+                    report.modes[mode] = _stage_mode(report, tracker.figures(index), ledger.saved_peak,
+                                                     ledger.observed_peak, schedule)
+                    report.modes[mode].peak_breakdown = dict(ledger.peak_breakdown)
+                    report.modes[mode].phase_peaks = dict(ledger.phase_peaks)
+        finally:
+            restore()
+    return list(reports.values())
+
+
+def _report(schedule: Any, stage: Any, rank: int, stages_on_rank: int, comm_bytes: int) -> StageReport:
+    num_stages = int(getattr(stage, "num_stages", 1))
+    microbatches = int(getattr(schedule, "_n_microbatches", 0))
+    order = order_of_schedule(schedule, stage.stage_index, num_stages, microbatches)
+    return StageReport(
+        rank=rank,
+        stage=stage.stage_index,
+        num_stages=num_stages,
+        microbatches=microbatches,
+        schedule=schedule_kind(schedule) or type(schedule).__name__,
+        theoretical_bundles=theoretical_bundles(order) if order else None,
+        comm_buffer_bytes=comm_bytes,
+        stages_on_rank=stages_on_rank,
+    )
+
+
+def _stage_mode(report: StageReport, bundles: StageBundles, retained: int, observed: int, schedule: Any) -> StageMode:
+    order = order_of_schedule(schedule, report.stage, report.num_stages, report.microbatches)
+    predicted = None
+    if order:
+        model = PeakModel(max(bundles.bundle_bytes.values(), default=0), bundles.backward_extra, bundles.shared_bytes)
+        predicted = predict_retained_peak(order, model)
+    return StageMode(bundles, retained, observed, predicted)
+
+
+def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[StageReport] | str]:
+    """What each rank of ``recheck cost --ranks`` runs: for each ``FILE.py:STEP`` in ``specs``
+    (in order; several share one world), load STEP and measure.
+
+    A usage error (STEP missing, not a factory, no schedule) comes back as a one-line string
+    for that spec; anything the user's code raises propagates with its traceback.
+    """
+    from recheck.checker.targets import TargetError, load_target
+
+    results: dict[str, list[StageReport] | str] = {}
+    for spec in specs:
+        try:
+            (target,) = load_target(spec)
+            results[spec] = measure_rank(target.factory, rank)
+        except (TargetError, NotAPipeline) as exc:
+            results[spec] = str(exc)
+    return results

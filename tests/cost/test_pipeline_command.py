@@ -1,0 +1,114 @@
+"""``recheck cost --plan`` and ``--ranks``: output and the errors (exit 2, one line, no traceback dump)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from recheck.commands import cost
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "fixtures" / "pipeline" / "pipeline_steps.py"
+
+RANK_STEPS = textwrap.dedent(
+    """
+    import time
+
+    import torch.distributed as dist
+
+    def broken_on_rank_1():
+        if dist.get_rank() == 1:
+            raise RuntimeError("stage 1 cannot be built")
+        return dist.barrier
+
+    def hangs():
+        time.sleep(600)
+    """
+)
+
+
+def run_command(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="recheck cost")
+    cost.add_arguments(parser)
+    return cost.run(parser.parse_args(list(argv)))
+
+
+def test_plan_prints_the_prediction(capsys):
+    assert run_command("--plan", f"{FIXTURE}:plan_step", "--schedule", "1f1b", "--microbatches", "4") == 0
+    out = capsys.readouterr().out
+    assert "predicted for 1f1b, 2 stage(s), 4 microbatches" in out
+    assert "retained saved state, peak (predicted)       28.00 KiB     76.00 KiB" in out
+
+
+def test_plan_json(capsys):
+    argv = ["--plan", f"{FIXTURE}:plan_step", "--schedule", "gpipe", "--microbatches", "8", "--stages", "2", "--format", "json"]
+    assert run_command(*argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schedule"] == "gpipe" and [s["theoretical_bundles"] for s in data["stages"]] == [8, 8]
+    assert "theoretical_bundles" in data["definitions"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plan", "{fixture}:untagged_step", "--schedule", "gpipe", "--microbatches", "4"], "recheck.tag(stage=s)"),
+        (["--plan", "{fixture}:plan_step", "--schedule", "gpipe", "--microbatches", "4", "--stages", "3"],
+         "--stages 3: the planning step ran 2 stage(s)"),
+        (["--plan", "{fixture}:plan_step", "--schedule", "gpipe"], "--plan needs --schedule and --microbatches"),
+        (["{fixture}:plan_step", "--schedule", "gpipe"], "--schedule needs --plan"),
+        (["--plan", "--ranks", "2", "{fixture}:plan_step", "--schedule", "gpipe", "--microbatches", "4"],
+         "--plan and --ranks are separate modes"),
+        (["--ranks", "2", "{fixture}:gpipe_step", "--budget", "1GiB"], "--budget applies to a single-process step"),
+        (["{fixture}:plan_step", "--timeout", "5"], "--timeout needs --ranks"),
+        (["--plan", "{fixture}:missing", "--schedule", "gpipe", "--microbatches", "4"], "has no attribute 'missing'"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv, message):
+    assert run_command(*[a.format(fixture=FIXTURE) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("ranks", ["0", "65", "two"])
+def test_bad_rank_counts_exit_2(capsys, ranks):
+    with pytest.raises(SystemExit) as exited:
+        run_command("--ranks", ranks, f"{FIXTURE}:gpipe_step")
+    assert exited.value.code == 2
+    assert "argument --ranks" in capsys.readouterr().err
+
+
+def test_ranks_prints_the_per_stage_table(capsys):
+    # one rank holding the whole pipeline: a single stage that is both first and last
+    assert run_command("--ranks", "1", "--timeout", "120", "--format", "json", f"{FIXTURE}:gpipe_step") == 0
+    (stage,) = json.loads(capsys.readouterr().out)["stages"]
+    assert (stage["rank"], stage["num_stages"], stage["schedule"], stage["theoretical_bundles"]) == (0, 1, "gpipe", 4)
+    for mode in stage["modes"].values():
+        assert mode["alive_at_peak"] == [0, 1, 2, 3]
+        assert mode["predicted_retained_peak"] == mode["retained_peak"]
+    assert stage["comm_buffer_bytes"] == 0  # no neighbour to talk to
+
+
+@pytest.fixture
+def rank_steps(tmp_path):
+    path = tmp_path / "rank_steps.py"
+    path.write_text(RANK_STEPS)
+    return path
+
+
+def test_a_failing_rank_is_named_with_its_traceback(rank_steps, capsys):
+    assert run_command("--ranks", "2", "--timeout", "60", f"{rank_steps}:broken_on_rank_1") == 2
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith("recheck cost: error: rank 1 of 2 failed running")
+    assert first.endswith("RuntimeError: stage 1 cannot be built")
+    assert 'raise RuntimeError("stage 1 cannot be built")' in err  # the user's frame
+
+
+def test_a_world_past_its_timeout_is_killed(rank_steps, capsys):
+    assert run_command("--ranks", "2", "--timeout", "2", f"{rank_steps}:hangs") == 2
+    err = capsys.readouterr().err
+    assert "did not finish within 2 s; killed (raise --timeout if the step is slow)" in err
