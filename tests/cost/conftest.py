@@ -7,28 +7,20 @@ two-core machine (oversubscribed OpenMP threads spin) and changes no figure meas
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from source_modules import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_PATH = ROOT / "fixtures" / "models" / "cost_demo.py"
 
 
-@cache
 def load_demo() -> ModuleType:
     """Import ``fixtures/models/cost_demo.py`` once, as ``recheck_cost_demo``."""
-    spec = importlib.util.spec_from_file_location("recheck_cost_demo", DEMO_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file(DEMO_PATH, "recheck_cost_demo")
 
 
 @pytest.fixture(scope="session")
