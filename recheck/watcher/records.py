@@ -40,7 +40,9 @@ class Forward:
     rng_consumed: set[tuple[str, str]] = field(default_factory=set)
     state_exit: capture.ModuleState = field(default_factory=dict)
     outputs: list[tuple[str, TensorPrint]] | None = None
-    saved: list[TensorPrint] = field(default_factory=list)
+    saved: list[SavedPrint] = field(default_factory=list)
+    #: saved tensors whose print is taken when the forward returns (see ``saved_print``)
+    unprinted: list[tuple[SavedPrint, torch.Tensor]] = field(default_factory=list)
     #: indices of saved tensors that are module buffers (compared as buffers, not here)
     saved_buffers: set[int] = field(default_factory=set)
     buffer_storage: dict[int, str] = field(default_factory=dict)
@@ -67,18 +69,19 @@ class SavedPrint:
     """The metadata torch's ``determinism_check`` keeps per saved tensor, plus our print.
 
     Equality is torch's own (``base``, e.g. shape/dtype/device), so torch's checks and
-    messages are unchanged; the comparison also hands both prints to the record.
+    messages are unchanged; the comparison also hands both prints to the record.  A
+    forward's ``print`` is None until its forward returns.
     """
 
     __slots__ = ("base", "print", "record", "index")
 
-    def __init__(self, base: Any, tensor_print: TensorPrint, record: InvocationRecord | None, index: int) -> None:
+    def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int) -> None:
         self.base, self.print, self.record, self.index = base, tensor_print, record, index
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SavedPrint):
             return NotImplemented
-        if self.record is not None and other.record is None:
+        if self.record is not None and other.record is None and self.print is not None and other.print is not None:
             self.record.compare_saved(self.index, self.print, other.print)
         return bool(self.base == other.base)
 
@@ -150,23 +153,36 @@ class InvocationRecord:
         forward.state_exit = capture.module_state(forward.state_modules, self.store)
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
+        for saved, tensor in forward.unprinted:
+            saved.print = print_tensor(tensor, self.store)
+        forward.unprinted = []
         self.forward_done = True
 
     def abort_forward(self) -> None:
         self.failed = True
         self.forward_done = True
+        if self.forward is not None:
+            self.forward.unprinted = []
 
     def saved_print(self, tensor: torch.Tensor, base: Any) -> SavedPrint:
-        """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's."""
-        tensor_print = print_tensor(tensor, self.store)
+        """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.
+
+        The forward's print is taken when its forward returns, not now: a kernel may fill a
+        tensor after saving it (RReLU saves its noise buffer, then draws into it), so bytes
+        read at pack time can be uninitialized memory.  The tensor is held until then, as
+        the uncheckpointed forward would hold it.  torch computes the recompute's metadata
+        after the recompute ran, so its print is taken here.
+        """
         forward = self.forward
         if not self.forward_done and forward is not None:
-            forward.saved.append(tensor_print)
-            index = len(forward.saved) - 1
+            index = len(forward.saved)
+            saved = SavedPrint(base, None, self, index)
+            forward.saved.append(saved)
+            forward.unprinted.append((saved, tensor.detach()))
             if forward.buffer_named(tensor) is not None:
                 forward.saved_buffers.add(index)
-            return SavedPrint(base, tensor_print, self, index)
-        return SavedPrint(base, tensor_print, None, -1)
+            return saved
+        return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
 
     # -- recompute -----------------------------------------------------------------------
 
@@ -243,7 +259,7 @@ class InvocationRecord:
         self.function = None
         forward = self.forward
         if forward is not None:
-            forward.saved, forward.outputs, forward.state_exit = [], None, {}
+            forward.saved, forward.unprinted, forward.outputs, forward.state_exit = [], [], None, {}
             forward.ran, forward.state_modules = {}, []
 
     # -- findings ------------------------------------------------------------------------
