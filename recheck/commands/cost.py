@@ -8,7 +8,8 @@ Three forms:
   builds its stage from ``torch.distributed.get_rank()``); prints the per-stage table;
 * ``recheck cost --plan FILE.py:STEP --schedule gpipe|1f1b --microbatches M [--stages S]``:
   one process, STEP runs one microbatch through the stages with each stage's forward
-  inside ``recheck.tag(stage=s)``; prints the predicted per-stage peaks.
+  inside ``recheck.tag(stage=s)``; prints each stage's predicted retained saved-state peak
+  and observed peak (every live storage), with the terms they are made of.
 
 Exit codes: 0 measured, 2 usage, import or measurement error (a failing rank is named,
 with its traceback).  torch is imported only inside :func:`run`.
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                           help=f"with --ranks: kill the ranks after this long (default {_DEFAULT_TIMEOUT:g})")
     pipeline.add_argument("--plan", action="store_true",
-                          help="predict per-stage peaks from one microbatch run in one process "
+                          help="predict per-stage retained and observed peaks from one microbatch run in one process "
                           "(each stage's forward inside recheck.tag(stage=s))")
     pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"), help="with --plan: the schedule to lay out")
     pipeline.add_argument("--microbatches", type=_positive("--microbatches", 100_000), metavar="M",

@@ -42,7 +42,9 @@ _FIXED = ("parameters", "gradients", "optimizer_state")
 
 class LedgerListener(Protocol):
     """Told of a new storage, of every hold (``first``: the storage was not held before) and
-    of the last release; the totals already include a hold and still include a release."""
+    of the last release; the totals already include a hold and still include a release.
+    A listener may also have ``read(args, kwargs)``: the tracer calls it after each operator
+    with the operator's inputs."""
 
     def created(self, key: int) -> None: ...
 

@@ -15,10 +15,15 @@ and once bypassed (state restored before each).  Per stage and mode the
 * the backward extra: the most bytes held for the stage above its bundle while its
   backward runs (what a checkpoint rebuilds);
 * the stage's parameters (of the modules whose forward ran inside its tag), their
-  gradients and optimizer state.
+  gradients and optimizer state;
+* the stage's windows (:mod:`recheck.cost.windows`): the rise of every live storage above
+  what was alive when its forward / backward began, what its forward leaves kept, the
+  data it reads.
 
 :func:`predict` lays the bundles out along the schedule's order for each stage
-(:mod:`recheck.cost.schedules`): ``bundles alive x bundle + shared input + backward extra``.
+(:mod:`recheck.cost.schedules`): ``bundles alive x bundle + shared input + backward extra``
+for the retained state; for the observed peak, the fixed state plus the bundles and the
+schedule's caches alive before each action, plus the action's rise, at the worst action.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from typing import Any
 
 from recheck.cost.bundles import BundleTracker, StageBundles
 from recheck.cost.schedules import (
+    ObservedModel,
     PeakModel,
     order_for,
+    predict_observed_peak,
     predict_retained_peak,
     theoretical_bundles,
 )
+from recheck.cost.windows import StageWindows, WindowFigures, supported
 
 __all__ = ["MODES", "NoStageTags", "PlanMeasurement", "PlanStage", "StagePrediction", "measure_plan", "predict"]
 
@@ -54,6 +62,8 @@ class PlanStage:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
+    windows: dict[str, WindowFigures] = field(default_factory=dict)
+    optimizer_rise: dict[str, int] = field(default_factory=dict)
 
     def bundle_bytes(self, mode: str) -> int:
         """Bytes held for the one microbatch when backward starts."""
@@ -67,6 +77,8 @@ class PlanStage:
             "parameter_bytes": self.parameter_bytes,
             "gradient_bytes": self.gradient_bytes,
             "optimizer_bytes": self.optimizer_bytes,
+            "windows": {mode: figures.to_dict() for mode, figures in self.windows.items()},
+            "optimizer_rise": dict(self.optimizer_rise),
         }
 
 
@@ -95,30 +107,39 @@ class StagePrediction:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
+    observed_peak: dict[str, int | None] = field(default_factory=dict)
+    observed_terms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-def _stage_parameters(modules_by_stage: dict[int, list[Any]], optimizers: list[Any]) -> dict[int, tuple[int, int, int]]:
-    """(parameter, gradient, optimizer-state) bytes of each stage's modules; a parameter
-    used by several stages counts for the first."""
+def _parameters_by_stage(modules_by_stage: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """Each stage's parameters; a parameter used by several stages counts for the first."""
     seen: set[int] = set()
-    state_of = {id(p): st for opt in optimizers for p, st in opt.state.items()}
-    figures: dict[int, tuple[int, int, int]] = {}
+    found: dict[int, list[Any]] = {}
     for stage in sorted(modules_by_stage):
-        params, grads, optim = 0, 0, 0
+        mine = found.setdefault(stage, [])
         for module in modules_by_stage[stage]:
             for p in module.parameters(recurse=False):
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                params += p.numel() * p.element_size()
-                grads += p.numel() * p.element_size() if p.requires_grad else 0
-                optim += sum(v.numel() * v.element_size() for v in state_of.get(id(p), {}).values()
-                             if hasattr(v, "numel") and v.dim() > 0)
-        figures[stage] = (params, grads, optim)
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    mine.append(p)
+    return found
+
+
+def _stage_parameters(modules_by_stage: dict[int, list[Any]], optimizers: list[Any]) -> dict[int, tuple[int, int, int]]:
+    """(parameter, gradient, optimizer-state) bytes of each stage's modules."""
+    state_of = {id(p): st for opt in optimizers for p, st in opt.state.items()}
+    figures: dict[int, tuple[int, int, int]] = {}
+    for stage, params in _parameters_by_stage(modules_by_stage).items():
+        figures[stage] = (
+            sum(p.numel() * p.element_size() for p in params),
+            sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+            sum(v.numel() * v.element_size() for p in params for v in state_of.get(id(p), {}).values()
+                if hasattr(v, "numel") and v.dim() > 0),
+        )
     return figures
 
 
@@ -136,7 +157,14 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
     restore = state.snapshot()
     router = Router()
     figures: dict[str, BundleTracker] = {}
+    windows: dict[str, StageWindows] = {}
     modules_by_stage: dict[int, list[Any]] = {}
+    parameters: dict[int, list[Any]] = {}
+
+    def parameters_of(stage: int) -> list[Any]:  # asked in backward, once every stage's forward ran
+        if not parameters:
+            parameters.update(_parameters_by_stage(modules_by_stage))
+        return parameters.get(stage, [])
 
     def note_module(module: Any, _args: Any) -> None:
         stage = current_tags().get("stage")
@@ -155,8 +183,17 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
                 tracer = Tracer(state, router)
                 tracker = BundleTracker("tags")
                 tracker.attach(tracer)
-                with tracer:
-                    step()
+                if supported():
+                    windows[mode] = StageWindows(parameters_of)
+                    windows[mode].attach(tracer)
+                    windows[mode].install()
+                try:
+                    with tracer:
+                        step()
+                finally:
+                    if mode in windows:
+                        windows[mode].remove()
+                        windows[mode].finish()
                 figures[mode] = tracker
         fixed = _stage_parameters(modules_by_stage, state.optimizers)
     finally:
@@ -172,7 +209,9 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
     for stage in stages:
         params, grads, optim = fixed.get(stage, (0, 0, 0))
         bundles = {mode: tracker.figures(stage) for mode, tracker in figures.items()}
-        result.stages.append(PlanStage(stage, bundles, params, grads, optim))
+        stage_windows = {mode: found.stage_figures(stage) for mode, found in windows.items()}
+        rises = {mode: found.optimizer_rise for mode, found in windows.items()}
+        result.stages.append(PlanStage(stage, bundles, params, grads, optim, stage_windows, rises))
     return result
 
 
@@ -200,6 +239,25 @@ def predict(measurement: PlanMeasurement, kind: str, microbatches: int, num_stag
             peak[mode] = predict_retained_peak(order, PeakModel(bundle[mode], extra[mode], shared[mode]))
         received = plan_stage.bundles["bypassed"].received_bytes
         sent = measurement.stages[s + 1].bundles["bypassed"].received_bytes if s + 1 < stages else 0
+        comm = microbatches * (received + sent)
+        observed: dict[str, int | None] = dict.fromkeys(plan_stage.bundles)
+        terms: dict[str, dict[str, Any]] = {}
+        for mode, windows in plan_stage.windows.items():
+            figures = plan_stage.bundles[mode]
+            model = ObservedModel(
+                fixed=plan_stage.parameter_bytes + plan_stage.optimizer_bytes + comm + microbatches * windows.data,
+                gradients=plan_stage.gradient_bytes,
+                gradients_absent=windows.gradients_absent,
+                bundle=sum(figures.bundle_bytes.values()) - figures.input_bytes - figures.received_bytes,
+                kept=windows.kept,
+                sent_gradient=0 if s == 0 else plan_stage.bundles["bypassed"].received_bytes,
+                forward_rise=windows.forward_rise,
+                first_backward_rise=windows.backward_rise,
+                backward_rise=windows.backward_rise_with_gradients,
+                optimizer_rise=plan_stage.optimizer_rise.get(mode, 0),
+            )
+            observed[mode], action = predict_observed_peak(kind, order, model, stages, s)
+            terms[mode] = {**model.to_dict(), "data_per_microbatch": windows.data, "peak_action": action}
         predictions.append(
             StagePrediction(
                 stage=s,
@@ -208,10 +266,12 @@ def predict(measurement: PlanMeasurement, kind: str, microbatches: int, num_stag
                 shared_bytes=shared,
                 backward_extra=extra,
                 retained_peak=peak,
-                comm_buffer_bytes=microbatches * (received + sent),
+                comm_buffer_bytes=comm,
                 parameter_bytes=plan_stage.parameter_bytes,
                 gradient_bytes=plan_stage.gradient_bytes,
                 optimizer_bytes=plan_stage.optimizer_bytes,
+                observed_peak=observed,
+                observed_terms=terms,
             )
         )
     return predictions

@@ -13,6 +13,11 @@ backpropagated at one time), and the retained-state peak it predicts from bundle
   ``pipeline_order`` when it has one (``I``/``B``/full backward count as the backward that
   frees a bundle; weight-only backward ``W`` does not hold activations of the stage input).
 
+The observed peak (every live storage) also depends on what torch's GPipe and 1F1B keep
+beside the bundles: stage outputs and input gradients held by their caches and send
+handles (:func:`cached_outputs`, :func:`sent_gradients`, read from torch 2.13's
+``schedules.py``); :func:`predict_observed_peak` adds each action's measured rise.
+
 No torch import: the schedule object, when given, is only read through attributes.
 """
 
@@ -24,11 +29,15 @@ from typing import Any
 __all__ = [
     "KINDS",
     "Action",
+    "ObservedModel",
     "PeakModel",
+    "cached_outputs",
     "order_for",
     "order_of_schedule",
+    "predict_observed_peak",
     "predict_retained_peak",
     "schedule_kind",
+    "sent_gradients",
     "theoretical_bundles",
 ]
 
@@ -153,3 +162,95 @@ def predict_retained_peak(order: list[Action], model: PeakModel) -> int:
             peak = max(peak, held() + model.backward_extra)
             alive.discard(action.microbatch)
     return peak
+
+
+
+@dataclass(frozen=True)
+class ObservedModel:
+    """What the observed-peak prediction of a stage is made of (bytes).
+
+    ``fixed``: alive through the step (parameters, optimizer state, recv buffers, the batch's
+    data the stage holds); ``gradients`` the stage's ``.grad``, of which ``gradients_absent``
+    is not allocated until the stage's first backward (set to None before the step);
+    ``bundle`` held per microbatch in flight beyond the fixed state; ``kept`` per microbatch
+    forwarded: its output (the last stage's also its loss), held by the schedule
+    (:func:`cached_outputs`); ``sent_gradient`` per microbatch backpropagated (not on the
+    first stage): the gradient of its input, held by a send handle (:func:`sent_gradients`);
+    the rises: most bytes above what was alive when a forward, a backward (the stage's
+    first, and a later one whose weight gradients add to an existing ``.grad``) or the
+    optimizer step began.
+    """
+
+    fixed: int
+    gradients: int
+    gradients_absent: int
+    bundle: int
+    kept: int
+    sent_gradient: int
+    forward_rise: int
+    first_backward_rise: int
+    backward_rise: int
+    optimizer_rise: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return dict(self.__dict__)
+
+
+def cached_outputs(kind: str, order: list[Action], done: int, num_stages: int, stage: int) -> int:
+    """How many microbatch outputs the stage holds before action ``done`` of ``order``, as
+    torch's schedules keep them: the last stage every output forwarded so far (``output_chunks``
+    and the losses, until the step ends); GPipe every output forwarded (its forward send
+    handles are waited on, and let go, when the step ends); 1F1B each output until its
+    backward (``fwd_cache``), and the last warm-up send but one until the cool-down (the
+    handle ``send_work`` keeps it).
+    """
+    forwarded = [a.microbatch for a in order[:done] if a.phase == "F"]
+    if stage == num_stages - 1 or kind == "gpipe":
+        return len(forwarded)
+    backwarded = {a.microbatch for a in order[:done] if a.phase == "B"}
+    alive = [m for m in forwarded if m not in backwarded]
+    microbatches = sum(1 for a in order if a.phase == "F")
+    warmup = min(microbatches, num_stages - stage)
+    held = warmup - 2  # torch fires every warm-up send but the last; send_work keeps the latest fired
+    last_forward = max(i for i, a in enumerate(order) if a.phase == "F")
+    cooldown = any(a.phase == "B" for a in order[last_forward + 1 : done])
+    keeps_send = held >= 0 and held in forwarded and held not in alive and not cooldown
+    return len(alive) + keeps_send
+
+
+def sent_gradients(kind: str, backwarded: int) -> int:
+    """How many input gradients of earlier backwards a send handle still holds: GPipe waits on
+    its backward sends when the step ends; 1F1B on each one after the next backward."""
+    return backwarded if kind == "gpipe" else min(backwarded, 1)
+
+
+def predict_observed_peak(kind: str, order: list[Action], model: ObservedModel, num_stages: int, stage: int) -> tuple[int, str]:
+    """The observed peak ``order`` implies and the action it falls in (``F2``, ``B1``,
+    ``optimizer``): before each action, the fixed state, the gradients allocated so far,
+    the bundles alive, the outputs and input gradients the schedule still holds; plus the
+    action's rise."""
+    alive: set[int] = set()
+    backwarded = 0
+    peak, where = 0, ""
+
+    def before(done: int) -> int:
+        gradients = model.gradients - (model.gradients_absent if backwarded == 0 else 0)
+        cached = cached_outputs(kind, order, done, num_stages, stage) * model.kept
+        return (model.fixed + gradients + len(alive) * model.bundle + cached
+                + sent_gradients(kind, backwarded) * model.sent_gradient)
+
+    for done, action in enumerate(order):
+        if action.phase == "F":
+            value = before(done) + model.forward_rise
+            alive.add(action.microbatch)
+        else:
+            value = before(done) + (model.first_backward_rise if backwarded == 0 else model.backward_rise)
+            alive.discard(action.microbatch)
+            backwarded += 1
+        if value > peak:
+            peak, where = value, str(action)
+    value = before(len(order)) + model.optimizer_rise
+    if value > peak:
+        peak, where = value, "optimizer"
+    return peak, where

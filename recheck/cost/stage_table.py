@@ -40,6 +40,27 @@ STAGE_DEFINITIONS: dict[str, str] = {
     "parameters, gradients, optimizer state, data and recv buffers that existed before it",
     "plan_peak": "the retained-state peak recheck cost --plan predicts from one microbatch measured in one process",
     "plan_error": "(plan prediction - measured retained peak) / measured retained peak",
+    "predicted_observed_peak": "the observed peak the plan predicts: before each action of the schedule's order, "
+    "fixed state + gradients allocated so far + bundles alive x (bundle bytes not in recv buffers or data) + "
+    "outputs the schedule holds x kept bytes + input gradients a send still holds x sent bytes; plus the action's "
+    "rise; the most over the actions and the optimizer step",
+    "observed_plan_error": "(plan prediction - measured observed peak) / measured observed peak",
+    "fixed_state": "parameters + optimizer state + communication buffers + M x data",
+    "data": "bytes per microbatch of storages the planning step made before the first stage and the stage reads "
+    "(stage 0: its inputs; the last stage: the loss's targets); the stage holds M of them (the batch)",
+    "kept": "bytes per microbatch a stage's forward leaves allocated and autograd does not hold (its output; on "
+    "the last stage also the loss): GPipe and the last stage hold them until the step ends (send handles, "
+    "output_chunks), 1F1B until the microbatch's backward (fwd_cache) plus one warm-up send",
+    "sent_gradient": "bytes per microbatch of the gradient a stage sends back (the size of its received input), "
+    "held by a send handle: GPipe until the step ends, 1F1B until the next backward",
+    "forward_rise": "most bytes alive during the stage's forward (its loss included on the last stage) above "
+    "those alive when it began, measured in the planning run",
+    "first_backward_rise": "the same for the stage's backward in the planning run (gradients allocated by it)",
+    "backward_rise": "the same with the stage's gradients already allocated (a later microbatch's weight "
+    "gradients are added to them)",
+    "optimizer_rise": "the same for the optimizer step of the planning run (all stages at once: an upper bound "
+    "for one stage)",
+    "peak_action": "the action of the schedule's order where the predicted observed peak falls",
     "parameters": "bytes of the parameters of the modules whose forward ran inside the stage's tag",
     "gradients": "bytes of the .grad the stage's parameters that require grad accumulate",
     "optimizer_state": "bytes of the optimizers' state for the stage's parameters after the step",
@@ -136,10 +157,26 @@ def render_plan(predictions: list[StagePrediction], kind: str, microbatches: int
             ("gradients", [format_bytes(p.gradient_bytes)] * 2, "gradients"),
             ("optimizer state", [format_bytes(p.optimizer_bytes)] * 2, "optimizer_state"),
         ]
+        if all(p.observed_terms.get(m) for m in _MODES):
+            terms = [p.observed_terms[m] for m in _MODES]
+            rows += [
+                ("fixed state", [format_bytes(t["fixed"]) for t in terms], "fixed_state"),
+                ("  ... data per microbatch", [format_bytes(t["data_per_microbatch"]) for t in terms], "data"),
+                ("kept per microbatch forwarded", [format_bytes(t["kept"]) for t in terms], "kept"),
+                ("gradient sent per microbatch", [format_bytes(t["sent_gradient"]) for t in terms], "sent_gradient"),
+                ("rise in forward", [format_bytes(t["forward_rise"]) for t in terms], "forward_rise"),
+                ("rise in the first backward", [format_bytes(t["first_backward_rise"]) for t in terms], "first_backward_rise"),
+                ("rise in a later backward", [format_bytes(t["backward_rise"]) for t in terms], "backward_rise"),
+                ("rise in the optimizer step", [format_bytes(t["optimizer_rise"]) for t in terms], "optimizer_rise"),
+                ("observed peak (predicted)", [format_bytes(p.observed_peak[m] or 0) for m in _MODES],
+                 "predicted_observed_peak"),
+                ("  ... at action", [t["peak_action"] for t in terms], "peak_action"),
+            ]
         lines += [_row(text, values, STAGE_DEFINITIONS[term]) for text, values, term in rows]
-    unpredicted = ("  not predicted: the observed peak (temporaries, the schedule's output caches, data); "
-                   "run --ranks to measure it")
-    lines += ["", unpredicted]
+    if not all(p.observed_terms for p in predictions):
+        unpredicted = ("  not predicted: the observed peak (this torch cannot name the autograd node running "
+                       "an operator: torch 2.1 or later needed)")
+        lines += ["", unpredicted]
     return "\n".join(lines)
 
 
@@ -158,9 +195,9 @@ def render_comparison(real: dict[str, list[StageReport]], plans: dict[str, list[
     """One line per schedule, stage and mode: the real run beside the schedule's and the plan's predictions."""
     header = (f"  {'schedule':<9}{'stage':>6}  {'mode':<13}{'alive':>12}{'theory':>7}{'bundle':>11}{'rebuilt':>11}"
               f"{'shared':>10}{'2nd holder':>11}{'comm buf':>10}{'retained':>11}{'by count':>11}{'plan':>11}"
-              f"{'plan err':>9}{'observed':>11}")
+              f"{'plan err':>9}{'observed':>11}{'obs plan':>11}{'obs err':>9}")
     lines = ["per-stage saved state, real pipeline run vs predictions", header]
-    worst = 0.0
+    worst = worst_observed = 0.0
     for kind, reports in real.items():
         predictions = {p.stage: p for p in plans.get(kind, [])}
         for report in sorted(reports, key=lambda r: r.stage):
@@ -170,6 +207,9 @@ def render_comparison(real: dict[str, list[StageReport]], plans: dict[str, list[
                 planned = None if plan is None else plan.retained_peak[mode]
                 error = None if planned is None else plan_error(planned, m.retained_peak)
                 worst = max(worst, abs(error or 0.0))
+                observed = None if plan is None else plan.observed_peak.get(mode)
+                observed_error = None if observed is None else plan_error(observed, m.observed_peak)
+                worst_observed = max(worst_observed, abs(observed_error or 0.0))
                 lines.append(
                     f"  {kind:<9}{report.stage:>6}  {mode:<13}{_microbatches(m.bundles.alive_at_peak):>12}"
                     f"{report.theoretical_bundles if report.theoretical_bundles is not None else '-':>7}"
@@ -180,11 +220,15 @@ def render_comparison(real: dict[str, list[StageReport]], plans: dict[str, list[
                     f"{'-' if m.predicted_retained_peak is None else format_bytes(m.predicted_retained_peak):>11}"
                     f"{'-' if planned is None else format_bytes(planned):>11}"
                     f"{'-' if error is None else f'{100 * error:+.1f}%':>9}{format_bytes(m.observed_peak):>11}"
+                    f"{'-' if observed is None else format_bytes(observed):>11}"
+                    f"{'-' if observed_error is None else f'{100 * observed_error:+.2f}%':>9}"
                 )
     lines.append(f"  largest plan error on the retained peak: {100 * worst:.1f}%")
+    lines.append(f"  largest plan error on the observed peak: {100 * worst_observed:.2f}%")
     terms = [("alive", "alive_at_peak"), ("theory", "theoretical_bundles"), ("bundle", "bundle_bytes"),
              ("rebuilt", "backward_extra"), ("shared", "shared_bytes"), ("2nd holder", "second_holder_bytes"),
              ("comm buf", "comm_buffer_bytes"), ("retained", "retained_peak"), ("by count", "predicted_retained_peak"),
-             ("plan", "plan_peak"), ("plan err", "plan_error"), ("observed", "observed_peak")]
+             ("plan", "plan_peak"), ("plan err", "plan_error"), ("observed", "observed_peak"),
+             ("obs plan", "predicted_observed_peak"), ("obs err", "observed_plan_error")]
     lines += ["", "terms:", f"  {STAGE_DEFINITIONS['bundle']}", *(f"  {name}: {STAGE_DEFINITIONS[term]}" for name, term in terms)]
     return "\n".join(lines)

@@ -147,7 +147,12 @@ def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport
     with routing(router):
         router.reset("checkpoint")
         step()  # warm-up: shape inference and recv buffers
-        state = discover_state(step)
+        for found in discover_state(step).schedules:
+            for stage in _stages_of(found):
+                clear = getattr(stage, "clear_runtime_states", None)
+                if callable(clear):  # what the next step does first: the warm-up's output chunks go
+                    clear()
+        state = discover_state(step)  # again: the cleared chunks are not state to restore
         if not state.schedules:
             raise NotAPipeline("the step runs no torch.distributed.pipelining schedule reachable from it "
                                "(its closure, globals or bound objects)")

@@ -221,6 +221,9 @@ class Tracer:
             ledger.track(storage, "temporary")
             if innermost is not None and innermost.recompute:
                 innermost.created.append(weakref.ref(storage))
+        reader = getattr(ledger.listener, "read", None)
+        if reader is not None:  # a listener that wants the operator's inputs (the planning run's data)
+            reader(args, kwargs)
         work = op_work(func, args, kwargs, out)
         trace.work[self.phase()].add(work)
         if innermost is not None:

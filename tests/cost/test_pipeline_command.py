@@ -42,6 +42,11 @@ def test_plan_prints_the_prediction(capsys):
     out = capsys.readouterr().out
     assert "predicted for 1f1b, 2 stage(s), 4 microbatches" in out
     assert "retained saved state, peak (predicted)       28.00 KiB     76.00 KiB" in out
+    # stage 0: 258.50 KiB parameters + 16 KiB buffers and data, 258.50 KiB gradients, 3 outputs held,
+    # 2 bundles, and the rise of a later backward (its weight gradients made before they are added)
+    assert "observed peak (predicted)                   631.00 KiB    679.25 KiB" in out
+    assert "  ... at action                                     B1            B1" in out
+    assert "not predicted" not in out
 
 
 def test_plan_json(capsys):
@@ -49,7 +54,14 @@ def test_plan_json(capsys):
     assert run_command(*argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["schedule"] == "gpipe" and [s["theoretical_bundles"] for s in data["stages"]] == [8, 8]
-    assert "theoretical_bundles" in data["definitions"]
+    assert "theoretical_bundles" in data["definitions"] and "predicted_observed_peak" in data["definitions"]
+    for stage in data["stages"]:
+        for mode in ("checkpointed", "bypassed"):
+            terms = stage["observed_terms"][mode]
+            # GPipe's second backward: every gradient, 7 bundles, 8 outputs held, a later backward's rise
+            at_second_backward = (terms["fixed"] + terms["gradients"] + 7 * terms["bundle"] + 8 * terms["kept"]
+                                  + stage["stage"] * terms["sent_gradient"] + terms["backward_rise"])
+            assert stage["observed_peak"][mode] == at_second_backward and terms["peak_action"] == "B1"
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,37 @@ def test_each_checkpoint_api_attributes_saved_state_to_its_stage(api):
     assert last["checkpointed"].backward_extra == 2 * HID - ACT  # the loss's tensor is freed first
 
 
+@pytest.mark.parametrize("api", ["non-reentrant", "reentrant", "composable"])
+def test_each_checkpoint_api_splits_the_observed_memory_by_stage(api):
+    plan = measure_plan(two_stage_step(api))
+    parameters = (WIDTH * HIDDEN * 2 + HIDDEN + WIDTH) * 4
+    first, last = plan.stages
+    for stage in plan.stages:
+        for mode, windows in stage.windows.items():
+            # each stage's backward allocates its own .grad while it frees its bundle (a reentrant
+            # checkpoint's node is labelled by its recompute); a later one makes a weight gradient
+            # before adding it to .grad
+            assert windows.gradients_absent == parameters, (stage.stage, mode)
+            assert windows.backward_rise >= parameters - stage.bundle_bytes(mode), (stage.stage, mode)
+            assert WIDTH * HIDDEN * 4 <= windows.backward_rise_with_gradients < windows.backward_rise, (stage.stage, mode)
+            assert windows.forward_rise >= (2 * HID if mode == "bypassed" else HID), (stage.stage, mode)
+    for mode in ("checkpointed", "bypassed"):
+        assert first.windows[mode].data == ACT and last.windows[mode].data == 0  # x, made before stage 0
+        assert first.windows[mode].kept == ACT  # stage 0's output
+        assert last.windows[mode].kept == 2 * 4  # the loss and its seed gradient (its output is saved by the loss)
+
+
+def test_without_node_names_the_observed_peak_is_not_predicted(monkeypatch):
+    import recheck.cost.plan as plan_module
+    from recheck.cost.stage_table import render_plan
+
+    monkeypatch.setattr(plan_module, "supported", lambda: False)
+    predictions = predict(measure_plan(two_stage_step("non-reentrant")), "gpipe", 4)
+    assert all(p.observed_peak == {"checkpointed": None, "bypassed": None} for p in predictions)
+    assert "not predicted: the observed peak" in render_plan(predictions, "gpipe", 4, "step")
+    assert all(p.retained_peak["bypassed"] > 0 for p in predictions)
+
+
 def test_predict_lays_bundles_out_along_the_schedule():
     plan = measure_plan(two_stage_step("non-reentrant"))
     gpipe, one_f_one_b = predict(plan, "gpipe", 6), predict(plan, "1f1b", 6)

@@ -1,7 +1,8 @@
-"""Schedule orders, theoretical bundle counts and the retained-peak model (no process group)."""
+"""Schedule orders, theoretical bundle counts, the retained- and observed-peak models (no process group)."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -11,11 +12,15 @@ from hypothesis import strategies as st
 
 from recheck.cost.schedules import (
     Action,
+    ObservedModel,
     PeakModel,
+    cached_outputs,
     order_for,
     order_of_schedule,
+    predict_observed_peak,
     predict_retained_peak,
     schedule_kind,
+    sent_gradients,
     theoretical_bundles,
 )
 
@@ -92,3 +97,35 @@ def test_multi_stage_orders_come_from_pipeline_order():
     assert theoretical_bundles(order) == 2
     assert names(order_of_schedule(schedule, stage=2, num_stages=4, microbatches=2)) == ["F0", "B0", "F1", "B1"]
     assert order_of_schedule(object(), stage=0, num_stages=2, microbatches=2) is None
+
+
+def test_outputs_and_gradients_the_schedules_hold():
+    # before each action (and after the last): GPipe holds every output forwarded until the step
+    # ends; 1F1B holds each until its backward, plus F0 (its warm-up send handle) until the cool-down
+    gpipe, one_f_one_b = order_for("gpipe", 2, 0, 4), order_for("1f1b", 2, 0, 4)
+    assert [cached_outputs("gpipe", gpipe, done, 2, 0) for done in range(9)] == [0, 1, 2, 3, 4, 4, 4, 4, 4]
+    assert [cached_outputs("1f1b", one_f_one_b, done, 2, 0) for done in range(9)] == [0, 1, 2, 2, 3, 2, 3, 1, 0]
+    last = order_for("1f1b", 2, 1, 4)  # the last stage keeps output_chunks until the step ends
+    assert [cached_outputs("1f1b", last, done, 2, 1) for done in range(9)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert [sent_gradients("gpipe", n) for n in range(4)] == [0, 1, 2, 3]
+    assert [sent_gradients("1f1b", n) for n in range(4)] == [0, 1, 1, 1]
+
+
+def test_observed_peak_adds_the_rise_to_what_each_action_finds_alive():
+    model = ObservedModel(fixed=1000, gradients=100, gradients_absent=100, bundle=10, kept=1, sent_gradient=0,
+                          forward_rise=5, first_backward_rise=150, backward_rise=20, optimizer_rise=0)
+    gpipe = order_for("gpipe", 2, 0, 4)
+    # B0: 4 bundles, 4 outputs, no gradients yet, the first backward's rise (it allocates them)
+    assert predict_observed_peak("gpipe", gpipe, model, 2, 0) == (1000 + 40 + 4 + 150, "B0")
+    # gradients kept from an earlier step: B0 finds them too
+    present = dataclasses.replace(model, gradients_absent=0)
+    assert predict_observed_peak("gpipe", gpipe, present, 2, 0) == (1000 + 100 + 40 + 4 + 150, "B0")
+    # a later backward that rises more than the first one moves the peak to B1 (3 bundles left)
+    later = dataclasses.replace(model, first_backward_rise=0, backward_rise=200)
+    assert predict_observed_peak("gpipe", gpipe, later, 2, 0) == (1000 + 100 + 30 + 4 + 200, "B1")
+    # an optimizer step that rises most
+    optimizer = dataclasses.replace(model, optimizer_rise=500)
+    assert predict_observed_peak("gpipe", gpipe, optimizer, 2, 0) == (1000 + 100 + 4 + 500, "optimizer")
+    # input gradients held by GPipe's send handles add up on a later stage
+    sending = dataclasses.replace(later, sent_gradient=7)
+    assert predict_observed_peak("gpipe", order_for("gpipe", 2, 1, 4), sending, 2, 1) == (1000 + 100 + 30 + 4 + 7 + 200, "B1")
