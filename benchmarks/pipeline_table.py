@@ -37,7 +37,7 @@ SHAPES = {
     "8 microbatches of 4 rows": ({"gpipe": f"{FIXTURE}:gpipe_8_step", "1f1b": f"{FIXTURE}:one_f_one_b_8_step"},
                                  f"{FIXTURE}:plan_8_step"),
 }
-_MODES = ("checkpointed", "bypassed")
+from recheck.cost.router import MODES as _MODES  # noqa: E402
 
 
 def _errors(real, plans) -> dict[str, dict[str, float | None]]:

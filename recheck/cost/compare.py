@@ -23,17 +23,15 @@ import torch
 from recheck.cost import budget as budget_fit
 from recheck.cost.peak import cuda_peak, synchronize
 from recheck.cost.results import BudgetEstimate, ModeResult, RegionResult, rank_regions
-from recheck.cost.router import RegionStats, Router, routing
+from recheck.cost.router import MODES, ROUTER_MODE, RegionStats, Router, routing
 from recheck.cost.state import StepState, discover_state
 from recheck.cost.trace import Tracer
 from recheck.cost.units import parse_bytes
 from recheck.cost.work import Work
 
-__all__ = ["MODES", "Comparison", "measure"]
+__all__ = ["Comparison", "measure"]
 
 #: The two modes: checkpoints run as written, and every checkpoint bypassed.
-MODES = ("checkpointed", "bypassed")
-_ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
 
 
 @dataclass
@@ -89,7 +87,7 @@ class Comparison:
 
 
 def _traced_run(step: Callable[[], Any], state: StepState, router: Router, mode: str) -> tuple[ModeResult, dict]:
-    router.reset(_ROUTER_MODE[mode])
+    router.reset(ROUTER_MODE[mode])
     started = time.perf_counter()
     with Tracer(state, router) as tracer:
         step()
@@ -122,7 +120,7 @@ def _timed_runs(
     cuda: dict | None = None
     for index in range(repeats):
         restore()
-        router.reset(_ROUTER_MODE[mode])
+        router.reset(ROUTER_MODE[mode])
         with cuda_peak(state) as peak:
             synchronize(state)
             started = time.perf_counter()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.router import MODES, ROUTER_MODE
 from recheck.cost.schedules import (
     ObservedModel,
     PeakModel,
@@ -43,10 +44,8 @@ from recheck.cost.schedules import (
 )
 from recheck.cost.windows import StageWindows, WindowFigures, supported
 
-__all__ = ["MODES", "NoStageTags", "PlanMeasurement", "PlanStage", "StagePrediction", "measure_plan", "predict"]
+__all__ = ["NoStageTags", "PlanMeasurement", "PlanStage", "StagePrediction", "measure_plan", "predict"]
 
-MODES = ("checkpointed", "bypassed")
-_ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
 
 
 class NoStageTags(Exception):
@@ -179,7 +178,7 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
         with routing(router):
             for mode in MODES:
                 restore()
-                router.reset(_ROUTER_MODE[mode])
+                router.reset(ROUTER_MODE[mode])
                 tracer = Tracer(state, router)
                 tracker = BundleTracker("tags")
                 tracker.attach(tracer)

@@ -27,7 +27,11 @@ from recheck.watcher import patches
 from recheck.watcher.regions import RegionKey, call_site, describe
 from recheck.watcher.tags import current_tags
 
-__all__ = ["CHECKPOINT_OPTIONS", "RegionCall", "RegionStats", "Router", "routing"]
+__all__ = ["CHECKPOINT_OPTIONS", "MODES", "ROUTER_MODE", "RegionCall", "RegionStats", "Router", "routing"]
+
+#: The two ways every cost figure is measured, and the router mode that runs each.
+MODES = ("checkpointed", "bypassed")
+ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
 
 #: Keyword arguments ``torch.utils.checkpoint.checkpoint`` consumes itself; the rest go to the region.
 CHECKPOINT_OPTIONS = frozenset(
@@ -100,7 +104,7 @@ class Router:
     # -- bookkeeping -------------------------------------------------------------------
     def reset(self, mode: str) -> None:
         """Start a new run in ``mode`` ("checkpoint" or "bypass"), with fresh per-region figures."""
-        if mode not in ("checkpoint", "bypass"):
+        if mode not in ROUTER_MODE.values():
             raise ValueError(f"unknown mode {mode!r}")
         self.mode, self.stack, self.regions = mode, [], {}
 

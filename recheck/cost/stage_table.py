@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from recheck.cost.plan import StagePrediction
+from recheck.cost.router import MODES
 from recheck.cost.stages import StageReport
 from recheck.cost.units import format_bytes
 
@@ -66,7 +67,6 @@ STAGE_DEFINITIONS: dict[str, str] = {
     "optimizer_state": "bytes of the optimizers' state for the stage's parameters after the step",
 }
 
-_MODES = ("checkpointed", "bypassed")
 
 
 def _row(label: str, values: list[str], definition: str) -> str:
@@ -121,7 +121,7 @@ def render_stages(reports: list[StageReport], label: str) -> str:
         order = " ".join(c.bundles.order)
         if order:
             lines.append(f"  order run: {order}")
-        for name in _MODES:
+        for name in MODES:
             mode = report.modes[name]
             if mode.predicted_retained_peak not in (None, mode.retained_peak):
                 lines.append(f"  mismatch: the {name} retained peak differs from the schedule's prediction by "
@@ -147,18 +147,18 @@ def render_plan(predictions: list[StagePrediction], kind: str, microbatches: int
         lines += ["", f"  stage {p.stage}" + " " * 34 + f"{'checkpointed':>14}{'bypassed':>14}"]
         rows = [
             ("theoretical bundle count", [str(p.theoretical_bundles)] * 2, "theoretical_bundles"),
-            ("bytes per bundle", [format_bytes(p.bundle_bytes[m]) for m in _MODES], "bundle_bytes"),
-            ("rebuilt in backward", [format_bytes(p.backward_extra[m]) for m in _MODES], "backward_extra"),
-            ("shared by all bundles", [format_bytes(p.shared_bytes[m]) for m in _MODES], "shared_bytes"),
+            ("bytes per bundle", [format_bytes(p.bundle_bytes[m]) for m in MODES], "bundle_bytes"),
+            ("rebuilt in backward", [format_bytes(p.backward_extra[m]) for m in MODES], "backward_extra"),
+            ("shared by all bundles", [format_bytes(p.shared_bytes[m]) for m in MODES], "shared_bytes"),
             ("communication buffers", [format_bytes(p.comm_buffer_bytes)] * 2, "comm_buffer_bytes"),
-            ("retained saved state, peak (predicted)", [format_bytes(p.retained_peak[m]) for m in _MODES],
+            ("retained saved state, peak (predicted)", [format_bytes(p.retained_peak[m]) for m in MODES],
              "predicted_retained_peak"),
             ("parameters", [format_bytes(p.parameter_bytes)] * 2, "parameters"),
             ("gradients", [format_bytes(p.gradient_bytes)] * 2, "gradients"),
             ("optimizer state", [format_bytes(p.optimizer_bytes)] * 2, "optimizer_state"),
         ]
-        if all(p.observed_terms.get(m) for m in _MODES):
-            terms = [p.observed_terms[m] for m in _MODES]
+        if all(p.observed_terms.get(m) for m in MODES):
+            terms = [p.observed_terms[m] for m in MODES]
             rows += [
                 ("fixed state", [format_bytes(t["fixed"]) for t in terms], "fixed_state"),
                 ("  ... data per microbatch", [format_bytes(t["data_per_microbatch"]) for t in terms], "data"),
@@ -168,7 +168,7 @@ def render_plan(predictions: list[StagePrediction], kind: str, microbatches: int
                 ("rise in the first backward", [format_bytes(t["first_backward_rise"]) for t in terms], "first_backward_rise"),
                 ("rise in a later backward", [format_bytes(t["backward_rise"]) for t in terms], "backward_rise"),
                 ("rise in the optimizer step", [format_bytes(t["optimizer_rise"]) for t in terms], "optimizer_rise"),
-                ("observed peak (predicted)", [format_bytes(p.observed_peak[m] or 0) for m in _MODES],
+                ("observed peak (predicted)", [format_bytes(p.observed_peak[m] or 0) for m in MODES],
                  "predicted_observed_peak"),
                 ("  ... at action", [t["peak_action"] for t in terms], "peak_action"),
             ]
@@ -201,7 +201,7 @@ def render_comparison(real: dict[str, list[StageReport]], plans: dict[str, list[
     for kind, reports in real.items():
         predictions = {p.stage: p for p in plans.get(kind, [])}
         for report in sorted(reports, key=lambda r: r.stage):
-            for mode in _MODES:
+            for mode in MODES:
                 m = report.modes[mode]
                 plan = predictions.get(report.stage)
                 planned = None if plan is None else plan.retained_peak[mode]

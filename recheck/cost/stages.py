@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.router import MODES, ROUTER_MODE
 from recheck.cost.schedules import (
     PeakModel,
     order_of_schedule,
@@ -30,11 +31,8 @@ from recheck.cost.schedules import (
     theoretical_bundles,
 )
 
-__all__ = ["MODES", "NotAPipeline", "StageMode", "StageReport", "measure_rank", "rank_entry"]
+__all__ = ["NotAPipeline", "StageMode", "StageReport", "measure_rank", "rank_entry"]
 
-#: The two modes, as in :mod:`recheck.cost.compare`.
-MODES = ("checkpointed", "bypassed")
-_ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
 
 
 class NotAPipeline(Exception):
@@ -169,7 +167,7 @@ def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport
         try:
             for mode in MODES:
                 restore()
-                router.reset(_ROUTER_MODE[mode])
+                router.reset(ROUTER_MODE[mode])
                 tracer = Tracer(state, router)
                 tracker = BundleTracker("chunks")
                 tracker.attach(tracer)
