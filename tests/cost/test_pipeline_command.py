@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import textwrap
 from pathlib import Path
 
@@ -118,9 +119,11 @@ def test_a_failing_rank_is_named_with_its_traceback(rank_steps, capsys):
     assert first.startswith("recheck cost: error: rank 1 of 2 failed running")
     assert first.endswith("RuntimeError: stage 1 cannot be built")
     assert 'raise RuntimeError("stage 1 cannot be built")' in err  # the user's frame
+    assert not multiprocessing.active_children()
 
 
 def test_a_world_past_its_timeout_is_killed(rank_steps, capsys):
     assert run_command("--ranks", "2", "--timeout", "2", f"{rank_steps}:hangs") == 2
     err = capsys.readouterr().err
     assert "did not finish within 2 s; killed (raise --timeout if the step is slow)" in err
+    assert not multiprocessing.active_children()

@@ -9,6 +9,7 @@ are worked out from the fixture's shapes (float32, see ``fixtures/pipeline/pipel
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -66,6 +67,7 @@ def theoretical(kind: str, stage: int) -> int:
 @pytest.fixture(scope="module")
 def world() -> dict[str, list[StageReport] | str]:
     per_rank = run_world(rank_entry, S, args=([*KINDS.values(), INTERLEAVED, KEEPING, PLAIN],), timeout=120)
+    assert not multiprocessing.active_children()
     merged: dict[str, list[StageReport] | str] = {}
     for results in per_rank:
         for spec, outcome in results.items():
