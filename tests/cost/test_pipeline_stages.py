@@ -8,13 +8,11 @@ are worked out from the fixture's shapes (float32, see ``fixtures/pipeline/pipel
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from source_modules import load_file
 
 from recheck.cost.plan import measure_plan, predict
 from recheck.cost.schedules import Action, order_for, theoretical_bundles
@@ -29,17 +27,7 @@ PLAIN = f"{FIXTURE}:plain_step"
 INTERLEAVED = f"{FIXTURE}:interleaved_step"
 KEEPING = f"{FIXTURE}:keeping_step"
 
-
-def load_fixture() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("recheck_pipeline_steps", FIXTURE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-steps = load_fixture()
+steps = load_file(FIXTURE, "recheck_pipeline_steps")
 M, S, BLOCKS = steps.MICROBATCHES, steps.NUM_STAGES, steps.BLOCKS_PER_STAGE
 ACT = steps.ROWS * steps.WIDTH * 4  # one microbatch activation [ROWS, WIDTH]
 HID = steps.ROWS * steps.HIDDEN * 4  # one microbatch hidden [ROWS, HIDDEN]
