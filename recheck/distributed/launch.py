@@ -12,7 +12,11 @@ world has not finished after ``timeout`` seconds, every rank still alive is kill
 :class:`WorldTimeout` is raised.  No process outlives the call.
 
 ``function`` must be importable by the children (defined at module level in a module they
-can import: the parent's ``sys.path`` is passed on by ``spawn``).
+can import: the parent's ``sys.path`` is passed on by ``spawn``), and a script that calls
+:func:`run_world` needs the usual ``if __name__ == "__main__":`` guard.
+
+``backend="nccl"`` gives each rank its own GPU (``torch.cuda.set_device(rank)``) before the
+group is made, and is refused up front when there are fewer CUDA devices than ranks.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = ["WorldFailed", "WorldTimeout", "free_port", "run_world"]
 
@@ -66,14 +71,18 @@ def _rank_main(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - whatever ends the rank goes back to the parent
         payload = ("error", traceback.format_exc(), time.time())
     else:
         try:
             payload = ("ok", function(rank, world_size, *args), time.time())
-        except BaseException:  # the parent re-raises it with this rank's traceback and time
+        except BaseException:  # noqa: BLE001 - the parent re-raises it with this rank's traceback and time
             payload = ("error", traceback.format_exc(), time.time())
         finally:
             dist.destroy_process_group()
@@ -98,6 +107,8 @@ def run_world(
         raise ValueError(f"world_size must be a positive whole number, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if backend == "nccl":
+        _check_gpus(world_size)
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="recheck-world-") as results:
         context = mp.start_processes(
@@ -126,6 +137,15 @@ def run_world(
             for process in context.processes:
                 process.join(timeout=10)
         return _collect(Path(results), world_size)
+
+
+def _check_gpus(world_size: int) -> None:
+    import torch
+
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available < world_size:
+        raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {world_size} rank(s), "
+                         f"{available} device(s); use backend='gloo' on CPU")
 
 
 def _collect(results: Path, world_size: int) -> list[Any]:

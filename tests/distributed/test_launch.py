@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 import types
 
+import launch_functions as fns
 import pytest
 
-import launch_functions as fns
 from recheck.distributed.launch import WorldFailed, WorldTimeout, free_port, run_world
 from recheck.distributed.world import Place, current_place
 from recheck.watcher import pipelining
 from recheck.watcher.tags import current_tags, tag
+
 
 def _spawned_children() -> list:
     import multiprocessing
@@ -52,6 +53,16 @@ def test_bad_world_size_is_refused(size):
 def test_bad_timeout_is_refused():
     with pytest.raises(ValueError, match="timeout"):
         run_world(fns.sum_of_ranks, 1, args=(0,), timeout=0)
+
+
+def test_nccl_without_a_gpu_per_rank_is_refused_before_spawning():
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU per rank")
+    with pytest.raises(ValueError, match="backend 'nccl' needs one CUDA device per rank: 2 rank"):
+        run_world(fns.sum_of_ranks, 2, args=(0,), backend="nccl")
+    assert _spawned_children() == []
 
 
 def test_free_port_is_a_port():
