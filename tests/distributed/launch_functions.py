@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 
 
 def sum_of_ranks(rank: int, world_size: int, offset: int) -> dict:
@@ -47,7 +48,7 @@ class _Block(nn.Module):
         _Block.tags_seen.append(dict(current_tags()))
         return checkpoint(torch.tanh, self.linear(x), use_reentrant=False)
 
-    tags_seen: list = []
+    tags_seen: ClassVar[list[dict]] = []
 
 
 class _Recorder:

@@ -47,9 +47,8 @@ def rank_1_of_2(monkeypatch):
 
 
 def test_a_rank_labels_its_findings_stats_and_title(rank_1_of_2):
-    with recheck.watch(raise_on_finding=False) as w:
-        with recheck.tag(stage=0, microbatch=3):
-            flipped_global_step()
+    with recheck.watch(raise_on_finding=False) as w, recheck.tag(stage=0, microbatch=3):
+        flipped_global_step()
     (finding,) = w.report.by_kind("global")
     assert list(finding.invocation.tags.items()) == [("rank", 1), ("stage", 0), ("microbatch", 3)]
     assert "call 1 of 1 (rank=1, stage=0, microbatch=3)" in str(w.report)
@@ -58,9 +57,8 @@ def test_a_rank_labels_its_findings_stats_and_title(rank_1_of_2):
 
 
 def test_the_users_own_rank_tag_wins(rank_1_of_2):
-    with recheck.watch(raise_on_finding=False) as w:
-        with recheck.tag(rank="replica-a"):
-            flipped_global_step()
+    with recheck.watch(raise_on_finding=False) as w, recheck.tag(rank="replica-a"):
+        flipped_global_step()
     (finding,) = w.report.by_kind("global")
     assert dict(finding.invocation.tags) == {"rank": "replica-a"}
     assert w.report.stats["rank"] == 1  # the report still says which process wrote it
