@@ -193,10 +193,10 @@ def _run_ranks(ns: argparse.Namespace) -> int:
     except WorldTimeout as exc:
         return _error(f"{spec} on {ns.ranks} rank(s): {exc} (raise --timeout if the step is slow)")
     reports = []
-    for rank, results in enumerate(per_rank):
+    for results in per_rank:
         outcome = results[spec]
-        if isinstance(outcome, str):
-            return _error(f"rank {rank}: {outcome}")
+        if isinstance(outcome, str):  # "rank R of N: what is wrong"
+            return _error(outcome)
         reports += outcome
     if ns.format == "json":
         print(json.dumps(stages_to_dict(reports, spec), indent=2))

@@ -215,18 +215,37 @@ def _stage_mode(report: StageReport, bundles: StageBundles, retained: int, obser
 
 def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[StageReport] | str]:
     """What each rank of ``recheck cost --ranks`` runs: for each ``FILE.py:STEP`` in ``specs``
-    (in order; several share one world), load STEP and measure.
+    (in order; several share one world), load STEP, build this rank's step, and measure.
 
-    A usage error (STEP missing, not a factory, no schedule) comes back as a one-line string
-    for that spec; anything the user's code raises propagates with its traceback.
+    A usage error (STEP missing, not a factory, a factory that returns no step, no schedule)
+    comes back as a one-line string naming the rank, ``rank 1 of 2: ...``; anything the
+    user's code raises propagates with its traceback.  The ranks agree on whether every one
+    of them built its step before any runs it, so a rank whose STEP returned no step does
+    not leave the others waiting in the schedule's first send or receive.
     """
+    import torch.distributed as dist
+
     from recheck.checker.targets import TargetError, load_target
 
     results: dict[str, list[StageReport] | str] = {}
     for spec in specs:
+        step, problem = None, None
         try:
             (target,) = load_target(spec)
-            results[spec] = measure_rank(target.factory, rank)
-        except (TargetError, NotAPipeline) as exc:
-            results[spec] = str(exc)
+            step = target.factory()
+            if not callable(step):
+                problem = f"STEP must return the zero-argument step to run on this rank, got {type(step).__name__}"
+        except TargetError as exc:
+            problem = str(exc)
+        problems: list[str | None] = [None] * world_size
+        dist.all_gather_object(problems, problem)
+        failed = [(other, text) for other, text in enumerate(problems) if text is not None]
+        if failed:
+            other, text = failed[0]
+            results[spec] = f"rank {other} of {world_size}: {text}"
+            continue
+        try:
+            results[spec] = measure_rank(lambda built=step: built, rank)
+        except NotAPipeline as exc:
+            results[spec] = f"rank {rank} of {world_size}: {exc}"
     return results

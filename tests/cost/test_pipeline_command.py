@@ -28,6 +28,9 @@ RANK_STEPS = textwrap.dedent(
 
     def hangs():
         time.sleep(600)
+
+    def no_step_on_rank_1():
+        return None if dist.get_rank() == 1 else dist.barrier
     """
 )
 
@@ -119,6 +122,15 @@ def test_a_failing_rank_is_named_with_its_traceback(rank_steps, capsys):
     assert first.startswith("recheck cost: error: rank 1 of 2 failed running")
     assert first.endswith("RuntimeError: stage 1 cannot be built")
     assert 'raise RuntimeError("stage 1 cannot be built")' in err  # the user's frame
+    assert not multiprocessing.active_children()
+
+
+def test_a_rank_whose_step_is_missing_stops_every_rank(rank_steps, capsys):
+    # rank 0 built its step; it must not wait for rank 1 in the schedule until --timeout
+    assert run_command("--ranks", "2", "--timeout", "120", f"{rank_steps}:no_step_on_rank_1") == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == ("recheck cost: error: rank 1 of 2: STEP must return the zero-argument step "
+                                   "to run on this rank, got NoneType")
     assert not multiprocessing.active_children()
 
 

@@ -200,6 +200,7 @@ def test_a_second_holder_is_measured_and_breaks_the_prediction(world):
 
 
 def test_a_step_without_a_schedule_is_named(world):
+    assert world[PLAIN].startswith("rank ")
     assert "runs no torch.distributed.pipelining schedule" in world[PLAIN]
 
 
