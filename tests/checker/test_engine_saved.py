@@ -22,7 +22,13 @@ def test_rrelu_noise_filled_after_saving_is_not_a_false_recompute_finding():
 
 def test_rrelu_under_early_stop_is_reported():
     # Early stop ends the recompute when the noise is saved, before it is filled
-    # (pytorch#193671): the recomputed noise and the gradient are wrong.
-    torch.manual_seed(0)
-    report = recheck.check(nn.RReLU().train(), torch.randn(64, requires_grad=True))
-    assert {"recompute", "gradient"} <= report.kinds
+    # (pytorch#193671): the recomputed noise and the gradient are wrong -- unless the
+    # allocator hands the recompute the forward's freed block (about 1 run in 100), so
+    # the difference must show in one of 5 runs.
+    kinds = []
+    for _ in range(5):
+        torch.manual_seed(0)
+        kinds.append(recheck.check(nn.RReLU().train(), torch.randn(64, requires_grad=True)).kinds)
+        if {"recompute", "gradient"} <= kinds[-1]:
+            break
+    assert {"recompute", "gradient"} <= kinds[-1], kinds

@@ -31,8 +31,12 @@ def _kinds_text(report) -> str:
     return f"kinds {sorted(report.kinds)}\n{report}"
 
 
-def test_example(zoo_case, check_example) -> None:
+def test_example(zoo_case, zoo, check_example) -> None:
     report = check_example(zoo_case.name, use_reentrant=zoo_case.use_reentrant)
+    for _ in range(zoo.CHANCE_TRIES - 1):
+        if zoo_case.name not in zoo.SHOWS_BY_CHANCE or zoo_case.expected <= report.kinds:
+            break
+        report = check_example(zoo_case.name, use_reentrant=zoo_case.use_reentrant)
     found = report.kinds
     missing = zoo_case.expected - found
     unexpected = found - zoo_case.expected - zoo_case.also_possible
@@ -84,8 +88,9 @@ def test_zoo_tables_describe_every_example(zoo) -> None:
     assert len(names) >= 20
     assert set(zoo.EXPECTED) == set(names)
     for table in (zoo.CHECK_OPTIONS, zoo.VARIANT_EXPECTED, zoo.ALSO_POSSIBLE,
-                  zoo.LATENT_UNDER_EARLY_STOP):
+                  zoo.LATENT_UNDER_EARLY_STOP, zoo.SHOWS_BY_CHANCE):
         assert set(table) <= set(names)
+    assert all(zoo.EXPECTED[name] for name in zoo.SHOWS_BY_CHANCE)
     allowed_options = {"use_reentrant", "preserve_rng_state", "early_stop", "grad_outputs"}
     for options in zoo.CHECK_OPTIONS.values():
         assert set(options) <= allowed_options
@@ -145,10 +150,12 @@ def test_cli_reports_every_hazard_and_nothing_for_safe_examples(zoo) -> None:
     assert set(by_region) == set(zoo.example_names())
     for name, entry in by_region.items():
         kinds = {f["kind"] for f in entry["findings"]}
-        assert zoo.EXPECTED[name] <= kinds <= zoo.EXPECTED[name] | zoo.ALSO_POSSIBLE.get(name, NONE), (
+        required = NONE if name in zoo.SHOWS_BY_CHANCE else zoo.EXPECTED[name]  # one run only here
+        assert required <= kinds <= zoo.EXPECTED[name] | zoo.ALSO_POSSIBLE.get(name, NONE), (
             f"{name}: {sorted(kinds)}")
     hazards = sum(bool(zoo.EXPECTED[n]) for n in by_region)
-    assert payload["summary"]["with_findings"] == hazards
+    by_chance = sum(bool(zoo.EXPECTED[n]) for n in by_region if n in zoo.SHOWS_BY_CHANCE)
+    assert hazards - by_chance <= payload["summary"]["with_findings"] <= hazards
 
 
 def test_cli_text_output_names_the_hazards(zoo) -> None:

@@ -295,8 +295,14 @@ def test_rrelu_noise_filled_after_saving_is_clean_under_a_full_replay():
 
 def test_rrelu_under_early_stop_is_reported_by_watch():
     # With early stop the recompute ends once the noise is saved, before it is filled
-    # (pytorch#193671): backward uses noise the forward never drew.
-    torch.manual_seed(0)
-    with recheck.watch(raise_on_finding=False) as w:
-        _rrelu_step(torch.randn(32, 16, requires_grad=True))
-    assert "recompute" in w.report.kinds, str(w.report)
+    # (pytorch#193671): backward uses noise the forward never drew -- unless the allocator
+    # hands the recompute the forward's freed block, so it must show in one of 5 runs.
+    reports = []
+    for _ in range(5):
+        torch.manual_seed(0)
+        with recheck.watch(raise_on_finding=False) as w:
+            _rrelu_step(torch.randn(32, 16, requires_grad=True))
+        reports.append(w.report)
+        if "recompute" in w.report.kinds:
+            break
+    assert "recompute" in reports[-1].kinds, str(reports[-1])
