@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recheck.commands import cost
+from recheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,9 +36,7 @@ STEP_FILE = textwrap.dedent(
 
 
 def run_command(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="recheck cost")
-    cost.add_arguments(parser)
-    return cost.run(parser.parse_args(list(argv)))
+    return main(["cost", *argv])
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import textwrap
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recheck.commands import cost
+from recheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "fixtures" / "pipeline" / "pipeline_steps.py"
@@ -36,9 +35,7 @@ RANK_STEPS = textwrap.dedent(
 
 
 def run_command(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="recheck cost")
-    cost.add_arguments(parser)
-    return cost.run(parser.parse_args(list(argv)))
+    return main(["cost", *argv])
 
 
 def test_plan_prints_the_prediction(capsys):
