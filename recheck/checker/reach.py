@@ -48,12 +48,13 @@ def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     """Global names a code object (and the code nested in it) reads and writes.
 
     Code objects are immutable, so the answer is cached per code object: watch() asks
-    again for every region of every block.
+    again for every region of every block.  ``LOAD_NAME`` counts as a read: a class
+    statement inside the function loads the globals its body uses that way.
     """
     reads: set[str] = set()
     writes: set[str] = set()
     for instruction in dis.get_instructions(code):
-        if instruction.opname == "LOAD_GLOBAL":
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
             reads.add(str(instruction.argval))
         elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             writes.add(str(instruction.argval))

@@ -22,6 +22,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from recheck.cost.schedules import KINDS as SCHEDULE_KINDS
 from recheck.cost.units import parse_bytes
 
 NAME = "cost"
@@ -100,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pipeline.add_argument("--plan", action="store_true",
                           help="predict per-stage retained and observed peaks from one microbatch run in one process "
                           "(each stage's forward inside recheck.tag(stage=s))")
-    pipeline.add_argument("--schedule", choices=("gpipe", "1f1b"), help="with --plan: the schedule to lay out")
+    pipeline.add_argument("--schedule", choices=SCHEDULE_KINDS, help="with --plan: the schedule to lay out")
     pipeline.add_argument("--microbatches", type=_positive("--microbatches", 100_000), metavar="M",
                           help="with --plan: microbatches per step")
     pipeline.add_argument("--stages", type=_positive("--stages", 4096), metavar="S",
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _target_spec(target: str) -> str:
-    location, colon, name = target.rpartition(":") if target.count(":") else (target, "", "")
+    _, colon, name = target.rpartition(":")
     if not colon or not name or "/" in name or "\\" in name:
         return f"{target}:{_DEFAULT_FUNCTION}"
     return target
@@ -149,10 +150,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         (target,) = load_target(_target_spec(ns.target))
     except TargetError as exc:
-        print(f"recheck cost: error: {exc}", file=sys.stderr)
-        if exc.user_traceback:
-            print(exc.user_traceback, file=sys.stderr, end="")
-        return 2
+        return _error(str(exc), exc.user_traceback or "")
     if ns.plan:
         return _run_plan(ns, target.factory, target.label)
     from recheck.cost.compare import measure
@@ -161,8 +159,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         comparison = measure(target.factory, repeats=ns.repeats, budget=ns.budget)
     except Exception as exc:  # the user's step failed, or it is not a step: say so, no traceback dump
-        print(f"recheck cost: error: measuring {target.label} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return _error(f"measuring {target.label} failed: {type(exc).__name__}: {exc}")
     if ns.format == "json":
         print(comparison.to_json())
     else:
@@ -171,8 +168,7 @@ def run(ns: argparse.Namespace) -> int:
         try:
             written = comparison.plot(ns.plot)
         except PlotError as exc:
-            print(f"recheck cost: error: {exc}", file=sys.stderr)
-            return 2
+            return _error(str(exc))
         print(f"recheck cost: memory plot written to {written}", file=sys.stderr)
     return 0
 

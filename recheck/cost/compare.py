@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from recheck.cost import budget as budget_fit
-from recheck.cost.peak import cuda_peak, synchronize
+from recheck.cost.peak import cuda_peak
 from recheck.cost.results import BudgetEstimate, ModeResult, RegionResult, rank_regions
 from recheck.cost.router import MODES, ROUTER_MODE, RegionStats, Router, routing
 from recheck.cost.state import StepState, discover_state
@@ -30,8 +30,6 @@ from recheck.cost.units import parse_bytes
 from recheck.cost.work import Work
 
 __all__ = ["Comparison", "measure"]
-
-#: The two modes: checkpoints run as written, and every checkpoint bypassed.
 
 
 @dataclass
@@ -121,11 +119,10 @@ def _timed_runs(
     for index in range(repeats):
         restore()
         router.reset(ROUTER_MODE[mode])
-        with cuda_peak(state) as peak:
-            synchronize(state)
+        with cuda_peak(state) as peak:  # entering waits for queued device work
             started = time.perf_counter()
             step()
-            synchronize(state)
+            peak.synchronize()
             seconds.append(time.perf_counter() - started)
         if index == 0 and peak.result is not None:
             cuda = peak.result.to_dict()

@@ -154,20 +154,10 @@ class Ledger:
                 del self.entries[key]
             self._sample()
 
-    def is_held(self, key: int) -> bool:
-        """Whether autograd holds the storage ``key`` now."""
-        entry = self.entries.get(key)
-        return entry is not None and entry.holders > 0
-
     def nbytes(self, key: int) -> int:
         """Size of the followed storage ``key`` (0 when not followed)."""
         entry = self.entries.get(key)
         return 0 if entry is None else entry.nbytes
-
-    def alive(self, key: int) -> bool:
-        """Whether the storage ``key`` is still allocated."""
-        entry = self.entries.get(key)
-        return entry is not None and entry.ref() is not None
 
     def _on_death(self, key: int, _ref: Any) -> None:
         self._died(key)

@@ -17,7 +17,7 @@ import torch
 
 from recheck.cost.state import StepState
 
-__all__ = ["CudaPeak", "cuda_in_use", "cuda_peak", "synchronize"]
+__all__ = ["CudaPeak", "cuda_in_use", "cuda_peak"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,11 @@ class cuda_peak:
             self.before = torch.cuda.memory_allocated(self.device)
         return self
 
+    def synchronize(self) -> None:
+        """Wait for queued device work (so a wall-clock time covers it); no-op off CUDA."""
+        if self.active:
+            torch.cuda.synchronize(self.device)
+
     def __exit__(self, *exc: object) -> None:
         if self.active:
             torch.cuda.synchronize(self.device)
@@ -80,9 +85,3 @@ class cuda_peak:
                 reserved=torch.cuda.max_memory_reserved(self.device),
                 allocated_before=self.before,
             )
-
-
-def synchronize(state: StepState) -> None:
-    """Wait for queued device work (so a wall-clock time covers it); no-op on CPU."""
-    if cuda_in_use(state):
-        torch.cuda.synchronize()

@@ -231,8 +231,7 @@ def predict(measurement: PlanMeasurement, kind: str, microbatches: int, num_stag
         order = order_for(kind, stages, s, microbatches)
         bundle, shared, extra, peak = {}, {}, {}, {}
         for mode, figures in plan_stage.bundles.items():
-            held = sum(figures.bundle_bytes.values())
-            bundle[mode] = held - figures.input_bytes
+            bundle[mode] = plan_stage.bundle_bytes(mode) - figures.input_bytes
             shared[mode] = microbatches * figures.input_bytes
             extra[mode] = figures.backward_extra
             peak[mode] = predict_retained_peak(order, PeakModel(bundle[mode], extra[mode], shared[mode]))
@@ -247,9 +246,9 @@ def predict(measurement: PlanMeasurement, kind: str, microbatches: int, num_stag
                 fixed=plan_stage.parameter_bytes + plan_stage.optimizer_bytes + comm + microbatches * windows.data,
                 gradients=plan_stage.gradient_bytes,
                 gradients_absent=windows.gradients_absent,
-                bundle=sum(figures.bundle_bytes.values()) - figures.input_bytes - figures.received_bytes,
+                bundle=bundle[mode] - figures.received_bytes,
                 kept=windows.kept,
-                sent_gradient=0 if s == 0 else plan_stage.bundles["bypassed"].received_bytes,
+                sent_gradient=0 if s == 0 else received,
                 forward_rise=windows.forward_rise,
                 first_backward_rise=windows.backward_rise,
                 backward_rise=windows.backward_rise_with_gradients,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.ledger import storage_key
 from recheck.cost.router import MODES, ROUTER_MODE
 from recheck.cost.schedules import (
     PeakModel,
@@ -36,7 +37,7 @@ __all__ = ["NotAPipeline", "StageMode", "StageReport", "measure_rank", "rank_ent
 
 
 class NotAPipeline(Exception):
-    """The step does not run a ``torch.distributed.pipelining`` schedule, or STEP is not a factory."""
+    """The step does not run a ``torch.distributed.pipelining`` schedule."""
 
 
 @dataclass
@@ -127,20 +128,17 @@ def comm_buffers(stage: Any) -> list[Any]:
 
 
 def _buffer_bytes(buffers: list[Any]) -> int:
-    storages = {int(b.untyped_storage()._cdata): int(b.untyped_storage().nbytes()) for b in buffers}
+    storages = {storage_key(s): int(s.nbytes()) for s in (b.untyped_storage() for b in buffers)}
     return sum(storages.values())
 
 
-def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport]:
+def measure_rank(step: Callable[[], Any], rank: int) -> list[StageReport]:
     """Trace this rank's step in both modes; one report per stage the rank holds."""
     from recheck.cost.router import Router, routing
     from recheck.cost.state import discover_state
     from recheck.cost.trace import Tracer
     from recheck.watcher import pipelining
 
-    step = step_factory()
-    if not callable(step):
-        raise NotAPipeline(f"STEP must return the zero-argument step to run on this rank, got {type(step).__name__}")
     router = Router()
     with routing(router):
         router.reset("checkpoint")
@@ -160,10 +158,10 @@ def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport
         known = {id(t) for t in state.tensors}
         state.tensors += [b for found in buffers.values() for b in found if id(b) not in known]
         restore = state.snapshot()
-        reports = {
-            stage.stage_index: _report(schedule, stage, rank, len(stages), _buffer_bytes(buffers[stage.stage_index]))
-            for stage in stages
-        }
+        reports, orders = {}, {}
+        for stage in stages:
+            index = stage.stage_index
+            reports[index], orders[index] = _report(schedule, stage, rank, len(stages), _buffer_bytes(buffers[index]))
         try:
             for mode in MODES:
                 restore()
@@ -179,20 +177,19 @@ def measure_rank(step_factory: Callable[[], Any], rank: int) -> list[StageReport
                     pipelining.release(tracker)
                 ledger = tracer.trace.ledger
                 for index, report in reports.items():
-                    report.modes[mode] = _stage_mode(report, tracker.figures(index), ledger.saved_peak,
-                                                     ledger.observed_peak, schedule)
-                    report.modes[mode].peak_breakdown = dict(ledger.peak_breakdown)
-                    report.modes[mode].phase_peaks = dict(ledger.phase_peaks)
+                    report.modes[mode] = _stage_mode(orders[index], tracker.figures(index), ledger)
         finally:
             restore()
     return list(reports.values())
 
 
-def _report(schedule: Any, stage: Any, rank: int, stages_on_rank: int, comm_bytes: int) -> StageReport:
+def _report(schedule: Any, stage: Any, rank: int, stages_on_rank: int,
+            comm_bytes: int) -> tuple[StageReport, list[Any] | None]:
+    """The stage's report (figures per mode still to come) and its order of actions."""
     num_stages = int(getattr(stage, "num_stages", 1))
     microbatches = int(getattr(schedule, "_n_microbatches", 0))
     order = order_of_schedule(schedule, stage.stage_index, num_stages, microbatches)
-    return StageReport(
+    report = StageReport(
         rank=rank,
         stage=stage.stage_index,
         num_stages=num_stages,
@@ -202,15 +199,16 @@ def _report(schedule: Any, stage: Any, rank: int, stages_on_rank: int, comm_byte
         comm_buffer_bytes=comm_bytes,
         stages_on_rank=stages_on_rank,
     )
+    return report, order
 
 
-def _stage_mode(report: StageReport, bundles: StageBundles, retained: int, observed: int, schedule: Any) -> StageMode:
-    order = order_of_schedule(schedule, report.stage, report.num_stages, report.microbatches)
+def _stage_mode(order: list[Any] | None, bundles: StageBundles, ledger: Any) -> StageMode:
     predicted = None
     if order:
         model = PeakModel(max(bundles.bundle_bytes.values(), default=0), bundles.backward_extra, bundles.shared_bytes)
         predicted = predict_retained_peak(order, model)
-    return StageMode(bundles, retained, observed, predicted)
+    return StageMode(bundles, ledger.saved_peak, ledger.observed_peak, predicted,
+                     dict(ledger.peak_breakdown), dict(ledger.phase_peaks))
 
 
 def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[StageReport] | str]:
@@ -245,7 +243,7 @@ def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[S
             results[spec] = f"rank {other} of {world_size}: {text}"
             continue
         try:
-            results[spec] = measure_rank(lambda built=step: built, rank)
+            results[spec] = measure_rank(step, rank)
         except NotAPipeline as exc:
             results[spec] = f"rank {rank} of {world_size}: {exc}"
     return results

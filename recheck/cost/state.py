@@ -12,7 +12,6 @@ references.  Callers can also pass them explicitly.
 from __future__ import annotations
 
 import copy
-import dis
 import functools
 import inspect
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from recheck.checker.reach import code_globals
 from recheck.checker.values import RngRecord
 
 __all__ = ["StepState", "discover_state"]
@@ -191,8 +191,7 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
                 _visit(cell.cell_contents, state, seen, depth + 1)
             except ValueError:  # an empty cell
                 pass
-        names = _names_used(obj.__code__)
-        for name in names:
+        for name in code_globals(obj.__code__)[0]:
             if name in obj.__globals__:
                 value = obj.__globals__[name]
                 if not inspect.ismodule(value) and not inspect.isclass(value):
@@ -216,12 +215,3 @@ def _is_schedule(obj: Any) -> bool:
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
     base = getattr(schedules, "_PipelineSchedule", None)
     return base is not None and isinstance(obj, base)
-
-
-def _names_used(code: Any) -> set[str]:
-    """Global names ``code`` loads (attribute names such as ``opt.step`` are not globals)."""
-    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            names |= _names_used(const)
-    return names

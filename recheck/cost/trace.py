@@ -32,7 +32,7 @@ from recheck.cost.router import RegionCall, Router
 from recheck.cost.state import StepState
 from recheck.cost.work import Work, op_work
 
-__all__ = ["PHASES", "StepTrace", "Tracer"]
+__all__ = ["PHASES", "StepTrace", "Tracer", "tensor_storage"]
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -49,7 +49,8 @@ class StepTrace:
     operators: int = 0
 
 
-def _storage(t: Any) -> Any | None:
+def tensor_storage(t: Any) -> Any | None:
+    """The untyped storage of a tensor, or None (not a tensor, sparse, meta, no storage)."""
     if not isinstance(t, torch.Tensor) or t.is_sparse or t.device.type == "meta":
         return None
     try:
@@ -99,19 +100,19 @@ class Tracer:
     def __enter__(self) -> Tracer:
         ledger = self.trace.ledger
         for tensor in [*self.state.parameters(), *self.state.buffers()]:
-            storage = _storage(tensor)
+            storage = tensor_storage(tensor)
             if storage is not None:
                 self.excluded.add(ledger.track(storage, "parameters"))
         for p in self.state.parameters():
-            if p.grad is not None and (storage := _storage(p.grad)) is not None:
+            if p.grad is not None and (storage := tensor_storage(p.grad)) is not None:
                 ledger.track(storage, "gradients")
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
         for tensor in self.state.optimizer_tensors():
-            if (storage := _storage(tensor)) is not None:
+            if (storage := tensor_storage(tensor)) is not None:
                 ledger.track(storage, "optimizer_state")
         for tensor in self.state.tensors:
-            if (storage := _storage(tensor)) is not None:
+            if (storage := tensor_storage(tensor)) is not None:
                 ledger.track(storage, "other")
         for opt in self.state.optimizers:
             self._handles.append(opt.register_step_pre_hook(self._optimizer_begins))
@@ -149,16 +150,16 @@ class Tracer:
         self.in_optimizer -= 1
         for st in optimizer.state.values():
             for value in st.values():
-                if (storage := _storage(value)) is not None:
+                if (storage := tensor_storage(value)) is not None:
                     self.trace.ledger.set_base(storage, "optimizer_state")
 
     def _grad_ready(self, param: torch.Tensor) -> None:
-        if param.grad is not None and (storage := _storage(param.grad)) is not None:
+        if param.grad is not None and (storage := tensor_storage(param.grad)) is not None:
             self.trace.ledger.set_base(storage, "gradients")
 
     # -- autograd's saved tensors ----------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> Any:
-        storage = _storage(tensor)
+        storage = tensor_storage(tensor)
         if storage is None:
             return tensor
         key = storage_key(storage)
@@ -212,7 +213,7 @@ class Tracer:
         innermost = calls[-1] if calls else None
         ledger = trace.ledger
         for leaf in tree_leaves(out):
-            storage = _storage(leaf)
+            storage = tensor_storage(leaf)
             if storage is None:
                 continue
             key = storage_key(storage)

@@ -43,6 +43,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from recheck.cost.ledger import storage_key
+from recheck.cost.trace import tensor_storage
 from recheck.watcher.tags import current_tags
 
 __all__ = ["StageWindows", "WindowFigures", "supported"]
@@ -86,15 +87,6 @@ class _Window:
 def _metadata(node: Any) -> dict[str, Any]:
     """An autograd node's metadata dict (a property at run time; torch's stubs call it a method)."""
     return cast("dict[str, Any]", node.metadata)
-
-
-def _tensor_storage_key(t: Any) -> int | None:
-    if not isinstance(t, torch.Tensor) or t.is_sparse or t.device.type == "meta":
-        return None
-    try:
-        return storage_key(t.untyped_storage())
-    except (RuntimeError, NotImplementedError):
-        return None
 
 
 class StageWindows:
@@ -201,8 +193,11 @@ class StageWindows:
         if stage is None or stage < 0:
             return
         for leaf in tree_leaves((args, kwargs)):
-            key = _tensor_storage_key(leaf)
-            if key is not None and self.created_in.get(key, 0) == _BEFORE_STAGES:
+            storage = tensor_storage(leaf)
+            if storage is None:
+                continue
+            key = storage_key(storage)
+            if self.created_in.get(key, 0) == _BEFORE_STAGES:
                 self.data_keys.setdefault(stage, {})[key] = self.ledger.nbytes(key)
 
     # -- windows ------------------------------------------------------------------------------
