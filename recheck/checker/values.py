@@ -10,6 +10,7 @@ These are re-exported by :mod:`recheck.checker.state`.
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import zlib
@@ -24,6 +25,7 @@ __all__ = ["MISSING", "Observed", "RngRecord", "fingerprint", "rng_fingerprint",
            "rng_summary", "show"]
 
 _MAX_ITEMS = 4096
+_LOGGERS = (logging.Logger, logging.LoggerAdapter)
 _MAX_DEPTH = 3
 
 
@@ -48,6 +50,12 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
     ``__dict__`` one level deep; modules, functions, generators (whose streams are
     compared as RNG state) and other objects by identity.
+
+    A logger (transformers' modules all read theirs) is compared by what decides what a
+    call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
+    ``__dict__`` would reach its lookup cache (filled by the first call at each level) and
+    the manager's registry of every logger in the process (grown by any import, torch's
+    own during the first backward), which change without changing the region.
     """
     if value is None or isinstance(value, (bool, int, str, bytes)):
         return (type(value).__name__, value)
@@ -60,6 +68,10 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                 value.requires_grad, digest(value))
     if isinstance(value, torch.Generator):
         return ("generator", id(value))  # its stream is compared as ``rng``
+    if isinstance(value, _LOGGERS):
+        logger = value.logger if isinstance(value, logging.LoggerAdapter) else value
+        return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
+                tuple(map(id, logger.handlers)))
     if depth <= 0 or isinstance(value, (torch.nn.Module, type)) or callable(value):
         return ("id", type(value).__name__, id(value))
     if isinstance(value, (list, tuple)):

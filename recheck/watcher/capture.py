@@ -9,7 +9,6 @@ watching many invocations: a per-region cache of the static reach, and module st
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable
 
 import torch
@@ -18,7 +17,7 @@ from recheck.checker.reach import Reach, static_reach
 from recheck.checker.values import MISSING, fingerprint, rng_states, show
 from recheck.watcher.prints import Store, print_tensor
 
-__all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_print", "global_text", "module_state",
+__all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
            "parameters_of", "reach_of", "with_submodules"]
 
 #: (module name, "buffer" | "attribute", name) -> print or fingerprint
@@ -152,12 +151,11 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
                 ) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
     """RNG streams, globals read and parameter versions as comparable values; globals also as text.
 
-    The keys and texts are those of ``recheck.checker.observe.Probe.read``; the values
-    differ where it matters when every invocation is read four times: RNG states are
-    compared as raw bytes (``rng_fingerprint`` digests the 5 kB CPU state each time),
-    loggers by their configuration (:func:`global_print`), ``rng_only`` skips globals and
-    parameters, and ``with_text=False`` skips the texts (a recompute only needs the text
-    of what differs: :func:`global_text`).
+    The texts and the keys of globals and RNG streams are those of
+    ``recheck.checker.observe.Probe.read`` (a parameter's key is its name); RNG states are
+    compared as the raw bytes :func:`_exact` takes, since every invocation is read four
+    times.  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
+    texts (a recompute only needs the text of what differs: :func:`global_text`).
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
@@ -168,7 +166,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = ("global", f"global `{ref.display}`")
-        values[key] = global_print(value)
+        values[key] = fingerprint(value)
         if with_text:
             shown[key] = show(value)
     for name, parameter in parameters_of(reach).items():
@@ -185,25 +183,6 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
             if subject == f"global `{ref.display}`":
                 return show(ref.namespace.get(ref.name, MISSING))
     return "?"
-
-
-_LOGGERS = (logging.Logger, logging.LoggerAdapter)
-
-
-def global_print(value: Any) -> Any:
-    """The comparable form of a global a region reads: ``fingerprint``, except for loggers.
-
-    A logger (transformers' modules all read theirs) is compared by what decides what a
-    call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
-    ``fingerprint`` would walk its lookup cache (filled by the first call at each level,
-    inside the forward) and the manager's registry of every logger in the process (grown
-    by any import), which change without changing the region, and it cost 1.6 ms per read.
-    """
-    if isinstance(value, _LOGGERS):
-        logger = value.logger if isinstance(value, logging.LoggerAdapter) else value
-        return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
-                tuple(map(id, logger.handlers)))
-    return fingerprint(value)
 
 
 def _exact(state: Any) -> Any:

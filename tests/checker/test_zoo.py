@@ -167,3 +167,13 @@ def test_cli_text_output_names_the_hazards(zoo) -> None:
     assert hazard_text.count(FIRST_LINE) == 1 and "buffer" in hazard_text
     assert FIRST_LINE not in safe_text
     assert "1 with findings" in result.stdout and "1 clean" in result.stdout
+
+
+def test_a_logger_read_as_a_global_is_not_state_in_a_fresh_process(zoo) -> None:
+    # The first check in a process fills the logger's level cache and torch registers its
+    # own loggers during the first backward: a logger compared by its __dict__ differed
+    # ("state: global `zoo.LOG` differs"); it is compared by its configuration.
+    result = _run_cli(f"{ZOO_FILE}:region_logging", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    (entry,) = json.loads(result.stdout)["reports"]
+    assert {f["kind"] for f in entry["findings"]} == zoo.EXPECTED["region_logging"] == {"side_effect"}
