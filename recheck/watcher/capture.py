@@ -47,7 +47,8 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     while seen < 8:
         seen += 1
         if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
-            holders.extend(a for a in function.args if isinstance(a, torch.nn.Module))
+            bound = (*function.args, *getattr(function, "keywords", {}).values())
+            holders.extend(a for a in bound if isinstance(a, (torch.nn.Module, torch.Generator)))
             function = function.func
         elif isinstance(function, torch.nn.Module):
             holders.append(function)

@@ -72,3 +72,23 @@ def test_a_logger_whose_level_changes_between_forward_and_recompute_is_reported(
     finally:
         LOG.setLevel(before)
     assert "global" in w.report.kinds, str(w.report)
+
+
+def _apply(t: torch.Tensor, block: nn.Module) -> torch.Tensor:
+    return block(t)
+
+
+def test_partials_bound_to_other_keyword_modules_have_their_own_reach():
+    # the reach cache is keyed by the code and what it is bound to: a partial's keyword
+    # arguments count, or every block would share the first one's reach
+    from functools import partial
+
+    from recheck.watcher.capture import reach_of
+
+    first, second = nn.Linear(2, 2), nn.Linear(2, 2)
+    cache: dict = {}
+    reach_first = reach_of(partial(_apply, block=first), cache)
+    reach_second = reach_of(partial(_apply, block=second), cache)
+    assert reach_first is not reach_second
+    assert id(second) in reach_second.modules and id(second) not in reach_first.modules
+    assert reach_of(partial(_apply, block=first), cache) is reach_first
