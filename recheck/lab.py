@@ -121,14 +121,6 @@ class WorkingSetLab:
             self.requests += 1
         return served
 
-    def predict_hits(self, count: int) -> int:
-        """Hits the next ``count`` requests will score, computed on a copy."""
-        shadow = WorkingSetLab.__new__(WorkingSetLab)
-        shadow.capacity, shadow.stride = self.capacity, self.stride
-        shadow.requests, shadow.hits = self.requests, self.hits
-        shadow.cache = OrderedDict(self.cache)
-        return sum(a.hit for a in shadow.step(count))
-
     def describe_setup(self) -> str:
         fits = "fits" if self.capacity >= self.working_set else "does not fit"
         return (

@@ -315,9 +315,10 @@ def digest(t: torch.Tensor) -> int:
         head = _mix_int(head ^ (size + 0x9E3779B9))
     if t.device.type == "meta" or t.numel() == 0:
         return (_mix_int(head) << 64) | _mix_int(head ^ 0x5A5A)
-    words = bit_view(t).reshape(-1).to(torch.int64)
+    bits = bit_view(t)
+    words = bits.reshape(-1).to(torch.int64)
     if t.element_size() < 8:
-        words = words & ((1 << (8 * bit_view(t).element_size())) - 1)
+        words = words & ((1 << (8 * bits.element_size())) - 1)
     index = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
     lane1 = _splitmix(words ^ _splitmix(index * _GOLDEN + 1)).sum()
     lane2 = _splitmix(words * _M2 + _splitmix(index ^ _M1)).sum()

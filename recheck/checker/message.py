@@ -13,9 +13,7 @@ import inspect
 import os
 from typing import Any, Callable
 
-from recheck.checker.bits import TensorDiff
-
-__all__ = ["configuration_text", "hint", "region_name", "tensor_detail", "title", "value_detail"]
+__all__ = ["configuration_text", "hint", "region_name", "title", "value_detail"]
 
 #: What the hint says for each rule, before pointing at the document.
 _RULE_ADVICE = {
@@ -94,11 +92,6 @@ def configuration_text(use_reentrant: bool, preserve_rng_state: bool, early_stop
 def title(region: str, configuration: str) -> str:
     """The block under the first line: region, then configuration."""
     return f"region         {region}\nconfiguration  {configuration}"
-
-
-def tensor_detail(diff: TensorDiff) -> str:
-    """The multi-line detail of a tensor difference (see :meth:`TensorDiff.lines`)."""
-    return "\n".join(diff.lines())
 
 
 def value_detail(original: str, recomputed: str, labels: tuple[str, str] = ("original", "recomputed")) -> str:

@@ -117,25 +117,22 @@ def run(ns: argparse.Namespace) -> int:
     except TargetError as exc:
         return _error(str(exc), exc.user_traceback)
     reports: list[tuple[str, Report]] = []
+    overrides = _overrides(ns)
     for target in targets:
-        options = {**target.options, **_overrides(ns)}
+        options = {**target.options, **overrides}
         try:
             region = build_region(target)
             with contextlib.redirect_stdout(sys.stderr):  # the region's prints stay off stdout
                 report = check(region.fn, *region.args, **region.kwargs, **options)
         except TargetError as exc:
             return _error(str(exc), exc.user_traceback)
-        except (RegionError, TypeError, ValueError) as exc:
-            if isinstance(exc, RegionError):
-                return _error(f"{target.label}: {exc}")
-            return _error(f"{target.label}: the region raised {type(exc).__name__}: {exc}",
-                          user_frames(exc))
+        except RegionError as exc:
+            return _error(f"{target.label}: {exc}")
         except Exception as exc:  # the region's own error, re-raised by check()
             return _error(f"{target.label}: the region raised {type(exc).__name__}: {exc}",
                           user_frames(exc))
-        title = f"target         {target.label}\n{report.title or ''}".rstrip()
-        reports.append((target.label, Report(report.findings, title=title, notes=report.notes,
-                                             stats=report.stats)))
+        report.title = f"target         {target.label}\n{report.title or ''}".rstrip()
+        reports.append((target.label, report))
     dirty = [r for _, r in reports if not r.ok]
     differences = sum(len(r) for r in dirty)
     summary = (f"recheck: checked {len(reports)} region{'s' if len(reports) != 1 else ''}: "

@@ -17,10 +17,6 @@ class Place:
     world_size: int
     backend: str | None = None
 
-    @property
-    def is_leader(self) -> bool:
-        return self.rank == 0
-
     def __str__(self) -> str:
         return f"rank {self.rank} of {self.world_size}"
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 from recheck.watcher.tags import current_tags, tag
 
-__all__ = ["PHASES", "STAGE_MODULE", "ChunkAction", "ChunkListener", "acquire", "installed", "release"]
+__all__ = ["STAGE_MODULE", "ChunkAction", "ChunkListener", "acquire", "installed", "release"]
 
 #: The module holding the stage base class whose chunk methods are wrapped.
 STAGE_MODULE = "torch.distributed.pipelining.stage"
@@ -37,7 +37,6 @@ _METHODS = {
     "backward_one_chunk": ("backward", "bwd_chunk_id"),
     "backward_weight_one_chunk": ("backward_weight", "bwd_chunk_id"),
 }
-PHASES = tuple(phase for phase, _ in _METHODS.values())
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["RegionKey", "describe", "call_site", "owner_module", "unwrap"]
+__all__ = ["RegionKey", "describe", "call_site", "unwrap"]
 
 _SKIPPED_DIRS = tuple(
     str(Path(module.__file__).resolve().parent) + os.sep
@@ -66,12 +66,6 @@ def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
         else:
             break
     return (function if hasattr(function, "__code__") else None), owner
-
-
-def owner_module(function: Any) -> torch.nn.Module | None:
-    """The module a checkpointed callable belongs to (partial/bound method/module), or None."""
-    _, owner = unwrap(function)
-    return owner if isinstance(owner, torch.nn.Module) else None
 
 
 def _relative(path: str) -> str:
