@@ -30,6 +30,9 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+#: What reading a damaged or foreign pickle can raise: the entry is ignored.
+_UNREADABLE = (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError)
+
 class FactsCache:
     """Phase-one facts by content hash; ``directory=None`` disables caching.
 
@@ -64,7 +67,7 @@ class FactsCache:
                         pack = pickle.load(handle)
                     if isinstance(pack, dict):
                         self._pack = pack
-                except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+                except _UNREADABLE:
                     pass
         return self._pack
 
@@ -97,22 +100,14 @@ class FactsCache:
         try:
             with self.results_path.open("rb") as handle:
                 stored_key, result = pickle.load(handle)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+        except _UNREADABLE:
             return None
         return result if stored_key == key else None
 
     def put_result(self, key: str, result: object) -> None:
         """Remember the last tree's phase-two result (one entry: the tree linted last)."""
-        if self.folder is None:
-            return
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(handle, "wb") as stream:
-                pickle.dump((key, result), stream, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(temporary, self.results_path)
-        except OSError:
-            pass
+        if self.folder is not None:
+            self._dump(self.results_path, (key, result))
 
     def flush(self) -> None:
         """Write the pack if this run added to it (stale entries are dropped when it grows)."""
@@ -121,6 +116,13 @@ class FactsCache:
         pack = self._load()
         if len(pack) > 4 * max(len(self._used), 1):
             pack = {k: v for k, v in pack.items() if k in self._used}
+        self._dump(self.pack_path, pack)
+        self._dirty = False
+
+    def _dump(self, path: Path, value: object) -> None:
+        """Write ``value`` to ``path`` atomically, in a cache folder tagged as one (a
+        ``CACHEDIR.TAG`` and a ``.gitignore``); a cache that cannot be written is skipped."""
+        assert self.folder is not None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tag = self.folder.parent / "CACHEDIR.TAG"
@@ -129,8 +131,7 @@ class FactsCache:
                 (self.folder.parent / ".gitignore").write_text("*\n")
             handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
             with os.fdopen(handle, "wb") as stream:
-                pickle.dump(pack, stream, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(temporary, self.pack_path)
+                pickle.dump(value, stream, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(temporary, path)
         except OSError:
             pass
-        self._dirty = False

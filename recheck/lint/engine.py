@@ -32,7 +32,6 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 #: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func.
 #: It starts with a literal so that the regex engine scans for it quickly.
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
-IMPLICIT_REGIONS = "GradientCheckpointingLayer"
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 8
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
@@ -150,7 +149,7 @@ class _Run:
 
     def is_candidate(self, text: str) -> bool:
         """The text pre-filter: can this file hold a checkpoint call or an implicit region?"""
-        return IMPLICIT_REGIONS in text or any(p.search(text) for p in self.patterns)
+        return any(base in text for base in CHECKPOINTING_BASES) or any(p.search(text) for p in self.patterns)
 
 
 def _read(paths: list[Path], run: _Run) -> None:
@@ -204,7 +203,8 @@ def _lint(run: _Run) -> LintResult:
     result = LintResult(errors=sorted(run.errors, key=lambda e: e.path))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
-    result.stats = {"files": len(run.sources) + len(run.errors), **stats}
+    unread = sum(error.path not in run.sources for error in run.errors)  # files that failed to parse are sources
+    result.stats = {"files": len(run.sources) + unread, **stats}
     return result
 
 

@@ -13,9 +13,8 @@ from recheck.findings import Finding
 from recheck.lint.files import FileError
 from recheck.lint.rules import FIXABLE
 
-__all__ = ["FORMATS", "render", "statistics", "summary"]
+__all__ = ["render", "statistics", "summary"]
 
-FORMATS = ("text", "json", "sarif", "github")
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
@@ -128,7 +127,7 @@ def _relative_uri(path: str, root: Path) -> str:
 
 
 def render(kind: str, findings: list[Finding], errors: list[FileError], *, root: Path, version: str = "0") -> str:
-    """The findings in one of :data:`FORMATS` (text has no summary line; see :func:`summary`)."""
+    """The findings as text, json, sarif or github annotations (text has no summary line; see :func:`summary`)."""
     if kind == "json":
         return json.dumps([_json_record(f) for f in findings], indent=2)
     if kind == "sarif":

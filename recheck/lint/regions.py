@@ -111,7 +111,7 @@ class _Resolver:
                 yield None, base
 
 
-def find_regions(index: Index, display: dict[str, str] | None = None) -> list[Region]:
+def find_regions(index: Index) -> list[Region]:
     """Every region of the tree, in a stable order (by file, then line)."""
     resolver = _Resolver(index)
     regions: list[Region] = []

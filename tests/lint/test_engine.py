@@ -63,3 +63,24 @@ def test_files_sharing_a_module_name_are_all_linted(write, region_source, tmp_pa
     write("two/model.py", region_source)
     result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
     assert sorted({f.path for f in result.findings}) == ["one/model.py", "two/model.py"]
+
+
+def test_a_cache_holding_only_a_result_is_tagged_and_ignored_by_git(write, tmp_path, monkeypatch):
+    # a tree with no checkpoint text parses nothing, so only the phase-two result is
+    # written: its folder must still carry CACHEDIR.TAG and a .gitignore
+    monkeypatch.chdir(tmp_path)
+    write("a.py", "x = 1\n")
+    options = LintOptions(root=tmp_path, cache_dir=tmp_path / "cache", jobs=1)
+    assert lint_paths([Path(".")], options).stats["parsed"] == 0
+    assert (tmp_path / "cache" / f"lint-v{FORMAT_VERSION}" / "results.pickle").exists()
+    assert (tmp_path / "cache" / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert (tmp_path / "cache" / ".gitignore").read_text() == "*\n"
+
+
+def test_a_file_that_does_not_parse_is_counted_once(write, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write("broken.py", "from torch.utils.checkpoint import checkpoint\ncheckpoint(\n")
+    write("fine.py", "from torch.utils.checkpoint import checkpoint\ncheckpoint(f, x)\n")
+    result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    assert [e.path for e in result.errors] == ["broken.py"]
+    assert result.stats["files"] == 2
