@@ -82,7 +82,7 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
         runner.restore()
     ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=options.tolerance,
                   use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
-    written = frozenset(f"global `{ref.display}`" for ref in runner.reach.writes.values())
+    written = frozenset(ref.subject for ref in runner.reach.writes.values())
     findings = judge(ctx, plain, user, replay, runner.buffer_storages(), written)
     notes = []
     if not use_reentrant and user.saved is None:

@@ -58,7 +58,7 @@ class Probe:
             shown[("rng", name)] = rng_summary(state)
         for ref in list(self.reach.reads.values()):
             value = ref.namespace.get(ref.name, MISSING)
-            key = ("global", f"global `{ref.display}`")
+            key = ("global", ref.subject)
             values[key] = fingerprint(value)
             shown[key] = show(value)
         for name, parameter in self.parameters.items():

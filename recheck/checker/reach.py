@@ -42,6 +42,11 @@ class GlobalRef:
         """``module.NAME``."""
         return f"{self.module}.{self.name}"
 
+    @property
+    def subject(self) -> str:
+        """How findings and state keys name it: ``global `module.NAME```."""
+        return f"global `{self.display}`"
+
 
 @functools.lru_cache(maxsize=8192)
 def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:

@@ -98,7 +98,7 @@ class Runner:
             self._add_module(prefix, module)
         for key, ref in list(self.reach.writes.items()) + list(self.reach.reads.items()):
             add(("global", key), functools.partial(
-                ValueRecord, "state", f"global `{ref.display}`", ref.namespace, ref.name))
+                ValueRecord, "state", ref.subject, ref.namespace, ref.name))
         for name, tensor in list(self.reach.tensors.items()):
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
                 if add(("param", id(tensor)), functools.partial(

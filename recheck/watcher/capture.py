@@ -166,7 +166,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
         return values, shown
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
-        key = ("global", f"global `{ref.display}`")
+        key = ("global", ref.subject)
         values[key] = fingerprint(value)
         if with_text:
             shown[key] = show(value)
@@ -181,7 +181,7 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
     kind, subject = key
     if kind == "global":
         for ref in list(reach.reads.values()):
-            if subject == f"global `{ref.display}`":
+            if subject == ref.subject:
                 return show(ref.namespace.get(ref.name, MISSING))
     return "?"
 
