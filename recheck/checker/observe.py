@@ -18,7 +18,7 @@ import torch
 from recheck.checker.bits import bits_equal
 from recheck.checker.compare import flatten
 from recheck.checker.effects import Effect, EffectCapture
-from recheck.checker.reach import Reach, iter_tensors
+from recheck.checker.reach import Reach, input_tensors
 from recheck.checker.values import (MISSING, fingerprint, rng_fingerprint, rng_states,
                                     rng_summary, show)
 
@@ -68,18 +68,14 @@ class Probe:
         return values, shown
 
 
-def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
-    return list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))
-
-
 def _input_copies(args: tuple, kwargs: dict) -> dict[str, tuple[int, torch.Tensor]]:
-    return {path: (t._version, t.detach().clone()) for path, t in _input_tensors(args, kwargs)}
+    return {path: (t._version, t.detach().clone()) for path, t in input_tensors(args, kwargs)}
 
 
 def _input_exits(args: tuple, kwargs: dict,
                  entry: dict[str, tuple[int, torch.Tensor]]) -> dict[str, tuple[int, bool]]:
     return {path: (t._version, path in entry and bits_equal(t, entry[path][1]))
-            for path, t in _input_tensors(args, kwargs)}
+            for path, t in input_tensors(args, kwargs)}
 
 
 def _detached(value: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "input_tensors", "iter_tensors", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -247,3 +247,9 @@ def iter_tensors(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, t
     elif depth > 0 and isinstance(value, dict):
         for key, item in value.items():
             yield from iter_tensors(item, f"{path}[{key!r}]", depth - 1)
+
+
+
+def input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a region is called with, by ``args[0]``/``kwargs['x']`` path."""
+    return list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))

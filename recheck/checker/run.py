@@ -32,7 +32,7 @@ import torch
 from recheck.checker.bits import Tolerance, bits_equal
 from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
-from recheck.checker.reach import ModuleRecorder, Reach, iter_tensors, static_reach
+from recheck.checker.reach import ModuleRecorder, Reach, input_tensors, static_reach
 from recheck.checker.saved import MODE, SavedTensorLog, bitwise_determinism
 from recheck.checker.state import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
                                    RngRecord, Snapshot, TensorRecord, ValueRecord)
@@ -108,7 +108,7 @@ class Runner:
             else:
                 add(("tensor", id(tensor)), functools.partial(
                     TensorRecord, "state", f"tensor `{name}`", tensor))
-        for path, tensor in self._input_tensors():
+        for path, tensor in input_tensors(self.args, self.kwargs):
             if add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
                                                             tensor)):
                 self._inputs[path] = self.snapshot.records[-1]
@@ -144,9 +144,6 @@ class Runner:
         if id(module) not in self.reach.modules:
             self.reach.add_module(self.reach.name_unknown(module), module)
             self._sync()
-
-    def _input_tensors(self) -> list[tuple[str, torch.Tensor]]:
-        return list(iter_tensors(self.args, "args")) + list(iter_tensors(self.kwargs, "kwargs"))
 
     def restore(self) -> None:
         """Put back everything as it was before the check (nothing to do after a settled run)."""
@@ -243,9 +240,8 @@ class Runner:
 
     def _inputs_as_captured(self, args: tuple, kwargs: dict) -> bool:
         """True when every input tensor the forward got holds the bytes captured at the start."""
-        found = list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))
         return all(path in self._inputs and bits_equal(t, self._inputs[path].copy)
-                   for path, t in found)
+                   for path, t in input_tensors(args, kwargs))
 
     def replay(self, user: RunResult) -> RunResult | None:
         """Replay the whole recompute of the checkpointed run, as early_stop=False would.
@@ -271,7 +267,7 @@ class Runner:
         forward_rng = user.rng_at_forward
         with ModuleRecorder(self._on_module), warnings.catch_warnings(), torch.enable_grad():
             warnings.simplefilter("ignore")
-            devices = [t.device.index or 0 for _, t in self._input_tensors() if t.is_cuda]
+            devices = [t.device.index or 0 for _, t in input_tensors(self.args, self.kwargs) if t.is_cuda]
             with torch.random.fork_rng(devices=sorted(set(devices)),
                                        enabled=self.options.preserve_rng_state):
                 if self.options.preserve_rng_state and forward_rng is not None:
