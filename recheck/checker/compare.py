@@ -79,10 +79,8 @@ def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tenso
         message += " (metadata)"
     else:
         message += f" ({diff.mismatched:,} of {diff.numel:,} elements)"
-    code = code or ("CUDA" if original.device.type == "cuda" else None)
-    finding = ctx.finding(kind, subject, message, str(diff), None if code == "CUDA" else code,
-                          latent)
-    if code == "CUDA":
+    finding = ctx.finding(kind, subject, message, str(diff), code, latent)
+    if code is None and original.device.type == "cuda":
         finding = dataclasses.replace(finding, hint=(
             "CUDA kernels may be non-deterministic: run under "
             "torch.use_deterministic_algorithms(True), or pass atol/rtol/max_ulp"))
