@@ -122,12 +122,12 @@ def _drop_inert_counters(findings: list[Finding], written: frozenset[str]) -> li
     return [f for f in findings if not (f.kind == "global" and f.subject in written)]
 
 
-def _with_cause_hints(findings: list[Finding]) -> list[Finding]:
+def _with_cause_hints(ctx: Context, findings: list[Finding]) -> list[Finding]:
     causes = [f for f in findings if f.kind in _CAUSES and f.hint]
     if not causes:
         return findings
     cause = min(causes, key=lambda f: (f.latent, _CAUSES.index(f.kind)))
-    code = cause.hint.split("(")[-1].split(")")[0] if cause.hint else ""
+    code = code_for(cause.kind, cause.subject or "", ctx.preserve_rng_state)
     text = f"likely cause: {cause.message}"
     out = []
     for finding in findings:
@@ -170,4 +170,4 @@ def judge(ctx: Context, plain: RunResult, user: RunResult, replay: RunResult | N
     findings = _unique(findings)
     order = {kind: index for index, kind in enumerate(DYNAMIC_KINDS)}
     findings.sort(key=lambda f: (f.latent, order.get(f.kind, 99)))
-    return _with_cause_hints(findings)
+    return _with_cause_hints(ctx, findings)
