@@ -45,24 +45,25 @@ class Forward:
     unprinted: list[tuple[SavedPrint, torch.Tensor]] = field(default_factory=list)
     #: indices of saved tensors that are module buffers (compared as buffers, not here)
     saved_buffers: set[int] = field(default_factory=set)
-    buffer_storage: dict[int, str] = field(default_factory=dict)
+    #: data pointers of the reached modules' buffers, and how many modules they cover
+    buffer_pointers: frozenset[int] = frozenset()
     buffer_modules: int = -1
     #: the modules the callable names directly, then those the forward ran, by id
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: those modules and their submodules, named: whose state is compared
     state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
 
-    def buffer_named(self, tensor: torch.Tensor) -> str | None:
-        """The name of the module buffer ``tensor`` is (by storage), or None."""
+    def is_buffer(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
         if self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = len(self.reach.modules)
-            self.buffer_storage = {
-                buffer.data_ptr(): f"{name}.{buffer_name}" if name else buffer_name
-                for name, module in list(self.reach.modules.values())
-                for buffer_name, buffer in module._buffers.items()
+            self.buffer_pointers = frozenset(
+                buffer.data_ptr()
+                for _, module in list(self.reach.modules.values())
+                for buffer in module._buffers.values()
                 if buffer is not None and buffer.numel()
-            }
-        return self.buffer_storage.get(tensor.data_ptr()) if tensor.numel() else None
+            )
+        return bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
 
 
 class SavedPrint:
@@ -179,7 +180,7 @@ class InvocationRecord:
             saved = SavedPrint(base, None, self, index)
             forward.saved.append(saved)
             forward.unprinted.append((saved, tensor.detach()))
-            if forward.buffer_named(tensor) is not None:
+            if forward.is_buffer(tensor):
                 forward.saved_buffers.add(index)
             return saved
         return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
