@@ -1,8 +1,8 @@
 """Architecture: imports only run downward, there are no cycles, and no module is a monolith.
 
 Layers, bottom to top:
-  0  recheck.findings                       data types
-  1  recheck.catalogue, config, lab          foundation services (no torch, no libcst)
+  0  recheck.findings, output.text           data types (and the text they render as)
+  1  recheck.catalogue, config, lab, output  foundation services (no torch, no libcst)
   2  recheck.checker/lint/watcher/cost/distributed.*   engines and interception
   3  recheck.commands.*, cli, _pytest_plugin, __init__, __main__   faces
 A module may import its own layer or lower ones, never a higher one.
@@ -16,7 +16,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.lab")
+FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.lab", "recheck.output")
+DATA = ("recheck.findings", "recheck.output.text")
 
 
 def module_name(path: Path) -> str:
@@ -27,7 +28,7 @@ def module_name(path: Path) -> str:
 def layer(name: str) -> int:
     if name == "recheck" or name.startswith(FACES):
         return 3
-    if name == "recheck.findings":
+    if name in DATA:
         return 0
     if name.startswith(FOUNDATION):
         return 1

@@ -309,13 +309,8 @@ class InvocationRecord:
 
     def findings_of(self, calls_of_region: int) -> list[Finding]:
         """The findings with ``call i of n`` filled in."""
-        out = []
-        for finding in self.findings:
-            invocation = replace(finding.invocation, of=calls_of_region) if finding.invocation else None
-            where = f"in {self.region}, {invocation}" if invocation else f"in {self.region}"
-            detail = where + ("\n" + finding.detail if finding.detail else "")
-            out.append(replace(finding, invocation=invocation, detail=detail))
-        return out
+        return [replace(f, invocation=replace(f.invocation, of=calls_of_region)) if f.invocation else f
+                for f in self.findings]
 
 
 #: parameters a ``param_version`` message names before "and N more" (the detail lists all)
