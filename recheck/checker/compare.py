@@ -13,15 +13,16 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from recheck.checker.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
-from recheck.checker.effects import Effect
+from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
+from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
 from recheck.checker.message import value_detail
-from recheck.checker.state import Observed, fingerprint, show
+from recheck.runtime.snapshot import Observed, fingerprint, show
+from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 
 __all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
-           "effect_findings", "flatten", "saved_tensor_findings"]
+           "effect_findings", "saved_tensor_findings"]
 
 @dataclass(frozen=True)
 class Context:
@@ -43,26 +44,6 @@ class Context:
     def explain(self, kind: str, subject: str) -> str | None:
         """The rule code the registry gives a finding of ``kind`` about ``subject``."""
         return explain(kind, subject, preserve_rng_state=self.preserve_rng_state)
-
-
-def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str, Any]]:
-    """Leaves of nested tuples, lists, dicts and dataclasses with assert_close-style paths."""
-    if depth > 0 and isinstance(value, (list, tuple)):
-        out: list[tuple[str, Any]] = [] if value else [(path, value)]
-        for index, item in enumerate(value):
-            out.extend(flatten(item, f"{path}[{index}]", depth - 1))
-        return out
-    if depth > 0 and isinstance(value, Mapping):
-        out = [] if value else [(path, value)]
-        for key, item in value.items():
-            out.extend(flatten(item, f"{path}[{key!r}]", depth - 1))
-        return out
-    if depth > 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = []
-        for spec in dataclasses.fields(value):
-            out.extend(flatten(getattr(value, spec.name), f"{path}.{spec.name}", depth - 1))
-        return out
-    return [(path, value)]
 
 
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
@@ -95,9 +76,9 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
                     flat: bool = False) -> list[Finding]:
     """Outputs leaf by leaf: structure, tensors bit for bit, other values by content.
 
-    With ``flat=True`` both values are already :func:`flatten`-ed lists.
+    With ``flat=True`` both values are already lists of :func:`~recheck.runtime.trees.leaves`.
     """
-    left, right = (original, other) if flat else (flatten(original), flatten(other))
+    left, right = (original, other) if flat else (leaves(original), leaves(other))
     if [p for p, _ in left] != [p for p, _ in right]:
         detail = value_detail(show([p for p, _ in left], 200), show([p for p, _ in right], 200),
                               labels)

@@ -74,7 +74,7 @@ def _run_steps(ns: argparse.Namespace) -> int:
         except StepError as exc:
             return _error(str(exc), exc.user_traceback)
         except Exception as exc:  # the step's own error
-            from recheck.checker.targets import user_frames
+            from recheck.loading import user_frames
 
             return _error(f"{target}: the step raised {type(exc).__name__}: {exc}", user_frames(exc))
         reports.append((target, report))
@@ -109,7 +109,7 @@ def run(ns: argparse.Namespace) -> int:
         return _error("--strict and --store go with --step")
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
-    from recheck.checker.targets import TargetError, build_region, load_target, user_frames
+    from recheck.loading import TargetError, build_region, load_target, user_frames
     from recheck.findings import Report
 
     try:

@@ -145,7 +145,7 @@ def run(ns: argparse.Namespace) -> int:
         return _error(problem)
     if ns.ranks is not None:
         return _run_ranks(ns)
-    from recheck.checker.targets import TargetError, load_target
+    from recheck.loading import TargetError, load_target
 
     try:
         (target,) = load_target(_target_spec(ns.target))

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
-from torch.utils._pytree import keystr, tree_flatten_with_path
 
 from recheck.catalogue import explain, hint
-from recheck.checker.reach import Reach
-from recheck.checker.values import show
+from recheck.runtime.reach import Reach
+from recheck.runtime.fingerprints import show
+from recheck.runtime.trees import tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.watcher.prints import Store, TensorPrint, print_tensor
-from recheck.watcher.regions import RegionKey
+from recheck.runtime.digests import Store, TensorPrint, print_tensor
+from recheck.runtime.naming import RegionKey
 
 __all__ = ["Forward", "InvocationRecord", "SavedPrint"]
 
@@ -97,8 +97,7 @@ class SavedPrint:
 
 
 def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, TensorPrint]]:
-    leaves, _ = tree_flatten_with_path(value)
-    return [(root + keystr(path), print_tensor(leaf, store)) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
+    return [(path, print_tensor(tensor, store)) for path, tensor in tensors(value, root)]
 
 
 class InvocationRecord:

@@ -10,8 +10,8 @@ import pytest
 
 from recheck.distributed.launch import WorldFailed, WorldTimeout, free_port, run_world
 from recheck.distributed.world import Place, current_place
-from recheck.watcher import pipelining
-from recheck.watcher.tags import current_tags, tag
+from recheck.intercept import pipelining
+from recheck.runtime.tags import current_tags, tag
 
 
 def _spawned_children() -> list:
