@@ -16,6 +16,7 @@ import torch
 from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
 from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
+from recheck.runtime.explaining import effect_messages, param_version_message
 from recheck.checker.message import value_detail
 from recheck.runtime.snapshot import Observed, fingerprint, show
 from recheck.runtime.trees import leaves
@@ -144,47 +145,36 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
 def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
                     recompute: Mapping[tuple[str, str], Any], shown: Mapping[tuple[str, str], tuple[str, str]],
                     *, latent: bool = False) -> list[Finding]:
-    """State at recompute start against forward start (rng, globals read, param versions)."""
+    """State at recompute start against forward start (rng, globals read, param versions).
+
+    Parameters whose version changed are one ``param_version`` finding that names them all,
+    as ``watch()`` words it.
+    """
     findings: list[Finding] = []
+    versions: list[tuple[str, Any, Any]] = []
     for key, a in forward.items():
         if key not in recompute or recompute[key] == a:
             continue
         kind, subject = key
+        if kind == "param_version":
+            versions.append((subject.removeprefix("parameter `").removesuffix("`"), a, recompute[key]))
+            continue
         before, after = shown.get(key, (show(a), show(recompute[key])))
         findings.append(ctx.finding(
             kind, subject, f"{subject} at recompute start differs from forward start",
             value_detail(before, after, ("forward", "recompute")),
             ctx.explain(kind, subject), latent))
+    if versions:
+        subject, message, detail = param_version_message(versions)
+        findings.append(ctx.finding("param_version", subject, message, detail,
+                                    ctx.explain("param_version", subject), latent))
     return findings
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:
-    """One ``side_effect`` finding per channel that emitted during recompute.
-
-    Writes to stdout/stderr are joined and counted by line (``print`` writes the
-    text and the newline separately).
-    """
-    by_channel: dict[str, list[str]] = {}
-    for effect in effects:
-        by_channel.setdefault(effect.channel, []).append(effect.text)
-    findings = []
-    for channel, texts in by_channel.items():
-        if channel in ("stdout", "stderr"):
-            texts = "".join(texts).splitlines() or [""]
-            message = f"{_plural(len(texts), 'line')} written to {channel} again during recompute"
-        else:
-            noun = "logging record" if channel == "logging" else "warning"
-            message = f"{_plural(len(texts), noun)} emitted again during recompute"
-        shown = [str(Effect(channel, t)) for t in texts[:5]]
-        if len(texts) > 5:
-            shown.append(f"... and {len(texts) - 5} more")
-        findings.append(ctx.finding("side_effect", channel, message, "\n".join(shown), "RC103",
-                                    latent))
-    return findings
+    """One ``side_effect`` finding per channel that emitted during recompute."""
+    return [ctx.finding("side_effect", channel, message, detail, ctx.explain("side_effect", channel), latent)
+            for channel, message, detail in effect_messages(effects)]
 
 
 def saved_tensor_findings(ctx: Context, mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]],

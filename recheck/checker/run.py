@@ -32,6 +32,8 @@ import torch
 from recheck.runtime.bits import Tolerance, bits_equal
 from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
+from recheck.runtime.fingerprints import is_module_state
+from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
 from recheck.runtime.trees import input_tensors, leaves
 from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
@@ -40,7 +42,6 @@ from recheck.runtime.snapshot import (BindingsRecord, GradRecord, NewKeysRecord,
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,7 @@ class Runner:
             return
         add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
         add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
-        owner = prefix or "self"
-        add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__,
-                                                          _MODULE_INTERNALS, owner))
+        add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
         dotted = (prefix + ".") if prefix else ""
         for name, param in module._parameters.items():
             if param is None:
@@ -135,11 +134,11 @@ class Runner:
         for name, buffer in module._buffers.items():
             if buffer is not None:
                 add(("buffer", id(buffer)), functools.partial(
-                    TensorRecord, "buffer", f"buffer `{dotted + name}`", buffer))
+                    TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
         for key in list(vars(module)):
-            if key not in _MODULE_INTERNALS:
+            if is_module_state(key):
                 add(("attr", id(module), key), functools.partial(
-                    ValueRecord, "state", f"attribute `{owner}.{key}`", module.__dict__, key))
+                    ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
 
     def _on_module(self, module: torch.nn.Module) -> None:
         if id(module) not in self.reach.modules:

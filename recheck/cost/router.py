@@ -125,7 +125,8 @@ class Router(Interceptor):
         return self.mode == "bypass"
 
     @contextlib.contextmanager
-    def region_run(self, call: CheckpointCall, phase: Phase) -> Iterator[Run]:
+    def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
+                   kwargs: dict | None = None) -> Iterator[Run]:
         # a region's first run during a backward is work of the recompute that made it (a
         # checkpoint nested inside a recomputed region), like the recompute itself
         recompute = phase is Phase.RECOMPUTE or (

@@ -134,20 +134,21 @@ class Interceptor:
         """Whether to call the region directly instead of checkpointing it."""
         return False
 
-    def region_run(self, call: CheckpointCall, phase: Phase) -> contextlib.AbstractContextManager[Run]:
-        """A context manager around one run of the region function.
+    def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
+                   kwargs: dict | None = None) -> contextlib.AbstractContextManager[Run]:
+        """A context manager around one run of the region function, called with ``args``.
 
         It yields a :class:`Run`; when the run returns, ``run.output`` holds what the region
-        returned (``run.has_output`` is False for a forward that runs between a generator's
-        steps, whose output the interceptor never sees).  An exception raised by the region
-        passes through the context manager.
+        returned.  A forward that runs between a generator's steps (the composable API) is
+        seen from outside: its ``args`` are None and ``run.has_output`` stays False.  An
+        exception raised by the region passes through the context manager.
         """
         return contextlib.nullcontext(Run())
 
     def run_region(self, call: CheckpointCall, phase: Phase, function: Callable[..., Any],
                    args: tuple, kwargs: dict) -> Any:
         """One run of the region function (its forward, a recompute, or the bypassed call)."""
-        with self.region_run(call, phase) as run:
+        with self.region_run(call, phase, args, kwargs) as run:
             run.output = function(*args, **kwargs)
             run.has_output = True
         return run.output

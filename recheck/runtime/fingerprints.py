@@ -18,7 +18,7 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["MISSING", "Observed", "fingerprint", "show"]
+__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -88,6 +88,54 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         items = tuple((k, fingerprint(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS])
         return ("object", type(value).__qualname__, id(value), items)
     return ("id", type(value).__name__, id(value))
+
+
+#: The attributes every ``nn.Module`` has for its own bookkeeping (``_parameters``, hooks, ...):
+#: never a module's *state* in the sense a finding means (``training`` is, and stays).
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+
+
+def is_module_state(name: str) -> bool:
+    """Whether a module attribute is state a region may change (not torch's bookkeeping).
+
+    Left out: :data:`MODULE_INTERNALS`, and names that start with two underscores, where
+    torch keeps per-module registries of its own (the composable APIs'
+    ``__composable_api_state_key_<uuid>``).
+    """
+    return name not in MODULE_INTERNALS and not name.startswith("__")
+
+
+def shallow(value: Any, depth: int = 2) -> Any:
+    """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
+
+    Unlike :func:`fingerprint` no tensor's bytes are read: a tensor is its identity, version
+    counter and metadata, so rebinding it (``self.load = x``) or changing it in place
+    (``self.load += x``, ``.add_()``, ``.copy_()``) shows, while a write through ``.data``
+    (which bypasses the version counter) does not.  Containers compare by type, length and
+    their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
+    by identity and their ``__dict__``; numbers by bits.
+    """
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return value if not isinstance(value, bool) else ("bool", value)
+    if isinstance(value, float):
+        return ("float", float_bits(value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+    if depth <= 0 or isinstance(value, (torch.nn.Module, type, torch.Generator)) or callable(value):
+        return ("id", id(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
+    if isinstance(value, dict):
+        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
+                                          for k, v in list(value.items())[:_MAX_ITEMS]))
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
+    if isinstance(value, _LOGGERS):
+        return fingerprint(value)
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return ("object", id(value), tuple((k, shallow(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS]))
+    return ("id", id(value))
 
 
 @dataclass

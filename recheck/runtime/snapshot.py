@@ -27,7 +27,9 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from recheck.runtime.bits import bits_equal
-from recheck.runtime.fingerprints import MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint, show
+from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
+                                          is_module_state, show)
+from recheck.runtime.naming import attribute_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
 
 __all__ = [
@@ -230,20 +232,20 @@ class ValueRecord:
 
 
 class NewKeysRecord:
-    """Keys that appear in a namespace after capture (attributes a module creates).
+    """Keys that appear in a module's ``__dict__`` after capture (attributes a module creates).
 
-    Restore removes them; observe reports them as ``state`` named
-    ``attribute `<owner>.<key>``` so a lazily created counter is compared too.
+    Restore removes them; observe reports them as ``state`` named like every other attribute
+    (``attribute `self.load```), so a lazily created counter is compared too.  Only keys that
+    :func:`~recheck.runtime.fingerprints.is_module_state` accepts count.
     """
 
-    def __init__(self, namespace: dict, ignore: Iterable[str] = (), owner: str = "self") -> None:
+    def __init__(self, namespace: dict, module: str = "") -> None:
         self.namespace = namespace
         self.keys = set(namespace)
-        self.ignore = set(ignore)
-        self.owner = owner
+        self.module = module
 
     def _new(self) -> list[str]:
-        return [k for k in self.namespace if k not in self.keys and k not in self.ignore]
+        return [k for k in self.namespace if k not in self.keys and is_module_state(k)]
 
     def unchanged(self) -> bool:
         """True when no key appeared."""
@@ -256,7 +258,7 @@ class NewKeysRecord:
     def observe(self) -> Iterator[Observed]:
         for key in self._new():
             value = self.namespace[key]
-            yield Observed("state", f"attribute `{self.owner}.{key}`", fingerprint(value), show(value))
+            yield Observed("state", attribute_subject(self.module, key), fingerprint(value), show(value))
 
 
 class BindingsRecord:

@@ -140,13 +140,14 @@ class Dispatcher(Interceptor):
         return undo.close
 
     @contextlib.contextmanager
-    def region_run(self, call: CheckpointCall, phase: Phase) -> Iterator[Run]:
+    def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
+                   kwargs: dict | None = None) -> Iterator[Run]:
         run = Run()
         record: InvocationRecord | None = call.state
         if record is None or record.closed or record.failed:
             yield run
         elif phase is Phase.FORWARD:
-            self._begin_forward(record, call.function)
+            self._begin_forward(record, call.function, args, kwargs)
             try:
                 yield run
             except BaseException:
@@ -170,9 +171,10 @@ class Dispatcher(Interceptor):
             for record in stack:
                 record.add_module(module)
 
-    def _begin_forward(self, record: InvocationRecord, function: Any) -> None:
+    def _begin_forward(self, record: InvocationRecord, function: Any, args: tuple | None,
+                       kwargs: dict | None) -> None:
         try:
-            record.begin_forward(reach_of(function, self._reach_cache))
+            record.begin_forward(reach_of(function, self._reach_cache), args, kwargs)
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             record.abort_forward()
             self._internal_error("recording a forward", exc)

@@ -179,7 +179,8 @@ def test_attribute_counter_is_a_state_finding(reentrant):
     with recheck.watch(raise_on_finding=False) as w:
         checkpoint(counter, inputs(), use_reentrant=reentrant).sum().backward()
     (finding,) = w.report.by_kind("state")
-    assert "attribute `calls` updated again by the recompute: 1 -> 2" in finding.message
+    assert "attribute `self.calls` updated again by the recompute: 1 -> 2" in finding.message
+    assert finding.subject == "attribute `self.calls`" and finding.code == "RC104"
 
 
 def test_print_in_region_is_a_side_effect(capsys):

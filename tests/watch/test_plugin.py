@@ -204,7 +204,7 @@ def test_checkpoint_imported_in_conftest_before_the_plugin_configured(pytester):
     """)
     result = pytester.runpytest(*PLUGIN, "--recheck")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*attribute `calls` updated again by the recompute: 1 -> 2*"])
+    result.stdout.fnmatch_lines(["*attribute `self.calls` updated again by the recompute: 1 -> 2*"])
 
 
 @pytest.mark.skipif("xdist" not in sys.modules and not __import__("importlib").util.find_spec("xdist"),
