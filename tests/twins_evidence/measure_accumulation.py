@@ -62,6 +62,33 @@ for dtype in (torch.float32, torch.float64):
     build = lambda dtype=dtype: shared.make_step(dtype=dtype, use_reentrant=False)  # noqa: E731
     summarize("encoder_decoder.nonreentrant_step vs bypassed", end_state(build), end_state(build, bypass_torch_checkpoint()), dtype)
 
+
+
+def shared_weight_case(case, dtype, checkpointed):
+    """Two small cases beside the fixture: where accumulation order changes and where it does not."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, dtype=dtype, requires_grad=True)
+    x = torch.randn(32, 64, dtype=dtype)
+    call = (lambda f, *a: checkpoint(f, *a, use_reentrant=True)) if checkpointed else (lambda f, *a: f(*a))
+    h = torch.tanh(x @ w)
+    if case == "one weight, twice inside a reentrant region and twice outside":
+        h = call(lambda t: torch.tanh(torch.tanh(t @ w) @ w), h)
+        loss = (h @ w).sin().sum()
+    else:  # ALBERT-like: the weight only inside regions, one region per application
+        for _ in range(3):
+            h = call(lambda t: torch.tanh(t @ w), h)
+        loss = h.sin().sum()
+    loss.backward()
+    return {"grad w": w.grad}
+
+
+for case in ("one weight, twice inside a reentrant region and twice outside",
+             "one weight applied in 3 reentrant regions only (ALBERT-like)"):
+    for dtype in (torch.float32, torch.float64):
+        summarize(case[:50], shared_weight_case(case, dtype, True), shared_weight_case(case, dtype, False), dtype)
+
 print("== hazards, the same comparison in float64 (default dtype float64 while building and running)")
 for dtype in (torch.float32, torch.float64):
     previous = torch.get_default_dtype()

@@ -120,9 +120,14 @@ for name, fn in (("checkpoint (reentrant CheckpointFunction)", checkpointing.che
 
 with bypass():
     print("bypass (CheckpointFunction.apply -> direct) vs direct call:", differ(grads(checkpointing.checkpoint), grads(direct_call)))
+    ac = dict(autocast_dtype=torch.bfloat16, float_inputs=True)  # where the checkpoint itself differs: proof of the bypass
+    print("bypass, under autocast (float32 inputs), vs direct call:", differ(grads(checkpointing.checkpoint, **ac), grads(direct_call, **ac)))
 with bypass_by_code(checkpointing.non_reentrant_checkpoint):
     print("bypass (non_reentrant_checkpoint.__code__ swapped) vs direct call:",
           differ(grads(checkpointing.non_reentrant_checkpoint), grads(direct_call)))
+    print("bypass (__code__ swapped), under autocast (float32 inputs; raises when checkpointed), vs direct call:",
+          differ(grads(checkpointing.non_reentrant_checkpoint, autocast_dtype=torch.bfloat16, float_inputs=True),
+                 grads(direct_call, autocast_dtype=torch.bfloat16, float_inputs=True)))
 print("checkpoint is wrapped by", type(checkpointing.checkpoint).__name__,
       "with __wrapped__:", hasattr(checkpointing.checkpoint, "__wrapped__"))
 

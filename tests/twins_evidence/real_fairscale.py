@@ -115,6 +115,10 @@ def bypass_apply():
 
 
 print("bypass by patching CheckpointFunction.apply, wrapped vs plain:", differ(run(True, bypass=bypass_apply), run(False)))
+ac = dict(autocast_dtype=torch.bfloat16, float_inputs=True)  # the checkpoint itself differs here
+print("both bypasses under autocast (float32 inputs), wrapped vs plain:",
+      differ(run(True, bypass=fsa.disable_checkpointing, **ac), run(False, **ac)), "|",
+      differ(run(True, bypass=bypass_apply, **ac), run(False, **ac)))
 state = copy.deepcopy(build(True).state_dict())
 print("state_dict keys of a wrapped model are the plain model's:", list(state) == list(build(False).state_dict()))
 

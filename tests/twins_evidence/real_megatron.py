@@ -92,6 +92,19 @@ def bypass():
         del mrandom.CheckpointFunction.apply
 
 
+@contextlib.contextmanager
+def bypass_without_output():
+    """CheckpointWithoutOutput: run the function directly and keep its output (no discard, no hook)."""
+    cls = tensor_parallel.CheckpointWithoutOutput
+    saved = cls.checkpoint, cls.discard_output_and_register_recompute
+    cls.checkpoint = lambda self, run_function, *args: run_function(*args)
+    cls.discard_output_and_register_recompute = lambda self, hook_tensor: None
+    try:
+        yield
+    finally:
+        cls.checkpoint, cls.discard_output_and_register_recompute = saved
+
+
 def without_output(f, x):
     """Megatron's CheckpointWithoutOutput shape: the output is freed and rebuilt by a grad hook of a later tensor."""
     ckpt = tensor_parallel.CheckpointWithoutOutput(fp8=None)  # the default fp8=False sets self.fp8 = True (needs Transformer Engine)
@@ -114,7 +127,13 @@ with cpu_rng_helpers():
     with bypass():
         print("bypass (CheckpointFunction.apply -> direct) vs direct call:",
               differ(step(megatron_checkpoint), step(direct_call)))
+        ac = dict(autocast_dtype=torch.bfloat16, float_inputs=True)  # the checkpoint itself differs here
+        print("bypass, under autocast (float32 inputs), vs direct call:",
+              differ(step(megatron_checkpoint, **ac), step(direct_call, **ac)))
     print("CheckpointWithoutOutput, dropout, vs direct call:", differ(step(without_output), step(direct_call)))
+    with bypass_without_output():
+        print("bypass (CheckpointWithoutOutput.checkpoint -> direct, discard_... -> no-op) vs direct call:",
+              differ(step(without_output), step(direct_call)))
 
     for label, run in (("tensor_parallel.checkpoint", megatron_checkpoint), ("CheckpointWithoutOutput", without_output)):
         probe = step(run, probe=True)[2]
