@@ -93,6 +93,13 @@ def pytest_configure(config: pytest.Config) -> None:
         report_path=_first(config.getoption("recheck_report"), config.getini("recheck_report"), table.get("report")),
     )
     config.pluginmanager.register(_Collector(config.stash[_SETTINGS]), "recheck-collector")
+    if config.stash[_SETTINGS].enabled:
+        from recheck.dependencies import MissingDependency, require_torch
+
+        try:
+            require_torch("pytest --recheck")
+        except MissingDependency as exc:
+            raise pytest.UsageError(f"recheck: {exc}") from None
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

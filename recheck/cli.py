@@ -16,6 +16,7 @@ from typing import Sequence
 from recheck import __version__
 from recheck.commands import COMMAND_MODULES
 from recheck.config import ConfigError
+from recheck.dependencies import MissingDependency
 
 __all__ = ["build_parser", "main"]
 
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(ns._run(ns))
-    except ConfigError as exc:
+    except (ConfigError, MissingDependency) as exc:
         print(f"recheck: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -99,14 +99,17 @@ def _error(message: str, user_traceback: str = "") -> int:
 
 def run(ns: argparse.Namespace) -> int:
     """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error."""
+    from recheck.dependencies import require_torch
+
     if ns.step and ns.targets:
         return _error("give region TARGETs or --step, not both")
+    if not ns.step and not ns.targets:
+        return _error("nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN")
+    if ns.targets and (ns.strict is not None or ns.store is not None):
+        return _error("--strict and --store go with --step")
+    require_torch("recheck check")
     if ns.step:
         return _run_steps(ns)
-    if not ns.targets:
-        return _error("nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN")
-    if ns.strict is not None or ns.store is not None:
-        return _error("--strict and --store go with --step")
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
     from recheck.checker.targets import TargetError, build_region, load_target, user_frames

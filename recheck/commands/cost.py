@@ -140,9 +140,12 @@ def _error(message: str, details: str = "") -> int:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from recheck.dependencies import require_torch
+
     problem = _usage_problem(ns)
     if problem:
         return _error(problem)
+    require_torch("recheck cost")
     if ns.ranks is not None:
         return _run_ranks(ns)
     from recheck.checker.targets import TargetError, load_target
