@@ -301,3 +301,107 @@ def test_a_broken_step_does_not_stop_the_next(tmp_path, capsys):
     assert f"{steps}:nope: {steps} has no attribute 'nope'" in err
     assert f"step {steps}:clean" in out
     assert out.rstrip().endswith("recheck: ran 3 steps: 0 with findings, 2 errors")
+
+
+PACKAGE_FILES = {
+    "mymodel/__init__.py": "",
+    "mymodel/layers.py": textwrap.dedent('''
+        import torch
+        from torch import nn
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(3, 3)
+
+            def forward(self, x):
+                return torch.tanh(self.lin(x))
+    '''),
+    "mymodel/train.py": textwrap.dedent('''
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        from mymodel.layers import Block
+        from . import layers
+
+        assert layers.Block is Block
+
+
+        def region_block():
+            torch.manual_seed(0)
+            return Block(), (torch.randn(2, 3, requires_grad=True),)
+
+
+        def step():
+            from mymodel.layers import Block  # a lazy import, after the file was loaded
+            torch.manual_seed(0)
+            x = torch.randn(2, 3, requires_grad=True)
+            checkpoint(Block(), x, use_reentrant=False).sum().backward()
+    '''),
+}
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project root holding the package ``mymodel``; the test runs from the root."""
+    for name, text in PACKAGE_FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name == "mymodel" or name.startswith("mymodel."):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("argv, code, expected", [
+    (["check", "mymodel/train.py"], 0, "recheck: checked 1 region: 0 with findings"),
+    (["check", "--step", "mymodel/train.py:step"], 0, "recheck: ran 1 step: 0 with findings"),
+    (["cost", "mymodel/train.py:step", "--repeats", "1"], 0, "Block.forward"),
+])
+def test_a_file_inside_a_package_imports_from_the_project_root(project, capsys, argv, code, expected):
+    assert main(argv) == code, capsys.readouterr().err
+    assert expected in capsys.readouterr().out
+    assert sys.modules["mymodel.train"].__file__ == str(project / "mymodel" / "train.py")
+
+
+def test_a_package_file_is_named_by_its_dotted_name(project):
+    (target,) = load_target("mymodel/train.py:region_block")
+    assert target.factory.__module__ == "mymodel.train"
+
+
+def test_a_folder_without_init_imports_from_the_current_folder(project, capsys):
+    (project / "mymodel" / "__init__.py").unlink()  # a namespace folder, as many projects have
+    train = project / "mymodel" / "train.py"
+    train.write_text(train.read_text().replace("from . import layers\n", "import mymodel.layers as layers\n"))
+    assert main(["cost", "mymodel/train.py:step", "--repeats", "1"]) == 0, capsys.readouterr().err
+
+
+def test_from_elsewhere_the_error_says_where_to_run_and_the_module_name(project, tmp_path, monkeypatch, capsys):
+    (project / "mymodel" / "__init__.py").unlink()
+    (project / "mymodel" / "train.py").write_text("from mymodel.layers import Block\n\n\ndef step():\n    pass\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["cost", "../mymodel/train.py:step"]) == 2
+    err = capsys.readouterr().err
+    assert "No module named 'mymodel'" in err
+    assert (f"(`mymodel` is the folder {project / 'mymodel'}: run recheck from {project}, where `import "
+            "mymodel` finds it, and name the target mymodel.train:NAME, or install the project") in err
+
+
+def test_another_package_of_the_same_name_first_on_the_path_is_named(project, tmp_path, monkeypatch):
+    other = tmp_path / "site" / "mymodel"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    (other / "train.py").write_text("")
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.import_module("mymodel.train")  # the installed one is imported first
+    with pytest.raises(TargetError, match=r"mymodel/train.py is the module mymodel.train .*but `import "
+                                          r"mymodel.train` finds .*site/mymodel/train.py"):
+        load_target("mymodel/train.py:step")
