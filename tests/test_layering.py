@@ -2,7 +2,7 @@
 
 Layers, bottom to top:
   0  recheck.findings                       data types
-  1  recheck.catalogue, config, dependencies, lab   foundation services (no torch, no libcst)
+  1  recheck.catalogue, config, dependencies, lab, progress   foundation services (no torch, no libcst)
   2  recheck.checker/lint/watcher/cost/distributed.*   engines and interception
   3  recheck.commands.*, cli, _pytest_plugin, __init__, __main__   faces
 A module may import its own layer or lower ones, never a higher one.
@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.lab")
+FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.lab", "recheck.progress")
 
 
 def module_name(path: Path) -> str:

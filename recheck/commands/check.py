@@ -13,11 +13,12 @@ the others still run.  Options are validated before any region runs.  Tolerances
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from recheck.progress import paint
 
 NAME = "check"
 HELP = "check that checkpointed regions recompute exactly what their forward computed"
@@ -50,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --step: keep digests (default) or full copies of each forward")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="output format (default: text)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar (one is drawn on stderr only when it is a terminal)")
     parser.add_argument("--use-reentrant", action=argparse.BooleanOptionalAction, default=None,
                         help="checkpoint variant to check (default: non-reentrant, or the "
                              "target's CHECK_OPTIONS)")
@@ -130,7 +133,7 @@ def _report_error(label: str, broken: _Broken) -> None:
     if broken.user_traceback:
         text = broken.user_traceback
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
-    print(f"recheck check: error: {label}: {broken.message}", file=sys.stderr)
+    print(f"{paint('recheck check: error:', 'red', sys.stderr)} {label}: {broken.message}", file=sys.stderr)
 
 
 def _counted(count: int, noun: str) -> str:
@@ -145,18 +148,22 @@ def _run_steps(ns: argparse.Namespace) -> int:
     table = load_config().values
     strict = ns.strict if ns.strict is not None else table.get("strict", False)
     store = ns.store or table.get("store", "digest")
-    outcomes: list[tuple[str, Any]] = []
-    for target in ns.step:
-        try:
-            with contextlib.redirect_stdout(sys.stderr):  # the step's prints stay off stdout
-                outcome: Any = run_step(target, strict=strict, store=store)
-        except StepError as exc:
-            outcome = _Broken(str(exc), exc.user_traceback)
-        except Exception as exc:  # the step's own error
-            from recheck.checker.targets import user_frames
+    from recheck.progress import progress
 
-            outcome = _Broken(f"the step raised {type(exc).__name__}: {exc}", user_frames(exc))
-        outcomes.append((target, outcome))
+    outcomes: list[tuple[str, Any]] = []
+    with progress("running step", quiet=ns.quiet) as bar:
+        for target in ns.step:
+            bar.describe(target)
+            try:
+                with bar.redirected():  # the step's prints stay off stdout
+                    outcome: Any = run_step(target, strict=strict, store=store)
+            except StepError as exc:
+                outcome = _Broken(str(exc), exc.user_traceback)
+            except Exception as exc:  # the step's own error
+                from recheck.checker.targets import user_frames
+
+                outcome = _Broken(f"the step raised {type(exc).__name__}: {exc}", user_frames(exc))
+            outcomes.append((target, outcome))
     broken = [t for t, o in outcomes if isinstance(o, _Broken)]
     dirty = [o for _, o in outcomes if not isinstance(o, _Broken) and not o.ok]
     summary = f"recheck: ran {_counted(len(outcomes), 'step')}: {len(dirty)} with findings"
@@ -178,7 +185,7 @@ def _run_steps(ns: argparse.Namespace) -> int:
             print(f"step {target}")
             print(outcome)
             print()
-        print(summary)
+        print(paint(summary, "red" if broken or dirty else "green"))
     return 2 if broken else 1 if dirty else 0
 
 
@@ -189,7 +196,7 @@ def _error(message: str, user_traceback: str = "") -> int:
     return 2
 
 
-def _check_one(target: Any, overrides: dict[str, Any]) -> Any:
+def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
     """The report of one region, or what kept it from being checked."""
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
@@ -203,7 +210,7 @@ def _check_one(target: Any, overrides: dict[str, Any]) -> Any:
     except TargetError as exc:
         return _Broken(str(exc), exc.user_traceback)
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # the region's prints stay off stdout
+        with bar.redirected():  # the region's prints stay off stdout
             report = check(region.fn, *region.args, **region.kwargs, **options)
     except RegionError as exc:
         return _Broken(str(exc))
@@ -228,18 +235,30 @@ def run(ns: argparse.Namespace) -> int:
     require_torch("recheck check")
     if ns.step:
         return _run_steps(ns)
-    from recheck.checker.targets import TargetError, load_target
+    from recheck.progress import progress
 
     overrides = _overrides(ns)  # a bad [tool.recheck] stops here, before any region runs
+    planned: list[Any] = []  # targets and, in their place, the specs that failed to load
+    with progress("loading", quiet=ns.quiet) as bar:
+        bar.describe("importing torch")
+        from recheck.checker.targets import TargetError, load_target
+
+        for spec in ns.targets:
+            bar.describe(spec)
+            try:
+                planned += load_target(spec)
+            except TargetError as exc:
+                planned.append((spec, _Broken(str(exc), exc.user_traceback)))
     outcomes: list[tuple[str, Any]] = []
-    for spec in ns.targets:
-        try:
-            targets = load_target(spec)
-        except TargetError as exc:
-            outcomes.append((spec, _Broken(str(exc), exc.user_traceback)))
-            continue
-        for target in targets:
-            outcomes.append((target.label, _check_one(target, overrides)))
+    regions = sum(not isinstance(p, tuple) for p in planned)
+    with progress("checking", total=regions, unit="region", quiet=ns.quiet) as bar:
+        for target in planned:
+            if isinstance(target, tuple):
+                outcomes.append(target)
+                continue
+            bar.describe(target.label)
+            outcomes.append((target.label, _check_one(target, overrides, bar)))
+            bar.advance()
     broken = [label for label, o in outcomes if isinstance(o, _Broken)]
     reports = [(label, o) for label, o in outcomes if not isinstance(o, _Broken)]
     dirty = [r for _, r in reports if not r.ok]
@@ -264,5 +283,5 @@ def run(ns: argparse.Namespace) -> int:
                 continue
             print(outcome)
             print()
-        print(summary)
+        print(paint(summary, "red" if broken or dirty else "green"))
     return 2 if broken else 1 if dirty else 0
