@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recheck.checker.targets import load_target
+from recheck.loading import load_target
 from recheck.cost.plan import measure_plan, predict
 from recheck.cost.stage_table import plan_error, render_comparison, render_stages
 from recheck.cost.stages import rank_entry

@@ -44,6 +44,8 @@ class _Settings:
     store: str
     report_path: str | None
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: whether the options have been read (see ``_resolve``)
+    resolved: bool = False
     #: ``recheck.distributed.world.Place`` of this process, once a watched test has seen one
     place: Any = None
 
@@ -76,7 +78,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "recheck(strict=False, store='digest'): run this test inside recheck.watch() with these options")
     config.addinivalue_line("markers", "no_recheck(reason=None): do not watch this test even with --recheck")
+    enabled = bool(_first(config.getoption("recheck"), config.getini("recheck"), False))
+    settings = config.stash[_SETTINGS] = _Settings(enabled=enabled, strict=False, store="digest", report_path=None)
+    if enabled:
+        _resolve(config, settings)
+    config.pluginmanager.register(_Collector(settings), "recheck-collector")
+
+
+def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
+    """Read the options (command line > ini > ``[tool.recheck]``) once, when first needed.
+
+    Nothing is read unless recheck is enabled or a test carries ``@pytest.mark.recheck``, so a
+    ``[tool.recheck]`` table that only the linter uses (or a typo in it) never affects a plain
+    ``pytest`` run.
+    """
+    if settings.resolved:
+        return settings
     from recheck.config import ConfigError, load_config
+    from recheck.dependencies import MissingDependency, require_torch
+
+    try:
+        require_torch("pytest --recheck")
+    except MissingDependency as exc:
+        raise pytest.UsageError(f"recheck: {exc}") from None
 
     try:
         table = load_config(config.rootpath).values
@@ -85,21 +109,13 @@ def pytest_configure(config: pytest.Config) -> None:
     store = _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store"), "digest")
     if store not in _STORES:
         raise pytest.UsageError(f"recheck: recheck_store must be 'digest' or 'copy', got {store!r}")
-    config.stash[_SETTINGS] = _Settings(
-        enabled=bool(_first(config.getoption("recheck"), config.getini("recheck"), False)),
-        strict=bool(_first(config.getoption("recheck_strict"), config.getini("recheck_strict"),
-                           table.get("strict"), False)),
-        store=store,
-        report_path=_first(config.getoption("recheck_report"), config.getini("recheck_report"), table.get("report")),
-    )
-    config.pluginmanager.register(_Collector(config.stash[_SETTINGS]), "recheck-collector")
-    if config.stash[_SETTINGS].enabled:
-        from recheck.dependencies import MissingDependency, require_torch
-
-        try:
-            require_torch("pytest --recheck")
-        except MissingDependency as exc:
-            raise pytest.UsageError(f"recheck: {exc}") from None
+    settings.strict = bool(_first(config.getoption("recheck_strict"), config.getini("recheck_strict"),
+                                  table.get("strict"), False))
+    settings.store = store
+    settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
+                                  table.get("report"))
+    settings.resolved = True
+    return settings
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -115,6 +131,7 @@ def _options_for(item: pytest.Item, settings: _Settings) -> dict[str, Any] | Non
     marker = item.get_closest_marker("recheck")
     if marker is None and not settings.enabled:
         return None
+    _resolve(item.config, settings)
     options: dict[str, Any] = {"strict": settings.strict, "store": settings.store}
     if marker is not None:
         unknown = sorted(set(marker.kwargs) - set(_MARKER_OPTIONS))
@@ -149,7 +166,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
             settings.place = watcher.place
         regions = sorted({str(r.region) for r in watcher.records if r.forward is not None})
         item.user_properties.append((PROPERTY, {**report.to_dict(), "regions": regions}))
-        if report.stats.get("invocations"):
+        if report.ok and report.stats.get("invocations"):
+            # a failing test shows the report as its failure message; a passing one here (-rP)
             item.add_report_section("call", "recheck", str(report))
     if not report.ok:
         pytest.fail(str(report), pytrace=False)

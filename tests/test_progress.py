@@ -210,12 +210,12 @@ REGIONS = textwrap.dedent('''
 
 def test_check_counts_regions_on_a_terminal_and_keeps_stdout_for_the_report(tmp_path, terminal, monkeypatch,
                                                                            capsys):
-    regions = tmp_path / "regions.py"
+    regions = tmp_path / "shown_regions.py"
     regions.write_text(REGIONS)
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["check", str(regions)]) == 1  # region_b prints again on recompute
     drawn = terminal.getvalue()
-    assert "checking" in drawn and "2/2" in drawn and "regions.py:region_b" in drawn
+    assert "checking" in drawn and "2/2" in drawn and "shown_regions.py:region_b" in drawn
     assert "region prints" in drawn
     out = capsys.readouterr().out
     assert "region prints" not in out.splitlines()  # only quoted in the report
@@ -227,7 +227,7 @@ def test_check_counts_regions_on_a_terminal_and_keeps_stdout_for_the_report(tmp_
 
 
 def test_check_summary_is_coloured_on_a_terminal(tmp_path, monkeypatch, capsys):
-    regions = tmp_path / "regions.py"
+    regions = tmp_path / "shown_regions.py"
     regions.write_text(REGIONS)
     monkeypatch.setenv("TERM", "xterm")
     monkeypatch.delenv("NO_COLOR", raising=False)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from recheck.checker.bits import Tolerance
-from recheck.checker.compare import Context, flatten
-from recheck.checker.message import configuration_text, region_name, title
+from recheck.runtime.bits import Tolerance
+from recheck.checker.compare import Context
+from recheck.checker.message import configuration_text, title
 from recheck.checker.run import CheckOptions, RegionError, RunResult, Runner
 from recheck.checker.verdict import judge
 from recheck.findings import Invocation, RecomputeMismatch, Report
+from recheck.runtime.naming import region_name
+from recheck.runtime.trees import leaves
 
 __all__ = ["assert_recompute_equal", "check"]
 
@@ -29,7 +31,7 @@ def _tolerance(atol: float | None, rtol: float | None, max_ulp: int | None) -> T
 def _validate(plain: RunResult) -> None:
     import torch
 
-    tensors = [v for _, v in flatten(plain.outputs) if isinstance(v, torch.Tensor)]
+    tensors = [v for _, v in leaves(plain.outputs) if isinstance(v, torch.Tensor)]
     if not tensors:
         raise RegionError(
             f"the region returned no tensor (got {type(plain.outputs).__name__}); "

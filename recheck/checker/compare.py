@@ -13,17 +13,16 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from recheck.checker.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
-from recheck.checker.effects import Effect
-from recheck.checker.message import hint, value_detail
-from recheck.checker.state import Observed, fingerprint, show
+from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
+from recheck.runtime.effects import Effect
+from recheck.catalogue import explain, hint
+from recheck.checker.message import value_detail
+from recheck.runtime.snapshot import Observed, fingerprint, show
+from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 
-__all__ = ["Context", "code_for", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
-           "effect_findings", "flatten", "saved_tensor_findings"]
-
-_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-
+__all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
+           "effect_findings", "saved_tensor_findings"]
 
 @dataclass(frozen=True)
 class Context:
@@ -38,29 +37,13 @@ class Context:
     def finding(self, kind: str, subject: str, message: str, detail: str = "",
                 code: str | None = None, latent: bool = False) -> Finding:
         """A finding of this check; ``code`` (``RC106``) becomes the hint."""
-        return Finding(kind=kind, message=message, region=self.region, invocation=self.invocation,
-                       subject=subject, detail=detail, hint=hint(code) if code else None,
-                       latent=latent)
+        return Finding(kind=kind, message=message, code=code, region=self.region,
+                       invocation=self.invocation, subject=subject, detail=detail,
+                       hint=hint(code) if code else None, latent=latent)
 
-
-def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str, Any]]:
-    """Leaves of nested tuples, lists, dicts and dataclasses with assert_close-style paths."""
-    if depth > 0 and isinstance(value, (list, tuple)):
-        out: list[tuple[str, Any]] = [] if value else [(path, value)]
-        for index, item in enumerate(value):
-            out.extend(flatten(item, f"{path}[{index}]", depth - 1))
-        return out
-    if depth > 0 and isinstance(value, Mapping):
-        out = [] if value else [(path, value)]
-        for key, item in value.items():
-            out.extend(flatten(item, f"{path}[{key!r}]", depth - 1))
-        return out
-    if depth > 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = []
-        for spec in dataclasses.fields(value):
-            out.extend(flatten(getattr(value, spec.name), f"{path}.{spec.name}", depth - 1))
-        return out
-    return [(path, value)]
+    def explain(self, kind: str, subject: str) -> str | None:
+        """The rule code the registry gives a finding of ``kind`` about ``subject``."""
+        return explain(kind, subject, preserve_rng_state=self.preserve_rng_state)
 
 
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
@@ -93,9 +76,9 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
                     flat: bool = False) -> list[Finding]:
     """Outputs leaf by leaf: structure, tensors bit for bit, other values by content.
 
-    With ``flat=True`` both values are already :func:`flatten`-ed lists.
+    With ``flat=True`` both values are already lists of :func:`~recheck.runtime.trees.leaves`.
     """
-    left, right = (original, other) if flat else (flatten(original), flatten(other))
+    left, right = (original, other) if flat else (leaves(original), leaves(other))
     if [p for p, _ in left] != [p for p, _ in right]:
         detail = value_detail(show([p for p, _ in left], 200), show([p for p, _ in right], 200),
                               labels)
@@ -136,18 +119,6 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
     return findings
 
 
-def code_for(kind: str, subject: str, preserve_rng_state: bool) -> str | None:
-    """The rule code that explains a finding of ``kind`` about ``subject``, if any."""
-    if kind == "rng":
-        if subject.startswith(("cpu ", "cuda:", "xpu:")) and not preserve_rng_state:
-            return "RC002"
-        return "RC105"
-    if kind == "buffer":
-        return "RC106" if subject.rstrip("`").endswith(_BN_BUFFERS) else "RC104"
-    return {"state": "RC104", "global": "RC101", "side_effect": "RC103",
-            "param_version": "RC201", "input_mutation": "RC107"}.get(kind)
-
-
 def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
                      other: Mapping[tuple[str, str], Observed], *, when: str,
                      labels: tuple[str, str] = ("plain run", "checkpointed run"),
@@ -159,7 +130,7 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
         if b is None:
             continue
         kind, subject = key
-        code = code_for(kind, subject, ctx.preserve_rng_state)
+        code = ctx.explain(kind, subject)
         message = f"{subject} differs {when}"
         if isinstance(a.value, torch.Tensor) and isinstance(b.value, torch.Tensor):
             findings += _tensor_finding(ctx, kind, subject, a.value, b.value, message,
@@ -183,7 +154,7 @@ def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
         findings.append(ctx.finding(
             kind, subject, f"{subject} at recompute start differs from forward start",
             value_detail(before, after, ("forward", "recompute")),
-            code_for(kind, subject, ctx.preserve_rng_state), latent))
+            ctx.explain(kind, subject), latent))
     return findings
 
 

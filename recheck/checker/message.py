@@ -1,82 +1,18 @@
-"""The text of a check: region and configuration lines, per-state detail blocks, hints.
+"""The text of a check: region and configuration lines, per-state detail blocks.
 
 The first line of a failing report (``recheck: recomputation differs from the
 original forward``) and the numbered entries come from :class:`recheck.findings.Report`;
-this module writes what goes inside them, in the style of
+this module writes what goes inside them (hints come from the rule registry,
+:func:`recheck.catalogue.hint`), in the style of
 ``torch.testing.assert_close``: what the state is, how many elements differ, the first
 differing index with both values and bit patterns, the greatest absolute difference.
 """
 
 from __future__ import annotations
 
-import inspect
-import os
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["configuration_text", "hint", "region_name", "title", "value_detail"]
-
-#: What the hint says for each rule, before pointing at the document.
-_RULE_ADVICE = {
-    "RC002": "the region draws random numbers but preserve_rng_state=False",
-    "RC101": "the region reads a global that changes between forward and recompute",
-    "RC103": "the region logs, prints or warns; it runs again on recompute",
-    "RC104": "the region mutates state outside itself",
-    "RC105": "the region draws from an RNG that checkpoint does not restore",
-    "RC106": "BatchNorm in training mode updates its running statistics again on recompute",
-    "RC107": "the region mutates one of its inputs in place",
-    "RC201": "a parameter changed between forward and recompute",
-}
-
-
-def hint(code: str, advice: str | None = None) -> str:
-    """``<advice> (RC106); see rules/RC106-batchnorm-in-region.md``."""
-    text = advice or _RULE_ADVICE.get(code, "")
-    try:
-        from recheck.catalogue import get_rule
-
-        where = get_rule(code).doc_ref
-    except (KeyError, FileNotFoundError, ValueError):
-        where = f"`recheck explain {code}`"
-    return f"{text} ({code}); see {where}" if text else f"{code}; see {where}"
-
-
-def _unwrap(fn: Any) -> Any:
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(fn, "func") and callable(getattr(fn, "func")) and hasattr(fn, "args"):
-            fn = fn.func  # functools.partial
-        elif inspect.ismethod(fn):
-            fn = fn.__func__
-        else:
-            break
-    return fn
-
-
-def region_name(fn: Callable[..., Any], root: str | None = None) -> str:
-    """``Qual.name (file:line)`` of the region's definition (a module: its ``forward``)."""
-    import torch
-
-    target = _unwrap(fn)
-    label = getattr(target, "__qualname__", None) or type(target).__qualname__
-    if isinstance(target, torch.nn.Module):
-        label = type(target).__qualname__
-        target = type(target).forward
-    elif not inspect.isfunction(target) and callable(target) and not inspect.isbuiltin(target):
-        label = type(target).__qualname__
-        target = getattr(type(target), "__call__", target)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        return label
-    path = code.co_filename
-    base = root or os.getcwd()
-    try:
-        rel = os.path.relpath(path, base)
-        path = path if rel.startswith("..") else rel
-    except ValueError:  # another drive on Windows
-        pass
-    return f"{label} ({path}:{code.co_firstlineno})"
-
+__all__ = ["configuration_text", "title", "value_detail"]
 
 def configuration_text(use_reentrant: bool, preserve_rng_state: bool, early_stop: bool,
                        tolerance: Any = None) -> str:

@@ -29,12 +29,13 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.checker.bits import Tolerance, bits_equal
+from recheck.runtime.bits import Tolerance, bits_equal
 from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
-from recheck.checker.reach import ModuleRecorder, Reach, input_tensors, static_reach
-from recheck.checker.saved import MODE, SavedTensorLog, bitwise_determinism
-from recheck.checker.state import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
+from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
+from recheck.runtime.trees import input_tensors, leaves
+from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
+from recheck.runtime.snapshot import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
                                    RngRecord, Snapshot, TensorRecord, ValueRecord)
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
@@ -296,14 +297,12 @@ class Runner:
                          baseline={}, post={}, stand_in=True)
 
     def _backward(self, result: RunResult) -> None:
-        from recheck.checker.compare import flatten
-
-        leaves = dict(flatten(result.outputs))
+        outputs = dict(leaves(result.outputs))
         if self.upstream is None:
-            self.upstream = make_upstream(leaves, self.options.grad_outputs)
+            self.upstream = make_upstream(outputs, self.options.grad_outputs)
         tensors, grads = [], []
         for path, grad in self.upstream:
-            leaf = leaves.get(path)
+            leaf = outputs.get(path)
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.shape == grad.shape:
                 tensors.append(leaf)
                 grads.append(grad)

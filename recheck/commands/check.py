@@ -160,7 +160,7 @@ def _run_steps(ns: argparse.Namespace) -> int:
             except StepError as exc:
                 outcome = _Broken(str(exc), exc.user_traceback)
             except Exception as exc:  # the step's own error
-                from recheck.checker.targets import user_frames
+                from recheck.loading import user_frames
 
                 outcome = _Broken(f"the step raised {type(exc).__name__}: {exc}", user_frames(exc))
             outcomes.append((target, outcome))
@@ -200,7 +200,7 @@ def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
     """The report of one region, or what kept it from being checked."""
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
-    from recheck.checker.targets import TargetError, build_region, user_frames
+    from recheck.loading import TargetError, build_region, user_frames
 
     options = _options_for(target.options, overrides)
     if "max_ulp" in options and ("atol" in options or "rtol" in options):
@@ -239,10 +239,9 @@ def run(ns: argparse.Namespace) -> int:
 
     overrides = _overrides(ns)  # a bad [tool.recheck] stops here, before any region runs
     planned: list[Any] = []  # targets and, in their place, the specs that failed to load
-    with progress("loading", quiet=ns.quiet) as bar:
-        bar.describe("importing torch")
-        from recheck.checker.targets import TargetError, load_target
+    from recheck.loading import TargetError, load_target
 
+    with progress("loading", quiet=ns.quiet) as bar:  # the user's files, and torch with them
         for spec in ns.targets:
             bar.describe(spec)
             try:

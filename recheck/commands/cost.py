@@ -150,12 +150,10 @@ def run(ns: argparse.Namespace) -> int:
     require_torch("recheck cost")
     if ns.ranks is not None:
         return _run_ranks(ns)
+    from recheck.loading import TargetError, load_target
     from recheck.progress import progress
 
-    with progress("loading", quiet=ns.quiet) as bar:
-        bar.describe("importing torch")
-        from recheck.checker.targets import TargetError, load_target
-
+    with progress("loading", quiet=ns.quiet) as bar:  # the user's file, and torch with it
         bar.describe(ns.target)
         try:
             (target,) = load_target(_target_spec(ns.target))

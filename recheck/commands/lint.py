@@ -41,7 +41,9 @@ def run(ns: argparse.Namespace) -> int:
     from recheck.config import load_config
     from recheck.lint.engine import lint_paths
     from recheck.lint.options import LintOptions, SelectorError
-    from recheck.lint.output import render, statistics, summary
+    from recheck.catalogue import FIXABLE
+    from recheck.output import render
+    from recheck.output.text import lint_summary
 
     paths = [Path(p) for p in (ns.paths or ["."])]
     missing = [str(p) for p in paths if not p.exists()]
@@ -68,17 +70,30 @@ def run(ns: argparse.Namespace) -> int:
         done = fix_use_reentrant(findings, result.sources)
         fixed = len(done)
         findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
-    for error in result.errors:
-        print(error, file=sys.stderr)
+    if ns.format != "github":  # github gets them as ::error annotations on stdout
+        for error in result.errors:
+            print(error, file=sys.stderr)
     if ns.statistics:
-        if findings:
-            print(statistics(findings))
+        _print_statistics(ns.format, findings)
     else:
         text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
         if text:
             print(text)
-    if ns.format == "text" or ns.statistics:
-        print(summary(findings, result.errors, fixed))
+    if ns.format == "text":
+        print(lint_summary(findings, result.errors, fixed, FIXABLE))
     if ns.exit_zero:
         return 0
     return 1 if findings or result.errors else 0
+
+
+def _print_statistics(fmt: str, findings: list) -> None:
+    """``--statistics``: a count per rule, as a table or (``--format json``) ruff's JSON list."""
+    from recheck.catalogue import FIXABLE, all_rules
+    from recheck.output.json import dumps, statistics_list
+    from recheck.output.text import lint_statistics
+
+    names = {rule.code: rule.name for rule in all_rules()}
+    if fmt == "json":
+        print(dumps(statistics_list(findings, names, FIXABLE)))
+    elif findings:
+        print(lint_statistics(findings, names, FIXABLE))

@@ -3,7 +3,7 @@
 Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and bytes of one
 operator), ``ledger`` (live storages by category), ``state`` (finding and restoring the
 step's state), ``router`` (runs each checkpoint as written or bypassed, through
-``recheck.watcher.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
+``recheck.intercept.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
 ``results``/``budget`` (figures), ``compare`` (:func:`measure`), ``table``/``plot``
 (rendering).  Pipelines (``torch.distributed.pipelining``): ``schedules`` (orders of
 forward/backward per stage, theoretical bundle counts, the retained-peak model; no torch),

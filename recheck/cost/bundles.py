@@ -5,7 +5,7 @@ traced run (every hold and release of a storage autograd keeps for backward) and
 each held storage with a *bundle*: the ``(stage, microbatch)`` it was saved for.
 
 * On a real pipeline (``labels="chunks"``) the label is the chunk the schedule is running,
-  told by :mod:`recheck.watcher.pipelining` (the tracker is a ``ChunkListener``).  The last
+  told by :mod:`recheck.intercept.pipelining` (the tracker is a ``ChunkListener``).  The last
   stage's loss runs after ``forward_one_chunk`` returns: state held between chunks in
   forward belongs to the microbatch forwarded last.
 * In a one-process planning run (``labels="tags"``) the label is the ``stage`` of
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from recheck.cost.ledger import Ledger
-from recheck.watcher.tags import current_tags
+from recheck.runtime.tags import current_tags
 
 __all__ = ["Bundle", "BundleTracker", "StageBundles"]
 

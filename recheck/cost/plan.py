@@ -150,7 +150,7 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
     from recheck.cost.router import Router, routing
     from recheck.cost.state import discover_state
     from recheck.cost.trace import Tracer
-    from recheck.watcher.tags import current_tags
+    from recheck.runtime.tags import current_tags
 
     state = discover_state(step)
     restore = state.snapshot()

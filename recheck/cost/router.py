@@ -1,9 +1,9 @@
 """Route every checkpoint call of a step: run it as written, or bypass it (call the region).
 
-The interception itself is ``recheck.watcher.patches`` (it swaps the function that
+The interception itself is ``recheck.intercept.patches`` (it swaps the function that
 ``torch.utils.checkpoint.checkpoint``'s exported wrapper closes over, the non-reentrant
 generator used by the composable API, and ``CheckpointFunction.forward``); this module
-is the :class:`~recheck.watcher.patches.Hooks` object it calls.  In ``"checkpoint"`` mode
+is the :class:`~recheck.intercept.patches.Hooks` object it calls.  In ``"checkpoint"`` mode
 the real checkpoint runs with the region function wrapped, so the cost tracer can tell a
 region's forward from its recompute; in ``"bypass"`` mode the region function is called
 directly, exactly as if the checkpoint call were not there.
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from recheck.cost.work import Work
-from recheck.watcher import patches
-from recheck.watcher.regions import RegionKey, call_site, describe
-from recheck.watcher.tags import current_tags
+from recheck.intercept import patches
+from recheck.runtime.naming import RegionKey, call_site, describe
+from recheck.runtime.tags import current_tags
 
 __all__ = ["CHECKPOINT_OPTIONS", "MODES", "ROUTER_MODE", "RegionCall", "RegionStats", "Router", "routing"]
 
@@ -92,7 +92,7 @@ class _RegionFunction:
 
 
 class Router:
-    """The :class:`recheck.watcher.patches.Hooks` of a cost measurement."""
+    """The :class:`recheck.intercept.patches.Hooks` of a cost measurement."""
 
     def __init__(self) -> None:
         self.mode = "checkpoint"

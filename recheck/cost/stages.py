@@ -9,7 +9,7 @@ zero-argument step that runs one ``schedule.step(...)``.  Each rank then
    allocates its recv buffers), and finds the step's state and its schedule;
 2. runs it traced with its checkpoints as written, then bypassed (state restored before
    each), with a :class:`~recheck.cost.bundles.BundleTracker` told of every chunk by
-   :mod:`recheck.watcher.pipelining`;
+   :mod:`recheck.intercept.pipelining`;
 3. returns a :class:`StageReport` per stage it holds (plain data, picklable).
 
 Every rank runs the same sequence of steps, so the schedules' sends and receives pair up.
@@ -137,7 +137,7 @@ def measure_rank(step: Callable[[], Any], rank: int) -> list[StageReport]:
     from recheck.cost.router import Router, routing
     from recheck.cost.state import discover_state
     from recheck.cost.trace import Tracer
-    from recheck.watcher import pipelining
+    from recheck.intercept import pipelining
 
     router = Router()
     with routing(router):
@@ -223,7 +223,7 @@ def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[S
     """
     import torch.distributed as dist
 
-    from recheck.checker.targets import TargetError, load_target
+    from recheck.loading import TargetError, load_target
 
     results: dict[str, list[StageReport] | str] = {}
     for spec in specs:

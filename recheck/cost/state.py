@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from recheck.checker.reach import code_globals
-from recheck.checker.values import RngRecord
+from recheck.runtime.reach import code_globals
+from recheck.runtime.rng import RngRecord
 
 __all__ = ["StepState", "discover_state"]
 

@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_leaves
 
 from recheck.cost.ledger import storage_key
 from recheck.cost.trace import tensor_storage
-from recheck.watcher.tags import current_tags
+from recheck.runtime.tags import current_tags
 
 __all__ = ["StageWindows", "WindowFigures", "supported"]
 

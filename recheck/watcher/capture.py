@@ -1,8 +1,8 @@
 """Snapshots a record takes around a forward and its recomputations.
 
-Built on the checker's lower modules: ``recheck.checker.reach`` finds what a region can
+Built on the checker's lower modules: ``recheck.runtime.reach`` finds what a region can
 touch (its modules with their names, explicit generators, the globals its code reads)
-and ``recheck.checker.values`` reads RNG streams and fingerprints values.  What is added here is specific to
+and ``recheck.runtime.fingerprints`` reads RNG streams and fingerprints values.  What is added here is specific to
 watching many invocations: a per-region cache of the static reach, and module state
 (own buffers as prints, public attributes as fingerprints) keyed by module name.
 """
@@ -13,9 +13,10 @@ from typing import Any, Iterable
 
 import torch
 
-from recheck.checker.reach import Reach, static_reach
-from recheck.checker.values import MISSING, fingerprint, rng_states, show
-from recheck.watcher.prints import Store, print_tensor
+from recheck.runtime.reach import Reach, static_reach
+from recheck.runtime.fingerprints import MISSING, fingerprint, show
+from recheck.runtime.rng import rng_states
+from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
            "parameters_of", "reach_of", "with_submodules"]

@@ -1,6 +1,6 @@
 """Routing intercepted checkpoint calls to records, and records to the active watch() blocks.
 
-The patches (``recheck.watcher.patches``) call the :class:`Dispatcher`'s hooks.  For each
+The patches (``recheck.intercept.patches``) call the :class:`Dispatcher`'s hooks.  For each
 invocation it creates an :class:`~recheck.watcher.records.InvocationRecord` and hands torch
 a :class:`WatchedFunction` wrapping the user's callable: torch calls that same object for
 the forward and for every recompute (both variants), which is how a recompute finds its
@@ -9,7 +9,7 @@ prints every saved tensor (torch's own shape/dtype/device check is kept).
 
 Every active ``watch()`` receives every record made while it is active, so nested blocks
 both see inner calls.  While any block is active the pipelining labels
-(``recheck.watcher.pipelining``) are acquired, so calls made inside a pipeline chunk are
+(``recheck.intercept.pipelining``) are acquired, so calls made inside a pipeline chunk are
 tagged with ``stage`` and ``microbatch``; in a torch.distributed process every record is
 also tagged with ``rank``.  Bookkeeping errors never break the user's program: they become
 report notes.
@@ -27,13 +27,13 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from recheck.checker.effects import EffectCapture
+from recheck.runtime.effects import EffectCapture
 from recheck.distributed.world import current_place
-from recheck.watcher import patches, pipelining
+from recheck.intercept import patches, pipelining
 from recheck.watcher.capture import reach_of
 from recheck.watcher.records import InvocationRecord
-from recheck.watcher.regions import call_site, describe
-from recheck.watcher.tags import current_tags
+from recheck.runtime.naming import call_site, describe
+from recheck.runtime.tags import current_tags
 
 __all__ = ["DISPATCHER", "Dispatcher", "SessionLike", "WatchedFunction"]
 
@@ -78,7 +78,7 @@ class WatchedFunction:
 
 
 class Dispatcher:
-    """Implements :class:`recheck.watcher.patches.Hooks` for the active ``watch()`` blocks."""
+    """Implements :class:`recheck.intercept.patches.Hooks` for the active ``watch()`` blocks."""
 
     def __init__(self) -> None:
         self.sessions: list[SessionLike] = []
@@ -146,12 +146,14 @@ class Dispatcher:
         entry = "reentrant" if use_reentrant is None or use_reentrant else "checkpoint"
         record = self._new_record(function, entry)
         record.grad_enabled = torch.is_grad_enabled()
+        record.preserve_rng_state = bool(kwargs.get("preserve_rng_state", True))
         return real(WatchedFunction(function, record, self), *rest, **kwargs)
 
     def reentrant_forward(self, real: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
         if self.sessions and not isinstance(run_function, WatchedFunction):
             record = self._new_record(run_function, "reentrant")
             record.grad_enabled = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            record.preserve_rng_state = bool(preserve)
             run_function = WatchedFunction(run_function, record, self)
         return real(ctx, run_function, preserve, *args)
 
@@ -174,6 +176,7 @@ class Dispatcher:
         else:
             return original(*args, **kwargs)
         record.grad_enabled = torch.is_grad_enabled()
+        record.preserve_rng_state = bool(arguments.get("preserve_rng_state", True))
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
         key = None

@@ -28,7 +28,7 @@ from typing import Any
 from recheck.distributed.world import Place, current_place
 from recheck.findings import Finding, RecomputeMismatch, Report
 from recheck.watcher.dispatch import DISPATCHER
-from recheck.watcher.prints import STORES
+from recheck.runtime.digests import STORES
 from recheck.watcher.records import InvocationRecord
 
 __all__ = ["COMPILE_NOTE", "Watch", "watch"]

@@ -1,4 +1,4 @@
-"""recheck.checker.bits: bitwise comparison, tolerances and digests."""
+"""recheck.runtime.bits: bitwise comparison, tolerances and digests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recheck.checker.bits import Tolerance, bit_view, compare_tensors, digest
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
 
 
 def test_identical_tensors_compare_equal():

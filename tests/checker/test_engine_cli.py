@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from recheck.checker.targets import TargetError, build_region, load_target
+from recheck.loading import TargetError, build_region, load_target
 from recheck.cli import main
 
 REGIONS = textwrap.dedent('''

@@ -1,4 +1,4 @@
-"""recheck.checker.state, reach and effects: capture, exact restore, what a region reaches."""
+"""recheck.runtime.snapshot, reach and effects: capture, exact restore, what a region reaches."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from recheck.checker.effects import EffectCapture
-from recheck.checker.reach import ModuleRecorder, code_globals, static_reach
-from recheck.checker.state import (RngRecord, Snapshot, TensorRecord, ValueRecord, fingerprint,
+from recheck.runtime.effects import EffectCapture
+from recheck.runtime.reach import ModuleRecorder, code_globals, static_reach
+from recheck.runtime.snapshot import (RngRecord, Snapshot, TensorRecord, ValueRecord, fingerprint,
                                    rng_states)
 
 CACHE: list = []

@@ -12,7 +12,7 @@ from torch import nn
 from recheck.cost import measure
 from recheck.cost.router import Router, routing
 from recheck.cost.state import discover_state
-from recheck.watcher import patches
+from recheck.intercept import patches
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ import pytest
 from recheck.distributed import launch
 from recheck.distributed.launch import WorldFailed, WorldTimeout, run_world
 from recheck.distributed.world import Place, current_place
-from recheck.watcher import pipelining
-from recheck.watcher.tags import current_tags, tag
+from recheck.intercept import pipelining
+from recheck.runtime.tags import current_tags, tag
 
 
 def _spawned_children() -> list:

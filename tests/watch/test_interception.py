@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as checkpoint_imported_early
 
 import recheck
-from recheck.watcher import patches
+from recheck.intercept import patches
 
 ORIGINAL_CHECKPOINT = torch_checkpoint.checkpoint
 ORIGINAL_INNER = torch_checkpoint.checkpoint.__wrapped__

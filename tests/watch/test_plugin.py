@@ -163,9 +163,22 @@ def test_invalid_tool_recheck_is_a_usage_error(pytester):
         store = "everything"
     """)
     pytester.makepyfile(test_x="def test_x(): pass")
-    result = pytester.runpytest(*PLUGIN)
+    result = pytester.runpytest(*PLUGIN, "--recheck")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*invalid value for 'store' in [[]tool.recheck[]]*"])
+
+
+def test_tool_recheck_is_not_read_unless_recheck_is_enabled(pytester):
+    # a typo in a key only the linter reads must not fail every plain pytest run
+    pytester.makepyprojecttoml("""
+        [tool.recheck]
+        selct = ["RC1"]
+        store = "everything"
+    """)
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
 
 
 def test_checkpoint_imported_in_conftest_before_the_plugin_configured(pytester):

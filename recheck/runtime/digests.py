@@ -4,7 +4,7 @@ A :class:`TensorPrint` is compared with the recomputed tensor's print.  Digests 
 and position dependent: CPU tensors hash their dtype, shape and bytes with SHA-256
 truncated to 128 bits (``hashlib``, read in place without a copy; SHA-256 runs on the
 CPU's SHA extensions where present, measured 2.2x faster than BLAKE2b here), tensors on
-other devices use ``recheck.checker.bits.digest`` (128-bit, computed on the device; only
+other devices use ``recheck.runtime.bits.digest`` (128-bit, computed on the device; only
 two integers reach the host).  A print is taken for every saved tensor of every
 forward and recompute, so :func:`print_tensor` avoids per-call work that only a
 mismatch report needs (the description is built when asked for).  Copies
@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from recheck.checker.bits import bit_view, compare_tensors, digest
+from recheck.runtime.bits import bit_view, compare_tensors, digest
 
 __all__ = ["STORES", "Store", "TensorPrint", "print_tensor"]
 

@@ -17,7 +17,7 @@ runs (:meth:`Snapshot.observe`).  Records exist for
   and restoring the content of containers (nested up to three levels).
 
 :func:`fingerprint` turns any value into a comparable structure: numbers by bits,
-tensors by :func:`~recheck.checker.bits.digest`, containers by content and length.
+tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from recheck.checker.bits import bits_equal
-from recheck.checker.values import (MISSING, Observed, RngRecord, _MAX_DEPTH, _MAX_ITEMS,
-                                    fingerprint, rng_fingerprint, rng_states, rng_summary, show)
+from recheck.runtime.bits import bits_equal
+from recheck.runtime.fingerprints import MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint, show
+from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
 
 __all__ = [
     "BindingsRecord",

@@ -19,11 +19,11 @@ import dis
 import functools
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "input_tensors", "iter_tensors", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -235,21 +235,3 @@ class ModuleRecorder:
 
     def __exit__(self, *exc: Any) -> None:
         self._handle.remove()
-
-
-def iter_tensors(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors inside nested tuples, lists and dicts, with ``args[0]['x']``-style paths."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from iter_tensors(item, f"{path}[{index}]", depth - 1)
-    elif depth > 0 and isinstance(value, dict):
-        for key, item in value.items():
-            yield from iter_tensors(item, f"{path}[{key!r}]", depth - 1)
-
-
-
-def input_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
-    """The tensors a region is called with, by ``args[0]``/``kwargs['x']`` path."""
-    return list(iter_tensors(args, "args")) + list(iter_tensors(kwargs, "kwargs"))

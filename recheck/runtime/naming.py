@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["RegionKey", "describe", "call_site", "unwrap"]
+__all__ = ["RegionKey", "call_site", "describe", "region_name", "relative", "unwrap"]
 
 _SKIPPED_DIRS = tuple(
     str(Path(module.__file__).resolve().parent) + os.sep
@@ -68,7 +68,13 @@ def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
     return (function if hasattr(function, "__code__") else None), owner
 
 
-def _relative(path: str) -> str:
+def relative(path: str) -> str:
+    """``path`` as findings show it: relative to the working directory when inside or beside it.
+
+    The one rule every face uses for file names in messages (region definitions, checkpoint
+    calls): a path under the working directory, or in a sibling folder, is shown relative;
+    anything further away (site-packages) stays absolute.
+    """
     return _relative_to(path, os.getcwd())
 
 
@@ -76,10 +82,10 @@ def _relative(path: str) -> str:
 def _relative_to(path: str, cwd: str) -> str:
     """``path`` relative to ``cwd`` when it is inside or beside it (cached: once per call site)."""
     try:
-        relative = os.path.relpath(path, cwd)
+        rel = os.path.relpath(path, cwd)
     except ValueError:  # another drive on Windows
         return path
-    return path if relative.startswith(".." + os.sep + "..") else relative
+    return path if rel.startswith(".." + os.sep + "..") else rel
 
 
 def call_site(depth: int = 2) -> str | None:
@@ -88,7 +94,7 @@ def call_site(depth: int = 2) -> str | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename not in _SKIPPED_FILES and not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<frozen"):
-            return f"{_relative(filename)}:{frame.f_lineno}"
+            return f"{relative(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
@@ -105,6 +111,16 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
         qualname = getattr(plain, "__qualname__", code.co_name)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
             qualname = f"{type(owner).__qualname__}.{qualname}"
-        return RegionKey(qualname, f"{_relative(code.co_filename)}:{code.co_firstlineno}", callsite)
+        return RegionKey(qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}", callsite)
     name = getattr(function, "__qualname__", None) or type(function).__qualname__
     return RegionKey(name, None, callsite)
+
+
+def region_name(function: Any) -> str:
+    """``Qual.name (file:line)``: how every face names the region a callable is.
+
+    The same text as a :class:`RegionKey` without its call site: ``Block.forward
+    (model.py:8)`` for a module, a bound method or ``partial(forward, self)``,
+    ``make.<locals>.body (m.py:3)`` for a closure.
+    """
+    return str(describe(function, None))

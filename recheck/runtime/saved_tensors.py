@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from recheck.checker.bits import bits_equal
+from recheck.runtime.bits import bits_equal
 
 __all__ = ["MODE", "SavedTensorLog", "bitwise_determinism"]
 

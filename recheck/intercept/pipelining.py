@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from recheck.watcher.tags import current_tags, tag
+from recheck.runtime.tags import current_tags, tag
 
 __all__ = ["STAGE_MODULE", "ChunkAction", "ChunkListener", "acquire", "installed", "release"]
 
