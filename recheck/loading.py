@@ -62,7 +62,7 @@ class Region:
 
 def user_frames(exc: BaseException) -> str:
     """The traceback of ``exc`` without recheck's and importlib's frames."""
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parent) + os.sep  # recheck's own package, nothing beside it
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith(here) and "importlib" not in f.filename
               and not f.filename.startswith("<frozen")]

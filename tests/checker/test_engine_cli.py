@@ -405,3 +405,21 @@ def test_another_package_of_the_same_name_first_on_the_path_is_named(project, tm
     with pytest.raises(TargetError, match=r"mymodel/train.py is the module mymodel.train .*but `import "
                                           r"mymodel.train` finds .*site/mymodel/train.py"):
         load_target("mymodel/train.py:step")
+
+
+def test_user_frames_keep_files_beside_the_recheck_package():
+    # The user's code may live next to recheck's package (a checkout with fixtures/, or
+    # site-packages beside an installed recheck): only recheck's own frames are dropped.
+    from pathlib import Path
+
+    import recheck
+    from recheck.loading import user_frames
+
+    beside = Path(recheck.__file__).resolve().parent.parent / "fixtures" / "models" / "user_code.py"
+    code = compile("def helper():\n    raise ValueError('planted')\n\nhelper()\n", str(beside), "exec")
+    try:
+        exec(code, {})
+    except ValueError as exc:
+        text = user_frames(exc)
+    assert f'File "{beside}", line 2, in helper' in text
+    assert "ValueError: planted" in text
