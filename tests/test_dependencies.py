@@ -25,7 +25,7 @@ COST = str(ROOT / "fixtures" / "models" / "cost_demo.py")
 @pytest.fixture
 def no_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
-    for name in ("check", "watch", "measure"):  # names the package already loaded
+    for name in recheck._LAZY:  # names the package already loaded
         monkeypatch.delitem(vars(recheck), name, raising=False)
 
 
@@ -73,7 +73,7 @@ def test_lint_works(no_torch, tmp_path, capsys):
     assert "RC001" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["check", "watch", "measure", "assert_recompute_equal", "tag"])
+@pytest.mark.parametrize("name", ["check", "watch", "measure", "assert_recompute_equal", "tag", "gather_report"])
 def test_the_python_api_names_the_function(no_torch, name):
     with pytest.raises(MissingDependency, match=rf"recheck\.{name} needs PyTorch"):
         getattr(recheck, name)
