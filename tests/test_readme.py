@@ -85,3 +85,43 @@ def test_the_quickstart_check_works_without_numpy():
     summary = out.stdout.rstrip().splitlines()[-1]
     assert re.fullmatch(r"recheck: checked 31 regions: 18 with findings \(\d+ differences\), 13 clean", summary)
     assert "region_numpy_random" not in out.stdout
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end != -1 else None]
+
+
+def test_every_tool_recheck_key_is_documented():
+    from recheck.config import SCHEMA
+
+    configuration = _section("Configuration")
+    for key in SCHEMA:
+        assert f"`{key.replace('_', '-')}`" in configuration, f"[tool.recheck] key {key!r} is not in README"
+
+
+def test_every_command_line_option_is_documented():
+    import argparse
+
+    from recheck.cli import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            spelled = [o for o in action.option_strings if o != "-h" and o != "--help"]
+            if isinstance(action, argparse.BooleanOptionalAction):
+                spelled = [o for o in spelled if not o.startswith("--no-")]
+            if spelled and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", README) for o in spelled):
+                missing.append(f"recheck {name} {spelled[0]}")
+    assert not missing, f"options README does not mention: {missing}"
+
+
+def test_the_fast_subset_is_documented_and_the_marker_exists():
+    from recheck.config import tomllib  # tomli before Python 3.11
+
+    pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert any(marker.startswith("slow:") for marker in pytest_ini["markers"])
+    assert 'python -m pytest -m "not slow"' in README

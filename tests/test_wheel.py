@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+#: builds the wheel and fresh virtual environments
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,7 +57,6 @@ def test_explain_from_a_fresh_virtual_environment(wheel, tmp_path):
     assert "site-packages/recheck/_rules" in where.stdout
 
 
-@pytest.mark.slow
 def test_the_pre_commit_hook_installs_no_torch_and_lints(tmp_path):
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["language"] == "python" and not hook.get("additional_dependencies")

@@ -16,9 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
-from datetime import timedelta
+import pytest
+
+#: two pytest processes joined in one world
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "fixtures" / "distributed" / "case_ddp_rank_hazard.py"
