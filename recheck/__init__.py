@@ -52,6 +52,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        from recheck.dependencies import require_torch
+
+        require_torch(f"recheck.{name}")
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

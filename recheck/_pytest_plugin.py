@@ -95,6 +95,12 @@ def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
     if settings.resolved:
         return settings
     from recheck.config import ConfigError, load_config
+    from recheck.dependencies import MissingDependency, require_torch
+
+    try:
+        require_torch("pytest --recheck")
+    except MissingDependency as exc:
+        raise pytest.UsageError(f"recheck: {exc}") from None
 
     try:
         table = load_config(config.rootpath).values

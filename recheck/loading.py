@@ -6,6 +6,12 @@ argument and returns ``(region, args)`` or ``(region, args, kwargs)``.  A module
 define ``CHECK_OPTIONS = {name: {option: value}}`` with the ``check()`` options an
 example needs (for instance ``preserve_rng_state=False``).
 
+A file is imported the way pytest's rootdir logic imports a test file: inside a package (its
+folder has an ``__init__.py``) by its dotted name, with the first folder above it that has
+none put on ``sys.path`` (``mymodel/train.py`` is ``mymodel.train``, so its ``from mymodel
+import ...`` and relative imports work); outside one under its own name.  As with
+``python -m``, the current folder is importable too.
+
 Errors raised by the user's code (importing the file, building the region) become a
 :class:`TargetError` whose ``user_traceback`` shows the user's frames only.
 """
@@ -56,7 +62,7 @@ class Region:
 
 def user_frames(exc: BaseException) -> str:
     """The traceback of ``exc`` without recheck's and importlib's frames."""
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parent) + os.sep  # recheck's own package, nothing beside it
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith(here) and "importlib" not in f.filename
               and not f.filename.startswith("<frozen")]
@@ -69,10 +75,80 @@ def user_frames(exc: BaseException) -> str:
 _LOADED: dict[str, ModuleType] = {}
 
 
+def _package_name(path: Path) -> tuple[Path, str] | None:
+    """Where a file inside a package is imported from, as pytest's rootdir logic finds it.
+
+    The first folder above ``path`` without an ``__init__.py`` is the root that goes on
+    ``sys.path``; the file's dotted name is read from there (``mymodel/train.py`` with
+    ``mymodel/__init__.py`` is ``mymodel.train``).  None for a file outside any package.
+    """
+    folder = path.parent
+    parts = [] if path.name == "__init__.py" else [path.stem]
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if folder == path.parent or not all(part.isidentifier() for part in parts):
+        return None
+    return folder, ".".join(parts)
+
+
+def _make_importable(folder: str) -> None:
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def _not_found_hint(path: Path, exc: BaseException) -> str:
+    """For ``No module named 'mymodel'`` where mymodel is a folder above the file: what to do."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return ""
+    top = exc.name.partition(".")[0]
+    for folder in path.parents:
+        if folder.name == top:
+            dotted = ".".join(path.relative_to(folder.parent).with_suffix("").parts)
+            return (f" (`{top}` is the folder {folder}: run recheck from {folder.parent}, where "
+                    f"`import {top}` finds it, and name the target {dotted}:NAME, or install the "
+                    f"project with `pip install -e .`)")
+    return ""
+
+
 def _import_file(path: Path) -> ModuleType:
-    resolved = str(path.resolve())
+    resolved_path = path.resolve()
+    resolved = str(resolved_path)
     if resolved in _LOADED:
         return _LOADED[resolved]
+    # Like `python -m`: the current folder is importable, so a file in a folder of the
+    # project can import its siblings as `mymodel.layers` from the project root.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    package = _package_name(resolved_path)
+    if package is not None:
+        module = _import_in_package(path, resolved_path, *package)
+    else:
+        module = _import_loose_file(path, resolved_path)
+    _LOADED[resolved] = module
+    return module
+
+
+def _import_in_package(path: Path, resolved: Path, root: Path, dotted: str) -> ModuleType:
+    """Import a file inside a package by its dotted name, its root kept on sys.path (as pytest does)."""
+    _make_importable(str(root))
+    try:
+        module = importlib.import_module(dotted)
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise TargetError(f"importing {path} (as {dotted}) failed: {type(exc).__name__}: {exc}"
+                          f"{_not_found_hint(resolved, exc)}", user_frames(exc)) from None
+    found = getattr(module, "__file__", None)
+    if found is None or Path(found).resolve() != resolved:
+        raise TargetError(f"{path} is the module {dotted} (from {root}), but `import {dotted}` finds "
+                          f"{found or 'a module without a file'}: another {dotted.partition('.')[0]} "
+                          f"comes first on sys.path (installed, or imported already)")
+    return module
+
+
+def _import_loose_file(path: Path, resolved: Path) -> ModuleType:
+    """Import a file outside any package under its own name, its folder on sys.path meanwhile."""
     stem = path.stem if path.stem.isidentifier() else "target"
     # Named after the file (``zoo``) so that findings say ``zoo.SCALE``; another name
     # when a different module already has it.
@@ -83,7 +159,7 @@ def _import_file(path: Path) -> ModuleType:
         raise TargetError(f"cannot import {path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    directory = str(path.resolve().parent)
+    directory = str(resolved.parent)
     sys.path.insert(0, directory)
     try:
         spec.loader.exec_module(module)
@@ -91,12 +167,11 @@ def _import_file(path: Path) -> ModuleType:
         del sys.modules[name]
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}",
+        raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}{_not_found_hint(resolved, exc)}",
                           user_frames(exc)) from None
     finally:
         if directory in sys.path:
             sys.path.remove(directory)
-    _LOADED[resolved] = module
     return module
 
 

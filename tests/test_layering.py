@@ -2,7 +2,8 @@
 
 Floors, bottom to top:
   0  recheck.findings, output.text            data types (and the text they render as)
-  1  recheck.catalogue, config, lab, loading, output   foundation services (no torch, no libcst)
+  1  recheck.catalogue, config, dependencies, lab, loading, output, progress   foundation services
+                                              (no torch, no libcst)
   2  recheck.runtime.*                        torch-facing primitives (bits, digests, trees, rng,
                                               snapshot, reach, effects, naming, tags)
   3  recheck.intercept.*                      patches on every checkpoint entry point, one hooks base
@@ -20,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__",
          "recheck.integrations")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.lab", "recheck.loading", "recheck.output")
+FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.lab", "recheck.loading",
+              "recheck.output", "recheck.progress")
 DATA = ("recheck.findings", "recheck.output.text")
 
 

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: one per CPU)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar (one is drawn on stderr only when it is a terminal)")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -56,7 +58,10 @@ def run(ns: argparse.Namespace) -> int:
     except SelectorError as exc:
         print(f"recheck lint: error: {exc}", file=sys.stderr)
         return 2
-    result = lint_paths(paths, options)
+    from recheck.progress import progress
+
+    with progress("parsing", unit="file", quiet=ns.quiet) as bar:
+        result = lint_paths(paths, options, progress=bar.count if bar.shown else None)
     findings = result.findings
     fixed = 0
     if ns.fix:

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
@@ -87,16 +87,24 @@ def _phase_one(job: tuple[str, str, str, bool, frozenset[str]]) -> tuple[str, Fi
 
 
 def _run_phase_one(jobs: list[tuple], workers: int) -> Iterable[tuple[str, FileFacts | FileError]]:
+    """Each job's facts as it is done (the caller consumes them all)."""
     if workers <= 1 or len(jobs) < POOL_THRESHOLD:
-        return [_phase_one(job) for job in jobs]
+        yield from map(_phase_one, jobs)
+        return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     with multiprocessing.get_context(method).Pool(workers) as pool:
-        return list(pool.imap_unordered(_phase_one, jobs, chunksize=4))
+        yield from pool.imap_unordered(_phase_one, jobs, chunksize=4)
+
+
+#: ``progress(parsed, to_parse)``: files parsed so far of those known to need parsing (the
+#: second number grows when a round finds more files that regions reach).
+ProgressCallback = Callable[[int, int], None]
 
 
 class _Run:
-    def __init__(self, options: LintOptions) -> None:
+    def __init__(self, options: LintOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
+        self.progress = progress
         extra = frozenset(options.checkpoint_functions)
         self.extra = extra
         self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in extra]
@@ -117,8 +125,13 @@ class _Run:
                 self.facts[source.display] = cached
             else:
                 jobs.append((source.display, source.text, source.module, source.is_package, self.extra))
-        self.parsed += len(jobs)
+        done, self.parsed = self.parsed, self.parsed + len(jobs)
+        if self.progress is not None and jobs:
+            self.progress(done, self.parsed)
         for display, result in _run_phase_one(jobs, self.workers):
+            if self.progress is not None:
+                done += 1
+                self.progress(done, self.parsed)
             if isinstance(result, FileError):
                 self.errors.append(result)
                 self.facts[display] = FileFacts(display, self.sources[display].module)
@@ -172,10 +185,11 @@ def _read(paths: list[Path], run: _Run) -> None:
         run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package)
 
 
-def lint_paths(paths: Iterable[Path], options: LintOptions | None = None) -> LintResult:
-    """Lint every Python file under ``paths``."""
+def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
+               progress: ProgressCallback | None = None) -> LintResult:
+    """Lint every Python file under ``paths``; ``progress`` hears of each file parsed."""
     options = options or LintOptions()
-    run = _Run(options)
+    run = _Run(options, progress)
     _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
     return _lint(run)
 

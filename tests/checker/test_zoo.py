@@ -142,6 +142,7 @@ def _run_cli(*arguments: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_reports_every_hazard_and_nothing_for_safe_examples(zoo) -> None:
     result = _run_cli(ZOO_FILE, "--format", "json")
     assert result.returncode == 1, result.stderr
@@ -158,6 +159,7 @@ def test_cli_reports_every_hazard_and_nothing_for_safe_examples(zoo) -> None:
     assert hazards - by_chance <= payload["summary"]["with_findings"] <= hazards
 
 
+@pytest.mark.slow
 def test_cli_text_output_names_the_hazards(zoo) -> None:
     hazard, safe = "region_batchnorm_train", "region_mlp"
     assert zoo.EXPECTED[safe] == NONE
@@ -169,6 +171,7 @@ def test_cli_text_output_names_the_hazards(zoo) -> None:
     assert "1 with findings" in result.stdout and "1 clean" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_logger_read_as_a_global_is_not_state_in_a_fresh_process(zoo) -> None:
     # The first check in a process fills the logger's level cache and torch registers its
     # own loggers during the first backward: a logger compared by its __dict__ differed

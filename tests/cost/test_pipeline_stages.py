@@ -20,6 +20,9 @@ from recheck.cost.stage_table import plan_error, render_comparison, render_stage
 from recheck.cost.stages import StageReport, rank_entry
 from recheck.distributed.launch import run_world
 
+#: real pipeline worlds on spawned ranks
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "fixtures" / "pipeline" / "pipeline_steps.py"
 KINDS = {"gpipe": f"{FIXTURE}:gpipe_step", "1f1b": f"{FIXTURE}:one_f_one_b_step"}

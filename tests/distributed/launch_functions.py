@@ -17,6 +17,12 @@ def sum_of_ranks(rank: int, world_size: int, offset: int) -> dict:
     return {"rank": rank, "world_size": world_size, "total": int(total), "env_rank": os.environ["RANK"]}
 
 
+def rendezvous_seen(rank: int, world_size: int) -> dict:
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    return {"rank": rank, "master_port": os.environ.get("MASTER_PORT"), "total": int(total)}
+
+
 def rank_one_raises(rank: int, world_size: int) -> int:
     if rank == 1:
         raise ValueError("planted failure on rank 1")

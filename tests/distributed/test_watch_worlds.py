@@ -25,6 +25,9 @@ import world_pipeline
 from recheck.distributed.launch import run_world
 from recheck.findings import Report
 
+#: real torch.distributed worlds on spawned ranks
+pytestmark = pytest.mark.slow
+
 #: seconds a world may run before its ranks are killed (a normal run takes 10-25 s on 2 cores)
 WORLD_TIMEOUT = 150
 DATA_PARALLEL_RANKS = 4

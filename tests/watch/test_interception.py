@@ -193,6 +193,7 @@ def test_forward_without_grad_is_counted_not_flagged():
     assert w.report.stats["never_recomputed"] == 0
 
 
+@pytest.mark.slow
 def test_torch_compile_passes_through_and_says_so():
     torch._dynamo.reset()
     model = mlp()

@@ -209,6 +209,7 @@ def test_checkpoint_imported_in_conftest_before_the_plugin_configured(pytester):
 
 @pytest.mark.skipif("xdist" not in sys.modules and not __import__("importlib").util.find_spec("xdist"),
                     reason="pytest-xdist is not installed")
+@pytest.mark.slow
 def test_xdist_summary_is_built_on_the_controller(pytester):
     pytester.makepyfile(test_model=CLEAN_AND_HAZARD)
     result = pytester.runpytest_subprocess(*PLUGIN, "-p", "xdist", "-n", "2", "--recheck",

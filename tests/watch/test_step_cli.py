@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+#: each test runs `python -m recheck` in a new process
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ROOT / "fixtures" / "steps" / "train_steps.py"
 
