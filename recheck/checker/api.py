@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from recheck.runtime.bits import Tolerance
 from recheck.checker.compare import Context
@@ -14,18 +14,6 @@ from recheck.runtime.naming import region_name
 from recheck.runtime.trees import leaves
 
 __all__ = ["assert_recompute_equal", "check"]
-
-
-def _tolerance(atol: float | None, rtol: float | None, max_ulp: int | None) -> Tolerance | None:
-    if atol is None and rtol is None and max_ulp is None:
-        return None
-    if max_ulp is not None and (atol is not None or rtol is not None):
-        raise ValueError("pass either max_ulp or atol/rtol, not both")
-    try:
-        return Tolerance(atol=float(atol or 0.0), rtol=float(rtol or 0.0),
-                         max_ulp=None if max_ulp is None else int(max_ulp))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"invalid tolerance: {exc}") from None
 
 
 def _validate(plain: RunResult) -> None:
@@ -42,19 +30,41 @@ def _validate(plain: RunResult) -> None:
             "pass an input with requires_grad=True or use a module with parameters")
 
 
-def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
-          preserve_rng_state: bool = True, early_stop: bool = True, grad_outputs: Any = None,
-          atol: float | None = None, rtol: float | None = None, max_ulp: int | None = None,
-          **kwargs: Any) -> Report:
+def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | None = None,
+          use_reentrant: bool = False, preserve_rng_state: bool = True, early_stop: bool = True,
+          grad_outputs: Any = None, atol: float | None = None, rtol: float | None = None,
+          max_ulp: int | None = None) -> Report:
     """Check that checkpointing ``fn(*args, **kwargs)`` recomputes exactly what it computed.
 
-    Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the
-    given configuration, compares outputs, gradients, saved tensors, RNG streams,
-    buffers, Python state, globals and side effects bit for bit, and restores all of
-    it afterwards.  Returns a :class:`~recheck.findings.Report` (``report.ok`` when
-    nothing differs).  An exception raised by the region's plain run propagates
-    unchanged after the state is restored.  ``atol``/``rtol`` or ``max_ulp`` relax
-    floating-point comparisons (default: exact bits).
+    Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the given
+    configuration, compares outputs, gradients, saved tensors, RNG streams, buffers, Python
+    state, globals and side effects bit for bit, and restores all of it afterwards: a check
+    leaves no trace, also when it raises.
+
+    Args:
+        fn: the region: an ``nn.Module`` or any callable (closure, bound method,
+            ``functools.partial``, lambda).
+        *args: its positional arguments (tensors, nested tuples/lists/dicts of them, ...).
+        kwargs: its keyword arguments.  They are kept apart from the options below, so a
+            misspelt option is a ``TypeError``, never a keyword the region silently gets.
+        use_reentrant, preserve_rng_state, early_stop: the checkpoint configuration checked.
+        grad_outputs: the upstream gradient of each output that requires grad (default:
+            seeded random tensors, the same in every run).
+        atol, rtol: a tolerance for floating-point values, given together (as
+            ``torch.testing.assert_close`` requires); integer state stays exact.
+        max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
+
+    Returns:
+        A :class:`~recheck.findings.Report`; ``report.ok`` when nothing differs.
+
+    Raises:
+        TypeError, ValueError: for a bad option, before the region runs.
+        RegionError: when the region cannot be checked (no tensor output, nothing requires grad).
+        Exception: whatever the region's plain run raises, after the state is restored.
+
+    Example:
+        >>> report = recheck.check(block, x, kwargs={"mask": mask})   # doctest: +SKIP
+        >>> assert report.ok, report                                   # doctest: +SKIP
     """
     __tracebackhide__ = True
     if not callable(fn):
@@ -65,9 +75,12 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     options = CheckOptions(use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
                            early_stop=early_stop, grad_outputs=grad_outputs,
-                           tolerance=_tolerance(atol, rtol, max_ulp))
+                           tolerance=Tolerance.of(atol, rtol, max_ulp))
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"recheck.check(): kwargs must be a mapping of the region's keyword arguments, "
+                        f"got {type(kwargs).__name__}")
     region = region_name(fn)
-    runner = Runner(fn, args, kwargs, options)
+    runner = Runner(fn, args, dict(kwargs or {}), options)
     replay = None
     try:
         plain = runner.execute("plain")
@@ -102,11 +115,15 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
     return Report(findings, title=title(region, config), notes=notes, stats=stats)
 
 
-def assert_recompute_equal(fn: Callable[..., Any], *args: Any, **options: Any) -> None:
+def assert_recompute_equal(fn: Callable[..., Any], /, *args: Any, **options: Any) -> None:
     """Like :func:`check`, but raise :class:`~recheck.findings.RecomputeMismatch` on a finding.
 
-    Takes the same arguments and options as :func:`check`; returns None when the
-    recomputation matches.  Under pytest the traceback points at the caller's line.
+    Takes the same arguments and options as :func:`check` (the region's keyword arguments
+    in ``kwargs=``); returns None when the recomputation matches.  Under pytest the
+    traceback points at the caller's line.
+
+    Raises:
+        RecomputeMismatch: with the full report, when anything differs.
     """
     __tracebackhide__ = True
     report = check(fn, *args, **options)

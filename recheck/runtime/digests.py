@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from recheck.runtime.bits import bit_view, compare_tensors, digest
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
 
 __all__ = ["STORES", "Store", "TensorPrint", "print_tensor"]
 
@@ -57,10 +57,16 @@ class TensorPrint:
             other.digest,
         )
 
-    def difference(self, other: TensorPrint) -> str:
+    def matches(self, other: TensorPrint, tolerance: Tolerance | None = None) -> bool:
+        """:meth:`same`, or within ``tolerance`` when both prints hold copies."""
+        if tolerance is None or self.copy is None or other.copy is None:
+            return self.same(other)
+        return compare_tensors(self.copy, other.copy, tolerance=tolerance, check_requires_grad=False) is None
+
+    def difference(self, other: TensorPrint, tolerance: Tolerance | None = None) -> str:
         """Text describing how ``other`` (recomputed) differs from this (original)."""
         if self.copy is not None and other.copy is not None:
-            diff = compare_tensors(self.copy, other.copy, check_requires_grad=False)
+            diff = compare_tensors(self.copy, other.copy, tolerance=tolerance, check_requires_grad=False)
             if diff is not None:
                 return "\n".join([self.description, *diff.lines()])
         if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):

@@ -31,6 +31,7 @@ from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture
 from recheck.watcher.capture import reach_of
+from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
 __all__ = ["DISPATCHER", "Dispatcher", "SessionLike"]
@@ -41,8 +42,7 @@ _METADATA_FNS = torch_checkpoint._allowed_determinism_checks_to_fns
 class SessionLike(Protocol):
     """What the dispatcher needs of a ``watch()`` block."""
 
-    store: str
-    strict: bool
+    options: WatchOptions
 
     def add_record(self, record: InvocationRecord) -> None: ...
 
@@ -87,8 +87,17 @@ class Dispatcher(Interceptor):
             pipelining.release()
             patches.release()
 
-    def _option_store(self) -> str:
-        return "copy" if any(s.store == "copy" for s in self.sessions) else "digest"
+    def _record_options(self) -> dict[str, Any]:
+        """What the active blocks together ask of a new record (nested blocks share records):
+        copies if any keeps copies, a full replay if any asks, a tolerance only if all give one."""
+        options = [s.options for s in self.sessions]
+        forced = next((o.early_stop for o in options if o.early_stop is False), None)
+        if forced is None:
+            forced = next((o.early_stop for o in options if o.early_stop is True), None)
+        tolerances = [o.tolerance for o in options]
+        return {"store": "copy" if any(o.store == "copy" for o in options) else "digest",
+                "early_stop": forced,
+                "tolerance": tolerances[0] if all(t is not None for t in tolerances) else None}
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
         for session in list(self.sessions):
@@ -104,8 +113,8 @@ class Dispatcher(Interceptor):
         with self._lock:
             index = self.region_calls.get(region, 0) + 1
             self.region_calls[region] = index
-            record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry, store=self._option_store(),
-                                      strict=any(s.strict for s in self.sessions), function=call.function)
+            record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry,
+                                      function=call.function, **self._record_options())
             record.grad_enabled = call.grad_enabled
             record.preserve_rng_state = call.preserve_rng_state
             self.records.append(record)
@@ -128,9 +137,9 @@ class Dispatcher(Interceptor):
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
         undo = contextlib.ExitStack()
-        if record.strict:  # replay fully, whatever the call or a set_checkpoint_early_stop block says
-            arguments["early_stop"] = False
-            undo.enter_context(torch_checkpoint.set_checkpoint_early_stop(False))
+        if record.forced_early_stop is not None:  # whatever the call or a set_checkpoint_early_stop block says
+            arguments["early_stop"] = record.forced_early_stop
+            undo.enter_context(torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop))
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"

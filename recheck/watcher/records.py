@@ -20,6 +20,7 @@ import torch
 
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
+from recheck.runtime.bits import Tolerance
 from recheck.runtime.fingerprints import show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import grad_subject
@@ -54,7 +55,7 @@ class Forward:
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: those modules and their submodules, named: whose state is compared
     state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
-    #: the input tensors at forward entry: path, tensor, version (and print under strict=True)
+    #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
     inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
@@ -116,12 +117,16 @@ class InvocationRecord:
         tags: Mapping[str, Any],
         *,
         entry: str,
-        store: Store,
-        strict: bool,
         function: Any,
+        store: Store = "digest",
+        early_stop: bool | None = None,
+        tolerance: Tolerance | None = None,
     ) -> None:
         self.region, self.index, self.tags = region, index, dict(tags)
-        self.entry, self.store, self.strict = entry, store, strict
+        self.entry, self.store, self.tolerance = entry, store, tolerance
+        #: the early stop the watch imposes on the call (None: the call's own)
+        self.forced_early_stop = early_stop
+        self.replay_fully = early_stop is False
         self.function = function
         self.reentrant = entry in ("reentrant", "apply")
         self.early_stop: bool | None = None
@@ -148,9 +153,9 @@ class InvocationRecord:
             self.forward.ran.setdefault(id(module), module)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
-            # ``.data`` does not; under strict=True the bytes are compared as well)
+            # ``.data`` does not; under early_stop=False the bytes are compared as well)
             self.forward.inputs = [(path, tensor, tensor._version,
-                                    print_tensor(tensor, self.store) if self.strict else None)
+                                    print_tensor(tensor, self.store) if self.replay_fully else None)
                                    for path, tensor in input_tensors(args, kwargs or {})]
             self.forward.inputs_need_grad = any(t.requires_grad for _, t, _, _ in self.forward.inputs)
 
@@ -283,9 +288,9 @@ class InvocationRecord:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
                 again = recomputed.get(path)
-                if again is not None and not original.same(again):
+                if again is not None and not original.matches(again, self.tolerance):
                     self._add("recompute", f"recomputed {path} differs from the forward's",
-                              subject=path, detail=original.difference(again))
+                              subject=path, detail=original.difference(again, self.tolerance))
         effects = [e for e in effects if not _torch_own(e)]
         for channel, message, detail in effect_messages(effects):
             self._add("side_effect", message, subject=channel, detail=detail)
@@ -297,7 +302,7 @@ class InvocationRecord:
         if self.forward is not None and index in self.forward.saved_buffers:
             return  # a module buffer autograd saved: the buffer comparison reports it
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
-        if not original.same(recomputed):
+        if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))
 
     def release(self) -> None:
@@ -314,7 +319,7 @@ class InvocationRecord:
         """A finding for every buffer, attribute or written global that differs (or appeared)."""
         for key in after.keys() | before.keys():
             then, now = before.get(key), after.get(key)
-            if then is not None and now is not None and _same(then, now):
+            if then is not None and now is not None and _same(then, now, self.tolerance):
                 continue
             what, subject = key
             if what == "buffer":
@@ -322,17 +327,17 @@ class InvocationRecord:
                     batchnorm = explain("buffer", subject) == "RC106"
                     message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
                         else f"{subject} {how}"
-                    self._add("buffer", message, subject=subject, detail=then.difference(now))
+                    self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance))
                 continue
             shown_then = "<absent>" if then is None else show(then[1])
             shown_now = "<absent>" if now is None else show(now[1])
             self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject)
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "") -> Finding:
-        # Under strict=True an invocation whose own setting was early stop replays fully: Python
+        # Under early_stop=False an invocation whose own setting was early stop replays fully: Python
         # state and side effects after the last saved tensor only ran because of that.  (A
         # buffer updated by a kernel, like BatchNorm's, is updated with early stop too.)
-        latent = self.strict and self.early_stop is True and kind in ("state", "side_effect")
+        latent = self.replay_fully and self.early_stop is True and kind in ("state", "side_effect")
         context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
         code = explain(kind, subject, **context)
         return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
@@ -350,7 +355,7 @@ class InvocationRecord:
             return []
         index, (original, recomputed) = min(self._saved_diffs.items())
         others = sorted(self._saved_diffs)[1:]
-        detail = f"saved tensor #{index}: " + original.difference(recomputed)
+        detail = f"saved tensor #{index}: " + original.difference(recomputed, self.tolerance)
         if others:
             more = f" and {len(others) - 8} more" if len(others) > 8 else ""
             detail += "\nalso differ: saved tensor " + ", ".join(f"#{i}" for i in others[:8]) + more
@@ -365,9 +370,9 @@ class InvocationRecord:
                 for f in findings]
 
 
-def _same(before: Any, after: Any) -> bool:
+def _same(before: Any, after: Any, tolerance: Tolerance | None = None) -> bool:
     if isinstance(before, TensorPrint) and isinstance(after, TensorPrint):
-        return before.same(after)
+        return before.matches(after, tolerance)
     if isinstance(before, TensorPrint) or isinstance(after, TensorPrint):
         return False
     return bool(before[0] == after[0])

@@ -68,7 +68,7 @@ def test_check_and_watch_agree(zoo, zoo_name, variant):
     fn, args, kwargs = _build(zoo, zoo_name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the warning example's own warning
-        checked = recheck.check(fn, *args, **kwargs, **options)
+        checked = recheck.check(fn, *args, kwargs=kwargs, **options)
     watched = _watched_step(zoo, zoo_name, options)
     a, b = _triples(checked, SHARED), _triples(watched, SHARED)
     assert a == b, (f"check only: {sorted(a - b, key=str)}\nwatch only: {sorted(b - a, key=str)}\n"
@@ -81,6 +81,6 @@ def test_watch_sees_a_reentrant_region_whose_inputs_need_no_grad(zoo):
     name = "region_reentrant_input_without_grad"
     watched = _watched_step(zoo, name, zoo.CHECK_OPTIONS[name])
     fn, args, kwargs = _build(zoo, name)
-    checked = recheck.check(fn, *args, **kwargs, **zoo.CHECK_OPTIONS[name])
+    checked = recheck.check(fn, *args, kwargs=kwargs, **zoo.CHECK_OPTIONS[name])
     missing = {f.subject for f in checked.by_kind("gradient")}
     assert missing and {f.subject for f in watched.by_kind("gradient")} == missing, str(watched)

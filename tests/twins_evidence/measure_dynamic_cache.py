@@ -23,7 +23,7 @@ for name in ("region_cache", "region_no_cache"):
         if cache is not None:
             cache.key_cache.clear()
             cache.value_cache.clear()
-        report = recheck.check(layer, *args, use_reentrant=reentrant, **kwargs)
+        report = recheck.check(layer, *args, use_reentrant=reentrant, kwargs=kwargs)
         entries = "no cache" if cache is None else (
             f"cache after the check: {len(cache)} layer entr{'y' if len(cache) == 1 else 'ies'}, "
             f"seq length {cache.get_seq_length()} (before: 0)")

@@ -40,11 +40,12 @@ def test_text_output_names_region_callsite_and_rule():
     assert out.stdout.rstrip().endswith("recheck: ran 1 step: 1 with findings")
 
 
-def test_strict_and_store_come_from_tool_recheck(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[tool.recheck]\nstrict = true\nstore = "copy"\n')
+@pytest.mark.parametrize("table", ["early-stop = false", "strict = true"])
+def test_early_stop_and_store_come_from_tool_recheck(tmp_path, table):
+    (tmp_path / "pyproject.toml").write_text(f'[tool.recheck]\n{table}\nstore = "copy"\n')
     out = run("--step", f"{STEPS}:global_flipped_step", cwd=tmp_path)
     assert out.returncode == 1, out.stderr
-    assert "strict=True" in out.stdout
+    assert "early_stop=False: non-reentrant recomputations were replayed fully" in out.stdout
     assert "first difference at index" in out.stdout  # store="copy" shows the first differing element
 
 
@@ -59,3 +60,13 @@ def test_usage_errors_exit_2(args, message):
     out = run(*args)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_step_takes_the_tolerance_and_early_stop_of_watch(tmp_path):
+    out = run("--step", f"{STEPS}:global_flipped_step", "--no-early-stop", "--atol", "10", "--rtol", "10",
+              cwd=tmp_path)
+    # the global's value differs exactly (never tolerated); the saved tensor only by a tolerated amount
+    assert out.returncode == 1, out.stderr
+    assert "global `train_steps.SCALE`" in out.stdout and "saved tensors" not in out.stdout
+    bad = run("--step", f"{STEPS}:global_flipped_step", "--atol", "1e-3", cwd=tmp_path)
+    assert bad.returncode == 2 and "--atol and --rtol go together" in bad.stderr
