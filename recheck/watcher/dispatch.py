@@ -157,8 +157,16 @@ class Dispatcher(Interceptor):
             yield run
         elif phase is Phase.FORWARD:
             self._begin_forward(record, call.function, args, kwargs)
+            # a full replay tells latent effects apart by what the forward emitted before its
+            # last saved tensor: the forward's effects are counted (and still reach the user)
+            capture = EffectCapture(passthrough=True) if record.replay_fully and not self._capturing() else None
             try:
-                yield run
+                if capture is not None:
+                    record.forward_effects = capture.effects
+                    with self._capture(capture):
+                        yield run
+                else:
+                    yield run
             except BaseException:
                 self._end_forward(record, None, False, failed=True)
                 raise
@@ -202,6 +210,19 @@ class Dispatcher(Interceptor):
             record.abort_forward()
             self._internal_error("recording a forward", exc)
 
+    def _capturing(self) -> bool:
+        """Whether an outer run on this thread is capturing effects already (captures do not nest)."""
+        return bool(getattr(self._local, "capturing", False))
+
+    @contextlib.contextmanager
+    def _capture(self, effects: EffectCapture) -> Iterator[None]:
+        self._local.capturing = True
+        try:
+            with effects:
+                yield
+        finally:
+            self._local.capturing = False
+
     def _recompute(self, record: InvocationRecord, run: Run) -> Iterator[Run]:
         try:
             rng_entry, state_entry = record.begin_recompute()
@@ -209,18 +230,15 @@ class Dispatcher(Interceptor):
             self._internal_error("starting a recompute", exc)
             yield run
             return
-        capturing = not getattr(self._local, "capturing", False)
         effects = EffectCapture(passthrough=True)
+        capturing = not self._capturing()
         try:
             if capturing:
-                self._local.capturing = True
-                with effects:
+                with self._capture(effects):
                     yield run
             else:
                 yield run
         finally:
-            if capturing:
-                self._local.capturing = False
             try:
                 record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
             except Exception as exc:  # noqa: BLE001

@@ -140,6 +140,12 @@ class InvocationRecord:
         self.closed = False
         self.findings: list[Finding] = []
         self._pass_saved: set[int] = set()
+        #: under a full replay: what the forward's state and effects were at its last saved
+        #: tensor (where early stop would end a recompute), and which keys changed after it
+        self.forward_effects: list[Any] | None = None
+        self._at_last_save: tuple[capture.ModuleState, int | None] | None = None
+        self._late_keys: frozenset[tuple[str, str]] = frozenset()
+        self._early_effects: int | None = None
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
         self._saved_compared = 0
@@ -176,6 +182,12 @@ class InvocationRecord:
         forward.state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
+        if self._at_last_save is not None:
+            state, effects = self._at_last_save
+            self._late_keys = frozenset(k for k, v in forward.state_exit.items()
+                                        if k not in state or not _same(state[k], v))
+            self._early_effects = effects
+            self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
         for saved, tensor in forward.unprinted:
@@ -236,6 +248,11 @@ class InvocationRecord:
             forward.unprinted.append((saved, tensor.detach()))
             if forward.is_buffer(tensor):
                 forward.saved_buffers.add(index)
+            if self.replay_fully:  # what early stop would have left behind, were this the last save
+                modules = capture.with_submodules(forward.reach, forward.ran.values())
+                effects = None if self.forward_effects is None else len(self.forward_effects)
+                self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
+                                      effects)
             return saved
         return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
 
@@ -283,7 +300,10 @@ class InvocationRecord:
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
         state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
-        self._compare_state(state_entry, state_exit, "updated again by the recompute")
+        # under a full replay of a call that asked for early stop, what its forward changed only
+        # after its last saved tensor is changed again only because of the replay: latent
+        late = self._late_keys if self.replay_fully and self.early_stop is True else frozenset()
+        self._compare_state(state_entry, state_exit, "updated again by the recompute", late)
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
@@ -292,8 +312,12 @@ class InvocationRecord:
                     self._add("recompute", f"recomputed {path} differs from the forward's",
                               subject=path, detail=original.difference(again, self.tolerance))
         effects = [e for e in effects if not _torch_own(e)]
-        for channel, message, detail in effect_messages(effects):
-            self._add("side_effect", message, subject=channel, detail=detail)
+        # under a full replay, the effects past those the forward emitted before its last saved
+        # tensor come only from the replay: with early stop they would not happen
+        early = len(effects) if self._early_effects is None else self._early_effects
+        for latent, part in ((False, effects[:early]), (True, effects[early:])):
+            for channel, message, detail in effect_messages(part):
+                self._add("side_effect", message, subject=channel, detail=detail, latent=latent)
 
     def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
         if index in self._pass_saved:
@@ -315,39 +339,40 @@ class InvocationRecord:
 
     # -- findings ------------------------------------------------------------------------
 
-    def _compare_state(self, before: capture.ModuleState, after: capture.ModuleState, how: str) -> None:
-        """A finding for every buffer, attribute or written global that differs (or appeared)."""
+    def _compare_state(self, before: capture.ModuleState, after: capture.ModuleState, how: str,
+                       latent_keys: frozenset[tuple[str, str]] = frozenset()) -> None:
+        """A finding for every buffer, attribute or written global that differs (or appeared);
+        those in ``latent_keys`` are latent."""
         for key in after.keys() | before.keys():
             then, now = before.get(key), after.get(key)
             if then is not None and now is not None and _same(then, now, self.tolerance):
                 continue
             what, subject = key
+            latent = key in latent_keys
             if what == "buffer":
                 if then is not None and now is not None:
                     batchnorm = explain("buffer", subject) == "RC106"
                     message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
                         else f"{subject} {how}"
-                    self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance))
+                    self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
+                              latent=latent)
                 continue
             shown_then = "<absent>" if then is None else show(then[1])
             shown_now = "<absent>" if now is None else show(now[1])
-            self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject)
+            self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
 
-    def _finding(self, kind: str, message: str, subject: str, detail: str = "") -> Finding:
-        # Under early_stop=False an invocation whose own setting was early stop replays fully: Python
-        # state and side effects after the last saved tensor only ran because of that.  (A
-        # buffer updated by a kernel, like BatchNorm's, is updated with early stop too.)
-        latent = self.replay_fully and self.early_stop is True and kind in ("state", "side_effect")
+    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
+        latent = latent and self.replay_fully and self.early_stop is True
         context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
         code = explain(kind, subject, **context)
         return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
                        hint=hint(code) if code else None, latent=latent,
                        invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
 
-    def _add(self, kind: str, message: str, *, subject: str, detail: str = "") -> None:
+    def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
         if any(f.message == message and f.subject == subject for f in self.findings):
             return
-        self.findings.append(self._finding(kind, message, subject, detail))
+        self.findings.append(self._finding(kind, message, subject, detail, latent))
 
     def _saved_finding(self) -> list[Finding]:
         """One ``recompute`` finding for the saved tensors whose recomputed print differs."""

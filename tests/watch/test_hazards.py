@@ -337,3 +337,29 @@ def test_a_tolerance_lets_a_tolerated_difference_pass_and_keeps_integer_state_ex
         finally:
             SCALE = 1.0
     assert w.report.kinds == {"global"}, str(w.report)  # the value read is still a change
+
+
+def test_a_full_replay_marks_latent_only_what_happens_after_the_last_saved_tensor():
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.before = 0
+            self.after = 0
+
+        def forward(self, x):
+            self.before += 1          # runs again with early stop too: not latent
+            y = x.sin().exp()
+            self.after += 1           # past the last saved tensor: only a full replay reruns it
+            print("after the last saved tensor")
+            return y
+
+    model = Counted()
+    with recheck.watch(raise_on_finding=False, early_stop=False) as w:
+        checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    latent = {f.subject: f.latent for f in w.report}
+    assert latent == {"attribute `self.before`": False, "attribute `self.after`": True, "stdout": True}, str(w.report)
+    # and with the call's own early stop, exactly the non-latent one happens
+    model = Counted()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    assert {f.subject for f in w.report} == {"attribute `self.before`"}, str(w.report)
