@@ -26,16 +26,32 @@ _MAX_DEPTH = 3
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """``repr`` truncated to ``limit`` characters (tensors as ``float32[4] on cpu``)."""
+    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
+    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    try:
+        text = _brief(value, 3)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _brief(value: Any, depth: int) -> str:
     if isinstance(value, torch.Tensor):
         from recheck.runtime.bits import describe_tensor
 
         return describe_tensor(value)
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if depth > 0 and type(value) in (list, tuple) and _holds_tensors(value):
+        items = [_brief(v, depth - 1) for v in value[:8]] + (["..."] if len(value) > 8 else [])
+        inner = ", ".join(items) + ("," if type(value) is tuple and len(value) == 1 else "")
+        return f"[{inner}]" if type(value) is list else f"({inner})"
+    if depth > 0 and type(value) is dict and _holds_tensors(value.values()):
+        items = [f"{k!r}: {_brief(v, depth - 1)}" for k, v in list(value.items())[:8]]
+        return "{" + ", ".join(items + (["..."] if len(value) > 8 else [])) + "}"
+    return repr(value)
+
+
+def _holds_tensors(items: Any) -> bool:
+    return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:

@@ -49,6 +49,25 @@ class GlobalRef:
 
 
 @functools.lru_cache(maxsize=8192)
+def code_module_attributes(code: types.CodeType) -> frozenset[tuple[str, str]]:
+    """``(global, attribute)`` pairs a code object (and the code nested in it) reads as
+    ``name.attr`` on a global: state kept in another module (``parallel_state._TRACKER``,
+    ``config.SCALE``) is reached this way.  Which globals are modules is decided by the caller.
+    """
+    pairs: set[tuple[str, str]] = set()
+    previous = None
+    for instruction in dis.get_instructions(code):
+        if (instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR") and previous is not None
+                and previous.opname == "LOAD_GLOBAL"):
+            pairs.add((str(previous.argval), str(instruction.argval)))
+        previous = instruction
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            pairs |= code_module_attributes(const)
+    return frozenset(pairs)
+
+
+@functools.lru_cache(maxsize=8192)
 def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     """Global names a code object (and the code nested in it) reads and writes.
 
@@ -83,6 +102,8 @@ class Reach:
         self.modules: dict[int, tuple[str, torch.nn.Module]] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # outside modules: closures, partials, globals
+        #: plain Python objects whose attributes a region can change (a cache passed in, a tracker)
+        self.objects: dict[str, Any] = {}
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -143,6 +164,10 @@ class Reach:
         reads, writes = code_globals(function.__code__)
         for name in writes:
             self.writes.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+        for name, attr in code_module_attributes(function.__code__):
+            module = namespace.get(name)
+            if isinstance(module, types.ModuleType) and not _is_library(module.__name__):
+                self._add_module_attribute(module, attr)
         for name in reads:
             if name not in namespace:
                 continue  # a builtin
@@ -161,6 +186,20 @@ class Reach:
             except ValueError:  # an empty cell
                 continue
             self.add_value(cell_name, contents)
+
+    def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
+        """``module.attr`` read by the region: a global of another module (its functions are walked)."""
+        namespace = vars(module)
+        if attr not in namespace:
+            return
+        value = namespace[attr]
+        if isinstance(value, types.FunctionType):
+            self.walk_function(value)  # a helper there may keep state in its own module
+            return
+        if isinstance(value, (types.ModuleType, type)) or callable(value) and not hasattr(value, "__dict__"):
+            return
+        self.reads.setdefault((id(namespace), attr), GlobalRef(namespace, module.__name__, attr))
+        self.add_value(f"{module.__name__}.{attr}", value)
 
     def add_value(self, name: str, value: Any, depth: int = 2) -> None:
         """Take modules, generators and functions out of a value (closure cell, argument)."""
@@ -189,6 +228,16 @@ class Reach:
         elif depth > 0 and isinstance(value, dict):
             for key, item in value.items():
                 self.add_value(f"{name}[{key!r}]", item, depth - 1)
+        elif _is_plain_object(value):
+            if all(o is not value for o in self.objects.values()):
+                self.objects[name] = value
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
+    attrs = getattr(value, "__dict__", None)
+    return (isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, torch.nn.Module))
+            and not callable(value) and not _is_library(type(value).__module__))
 
 
 def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:

@@ -22,15 +22,19 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import functools
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show)
-from recheck.runtime.naming import attribute_subject
+from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.runtime.reach import Reach
 
 __all__ = [
     "BindingsRecord",
@@ -310,6 +314,59 @@ class Snapshot:
             again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
             again._makers[-1] = (key, make)
         return again
+
+    def track(self, reach: Reach, param_kind: str = "param_version") -> dict[str, torch.Tensor]:
+        """Add records for everything ``reach`` knows that the snapshot does not hold yet.
+
+        Modules (parameters with their grads, buffers, every attribute, the bindings of their
+        parameter, buffer and submodule dicts, attributes created later), globals read and
+        written, tensors held outside modules, plain objects' attributes, explicit generators.
+        Parameters are recorded as ``param_kind`` (``param_version`` for a region, whose
+        parameters must not change; ``state`` for a step, whose optimizer changes them).
+        Returns the parameters newly tracked, by dotted name.
+        """
+        add = self.add
+        found: dict[str, torch.Tensor] = {}
+        for name, generator in reach.generators.items():
+            self.rng.add_generator(name, generator)
+
+        def parameter(name: str, tensor: torch.Tensor) -> None:
+            if add(("param", id(tensor)), functools.partial(TensorRecord, param_kind, f"parameter `{name}`", tensor)):
+                found[name] = tensor
+                add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
+
+        for prefix, module in list(reach.modules.values()):
+            if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
+                continue
+            add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
+            add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
+            add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
+            dotted = (prefix + ".") if prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    parameter(dotted + name, param)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    add(("buffer", id(buffer)), functools.partial(
+                        TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
+            for key in list(vars(module)):
+                if is_module_state(key):
+                    add(("attr", id(module), key), functools.partial(
+                        ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
+        for key, ref in list(reach.writes.items()) + list(reach.reads.items()):
+            add(("global", key), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+        for name, tensor in list(reach.tensors.items()):
+            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
+                parameter(name, tensor)
+            else:
+                add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", f"tensor `{name}`", tensor))
+        for name, obj in list(reach.objects.items()):
+            if add(("object", id(obj)), functools.partial(NewKeysRecord, obj.__dict__, name)):
+                for key in list(vars(obj)):
+                    if is_module_state(key):
+                        add(("object-attr", id(obj), key), functools.partial(
+                            ValueRecord, "state", attribute_subject(name, key), obj.__dict__, key))
+        return found
 
     def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
         """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
