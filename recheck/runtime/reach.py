@@ -104,6 +104,8 @@ class Reach:
         self.tensors: dict[str, torch.Tensor] = {}  # outside modules: closures, partials, globals
         #: plain Python objects whose attributes a region can change (a cache passed in, a tracker)
         self.objects: dict[str, Any] = {}
+        #: callables and modules made by ``torch.compile`` that the region or step reaches
+        self.compiled: list[str] = []
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -120,6 +122,9 @@ class Reach:
             if id(sub) in self.modules:
                 continue
             name = ".".join(p for p in (prefix, sub_name) if p)
+            if type(sub).__name__ == "OptimizedModule" and type(sub).__module__.startswith("torch._dynamo"):
+                self.compiled.append(f"{name or type(sub._orig_mod).__name__} (torch.compile of "
+                                     f"{type(sub._orig_mod).__qualname__})")
             self.modules[id(sub)] = (name, sub)
             added.append((name, sub))
             self._walk_class(type(sub))
@@ -212,6 +217,11 @@ class Reach:
             if all(t is not value for t in self.tensors.values()):
                 self.tensors[name] = value
         elif isinstance(value, types.FunctionType):
+            original = getattr(value, "_torchdynamo_orig_callable", None)
+            if original is not None:
+                self.compiled.append(f"{name} (torch.compile of {getattr(original, '__qualname__', original)!s})")
+                self.add_value(name, original, depth)
+                return
             self.walk_function(value)
         elif isinstance(value, types.MethodType):
             self.add_value(name, value.__self__, depth)

@@ -104,7 +104,9 @@ class TensorRecord:
         if t._version == self.version and (verified or self.same_bytes()):
             return
         with torch.no_grad():
-            if t.shape != self.copy.shape or t.dtype != self.copy.dtype:
+            if t.dtype != self.copy.dtype:
+                t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
+            elif t.shape != self.copy.shape:
                 t.set_(self.copy.clone())
             else:
                 t.copy_(self.copy)
@@ -135,6 +137,10 @@ class GradRecord:
 
     def clear(self) -> None:
         self.parameter.grad = None
+
+    def fresh(self) -> None:
+        """A copy of the gradient as captured (a step accumulates into it; the original stays)."""
+        self.parameter.grad = None if self.grad is None else self.grad.detach().clone()
 
     def unchanged(self) -> bool:
         """Always True: gradients are compared as gradients, not as state."""
