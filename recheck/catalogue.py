@@ -210,11 +210,21 @@ def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) ->
     return subject.endswith(_BATCHNORM_BUFFERS)
 
 
+#: Subjects of the state a training step is meant to change (check_step's end state): a
+#: difference there follows from a gradient, it is not a write the region makes.
+TRAINING_STATE = ("parameter ", "optimizer state ")
+
+
+def _written_state(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    return not subject.startswith(TRAINING_STATE)
+
+
 _NARROWING = {
     "RC002": _rng_not_preserved,
     "RC102": _device_stream,
     "RC105": _host_stream,
     "RC106": _batchnorm_buffer,
+    "RC104": _written_state,
 }
 
 #: Every rule code, with its advice and what it explains.  Order matters within a kind

@@ -91,7 +91,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         return (type(value).__name__, len(value), items)
     if isinstance(value, dict):
         items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
-                      for k, v in list(value.items())[:_MAX_ITEMS])
+                      for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if isinstance(value, (set, frozenset)):
         items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
@@ -143,7 +143,7 @@ def shallow(value: Any, depth: int = 2) -> Any:
         return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
     if isinstance(value, dict):
         return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
-                                          for k, v in list(value.items())[:_MAX_ITEMS]))
+                                          for k, v in list(dict.items(value))[:_MAX_ITEMS]))
     if isinstance(value, (set, frozenset)):
         return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
     if isinstance(value, _LOGGERS):

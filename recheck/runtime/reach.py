@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -90,9 +91,14 @@ def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(reads), frozenset(writes)
 
 
+#: The standard library's top-level modules: their globals (``sys.modules``, ``os.environ``) are
+#: the interpreter's, not state a region keeps.
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
 def _is_library(module_name: str | None) -> bool:
     top = (module_name or "").split(".")[0]
-    return top in _LIBRARY_PREFIXES
+    return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
 
 
 class Reach:

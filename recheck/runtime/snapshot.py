@@ -163,8 +163,8 @@ class _Content:
         self.obj = obj
         if isinstance(obj, list):
             self.items: Any = list(obj)
-        elif isinstance(obj, dict):
-            self.items = dict(obj)
+        elif isinstance(obj, dict):  # dict's own methods: a subclass may instantiate on __getitem__
+            self.items = dict(dict.items(obj))
         elif isinstance(obj, set):
             self.items = set(obj)
         elif isinstance(obj, bytearray):
@@ -173,7 +173,7 @@ class _Content:
             self.items = (obj._version, obj.detach().clone())
         else:
             self.items = None
-        values = (obj.values() if isinstance(obj, dict) else obj
+        values = (dict.values(obj) if isinstance(obj, dict) else obj
                   if isinstance(obj, (list, tuple, set)) else ())
         self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
                          if depth > 0 and _is_container(v)]
@@ -182,13 +182,13 @@ class _Content:
         for child in self.children:
             child.restore()
         obj, items = self.obj, self.items
-        if isinstance(obj, list) and obj != items:
+        if isinstance(obj, list) and not _same_items(obj, items):
             obj[:] = items
         elif isinstance(obj, dict):
-            if obj.keys() != items.keys() or any(obj[k] is not v for k, v in items.items()):
-                obj.clear()
-                obj.update(items)
-        elif isinstance(obj, set) and obj != items:
+            if dict.keys(obj) != items.keys() or any(dict.__getitem__(obj, k) is not v for k, v in items.items()):
+                dict.clear(obj)
+                dict.update(obj, items)
+        elif isinstance(obj, set) and not (len(obj) == len(items) and all(any(x is y for y in items) for x in obj)):
             obj.clear()
             obj.update(items)
         elif isinstance(obj, bytearray):
@@ -199,6 +199,11 @@ class _Content:
                 with torch.no_grad():
                     obj.copy_(copy)
                 _set_version(obj, version)
+
+
+def _same_items(now: list, then: list) -> bool:
+    """The same objects in the same order (by identity: ``==`` on tensors is elementwise)."""
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 def _is_container(value: Any) -> bool:
