@@ -337,24 +337,28 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
                           "the differences are shown as findings"]
     scale32, scale64 = _magnitudes(bypassed), _magnitudes(bypassed64)
     kept: list[Finding] = []
-    rounding: list[tuple[str, int, float, int, float]] = []
+    rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, epsilons in it, in float64
     for finding in findings:
+        pair = _tensors_of(finding, written, bypassed)
         size32 = _difference(finding, written, bypassed)
         size64 = _difference(finding, written64, bypassed64)
         scale = scale64.get(finding.kind, 0.0)
-        if size32 is None or size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
+        if pair is None or size32 is None or size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
             kept.append(finding)
             continue
-        relative32 = size32[0] / scale32[finding.kind] if scale32.get(finding.kind) else math.inf
-        rounding.append((str(finding.subject), size32[1], relative32, size64[1], size64[0] / scale))
+        dtype = pair[0].dtype
+        ulps = size32[0] / (torch.finfo(dtype).eps * scale32[finding.kind]) if scale32.get(finding.kind) else math.inf
+        rounding.append((str(finding.subject), str(dtype).replace("torch.", ""), ulps,
+                         size64[0] / (torch.finfo(torch.float64).eps * scale)))
     if not rounding:
         return kept, []
     shown = ", ".join(s for s, *_ in rounding[:4]) + (f" and {len(rounding) - 4} more" if len(rounding) > 4 else "")
-    note = (f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): "
-            f"at most {max(r[1] for r in rounding)} ulp, {max(r[2] for r in rounding):.2g} of the largest value "
-            f"of their kind; rerun in float64, at most {max(r[3] for r in rounding)} ulp, "
-            f"{max(r[4] for r in rounding):.2g} (below {ROUNDING_BOUND:.2g}): the checkpointed step sums "
-            "contributions in another order, which is not a hazard")
+    dtypes = "/".join(sorted({r[1] for r in rounding}))
+    note = (f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): at most "
+            f"{max(r[2] for r in rounding):.2g} ulp of the largest value of their kind in {dtypes}, and "
+            f"{max(r[3] for r in rounding):.2g} ulp in float64 when both twins are rerun in float64 (a hazard "
+            f"stays above {ROUNDING_BOUND / torch.finfo(torch.float64).eps:.3g} ulp there): the checkpointed step "
+            "sums contributions in another order, which is not a hazard")
     return kept, [note]
 
 
