@@ -63,6 +63,8 @@ def run(ns: argparse.Namespace) -> int:
         done = fix_use_reentrant(findings, result.sources)
         fixed = len(done)
         findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
+    for line in result.warnings:
+        print(line, file=sys.stderr)
     for error in result.errors:
         print(error, file=sys.stderr)
     if ns.statistics:

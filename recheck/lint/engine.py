@@ -45,6 +45,16 @@ class LintResult:
     errors: list[FileError] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict, repr=False)  # display path -> text
+    warnings: list[str] = field(default_factory=list)  # e.g. a cache file that was ignored
+
+
+@dataclass
+class _StoredResult:
+    """What the cache keeps of a run, to reuse when not one file of the tree changed."""
+
+    hits: list[Hit]
+    errors: list[FileError]
+    stats: dict[str, int]
 
 
 @dataclass
@@ -192,15 +202,15 @@ def lint_sources(sources: dict[str, str], options: LintOptions | None = None) ->
 def _lint(run: _Run) -> LintResult:
     tree_key = hashlib.sha256("\0".join(
         f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
-    stored = run.cache.get_result(tree_key)
+    stored = run.cache.get_result(tree_key, _StoredResult)
     if stored is not None:  # not one file changed since the last run: reuse its regions
-        hits, errors, stats = stored
-        run.errors.extend(errors)
-        stats = {**stats, "parsed": 0, "cached": stats["indexed"]}
+        hits = stored.hits
+        run.errors.extend(stored.errors)
+        stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
         hits, stats = _analyse(run)
-        run.cache.put_result(tree_key, (hits, [e for e in run.errors if e.path in run.sources], stats))
-    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path))
+        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors if e.path in run.sources], stats))
+    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path), warnings=run.cache.warnings)
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
     unread = sum(error.path not in run.sources for error in run.errors)  # files that failed to parse are sources
