@@ -34,12 +34,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the current folder when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run(ns: argparse.Namespace) -> int:
     from recheck import __version__
     from recheck.config import load_config
     from recheck.lint.engine import lint_paths
     from recheck.lint.options import LintOptions, SelectorError
-    from recheck.lint.output import render, statistics, summary
+    from recheck.lint.output import render, summary
 
     paths = [Path(p) for p in (ns.paths or ["."])]
     missing = [str(p) for p in paths if not p.exists()]
@@ -48,9 +56,14 @@ def run(ns: argparse.Namespace) -> int:
             print(f"recheck lint: error: {path}: no such file or directory", file=sys.stderr)
         return 2
     config = load_config(paths[0], path=ns.config)
-    values = config.merged({"select": ns.select, "ignore": ns.ignore, "extend_select": ns.extend_select}).values
+    flags = {"select": ns.select, "ignore": ns.ignore, "extend_select": ns.extend_select}
+    values = config.merged(flags).values
+    table = f"{_shown(config.path)}: [tool.recheck]" if config.path else "[tool.recheck]"
+    origins = {key: f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{table} {key.replace('_', '-')}"
+               for key in (*flags, "per_file_ignores")}
     try:
-        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0))
+        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0),
+                                          origins=origins)
     except SelectorError as exc:
         print(f"recheck lint: error: {exc}", file=sys.stderr)
         return 2
@@ -68,8 +81,11 @@ def run(ns: argparse.Namespace) -> int:
     for error in result.errors:
         print(error, file=sys.stderr)
     if ns.statistics:
-        if findings:
-            print(statistics(findings))
+        from recheck.lint.statistics import statistics_json, statistics_text
+
+        print(statistics_json(result, findings) if ns.format == "json" else statistics_text(result, findings))
+        if ns.format != "text":
+            return 0 if ns.exit_zero or not (findings or result.errors) else 1
     else:
         text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
         if text:

@@ -17,7 +17,7 @@ from typing import Iterable
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
-from recheck.lint.extract import extract
+from recheck.lint.extract import extract, parse
 from recheck.lint.facts import FileFacts
 from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
@@ -85,23 +85,37 @@ def _display(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
+def _unparsable(display: str, exc: BaseException) -> FileError:
+    if isinstance(exc, SyntaxError):
+        where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
+        return FileError(display, f"does not parse: {exc.msg}{where}")
+    return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+
+
 def _phase_one(job: tuple[str, str, str, bool, frozenset[str]]) -> tuple[str, FileFacts | FileError]:
     display, text, module, is_package, extra = job
     try:
         return display, extract(text, display, module, is_package, extra)
-    except SyntaxError as exc:
-        where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
-        return display, FileError(display, f"does not parse: {exc.msg}{where}")
-    except (RecursionError, ValueError, MemoryError) as exc:
-        return display, FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+    except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+        return display, _unparsable(display, exc)
 
 
-def _run_phase_one(jobs: list[tuple], workers: int) -> Iterable[tuple[str, FileFacts | FileError]]:
+def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
+    """Parse a file that holds no region and nothing a region reaches: does it parse?"""
+    display, text = job
+    try:
+        parse(text, display)
+    except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+        return display, _unparsable(display, exc)
+    return display, None
+
+
+def _pooled(work, jobs: list[tuple], workers: int) -> Iterable[tuple]:
     if workers <= 1 or len(jobs) < POOL_THRESHOLD:
-        return [_phase_one(job) for job in jobs]
+        return [work(job) for job in jobs]
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     with multiprocessing.get_context(method).Pool(workers) as pool:
-        return list(pool.imap_unordered(_phase_one, jobs, chunksize=4))
+        return list(pool.imap_unordered(work, jobs, chunksize=8))
 
 
 class _Run:
@@ -128,7 +142,7 @@ class _Run:
             else:
                 jobs.append((source.display, source.text, source.module, source.is_package, self.extra))
         self.parsed += len(jobs)
-        for display, result in _run_phase_one(jobs, self.workers):
+        for display, result in _pooled(_phase_one, jobs, self.workers):
             if isinstance(result, FileError):
                 self.errors.append(result)
                 self.facts[display] = FileFacts(display, self.sources[display].module)
@@ -136,6 +150,22 @@ class _Run:
                 self.facts[display] = result
                 source = self.sources[display]
                 self.cache.put(self.cache.key(source.data, source.module), result)
+
+    def check_syntax(self, sources: list[_Source]) -> int:
+        """Parse-check files phase one never read, so a broken file is never silently passed."""
+        jobs = []
+        for source in sources:
+            verdict = self.cache.get_checked(self.cache.key(source.data, source.module))
+            if verdict is None:
+                jobs.append((source.display, source.text))
+            elif verdict:
+                self.errors.append(FileError(source.display, verdict))
+        for display, error in _pooled(_syntax_check, jobs, self.workers):
+            if error is not None:
+                self.errors.append(error)
+            source = self.sources[display]
+            self.cache.put_checked(self.cache.key(source.data, source.module), error.reason if error else "")
+        return len(jobs)
 
     def wanted(self, index: Index, by_module: dict[str, _Source]) -> list[_Source]:
         """Unparsed files that define what the regions reference, or subclass region classes."""
@@ -164,10 +194,12 @@ class _Run:
 
 def _read(paths: list[Path], run: _Run) -> None:
     packages: dict[Path, str] = {}  # folder -> its dotted package ("" outside packages)
+    seen: set[str] = set()
     for path in paths:
         display = _display(path)
-        if display in run.sources:
+        if display in seen:  # named twice, or named and found in a folder named too
             continue
+        seen.add(display)
         result = read_source(path, display, run.options.max_file_size)
         if isinstance(result, FileError):
             run.errors.append(result)
@@ -235,9 +267,11 @@ def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
         pending = run.wanted(index, by_module) if regions or index.misses else []
         if not pending:
             break
+    checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
     return hits, {"candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
-                  "cached": run.cache.hits, "regions": len(regions)}
+                  "cached": run.cache.hits, "regions": len(regions), "syntax_checked": checked,
+                  "syntax_only": len(run.sources) - len(run.facts)}
 
 
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:

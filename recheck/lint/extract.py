@@ -9,6 +9,7 @@ rule, without knowing yet whether it is checkpointed.
 from __future__ import annotations
 
 import ast
+import warnings
 from typing import Iterator
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref
@@ -18,7 +19,7 @@ from recheck.lint.rules.rc002_preserve_rng import random_draw
 from recheck.lint.scope import FUNCTION_NODES, FunctionContext, ModuleContext, bound_names, memo_targets, partition_scopes, written_names
 from recheck.lint.targets import CONTAINERS, PARTIALS, callee_refs, entry_point, lambda_name, target_refs
 
-__all__ = ["extract"]
+__all__ = ["extract", "parse"]
 
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
 _DISPATCH: dict[type, list] = {}
@@ -27,10 +28,18 @@ for _rule in BODY_RULES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
 
 
+def parse(source: str, path: str) -> ast.Module:
+    """``ast.parse`` without the warnings CPython's compiler prints about the code it
+    reads (``SyntaxWarning: invalid escape sequence``): they are not the linter's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, filename=path)
+
+
 def extract(source: str, path: str, module: str, is_package: bool = False,
             extra_entries: frozenset[str] = frozenset()) -> FileFacts:
     """Parse ``source`` and collect its facts.  Raises :class:`SyntaxError` if it does not parse."""
-    tree = ast.parse(source, filename=path)
+    tree = parse(source, path)
     scopes = partition_scopes(tree)
     imports = import_aliases((n for nodes in scopes.values() for n in nodes), module, is_package)
     facts = FileFacts(path=path, module=module, imports=imports)

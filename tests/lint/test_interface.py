@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from recheck.lint.rules import ALL_CODES
 
 
@@ -73,6 +75,18 @@ def test_statistics(lint, write, region_source):
     assert run.lines[-1] == "Found 2 findings."
 
 
+def test_statistics_count_the_files_only_parse_checked(lint, write, region_source):
+    write("m.py", region_source)
+    write("plain.py", "def f():\n    return 1\n")
+    text = lint("--statistics")
+    assert "files: 2 linted; 1 analysed, 1 only parse-checked" in text.out
+    run = lint("--statistics", "--format", "json")
+    document = json.loads(run.out)  # JSON only: no text table, no summary line
+    assert run.code == 1
+    assert document["rules"][0] == {"code": "RC103", "name": "side-effect-in-region", "count": 1, "fixable": False}
+    assert (document["files"], document["files_analysed"], document["files_parse_checked_only"]) == (2, 1, 1)
+
+
 def test_select_and_ignore(lint, write, region_source):
     write("m.py", region_source)
     assert {l.split()[1] for l in lint("--select", "RC103").lines[:-1]} == {"RC103"}
@@ -85,6 +99,24 @@ def test_unknown_selector_is_a_usage_error(lint, write, region_source):
     write("m.py", region_source)
     run = lint("--select", "XY1")
     assert run.code == 2 and "unknown rule selector 'XY1'" in run.err
+
+
+def test_unknown_selector_on_the_command_line_names_the_flag(lint, write, region_source):
+    write("m.py", region_source)
+    run = lint("--ignore", "RC999")
+    assert run.code == 2 and "recheck lint: error: --ignore: unknown rule selector 'RC999'" in run.err
+
+
+@pytest.mark.parametrize("line, where", [
+    ('ignore = ["RC999"]', "pyproject.toml: [tool.recheck] ignore"),
+    ('extend-select = ["RC999"]', "pyproject.toml: [tool.recheck] extend-select"),
+    ('per-file-ignores = { "tests/*" = ["RC999"] }', "pyproject.toml: [tool.recheck] per-file-ignores['tests/*']"),
+])
+def test_unknown_selector_in_pyproject_names_the_file_and_key(lint, write, region_source, line, where):
+    write("m.py", region_source)
+    write("pyproject.toml", f"[tool.recheck]\n{line}\n")
+    run = lint()
+    assert run.code == 2 and f"recheck lint: error: {where}: unknown rule selector 'RC999'" in run.err, run.err
 
 
 def test_missing_path_is_a_usage_error(lint):
