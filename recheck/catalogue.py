@@ -1,4 +1,12 @@
-"""The rule catalogue: one Markdown document per rule in ``rules/``.
+"""The rule catalogue: one Markdown document per rule in ``rules/``, and the rule registry.
+
+The **registry** (:data:`REGISTRY`) is the one place that knows, for every rule code, its
+one-line advice, the dynamic finding kinds it explains (and, within a kind, which subjects),
+and whether ``recheck lint --fix`` can fix it.  Every face asks it: the checker and
+``watch()`` through :func:`explain` (kind + subject -> rule) and :func:`hint` (the text a
+finding's ``hint:`` line shows), the linter for :data:`FIXABLE`, ``recheck rules`` for the
+listing.  A document in ``rules/`` gives each code its name, summary and examples; a test holds
+documents and registry to one set of codes.
 
 Every document is named ``<CODE>-<kebab-name>.md`` and laid out in the ruff style::
 
@@ -21,8 +29,21 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Mapping
 
-__all__ = ["Rule", "RuleDocumentError", "all_rules", "get_rule", "rules_dir"]
+__all__ = [
+    "FIXABLE",
+    "REGISTRY",
+    "Entry",
+    "Rule",
+    "RuleDocumentError",
+    "all_rules",
+    "entry",
+    "explain",
+    "get_rule",
+    "hint",
+    "rules_dir",
+]
 
 REQUIRED_SECTIONS = (
     "What it does",
@@ -132,3 +153,127 @@ def get_rule(code_or_name: str) -> Rule:
         if key.upper() == rule.code or key.lower() == rule.name:
             return rule
     raise KeyError(code_or_name)
+
+
+# -- the registry -------------------------------------------------------------------------------
+
+#: RNG streams checkpoint itself preserves (``preserve_rng_state=True``): torch's default
+#: generator of the CPU and of every accelerator device.  Subjects as findings name them.
+_DEFAULT_STREAM = re.compile(r"^(cpu|(cuda|xpu|mps|hpu|npu|mtia)(:\d+)?) RNG$")
+_BATCHNORM_BUFFERS = ("running_mean`", "running_var`", "num_batches_tracked`")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the registry knows of one rule code.
+
+    ``kinds`` are the dynamic finding kinds whose *cause* this rule names (a ``gradient`` that
+    merely follows from it is not listed; the checker points it at its cause).  Within those
+    kinds, :meth:`explains` narrows by subject and context; entries are tried in registry
+    order, so a narrower entry stands before a broader one for the same kind.
+    """
+
+    code: str
+    advice: str
+    kinds: tuple[str, ...] = ()
+    fixable: bool = False
+
+    def explains(self, kind: str, subject: str, context: Mapping[str, object]) -> bool:
+        """Whether a finding of ``kind`` about ``subject`` is explained by this rule.
+
+        ``context`` carries what the face knows of the checkpoint call:
+        ``preserve_rng_state`` (bool, absent when unknown) and ``implementation``
+        (``"torch"`` for torch's own checkpoint, another name for a hand-written one).
+        """
+        if kind not in self.kinds:
+            return False
+        narrow = _NARROWING.get(self.code)
+        return narrow is None or narrow(kind, subject, context)
+
+
+def _rng_not_preserved(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    return bool(_DEFAULT_STREAM.match(subject)) and context.get("preserve_rng_state") is False
+
+
+def _device_stream(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    # checkpoint preserves the default generators of the inputs' device type only: a stream of
+    # another device that differs, with preserve_rng_state on, comes from a move in the region
+    return (bool(_DEFAULT_STREAM.match(subject)) and not subject.startswith("cpu ")
+            and context.get("preserve_rng_state") is not False)
+
+
+def _host_stream(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    return not _DEFAULT_STREAM.match(subject)
+
+
+def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    return subject.endswith(_BATCHNORM_BUFFERS)
+
+
+_NARROWING = {
+    "RC002": _rng_not_preserved,
+    "RC102": _device_stream,
+    "RC105": _host_stream,
+    "RC106": _batchnorm_buffer,
+}
+
+#: Every rule code, with its advice and what it explains.  Order matters within a kind
+#: (see :meth:`Entry.explains`): RC106 before RC104 for ``buffer``.
+REGISTRY: tuple[Entry, ...] = (
+    Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards",
+          fixable=True),
+    Entry("RC002", "the region draws random numbers but preserve_rng_state=False", ("rng",)),
+    Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve",
+          ("rng",)),
+    Entry("RC105", "the region draws from an RNG that checkpoint does not restore", ("rng",)),
+    Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute",
+          ("buffer",)),
+    Entry("RC101", "the region reads a global that changes between forward and recompute",
+          ("global",)),
+    Entry("RC103", "the region logs, prints or warns; it runs again on recompute",
+          ("side_effect",)),
+    Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",
+          ("buffer", "state")),
+    Entry("RC107", "the region mutates one of its inputs in place", ("input_mutation",)),
+    Entry("RC201", "a parameter changed between forward and recompute", ("param_version",)),
+)
+
+_BY_CODE: dict[str, Entry] = {e.code: e for e in REGISTRY}
+
+#: Codes ``recheck lint --fix`` can fix.
+FIXABLE: frozenset[str] = frozenset(e.code for e in REGISTRY if e.fixable)
+
+
+def entry(code: str) -> Entry:
+    """The registry entry of ``code`` (``KeyError`` for an unknown code)."""
+    return _BY_CODE[code.strip().upper()]
+
+
+def explain(kind: str, subject: str = "", **context: object) -> str | None:
+    """The code of the rule that explains a finding of ``kind`` about ``subject``, or None.
+
+    >>> explain("rng", "Python random", preserve_rng_state=True)
+    'RC105'
+    >>> explain("rng", "cpu RNG", preserve_rng_state=False)
+    'RC002'
+    >>> explain("buffer", "buffer `bn.running_mean`")
+    'RC106'
+    """
+    for candidate in REGISTRY:
+        if candidate.explains(kind, subject, context):
+            return candidate.code
+    return None
+
+
+def hint(code: str, cause: str | None = None) -> str:
+    """The text of a finding's ``hint:`` line for rule ``code``.
+
+    ``"<advice> (RC106); see `recheck explain RC106`"``; with ``cause`` (a finding that
+    explains this one, such as the RNG stream behind a differing gradient) the cause is
+    named instead of the rule's general advice.  An unknown code still gives a hint that
+    names it: a missing entry must never turn a finding into a crash.
+    """
+    known = _BY_CODE.get(code)
+    text = cause or (known.advice if known else "")
+    where = f"see `recheck explain {code}`"
+    return f"{text} ({code}); {where}" if text else f"{code}; {where}"

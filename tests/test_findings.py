@@ -57,7 +57,7 @@ def dynamic_finding(**extra):
         invocation=Invocation(index=2, of=3, tags={"microbatch": 1}, callsite="train.py:40"),
         subject="buffer `bn.running_mean`",
         detail="4 / 16 elements differ\nfirst difference at index (0,)",
-        hint="see rules/RC106-batchnorm-in-region.md",
+        hint="see `recheck explain RC106`",
         **extra,
     )
 
@@ -69,7 +69,7 @@ def test_report_text_names_everything():
     assert "[1] buffer: buffer `bn.running_mean` updated twice" in text
     assert "[2] buffer (latent):" in text
     assert "first difference at index (0,)" in text
-    assert "hint: see rules/RC106-batchnorm-in-region.md" in text
+    assert "hint: see `recheck explain RC106`" in text
     assert "note: n1" in text
     assert not report.ok and len(report) == 2 and report.kinds == {"buffer"}
 

@@ -15,15 +15,13 @@ import torch
 
 from recheck.checker.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
 from recheck.checker.effects import Effect
-from recheck.checker.message import hint, value_detail
+from recheck.catalogue import explain, hint
+from recheck.checker.message import value_detail
 from recheck.checker.state import Observed, fingerprint, show
 from recheck.findings import Finding, Invocation
 
-__all__ = ["Context", "code_for", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
+__all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
            "effect_findings", "flatten", "saved_tensor_findings"]
-
-_BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
-
 
 @dataclass(frozen=True)
 class Context:
@@ -38,9 +36,13 @@ class Context:
     def finding(self, kind: str, subject: str, message: str, detail: str = "",
                 code: str | None = None, latent: bool = False) -> Finding:
         """A finding of this check; ``code`` (``RC106``) becomes the hint."""
-        return Finding(kind=kind, message=message, region=self.region, invocation=self.invocation,
-                       subject=subject, detail=detail, hint=hint(code) if code else None,
-                       latent=latent)
+        return Finding(kind=kind, message=message, code=code, region=self.region,
+                       invocation=self.invocation, subject=subject, detail=detail,
+                       hint=hint(code) if code else None, latent=latent)
+
+    def explain(self, kind: str, subject: str) -> str | None:
+        """The rule code the registry gives a finding of ``kind`` about ``subject``."""
+        return explain(kind, subject, preserve_rng_state=self.preserve_rng_state)
 
 
 def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str, Any]]:
@@ -136,18 +138,6 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
     return findings
 
 
-def code_for(kind: str, subject: str, preserve_rng_state: bool) -> str | None:
-    """The rule code that explains a finding of ``kind`` about ``subject``, if any."""
-    if kind == "rng":
-        if subject.startswith(("cpu ", "cuda:", "xpu:")) and not preserve_rng_state:
-            return "RC002"
-        return "RC105"
-    if kind == "buffer":
-        return "RC106" if subject.rstrip("`").endswith(_BN_BUFFERS) else "RC104"
-    return {"state": "RC104", "global": "RC101", "side_effect": "RC103",
-            "param_version": "RC201", "input_mutation": "RC107"}.get(kind)
-
-
 def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
                      other: Mapping[tuple[str, str], Observed], *, when: str,
                      labels: tuple[str, str] = ("plain run", "checkpointed run"),
@@ -159,7 +149,7 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
         if b is None:
             continue
         kind, subject = key
-        code = code_for(kind, subject, ctx.preserve_rng_state)
+        code = ctx.explain(kind, subject)
         message = f"{subject} differs {when}"
         if isinstance(a.value, torch.Tensor) and isinstance(b.value, torch.Tensor):
             findings += _tensor_finding(ctx, kind, subject, a.value, b.value, message,
@@ -183,7 +173,7 @@ def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
         findings.append(ctx.finding(
             kind, subject, f"{subject} at recompute start differs from forward start",
             value_detail(before, after, ("forward", "recompute")),
-            code_for(kind, subject, ctx.preserve_rng_state), latent))
+            ctx.explain(kind, subject), latent))
     return findings
 
 

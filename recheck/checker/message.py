@@ -2,7 +2,8 @@
 
 The first line of a failing report (``recheck: recomputation differs from the
 original forward``) and the numbered entries come from :class:`recheck.findings.Report`;
-this module writes what goes inside them, in the style of
+this module writes what goes inside them (hints come from the rule registry,
+:func:`recheck.catalogue.hint`), in the style of
 ``torch.testing.assert_close``: what the state is, how many elements differ, the first
 differing index with both values and bit patterns, the greatest absolute difference.
 """
@@ -13,32 +14,7 @@ import inspect
 import os
 from typing import Any, Callable
 
-__all__ = ["configuration_text", "hint", "region_name", "title", "value_detail"]
-
-#: What the hint says for each rule, before pointing at the document.
-_RULE_ADVICE = {
-    "RC002": "the region draws random numbers but preserve_rng_state=False",
-    "RC101": "the region reads a global that changes between forward and recompute",
-    "RC103": "the region logs, prints or warns; it runs again on recompute",
-    "RC104": "the region mutates state outside itself",
-    "RC105": "the region draws from an RNG that checkpoint does not restore",
-    "RC106": "BatchNorm in training mode updates its running statistics again on recompute",
-    "RC107": "the region mutates one of its inputs in place",
-    "RC201": "a parameter changed between forward and recompute",
-}
-
-
-def hint(code: str, advice: str | None = None) -> str:
-    """``<advice> (RC106); see rules/RC106-batchnorm-in-region.md``."""
-    text = advice or _RULE_ADVICE.get(code, "")
-    try:
-        from recheck.catalogue import get_rule
-
-        where = get_rule(code).doc_ref
-    except (KeyError, FileNotFoundError, ValueError):
-        where = f"`recheck explain {code}`"
-    return f"{text} ({code}); see {where}" if text else f"{code}; see {where}"
-
+__all__ = ["configuration_text", "region_name", "title", "value_detail"]
 
 def _unwrap(fn: Any) -> Any:
     seen = 0

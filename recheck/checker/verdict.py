@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from recheck.checker.compare import (Context, code_for, compare_entries, compare_grads, compare_observed,
+from recheck.catalogue import hint
+from recheck.checker.compare import (Context, compare_entries, compare_grads, compare_observed,
                                      compare_outputs, effect_findings, saved_tensor_findings)
-from recheck.checker.message import hint
 from recheck.checker.run import RunResult
 from recheck.findings import DYNAMIC_KINDS, Finding
 
@@ -89,7 +89,7 @@ def _run_findings(ctx: Context, plain: RunResult, run: RunResult, input_mutated:
         exc = run.backward_error
         kind = _error_kind(exc, input_mutated)
         findings.append(ctx.finding(kind, "backward", f"torch raised in backward: {_first_line(exc)}",
-                                    _torch_text(exc), code_for(kind, "", ctx.preserve_rng_state),
+                                    _torch_text(exc), ctx.explain(kind, ""),
                                     latent=latent))
     if run.saved is not None:
         findings += saved_tensor_findings(ctx, run.saved.mismatches, run.saved.compared,
@@ -123,16 +123,16 @@ def _drop_inert_counters(findings: list[Finding], written: frozenset[str]) -> li
 
 
 def _with_cause_hints(ctx: Context, findings: list[Finding]) -> list[Finding]:
-    causes = [f for f in findings if f.kind in _CAUSES and f.hint]
+    causes = [f for f in findings if f.kind in _CAUSES and f.code]
     if not causes:
         return findings
     cause = min(causes, key=lambda f: (f.latent, _CAUSES.index(f.kind)))
-    code = code_for(cause.kind, cause.subject or "", ctx.preserve_rng_state)
+    code = cause.code
     text = f"likely cause: {cause.message}"
     out = []
     for finding in findings:
         if finding.hint is None and finding.kind in ("output", "recompute", "gradient") and code:
-            finding = dataclasses.replace(finding, hint=hint(code, text))
+            finding = dataclasses.replace(finding, code=code, hint=hint(code, text))
         out.append(finding)
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from recheck.catalogue import all_rules
+from recheck.catalogue import all_rules, entry
 
 NAME = "rules"
 HELP = "list the rules: code, name and what each finds"
@@ -29,6 +29,9 @@ def run(ns: argparse.Namespace) -> int:
                         "summary": r.summary,
                         "static": r.static,
                         "runtime_kinds": r.runtime_kinds,
+                        "explains": list(entry(r.code).kinds),
+                        "advice": entry(r.code).advice,
+                        "fixable": entry(r.code).fixable,
                         "doc": r.doc_ref,
                     }
                     for r in rules

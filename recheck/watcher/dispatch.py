@@ -146,12 +146,14 @@ class Dispatcher:
         entry = "reentrant" if use_reentrant is None or use_reentrant else "checkpoint"
         record = self._new_record(function, entry)
         record.grad_enabled = torch.is_grad_enabled()
+        record.preserve_rng_state = bool(kwargs.get("preserve_rng_state", True))
         return real(WatchedFunction(function, record, self), *rest, **kwargs)
 
     def reentrant_forward(self, real: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
         if self.sessions and not isinstance(run_function, WatchedFunction):
             record = self._new_record(run_function, "reentrant")
             record.grad_enabled = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            record.preserve_rng_state = bool(preserve)
             run_function = WatchedFunction(run_function, record, self)
         return real(ctx, run_function, preserve, *args)
 
@@ -174,6 +176,7 @@ class Dispatcher:
         else:
             return original(*args, **kwargs)
         record.grad_enabled = torch.is_grad_enabled()
+        record.preserve_rng_state = bool(arguments.get("preserve_rng_state", True))
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
         key = None

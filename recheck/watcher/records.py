@@ -19,11 +19,11 @@ from typing import Any, Mapping
 import torch
 from torch.utils._pytree import keystr, tree_flatten_with_path
 
+from recheck.catalogue import explain, hint
 from recheck.checker.reach import Reach
 from recheck.checker.values import show
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.watcher.hints import hint_for
 from recheck.watcher.prints import Store, TensorPrint, print_tensor
 from recheck.watcher.regions import RegionKey
 
@@ -120,6 +120,8 @@ class InvocationRecord:
         self.function = function
         self.reentrant = entry == "reentrant"
         self.early_stop: bool | None = None
+        #: the call's ``preserve_rng_state`` (None when the entry point does not say)
+        self.preserve_rng_state: bool | None = None
         self.grad_enabled = True
         self.forward: Forward | None = None
         self.forward_done = False
@@ -203,7 +205,7 @@ class InvocationRecord:
             if kind == "global":
                 now = capture.global_text(forward.reach, key)
                 self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
-                          subject=subject, code="RC101")
+                          subject=subject)
             elif kind == "param_version":
                 versions.append((subject, before, value))  # subject: the parameter's name
         if versions:
@@ -224,7 +226,7 @@ class InvocationRecord:
         for key in sorted(consumed | forward.rng_consumed):
             if entry.get(key) != forward.entry.get(key):
                 self._add("rng", f"{key[1]} state at recompute differs from the forward's; the region draws from it",
-                          subject=key[1], code="RC002",
+                          subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
         state_exit = capture.module_state(forward.state_modules, self.store)
@@ -243,7 +245,7 @@ class InvocationRecord:
         if effects:
             shown = "; ".join(str(e) for e in effects[:3]) + (f"; ... ({len(effects)} in all)" if len(effects) > 3 else "")
             self._add("side_effect", f"the recompute emitted {len(effects)} side effect(s) again: {shown}",
-                      subject="side effects", code="RC103")
+                      subject="side effects")
 
     def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
         if index in self._pass_saved:
@@ -274,8 +276,7 @@ class InvocationRecord:
         if what == "buffer":
             batchnorm = isinstance(module, torch.nn.modules.batchnorm._NormBase)
             message = (f"BatchNorm statistics `{label}` {how}" if batchnorm else f"buffer `{label}` {how}")
-            self._add("buffer", message, subject=f"buffer `{label}`", detail=before.difference(after),
-                      code="RC106" if batchnorm else None)
+            self._add("buffer", message, subject=f"buffer `{label}`", detail=before.difference(after))
         else:
             self._add("state", f"attribute `{label}` {how}: {show(before[1])} -> {show(after[1])}",
                       subject=f"attribute `{label}`")
@@ -290,17 +291,19 @@ class InvocationRecord:
             detail += "\n" + "\n".join(shown)
         self._add("param_version", f"parameter{plural} modified in place between forward and recompute: {listed}",
                   subject=f"parameter{plural} " + ", ".join(f"`{name}`" for name, _, _ in versions),
-                  detail=detail, code="RC201")
+                  detail=detail)
 
-    def _add(self, kind: str, message: str, *, subject: str, detail: str = "", code: str | None = None) -> None:
+    def _add(self, kind: str, message: str, *, subject: str, detail: str = "") -> None:
         # Under strict=True an invocation whose own setting was early stop replays fully: Python
         # state and side effects after the last saved tensor only ran because of that.  (A
         # buffer updated by a kernel, like BatchNorm's, is updated with early stop too.)
         if any(f.message == message and f.subject == subject for f in self.findings):
             return
         latent = self.strict and self.early_stop is True and kind in ("state", "side_effect")
-        finding = Finding(kind, message, region=str(self.region), subject=subject, detail=detail,
-                          hint=hint_for(code), latent=latent,
+        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        code = explain(kind, subject, **context)
+        finding = Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
+                          hint=hint(code) if code else None, latent=latent,
                           invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
         self.findings.append(finding)
 

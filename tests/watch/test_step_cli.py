@@ -33,7 +33,7 @@ def test_text_output_names_region_callsite_and_rule():
     assert out.returncode == 1
     assert "global `train_steps.SCALE` was 1.0 at forward and 2.0 at recompute" in out.stdout
     assert "Block.forward" in out.stdout and "train_steps.py:37" in out.stdout
-    assert "rules/RC101-mutable-global-read.md" in out.stdout
+    assert "see `recheck explain RC101`" in out.stdout
     assert out.stdout.rstrip().endswith("recheck: ran 1 step: 1 with findings")
 
 

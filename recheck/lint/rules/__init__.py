@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from recheck.catalogue import FIXABLE
+
 from recheck.lint.rules import (
     rc001_use_reentrant,
     rc002_preserve_rng,
@@ -34,4 +36,3 @@ BODY_RULES: tuple[ModuleType, ...] = (
     rc107_input_mutation,
 )
 ALL_CODES: tuple[str, ...] = (rc001_use_reentrant.CODE, rc002_preserve_rng.CODE, *(r.CODE for r in BODY_RULES))
-FIXABLE = frozenset({rc001_use_reentrant.CODE})

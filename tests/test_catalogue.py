@@ -1,0 +1,62 @@
+"""The rule registry: one entry per documented rule, and kind + subject -> rule for every face."""
+
+from __future__ import annotations
+
+import pytest
+
+from recheck.catalogue import FIXABLE, REGISTRY, all_rules, entry, explain, hint
+from recheck.findings import DYNAMIC_KINDS
+
+
+def test_registry_and_documents_name_the_same_codes():
+    assert [e.code for e in REGISTRY if e.code] and sorted(e.code for e in REGISTRY) == sorted(
+        r.code for r in all_rules())
+
+
+@pytest.mark.parametrize("item", REGISTRY, ids=lambda e: e.code)
+def test_entry_kinds_are_documented_and_known(item):
+    rule = next(r for r in all_rules() if r.code == item.code)
+    assert set(item.kinds) <= set(DYNAMIC_KINDS)
+    assert set(item.kinds) <= set(rule.runtime_kinds), (
+        f"{item.code} explains {item.kinds}; its document lists {rule.runtime_kinds}")
+    assert item.advice and "\n" not in item.advice
+
+
+@pytest.mark.parametrize(("kind", "subject", "context", "code"), [
+    ("rng", "cpu RNG", {"preserve_rng_state": False}, "RC002"),
+    ("rng", "cuda:0 RNG", {"preserve_rng_state": False}, "RC002"),
+    ("rng", "cuda:1 RNG", {"preserve_rng_state": True}, "RC102"),
+    ("rng", "cuda:1 RNG", {}, "RC102"),
+    ("rng", "cpu RNG", {"preserve_rng_state": True}, None),
+    # the issue's case: Python's RNG with preserve_rng_state on is RC105, never RC002
+    ("rng", "Python random", {"preserve_rng_state": True}, "RC105"),
+    ("rng", "Python random", {"preserve_rng_state": False}, "RC105"),
+    ("rng", "numpy global RNG", {}, "RC105"),
+    ("rng", "generator `self.generator`", {"preserve_rng_state": False}, "RC105"),
+    ("buffer", "buffer `bn.running_mean`", {}, "RC106"),
+    ("buffer", "buffer `norm.num_batches_tracked`", {}, "RC106"),
+    ("buffer", "buffer `ema`", {}, "RC104"),
+    ("state", "attribute `self.calls`", {}, "RC104"),
+    ("global", "global `m.X`", {}, "RC101"),
+    ("side_effect", "logging", {}, "RC103"),
+    ("param_version", "parameter `w`", {}, "RC201"),
+    ("input_mutation", "args[0]", {}, "RC107"),
+    ("gradient", "grad of `w`", {}, None),
+    ("output", "output[0]", {}, None),
+])
+def test_explain(kind, subject, context, code):
+    assert explain(kind, subject, **context) == code
+
+
+def test_hint_points_at_recheck_explain_not_a_folder():
+    text = hint("RC106")
+    assert text.endswith("see `recheck explain RC106`")
+    assert "rules/" not in text
+    assert text.startswith(entry("RC106").advice)
+    assert hint("RC105", "likely cause: Python random differs").startswith("likely cause:")
+    assert "RC999" in hint("RC999")
+
+
+def test_fixable_comes_from_the_registry():
+    assert FIXABLE == {"RC001"}
+    assert entry("rc001").fixable
