@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to report")
     parser.add_argument("--ignore", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to skip")
     parser.add_argument("--extend-select", type=_codes, metavar="CODES", help="rules to add to the selection")
-    parser.add_argument("--statistics", action="store_true", help="print a count per rule instead of each finding")
+    parser.add_argument("--statistics", action="store_true",
+                        help="print a count per rule, what was analysed and every unresolved checkpoint call")
+    parser.add_argument("--show-regions", metavar="PATH",
+                        help="print every checkpoint call under PATH with the regions it resolved to")
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     parser.add_argument("--fix", action="store_true", help="add use_reentrant=False where RC001 flags it")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
@@ -80,6 +83,11 @@ def run(ns: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     for error in result.errors:
         print(error, file=sys.stderr)
+    if ns.show_regions is not None:
+        from recheck.lint.statistics import show_regions
+
+        print(show_regions(result, _shown(Path(ns.show_regions))))
+        return 0 if ns.exit_zero or not (findings or result.errors) else 1
     if ns.statistics:
         from recheck.lint.statistics import statistics_json, statistics_text
 

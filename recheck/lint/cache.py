@@ -69,9 +69,11 @@ class FactsCache:
         self._used: set[str] = set()
         self._dirty = False
 
-    def key(self, data: bytes, module: str) -> str:
+    def key(self, data: bytes, module: str, salt: str = "") -> str:
+        """The entry key of a file's bytes under ``module``; ``salt`` names what else its
+        facts depend on (the entry points discovered in the tree)."""
         digest = hashlib.sha256(data)
-        digest.update(b"\0" + module.encode() + b"\0" + self.settings.encode())
+        digest.update(b"\0" + module.encode() + b"\0" + self.settings.encode() + b"\0" + salt.encode())
         return digest.hexdigest()
 
     @property

@@ -23,9 +23,9 @@ from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.options import LintOptions
-from recheck.lint.regions import Hit, find_regions, region_hits
+from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
-from recheck.lint.targets import CHECKPOINTING_BASES
+from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 
 __all__ = ["LintResult", "lint_paths", "lint_sources"]
 
@@ -33,7 +33,7 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 #: It starts with a literal so that the regex engine scans for it quickly.
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
-MAX_ROUNDS = 8
+MAX_ROUNDS = 12
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
 
 
@@ -46,6 +46,7 @@ class LintResult:
     stats: dict[str, int] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict, repr=False)  # display path -> text
     warnings: list[str] = field(default_factory=list)  # e.g. a cache file that was ignored
+    sites: list[SiteReport] = field(default_factory=list)  # every checkpoint call site and its regions
 
 
 @dataclass
@@ -55,6 +56,7 @@ class _StoredResult:
     hits: list[Hit]
     errors: list[FileError]
     stats: dict[str, int]
+    sites: list[SiteReport]
 
 
 @dataclass
@@ -92,7 +94,7 @@ def _unparsable(display: str, exc: BaseException) -> FileError:
     return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
 
 
-def _phase_one(job: tuple[str, str, str, bool, frozenset[str]]) -> tuple[str, FileFacts | FileError]:
+def _phase_one(job: tuple[str, str, str, bool, dict[str, tuple[int, str]]]) -> tuple[str, FileFacts | FileError]:
     display, text, module, is_package, extra = job
     try:
         return display, extract(text, display, module, is_package, extra)
@@ -121,10 +123,12 @@ def _pooled(work, jobs: list[tuple], workers: int) -> Iterable[tuple]:
 class _Run:
     def __init__(self, options: LintOptions) -> None:
         self.options = options
-        extra = frozenset(options.checkpoint_functions)
-        self.extra = extra
-        self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in extra]
-        self.cache = FactsCache(options.cache_dir, ",".join(sorted(extra)))
+        #: entry points beyond the known ones: configured, then found in the tree (wrappers),
+        #: each with the position of its region argument
+        self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
+        self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
+        self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)))
+        self.salt = ""  # the discovered entry points the facts were extracted with
         self.workers = options.jobs or os.cpu_count() or 1
         self.sources: dict[str, _Source] = {}
         self.facts: dict[str, FileFacts] = {}
@@ -134,13 +138,13 @@ class _Run:
     def parse(self, sources: list[_Source]) -> None:
         jobs = []
         for source in sources:
-            key = self.cache.key(source.data, source.module)
+            key = self.cache.key(source.data, source.module, self.salt)
             cached = self.cache.get(key)
             if cached is not None:
                 cached.path = source.display
                 self.facts[source.display] = cached
             else:
-                jobs.append((source.display, source.text, source.module, source.is_package, self.extra))
+                jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra)))
         self.parsed += len(jobs)
         for display, result in _pooled(_phase_one, jobs, self.workers):
             if isinstance(result, FileError):
@@ -149,7 +153,21 @@ class _Run:
             else:
                 self.facts[display] = result
                 source = self.sources[display]
-                self.cache.put(self.cache.key(source.data, source.module), result)
+                self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
+
+    def discover(self, index: Index) -> list[_Source]:
+        """Add the entry points the tree defines (wrappers, attributes holding one); return
+        the files that mention a new one by name, to extract again with it known."""
+        new = {name: position for name, position in discovered_entries(index).items()
+               if name not in ENTRY_POINTS and self.extra.get(name) != position}
+        if not new:
+            return []
+        self.extra.update(new)
+        self.salt = hashlib.sha256(repr(sorted(self.extra.items())).encode()).hexdigest()[:16]
+        names = sorted({name.rsplit(".", 1)[-1] for name in new})
+        mention = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\s*\(")
+        self.patterns.append(mention)
+        return [s for s in self.sources.values() if mention.search(s.text)]
 
     def check_syntax(self, sources: list[_Source]) -> int:
         """Parse-check files phase one never read, so a broken file is never silently passed."""
@@ -224,7 +242,7 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None) -> Lin
 
 def lint_sources(sources: dict[str, str], options: LintOptions | None = None) -> LintResult:
     """Lint in-memory sources keyed by a display path (module name = file stem)."""
-    run = _Run(options or LintOptions(cache_dir=None))
+    run = _Run(options or LintOptions(cache_dir=None, jobs=1))
     for display, text in sources.items():
         stem = Path(display).stem
         run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
@@ -236,13 +254,14 @@ def _lint(run: _Run) -> LintResult:
         f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
     stored = run.cache.get_result(tree_key, _StoredResult)
     if stored is not None:  # not one file changed since the last run: reuse its regions
-        hits = stored.hits
+        hits, sites = stored.hits, stored.sites
         run.errors.extend(stored.errors)
         stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
-        hits, stats = _analyse(run)
-        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors if e.path in run.sources], stats))
-    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path), warnings=run.cache.warnings)
+        hits, sites, stats = _analyse(run)
+        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors if e.path in run.sources], stats, sites))
+    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path), warnings=run.cache.warnings,
+                        sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
     unread = sum(error.path not in run.sources for error in run.errors)  # files that failed to parse are sources
@@ -250,7 +269,7 @@ def _lint(run: _Run) -> LintResult:
     return result
 
 
-def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
+def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
     """Phase one for the candidates and what their regions reach, then phase two."""
     by_module: dict[str, _Source] = {}
     for source in run.sources.values():
@@ -259,19 +278,38 @@ def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
     candidates = len(pending)
     hits: list[Hit] = []
     regions: list = []
+    reports: list[SiteReport] = []
+    walked: set[tuple[str, str]] = set()
+    index = Index(())
+    analysed = False
     for _ in range(MAX_ROUNDS):
         run.parse(pending)
         index = Index(run.facts.values())
-        regions = find_regions(index)
-        hits = region_hits(index, regions)
+        analysed = False
+        pending = run.discover(index)
+        if pending:  # wrappers found: their callers are call sites, extract them again first
+            continue
+        reports, walked = [], set()
+        regions = find_regions(index, reports)
+        hits = region_hits(index, regions, walked)
+        analysed = True
         pending = run.wanted(index, by_module) if regions or index.misses else []
         if not pending:
             break
+    if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
+        reports, walked = [], set()
+        regions = find_regions(index, reports)
+        hits = region_hits(index, regions, walked)
     checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
-    return hits, {"candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
-                  "cached": run.cache.hits, "regions": len(regions), "syntax_checked": checked,
-                  "syntax_only": len(run.sources) - len(run.facts)}
+    sites = [r for r in reports if r.kind == "site"]
+    return hits, reports, {
+        "candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
+        "cached": run.cache.hits, "regions": len(regions), "syntax_checked": checked,
+        "syntax_only": len(run.sources) - len(run.facts), "call_sites": len(sites),
+        "resolved_sites": sum(1 for r in sites if r.regions), "wrapper_sites": len(reports) - len(sites),
+        "functions_walked": len(walked),
+    }
 
 
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:

@@ -56,7 +56,19 @@ class Ref(NamedTuple):
     - ``"member"``: method ``member`` of the submodule(s) ``self.<name>``;
     - ``"super"``: method ``name`` of the enclosing class's bases;
     - ``"returned"``: the nested functions that function ``name`` (a ``name``/``local``
-      reference in ``member``) returns, as with ``create_custom_forward(layer)``.
+      reference in ``member``) returns, as with ``create_custom_forward(layer)``;
+    - ``"path"``: the submodule(s) at ``self.<name>`` where ``name`` is a dotted path with
+      subscripts dropped (``self.down[i].block[j]`` is ``down.block``, ``self.mid.block_1``
+      is ``mid.block_1``);
+    - ``"param"``: parameter ``name`` of the enclosing function, ``member`` its position
+      among the call's arguments (``"-1"`` keyword-only): resolved from what callers pass;
+    - ``"result"``: what method ``self.<name>(...)`` returns (``layer = self._get_layer(i)``);
+    - ``"param_path"``: ``name`` is a dotted path from a parameter (``model.layers``), its
+      first component the parameter: resolved through the parameter's annotation;
+    - ``"instance"``: an instance of class ``name`` (an ``isinstance`` branch, an annotation):
+      calling it runs its ``forward``;
+    - ``"policy"``: a wrapping policy or ``check_fn`` that picks the classes named in
+      ``member`` (comma-separated qualified names), whatever module it is applied to.
     """
 
     kind: str
@@ -76,7 +88,13 @@ class FunctionFacts:
     calls: list[Ref] = field(default_factory=list)
     random_draws: list[tuple[Span, str]] = field(default_factory=list)
     returns_local: list[str] = field(default_factory=list)
+    returns_refs: list[Ref] = field(default_factory=list)  # ``return self.layers[i]``
     memoized: bool = False  # @lru_cache/@cache: the body runs once per arguments, not per call
+    #: qualified names called in ``return`` statements: a factory's products (``get_down_block``)
+    returns_built: list[str] = field(default_factory=list)
+    #: parameter names in call order (``self`` of a method dropped) and their annotations
+    params: list[str] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +118,10 @@ class CallSite:
     targets: tuple[Ref, ...]
     use_reentrant: str  # "given", "splat" (may travel in **kwargs) or "missing"
     preserve_rng_false: Span | None = None
+    #: ``checkpoint(fn, ...)`` where ``fn`` is a parameter: the caller is a wrapper of ``entry``
+    #: and its own callers name the region (position, name of that parameter)
+    forwards: tuple[str, int, str] | None = None  # (wrapper function's qualname, position, parameter)
+    region_source: str = ""  # the region argument as written, for --statistics and --show-regions
 
 
 @dataclass
@@ -112,3 +134,5 @@ class FileFacts:
     classes: dict[str, ClassFacts] = field(default_factory=dict)  # qualname -> facts
     functions: dict[str, FunctionFacts] = field(default_factory=dict)  # qualname -> facts
     call_sites: list[CallSite] = field(default_factory=list)
+    #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
+    entry_attributes: list[str] = field(default_factory=list)

@@ -9,14 +9,14 @@ become findings only here, named after the region and where it is checkpointed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
 from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES
 
-__all__ = ["Hit", "Region", "find_regions", "region_hits"]
+__all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
 MAX_FUNCTIONS_PER_REGION = 400
 
@@ -42,8 +42,29 @@ class Hit:
     origin: str | None
 
 
+class SiteReport(NamedTuple):
+    """One checkpoint call site and what it resolved to (``--statistics``, ``--show-regions``).
+
+    ``kind`` is ``"site"`` (it names a region), or ``"wrapper"``: the region is a parameter
+    of the function that makes the call, which is itself an entry point for its callers.
+    """
+
+    path: str
+    line: int
+    column: int
+    entry: str
+    caller: str
+    region_source: str
+    kind: str
+    regions: list[str]  # "Block.forward (model.py:12)"
+    reason: str  # why no region was found ("" when one was), or what a wrapper passes on
+
+
 def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
+
+
+MAX_FACTORY_DEPTH = 4
 
 
 class _Resolver:
@@ -63,6 +84,27 @@ class _Resolver:
             if ref.name in file.functions:
                 yield file, file.functions[ref.name]
             return
+        if ref.kind in ("instance", "policy"):
+            for qualified in ref.name.split(","):
+                yield from self._built(qualified, file, 0)
+            return
+        if ref.kind == "param":
+            if func is not None and ref.name in func.annotations:
+                yield from self._built(func.annotations[ref.name], file, 0)
+            return
+        if ref.kind == "param_path":
+            head, _, rest = ref.name.partition(".")
+            annotated = self.index.lookup_class(func.annotations[head], file) if func and head in func.annotations else None
+            if annotated is not None:
+                yield from self._path(annotated[0], annotated[1], rest)
+            return
+        if ref.kind == "result":
+            owner = file.classes.get(func.self_class) if func is not None and func.self_class else None
+            method = index.find_method(file, owner, ref.name) if owner is not None else None
+            if method is not None and method[1] is not func:
+                for returned in method[1].returns_refs:
+                    yield from self.resolve(returned, method[0], method[1], as_target)
+            return
         if ref.kind in ("name", "returned"):
             found = index.lookup(ref.name, file) if ref.member != "local" else (
                 (file, file.functions[ref.name]) if ref.name in file.functions else None)
@@ -74,6 +116,8 @@ class _Resolver:
                     yield from self._module(ref.name, found_file, symbol)
             elif ref.kind == "returned":
                 yield from ((found_file, found_file.functions[q]) for q in symbol.returns_local if q in found_file.functions)
+                for built in symbol.returns_built:  # a factory: get_block(...) returns a module
+                    yield from self._built(built, found_file, 1)
             else:
                 yield found_file, symbol
             return
@@ -90,16 +134,45 @@ class _Resolver:
             if method:
                 yield method
                 return
+        if ref.kind == "member":  # caches written before "path" existed
+            ref = Ref("path", f"{ref.name}.{ref.member}", ref.span)
+        if ref.kind == "path":
+            yield from self._path(file, owner, ref.name)
+            return
         for qualified in index.attribute_classes(file, owner, ref.name):
-            found = index.lookup_class(qualified, file)
+            yield from self._built(qualified, file, 0)
+
+    def _path(self, file: FileFacts, owner: ClassFacts, path: str) -> Iterator[tuple]:
+        """``self.a.b``: the modules recorded under ``a.b``, or ``b`` of each module in ``a``
+        (a method ``b`` of ``a``'s class when there is one)."""
+        direct = self.index.attribute_classes(file, owner, path)
+        if direct:
+            for qualified in direct:
+                yield from self._built(qualified, file, 0)
+            return
+        head, _, rest = path.partition(".")
+        for qualified in self.index.attribute_classes(file, owner, head):
+            found = self.index.lookup_class(qualified, file)
             if found is None:
-                yield None, qualified
-            elif ref.kind == "member":
-                method = index.find_method(found[0], found[1], ref.member)
-                if method:
+                continue
+            if "." not in rest:
+                method = self.index.find_method(found[0], found[1], rest)
+                if method is not None:
                     yield method
-            else:
-                yield from self._module(qualified, *found)
+                    continue
+            yield from self._path(found[0], found[1], rest)
+
+    def _built(self, qualified: str, origin: FileFacts, depth: int) -> Iterator[tuple]:
+        """What calling an instance of ``qualified`` runs: a class's ``forward`` (plus its
+        outside bases), a factory function's products, or the name itself when outside."""
+        found = self.index.lookup(qualified, origin)
+        if found is None:
+            yield None, qualified
+        elif isinstance(found[1], ClassFacts):
+            yield from self._module(qualified, found[0], found[1])
+        elif depth < MAX_FACTORY_DEPTH:
+            for built in found[1].returns_built:
+                yield from self._built(built, found[0], depth + 1)
 
     def _module(self, qualified: str, file: FileFacts, cls: ClassFacts) -> Iterator[tuple]:
         """A submodule class of the tree: its ``forward``, plus its external bases' names."""
@@ -110,19 +183,87 @@ class _Resolver:
             if self.index.lookup_class(base) is None:
                 yield None, base
 
+    def why_not(self, site: CallSite, file: FileFacts, caller: FunctionFacts | None) -> str:
+        """Why a call site resolved to no region, in words."""
+        shown = f"`{site.region_source}`" if site.region_source else "the region argument"
+        if not site.targets:
+            if site.region_source:
+                return f"{shown} is not a function, method, module or container the linter can follow"
+            return "the call passes no region argument the linter can see (a `*args` splat?)"
+        reasons = []
+        for ref in site.targets:
+            items = list(self.resolve(ref, file, caller, as_target=True))
+            outside = sorted({q for f, q in items if f is None})
+            factory = self._opaque_factory(ref, file, caller)
+            if factory:
+                reasons.append(f"{shown} is built by `{factory}(...)`, whose product the linter cannot see "
+                               "(chosen at run time)")
+            elif outside:
+                reasons.append(f"{shown} is a `{outside[0]}`, defined outside the linted tree")
+            elif ref.kind in ("name", "returned") and self.index.lookup(ref.name, file) is None:
+                reasons.append(f"`{ref.name}` is defined outside the linted tree")
+            elif ref.kind in ("self", "path", "elements"):
+                reasons.append(f"`self.{ref.name}` is never assigned a module the linter can see in "
+                               f"`{caller.self_class if caller and caller.self_class else 'its class'}`")
+            elif ref.kind == "param":
+                reasons.append(f"{shown} is parameter `{ref.name}` and no caller in the tree passes it")
+            elif ref.kind == "param_path":
+                head = ref.name.partition(".")[0]
+                annotation = caller.annotations.get(head) if caller else None
+                reasons.append(f"{shown} comes from `{ref.name}`, parameter `{head}` of `{site.caller}`"
+                               + (f" (annotated `{annotation}`, not a class of the linted tree)" if annotation else
+                                  ", which has no annotation"))
+            elif ref.kind == "result":
+                reasons.append(f"{shown} is what `self.{ref.name}()` returns, which the linter cannot see")
+            elif ref.kind == "policy":
+                reasons.append("the policy's classes are not defined in the linted tree")
+            else:
+                reasons.append(f"{shown} resolves to nothing in the linted tree")
+        return reasons[0] if reasons else f"{shown} resolves to nothing in the linted tree"
 
-def find_regions(index: Index) -> list[Region]:
-    """Every region of the tree, in a stable order (by file, then line)."""
+
+    def _opaque_factory(self, ref: Ref, file: FileFacts, caller: FunctionFacts | None) -> str | None:
+        """A function of the tree that builds ``self.<attr>`` but returns nothing visible."""
+        owner = file.classes.get(caller.self_class) if caller is not None and caller.self_class else None
+        if owner is None or ref.kind not in ("self", "path", "elements"):
+            return None
+        for qualified in self.index.attribute_classes(file, owner, ref.name.partition(".")[0]):
+            found = self.index.lookup(qualified, file)
+            if found is not None and isinstance(found[1], FunctionFacts) and not list(self._built(qualified, file, 0)):
+                return qualified.rsplit(".", 1)[-1]
+        return None
+
+
+def _where(file: FileFacts, function: FunctionFacts) -> str:
+    return f"{function.qualname} ({file.path}:{function.span.line})"
+
+
+def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[Region]:
+    """Every region of the tree, in a stable order (by file, then line).
+
+    With ``reports``, also append one :class:`SiteReport` per checkpoint call site.
+    """
     resolver = _Resolver(index)
     regions: list[Region] = []
     seen: set[tuple[str, str]] = set()
     for file in index.files:
         for site in file.call_sites:
             caller = file.functions.get(site.caller)
+            found: dict[tuple[str, str], tuple[FileFacts, FunctionFacts]] = {}
             for ref in site.targets:
                 for target_file, function in resolver.functions(ref, file, caller, as_target=True):
-                    regions.append(Region(function.qualname, f"checkpointed at {file.path}:{site.span.line}",
-                                          target_file, function, site))
+                    found.setdefault((target_file.path, function.qualname), (target_file, function))
+            for target_file, function in found.values():
+                regions.append(Region(function.qualname, f"checkpointed at {file.path}:{site.span.line}",
+                                      target_file, function, site))
+            if reports is not None:
+                kind = "wrapper" if site.forwards is not None else "site"
+                if kind == "wrapper":
+                    reason = f"`{site.forwards[0]}` passes its parameter `{site.forwards[2]}` on: its callers name the region"
+                else:
+                    reason = "" if found else resolver.why_not(site, file, caller)
+                reports.append(SiteReport(file.path, site.span.line, site.span.column, site.entry, site.caller,
+                                          site.region_source, kind, [_where(*f) for f in found.values()], reason))
         for cls in file.classes.values():
             if _short(cls.qualname) in CHECKPOINTING_BASES:
                 continue
@@ -138,6 +279,23 @@ def find_regions(index: Index) -> list[Region]:
                 regions.append(Region(found[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
                                       found[0], found[1]))
     return regions
+
+
+def discovered_entries(index: Index) -> dict[str, tuple[int, str]]:
+    """Entry points the tree defines, with the position and name of their region parameter:
+    functions and methods that pass a parameter to an entry point as its region (``def
+    maybe_checkpoint(fn, *a): return checkpoint(fn, *a)``; methods as ``module.Class.m``,
+    nested functions as ``module.outer.inner``), and ``self.<attr>`` for attributes that
+    hold an entry point (``self.ckpt = partial(checkpoint, ...)``)."""
+    found: dict[str, tuple[int, str]] = {}
+    for file in index.files:
+        for site in file.call_sites:
+            if site.forwards is not None:
+                owner, position, parameter = site.forwards
+                found[f"{file.module}.{owner}"] = (position, parameter)
+        for attribute in file.entry_attributes:
+            found[f"self.{attribute.rsplit('.', 1)[-1]}"] = (0, "")
+    return found
 
 
 def _walk(resolver: _Resolver, region: Region) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
@@ -160,14 +318,18 @@ def _walk(resolver: _Resolver, region: Region) -> Iterator[tuple[FileFacts, Func
         yield file, function, external
 
 
-def region_hits(index: Index, regions: list[Region]) -> list[Hit]:
-    """The findings of every region and every checkpoint call site, deduplicated by place."""
+def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
+    """The findings of every region and every checkpoint call site, deduplicated by place.
+
+    ``walked`` collects ``(path, qualname)`` of every function a region reached."""
     resolver = _Resolver(index)
     hits: list[Hit] = []
     draws: dict[int, tuple[str, Span, str]] = {}
     for region in regions:
         found: list[Hit] = []
         for file, function, external in _walk(resolver, region):
+            if walked is not None:
+                walked.add((file.path, function.qualname))
             for hazard in function.hazards:
                 if hazard.tag != "root" or function is region.function:
                     found.append(Hit(file.path, hazard, region.name, region.origin))

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
 
-__all__ = ["FunctionContext", "ModuleContext", "bound_names", "partition_scopes"]
+__all__ = ["Binding", "FunctionContext", "constant_names", "ModuleContext", "bound_names", "partition_scopes"]
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
@@ -115,6 +115,21 @@ def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
     return found
 
 
+def constant_names(nodes: list[ast.AST]) -> dict[str, object]:
+    """Names that one scope's ``nodes`` bind exactly once, to a literal constant."""
+    values: dict[str, object] = {}
+    counts: dict[str, int] = {}
+    for name, _, _ in bound_names(nodes):
+        counts[name] = counts.get(name, 0) + 1
+    for node in nodes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and counts.get(target.id) == 1:
+                    values[target.id] = node.value.value
+    return values
+
+
 def _target_names(target: ast.AST) -> Iterator[str]:
     if isinstance(target, ast.Name):
         yield target.id
@@ -163,6 +178,8 @@ class ModuleContext:
     assigned: set[str] = field(default_factory=set)  # module-level variables
     mutated_globals: set[str] = field(default_factory=set)
     loggers: set[str] = field(default_factory=set)
+    constants: dict[str, object] = field(default_factory=dict)  # module names assigned once, to a constant
+    function_nodes: dict[str, ast.AST] = field(default_factory=dict)  # qualname -> def/lambda node
 
     @classmethod
     def build(cls, tree: ast.Module, scopes: dict[int, list[ast.AST]], module: str, lines: list[str],
@@ -181,6 +198,7 @@ class ModuleContext:
                 if callee and callee[-1] in LOGGER_FACTORIES:
                     context.loggers.update(n for t in node.targets for n in _target_names(t))
         context.mutated_globals = _mutated_globals(scopes, tree, context.assigned)
+        context.constants = constant_names(top_level)
         return context
 
     def qualify_parts(self, parts: list[str]) -> str:
@@ -230,6 +248,14 @@ def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candida
     return ((rebound - none_initialised) | mutated) & candidates
 
 
+class Binding(NamedTuple):
+    """A local name holds ``refs`` from ``start`` (to ``end`` for a block-scoped binding)."""
+
+    start: int
+    end: int | None
+    refs: list[Ref]
+
+
 @dataclass
 class FunctionContext:
     """One function's view of names, handed to every rule's ``check``."""
@@ -243,10 +269,48 @@ class FunctionContext:
     declared_global: set[str]
     declared_nonlocal: set[str]
     rebound_at: dict[str, int]  # parameter -> first line that rebinds it
-    local_refs: dict[str, list[Ref]]  # loop variables over self.layers, nested defs, ...
+    #: what local names hold: loop variables over ``self.layers``, aliases, nested defs,
+    #: names narrowed by ``isinstance`` (see :meth:`refs_of`)
+    bindings: dict[str, list[Binding]]
     defaults: dict[str, ast.AST] = field(default_factory=dict)  # parameter -> default value
     written: set[int] = field(default_factory=set)  # ids of names written through (x[k] = v, x.append)
     memo_targets: set[int] = field(default_factory=set)  # ids of cache-fill targets (see memo_targets)
+    #: parameter (own or of an enclosing function) -> (that function's qualname, its position
+    #: among a call's arguments, -1 for keyword-only)
+    param_positions: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: local names assigned once, to a constant: ``flag = False``
+    constants: dict[str, object] = field(default_factory=dict)
+    #: attributes of ``self`` that hold a checkpoint entry point (``self.ckpt = checkpoint``)
+    entry_attributes: frozenset[str] = frozenset()
+    #: names this function (or an enclosing one) binds by ``import``: qualified like globals
+    imported: frozenset[str] = frozenset()
+    #: the last value assigned to each local name (``policy = partial(...)``)
+    values: dict[str, ast.AST] = field(default_factory=dict)
+
+    def bind(self, name: str, refs: list[Ref], start: int = 0, end: int | None = None) -> None:
+        """``name`` holds ``refs`` from line ``start`` on; with ``end``, only inside the block
+        ``start..end`` (a loop body, an ``isinstance`` branch), where it overrides the rest."""
+        self.bindings.setdefault(name, []).append(Binding(start, end, refs))
+
+    def refs_of(self, name: str, line: int) -> list[Ref] | None:
+        """What ``name`` may hold at ``line`` (None: nothing known).
+
+        Inside a loop body or an ``isinstance`` branch that binds it, the innermost such
+        block decides (two loops reusing one variable name each see their own container);
+        elsewhere every binding made before the line counts (an alias assigned in both
+        branches of an ``if`` holds either value), loop bindings only after their loop.
+        """
+        bindings = self.bindings.get(name)
+        if not bindings:
+            return None
+        scoped = [b for b in bindings if b.end is not None and b.start <= line <= b.end]
+        if scoped:
+            return list(max(scoped, key=lambda b: b.start).refs)
+        before = [r for b in bindings if (b.end is None and b.start <= line) or (b.end is not None and b.end < line)
+                  for r in b.refs]
+        if before:
+            return before
+        return [r for b in bindings for r in b.refs] or None
 
     def is_self(self, node: ast.AST) -> bool:
         return self.self_name is not None and isinstance(node, ast.Name) and node.id == self.self_name
@@ -271,7 +335,11 @@ class FunctionContext:
     def qualify(self, node: ast.AST) -> str | None:
         """The dotted qualified name of a name chain whose head is not a local variable."""
         parts = dotted(node)
-        if parts is None or self.is_local(parts[0]) or parts[0] in self.closure_names:
+        if parts is None:
+            return None
+        if parts[0] in self.imported and parts[0] in self.module.imports:  # a function-local import
+            return self.module.qualify_parts(parts)
+        if self.is_local(parts[0]) or parts[0] in self.closure_names:
             return None
         return self.module.qualify_parts(parts)
 

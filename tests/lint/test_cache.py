@@ -42,9 +42,10 @@ def _findings(result):
 
 def _facts() -> FileFacts:
     span = Span(1, 2, 3, 4)
-    function = FunctionFacts("Block.forward", span, "Block", [Hazard("RC104", span, "w", "t", "root")],
-                             [Ref("self", "lin", span), Ref("member", "a", span, "forward")],
-                             [(span, "torch.rand")], ["Block.forward.inner"], True)
+    function = FunctionFacts("Block.forward", span, "Block", hazards=[Hazard("RC104", span, "w", "t", "root")],
+                             calls=[Ref("self", "lin", span), Ref("path", "a.b", span)],
+                             random_draws=[(span, "torch.rand")], returns_local=["Block.forward.inner"],
+                             memoized=True, params=["x"], annotations={"x": "torch.Tensor"})
     return FileFacts("m.py", "m", {"cp": "torch.utils.checkpoint"},
                      {"Block": ClassFacts("Block", span, ["torch.nn.Module"], {"forward": "Block.forward"}, {"lin": ["torch.nn.Linear"]})},
                      {"Block.forward": function},
@@ -60,7 +61,7 @@ def test_facts_round_trip_through_json():
     lambda v: v[:-1],                                   # a field missing
     lambda v: [*v[:3], {"Block": 7}, *v[4:]],           # a class that is not a record
     lambda v: [v[0], 12, *v[2:]],                       # a number where a string belongs
-    lambda v: [*v[:5], [[[1, 2, 3], "e", "c", [], "missing", None]]],  # a span of three
+    lambda v: [*v[:5], [[[1, 2, 3], "e", "c", [], "missing", None, None, ""]], *v[6:]],  # a span of three
     lambda v: [*v[:2], {"x": ["__reduce__"]}, *v[3:]],  # a list where a string belongs
 ])
 def test_values_of_the_wrong_type_do_not_validate(mangle):
