@@ -25,7 +25,7 @@ from recheck.lint.index import Index
 from recheck.lint.options import LintOptions
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
-from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
+from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
 
 __all__ = ["LintResult", "lint_paths", "lint_sources"]
 
@@ -164,10 +164,21 @@ class _Run:
             return []
         self.extra.update(new)
         self.salt = hashlib.sha256(repr(sorted(self.extra.items())).encode()).hexdigest()[:16]
-        names = sorted({name.rsplit(".", 1)[-1] for name in new})
-        mention = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in names) + r")\s*\(")
-        self.patterns.append(mention)
-        return [s for s in self.sources.values() if mention.search(s.text)]
+        defined = {f"{facts.module}.{qualname}": (facts, qualname) for facts in index.files
+                   for qualname in facts.functions}
+        again: dict[str, _Source] = {}
+        names = set()
+        for name in new:
+            facts, qualname = defined.get(name, (None, ""))
+            if facts is not None and qualname.rpartition(".")[0] in facts.functions:
+                again[facts.path] = self.sources[facts.path]  # a nested function: called in its own file only
+            elif name.rsplit(".", 1)[-1] not in ENTRY_ATTRIBUTES:
+                names.add(name.rsplit(".", 1)[-1])
+        if names:
+            mention = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names)) + r")\s*\(")
+            self.patterns.append(mention)
+            again.update((s.display, s) for s in self.sources.values() if mention.search(s.text))
+        return list(again.values())
 
     def check_syntax(self, sources: list[_Source]) -> int:
         """Parse-check files phase one never read, so a broken file is never silently passed."""

@@ -24,6 +24,7 @@ from recheck.lint.scope import (
     constant_names,
     memo_targets,
     partition_scopes,
+    tested_attributes,
     written_names,
 )
 from recheck.lint.targets import (
@@ -90,11 +91,22 @@ def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST]
                       args: dict[str, ast.arg], self_name: str | None,
                       parent: FunctionContext | None, defaults: dict | None = None,
                       positions: dict[str, int] | None = None,
-                      entry_attributes: frozenset[str] = frozenset()) -> FunctionContext:
-    declared_global = {n for s in nodes if isinstance(s, ast.Global) for n in s.names}
-    declared_nonlocal = {n for s in nodes if isinstance(s, ast.Nonlocal) for n in s.names}
+                      entry_attributes: frozenset[str] = frozenset(),
+                      fresh: frozenset[str] | None = None) -> FunctionContext:
+    declared_global: set[str] = set()
+    declared_nonlocal: set[str] = set()
+    imported: set[str] = set()
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.Global:
+            declared_global.update(node.names)
+        elif kind is ast.Nonlocal:
+            declared_nonlocal.update(node.names)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            imported.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    bound = list(bound_names(nodes))
     local_names, rebound_at = set(), {}
-    for name, line, plain in bound_names(nodes):
+    for name, line, plain in bound:
         local_names.add(name)
         if plain and name in args and name not in rebound_at:
             rebound_at[name] = line
@@ -106,17 +118,18 @@ def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST]
     for name in local_names - set(args):
         param_positions.pop(name, None)
     param_positions.update({name: (qualname, index) for name, index in (positions or {}).items()})
-    imported = frozenset(alias.asname or alias.name.split(".")[0] for node in nodes
-                         if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names)
     if parent is not None:
         imported |= parent.imported
     context = FunctionContext(
         module, qualname, self_name, args, local_names - declared_global - declared_nonlocal,
         closure, declared_global, declared_nonlocal, rebound_at,
         inherited, defaults or {}, written_names(nodes),
-        memo_targets(nodes, self_name), param_positions, constant_names(nodes),
+        memo_targets(nodes, self_name, frozenset(a for a in args if a != self_name)), param_positions,
+        constant_names(nodes, bound),
         entry_attributes or (parent.entry_attributes if parent is not None else frozenset()),
-        imported,
+        tested_attributes(nodes, self_name),
+        fresh or frozenset(),
+        frozenset(imported),
     )
     return context
 
@@ -210,7 +223,9 @@ class _Extractor:
         positions.update({a.arg: -1 for a in arguments.kwonlyargs})
         nodes = self.scopes[id(node)]
         entries = self.class_entries.get(owner, frozenset()) if owner is not None else frozenset()
-        context = _function_context(self.module, qualname, nodes, args, self_name, parent, defaults, positions, entries)
+        fresh = frozenset(a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None)
+        context = _function_context(self.module, qualname, nodes, args, self_name, parent, defaults, positions, entries,
+                                    fresh)
         facts = FunctionFacts(qualname, context.span(node), self_class)
         facts.params = call_order
         facts.annotations = {a.arg: q for a in positional if a.annotation is not None
@@ -227,9 +242,12 @@ class _Extractor:
         """Loop variables, aliases, nested defs, ``isinstance`` branches (see ``refs_of``)."""
         iterables: dict[str, ast.AST] = {}
         for node in nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            kind = type(node)
+            if kind not in _BINDING_NODES:
+                continue
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
                 context.bind(node.name, [Ref("local", f"{qualname}.{node.name}", context.span(node))], node.lineno)
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            elif kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
                 start, end = (node.lineno, node.end_lineno or node.lineno) if hasattr(node, "lineno") else (0, None)
                 for name, refs in _loop_bindings(node.target, node.iter, context, iterables, 0):
                     context.bind(name, refs, start, end)
@@ -300,7 +318,10 @@ class _Extractor:
                 local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
 
         for node in nodes:
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert", "add_module"):
+            kind = type(node)
+            if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return:
+                continue
+            if kind is ast.Call and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert", "add_module"):
                 values = node.args[1:] if node.func.attr in ("insert", "add_module") else node.args
                 for value in values:
                     store(node.func.value, _module_classes(value, context, local_lists), value)
@@ -325,6 +346,8 @@ def _self_path(node: ast.AST, context: FunctionContext) -> str | None:
 
 
 _ITERATION_WRAPPERS = frozenset({"list", "tuple", "reversed", "sorted", "iter"})
+_BINDING_NODES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.For, ast.AsyncFor, ast.comprehension,
+                            ast.Assign, ast.If})
 
 
 def _is_iterable(value: ast.AST) -> bool:

@@ -15,7 +15,7 @@ from typing import Iterator, NamedTuple
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
 
-__all__ = ["Binding", "FunctionContext", "constant_names", "ModuleContext", "bound_names", "partition_scopes"]
+__all__ = ["Binding", "FunctionContext", "constant_names", "self_attributes", "tested_attributes", "ModuleContext", "bound_names", "partition_scopes"]
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
@@ -35,22 +35,33 @@ def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
     """
     lists: dict[int, list[ast.AST]] = {id(tree): []}
     stack: list[tuple[ast.AST, list[ast.AST]]] = [(n, lists[id(tree)]) for n in reversed(tree.body)]
+    node_type, scope_types = ast.AST, frozenset(SCOPE_NODES)
+    fields = _CHILD_FIELDS
     while stack:
         node, out = stack.pop()
         out.append(node)
-        children: list[tuple[ast.AST, list[ast.AST]]] = []
+        kind = type(node)
+        names = fields.get(kind)
+        if names is None:  # the fields that can hold nodes (never ``ctx``: Load/Store carry nothing)
+            names = fields[kind] = tuple(f for f in kind._fields if f != "ctx")
+        if not names:
+            continue
         own = None
-        if isinstance(node, SCOPE_NODES):
+        if kind in scope_types:
             own = lists[id(node)] = []
-        for name in node._fields:
+        children: list[tuple[ast.AST, list[ast.AST]]] = []
+        for name in names:
             value = getattr(node, name, None)
             target = own if own is not None and name == "body" else out
-            if isinstance(value, ast.AST):
+            if type(value) is list:
+                children.extend((v, target) for v in value if isinstance(v, node_type))
+            elif isinstance(value, node_type):
                 children.append((value, target))
-            elif isinstance(value, list):
-                children.extend((v, target) for v in value if isinstance(v, ast.AST))
         stack.extend(reversed(children))
     return lists
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 _BINDERS = frozenset({
@@ -77,6 +88,23 @@ def written_names(nodes: list[ast.AST]) -> set[int]:
     return written
 
 
+def tested_attributes(nodes: list[ast.AST], self_name: str | None) -> frozenset[str]:
+    """Attributes of ``self`` that a test among ``nodes`` reads (``if self.prev is None``)."""
+    if self_name is None:
+        return frozenset()
+    found: set[str] = set()
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.If or kind is ast.While or kind is ast.IfExp or kind is ast.Assert:
+            found |= _self_attributes(node.test, self_name)
+    return frozenset(found)
+
+
+def self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
+    """Attributes of ``self`` read anywhere in ``node``."""
+    return _self_attributes(node, self_name)
+
+
 def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
     return {
         n.attr for n in ast.walk(node)
@@ -84,22 +112,41 @@ def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
     }
 
 
-def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
+def _first_use_test(test: ast.AST, self_name: str) -> bool:
+    """``self.x is None``, ``self.x is not None``, ``not self.x``, ``self.x``: a test of
+    whether state was filled yet (not of a cache key)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        test = test.left
+    return isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == self_name
+
+
+def memo_targets(nodes: list[ast.AST], self_name: str | None, inputs: frozenset[str] = frozenset()) -> set[int]:
     """``id()`` of assignment targets that fill a cache the guarding ``if`` tests.
 
     ``if key not in self.cache: self.cache[key] = ...`` and ``if n != self._len_cached:
     self._len_cached = n; self._cos_cached = ...`` fill a cache once: the block writes an
-    attribute its own test reads (the cache key).  A recomputation finds it filled.
+    attribute its own test reads (the cache key).  A recomputation finds it filled and
+    computes the same values.  Not so a first-use fill of an input (``if self.prev is
+    None: self.prev = x``, ``x`` one of ``inputs``): the recomputation finds it filled
+    and takes the other branch, so that write is not hidden.
     """
     found: set[int] = set()
     if self_name is None:
         return found
     for node in nodes:
-        if not isinstance(node, ast.If):
+        if type(node) is not ast.If:
             continue
         guarded = _self_attributes(node.test, self_name)
         if not guarded:
             continue
+        if inputs and _first_use_test(node.test, self_name) and any(
+                isinstance(n, ast.Name) and n.id in inputs
+                for statement in node.body if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value
+                for n in ast.walk(statement.value)):
+            continue  # a branch-changing cache: reported
         writes: list[tuple[ast.AST, str]] = []
         for statement in node.body:
             if not isinstance(statement, (ast.Assign, ast.AnnAssign)):
@@ -115,17 +162,18 @@ def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
     return found
 
 
-def constant_names(nodes: list[ast.AST]) -> dict[str, object]:
-    """Names that one scope's ``nodes`` bind exactly once, to a literal constant."""
-    values: dict[str, object] = {}
+def constant_names(nodes: list[ast.AST], bound: list[tuple[str, int, bool]] | None = None) -> dict[str, object]:
+    """Names that one scope's ``nodes`` bind exactly once, to a literal constant
+    (``bound``: the scope's :func:`bound_names`, when already computed)."""
     counts: dict[str, int] = {}
-    for name, _, _ in bound_names(nodes):
+    for name, _, _ in bound if bound is not None else bound_names(nodes):
         counts[name] = counts.get(name, 0) + 1
+    values: dict[str, object] = {}
     for node in nodes:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name) and counts.get(target.id) == 1:
+        kind = type(node)
+        if (kind is ast.Assign or kind is ast.AnnAssign) and type(node.value) is ast.Constant:
+            for target in node.targets if kind is ast.Assign else [node.target]:
+                if type(target) is ast.Name and counts.get(target.id) == 1:
                     values[target.id] = node.value.value
     return values
 
@@ -282,6 +330,10 @@ class FunctionContext:
     constants: dict[str, object] = field(default_factory=dict)
     #: attributes of ``self`` that hold a checkpoint entry point (``self.ckpt = checkpoint``)
     entry_attributes: frozenset[str] = frozenset()
+    #: attributes of ``self`` read in an ``if``/``while``/conditional test of this function
+    tested: frozenset[str] = frozenset()
+    #: ``*args`` and ``**kwargs``: fresh objects on every call, never the caller's
+    fresh_params: frozenset[str] = frozenset()
     #: names this function (or an enclosing one) binds by ``import``: qualified like globals
     imported: frozenset[str] = frozenset()
     #: the last value assigned to each local name (``policy = partial(...)``)
@@ -317,7 +369,7 @@ class FunctionContext:
 
     def is_live_param(self, name: str, line: int) -> bool:
         """True when ``name`` is an argument still bound to the caller's object at ``line``."""
-        if name not in self.params or name == self.self_name:
+        if name not in self.params or name == self.self_name or name in self.fresh_params:
             return False
         return self.rebound_at.get(name, 1 << 30) >= line
 

@@ -1,4 +1,14 @@
-"""RC104: a checkpointed region writes state that outlives it (attributes, globals, closures)."""
+"""RC104: a checkpointed region writes state that outlives it and that the recomputation sees.
+
+Flagged: counters and accumulations (``self.n += 1``, ``self.total = self.total + x``),
+growing containers (``self.aux.append(loss)``, ``CACHE[k] = v``), in-place tensor methods on
+module state (``self.tokens_per_expert.add_(counts)``), a first-use cache that changes the
+branch the recomputation takes (``if self.prev is None: self.prev = x``), ``global`` and
+``nonlocal`` rebinding, and mutation of a non-tensor argument (``cache.update(...)``,
+``past_key_value.update(...)``).  A plain ``self.x = value`` that nothing in the function
+tests and that is not computed from ``self.x`` is not: the recomputation assigns the same
+value again (scratch state such as a dispatcher's ``self.routing_map``).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +17,17 @@ from typing import Iterator
 
 from recheck.lint.facts import Hazard
 from recheck.lint.imports import dotted
-from recheck.lint.scope import MUTATING_METHODS, FunctionContext
+from recheck.lint.scope import MUTATING_METHODS, FunctionContext, self_attributes
 
 CODE = "RC104"
 PRESENT = {"incremented": "increments", "updated": "updates", "assigned": "assigns"}
 NODES = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call)
+#: In-place methods that change no data (``requires_grad_``) are not writes.
+NOT_DATA_MUTATION = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "record_stream_"})
+#: Argument names and annotations that say "a cache object" (mutated through methods).
+CACHE_WORDS = ("cache", "past_key_value", "layer_past", "memory_state")
+#: Only the region's own arguments are its inputs (see RC107); a cache is one anywhere.
+ROOT = "root"
 
 
 def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
@@ -29,7 +45,23 @@ def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
     return None
 
 
-def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionContext) -> Hazard | None:
+def _state_base(node: ast.AST) -> ast.AST:
+    """``self.counts[i]`` -> ``self.counts``: the state an item or slice belongs to."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
+
+
+def _branch_or_accumulation(target: ast.Attribute, value: ast.AST | None, ctx: FunctionContext) -> bool:
+    """A plain ``self.x = value`` matters when a test in the function reads ``self.x`` (the
+    recomputation finds it set and may take another branch) or the value reads it."""
+    if target.attr in ctx.tested:
+        return True
+    return value is not None and target.attr in self_attributes(value, ctx.self_name)
+
+
+def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST | None,
+                ctx: FunctionContext) -> Hazard | None:
     if id(target) in ctx.memo_targets:  # a cache filled once, under a guard that tests it
         return None
     verb = "incremented" if isinstance(augmented, ast.Add) else "updated" if augmented else "assigned"
@@ -43,6 +75,11 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionCo
         return Hazard(CODE, ctx.span(target), f"{kind} `{target.id}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Attribute) and _outside_state(target, ctx) == "attribute":
+        if augmented is None and not (isinstance(target.value, ast.Name) and _branch_or_accumulation(target, value, ctx)):
+            return None
+        if augmented is None and target.attr in ctx.tested:
+            return Hazard(CODE, ctx.span(target), f"`{ctx.source(target)}` is assigned and tested in the region",
+                          "recomputation finds it already set and can take another branch")
         return Hazard(CODE, ctx.span(target), f"`{ctx.source(target)}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Subscript):
@@ -53,19 +90,46 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionCo
     return None
 
 
+def _is_cache_argument(name: str, ctx: FunctionContext) -> bool:
+    arg = ctx.params.get(name)
+    annotation = ast.unparse(arg.annotation) if arg is not None and arg.annotation is not None else ""
+    return any(word in name.lower() for word in CACHE_WORDS) or "Cache" in annotation
+
+
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__") and not name.startswith("_") and name not in NOT_DATA_MUTATION
+
+
+def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    func = node.func
+    if not isinstance(func, ast.Attribute):
+        return
+    if func.attr in MUTATING_METHODS:
+        kind = _outside_state(func.value, ctx)
+        if kind:
+            yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
+                         "recomputation mutates it again")
+        elif isinstance(func.value, ast.Name) and ctx.is_live_param(func.value.id, node.lineno):
+            name = func.value.id
+            cache = _is_cache_argument(name, ctx)
+            yield Hazard(CODE, ctx.span(node), f"argument `{name}` is mutated by `.{func.attr}()`",
+                         "recomputation mutates the caller's object again", "" if cache else ROOT)
+        return
+    if _in_place(func.attr):
+        base = _state_base(func.value)
+        if _outside_state(base, ctx) == "attribute" and len(dotted(base) or ()) >= 2:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(base)}` is modified in place by `.{func.attr}()`",
+                         "recomputation modifies the module's state again")
+
+
 def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
     if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in MUTATING_METHODS:
-            kind = _outside_state(func.value, ctx)
-            if kind:
-                yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
-                             "recomputation mutates it again")
+        yield from _call(node, ctx)
         return
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     augmented = node.op if isinstance(node, ast.AugAssign) else None
     for target in targets:
         for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-            hazard = _assignment(element, augmented, ctx)
+            hazard = _assignment(element, augmented, node.value, ctx)
             if hazard:
                 yield hazard
