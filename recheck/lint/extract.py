@@ -14,6 +14,7 @@ from typing import Iterator, Mapping
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref
 from recheck.lint.imports import dotted, import_aliases
+from recheck.lint.reachability import guards, optional_params
 from recheck.lint.rules import BODY_RULES
 from recheck.lint.rules.rc002_preserve_rng import random_draw
 from recheck.lint.scope import (
@@ -235,6 +236,10 @@ class _Extractor:
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
+        if not isinstance(node, ast.Lambda):
+            facts.optional = sorted(optional_params(arguments))
+            if any(h.code == "RC103" for h in facts.hazards):
+                facts.guards = guards(nodes, arguments)
         self._attributes(nodes, context, self.facts.classes[owner] if owner is not None and self_name is not None else None, facts)
         self.block(nodes, qualname + ".", context, None)
 
@@ -289,7 +294,13 @@ class _Extractor:
         if entry is not None:
             self.facts.call_sites.append(_call_site(node, entry, context))
         else:
-            facts.calls.extend(callee_refs(node.func, context))
+            refs = callee_refs(node.func, context)
+            if refs:
+                positional = -1 if any(isinstance(a, ast.Starred) for a in node.args) else len(node.args)
+                splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
+                facts.call_passes.append((len(facts.calls), len(refs), positional,
+                                          tuple(k.arg for k in node.keywords if k.arg is not None), splats))
+            facts.calls.extend(refs)
 
     def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,
                     facts: FunctionFacts) -> None:
@@ -531,7 +542,12 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
     if params and len(params) == len(targets):
         owner, index = context.param_positions.get(params[0].name, (context.qualname, -1))
         forwards = (owner, index, params[0].name)
+    passed = None
+    if name in FORWARDING_ENTRIES and region is not None and node.args and node.args[0] is region \
+            and not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords:
+        passed = (len(node.args) - 1, tuple(k for k in keywords if k not in CHECKPOINT_KEYWORDS))
     return CallSite(
+        passed=passed,
         span=context.span(node),
         entry=name,
         caller=context.qualname,
@@ -541,6 +557,15 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
         forwards=forwards,
         region_source=context.source(region) if region is not None else "",
     )
+
+
+#: Entry points that call their region with exactly the call's other arguments
+#: (``checkpoint(fn, *args, **kwargs)`` less the checkpoint's own keywords).
+FORWARDING_ENTRIES = frozenset({"torch.utils.checkpoint.checkpoint", "self._gradient_checkpointing_func",
+                                "_gradient_checkpointing_func", "timm.models._manipulate.checkpoint",
+                                "timm.models.checkpoint", "timm.models.helpers.checkpoint"})
+CHECKPOINT_KEYWORDS = frozenset({"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check",
+                                 "debug", "early_stop"})
 
 
 def _policy_refs(node: ast.Call, context: FunctionContext) -> list[Ref]:

@@ -95,6 +95,14 @@ class FunctionFacts:
     #: parameter names in call order (``self`` of a method dropped) and their annotations
     params: list[str] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
+    #: ``(first line, last line, parameters)``: an ``if`` body that cannot run when none of
+    #: the parameters is passed (see :mod:`recheck.lint.reachability`)
+    guards: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
+    #: parameters that are None or empty when a caller leaves them out (incl. ``*args``, ``**kwargs``)
+    optional: list[str] = field(default_factory=list)
+    #: for each call in ``calls``: (index of its first ref, number of refs, positional
+    #: arguments or -1 with a ``*`` splat, keyword names, names splatted with ``**``)
+    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
 
 
 @dataclass
@@ -122,6 +130,8 @@ class CallSite:
     #: and its own callers name the region (position, name of that parameter)
     forwards: tuple[str, int, str] | None = None  # (wrapper function's qualname, position, parameter)
     region_source: str = ""  # the region argument as written, for --statistics and --show-regions
+    #: what the call passes to the region: (positional count, keyword names); None if unknown
+    passed: tuple[int, tuple[str, ...]] | None = None
 
 
 @dataclass

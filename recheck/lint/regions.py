@@ -13,6 +13,7 @@ from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
+from recheck.lint.reachability import empty_params, passes_on, unreachable
 from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES
 
@@ -298,9 +299,17 @@ def discovered_entries(index: Index) -> dict[str, tuple[int, str]]:
     return found
 
 
-def _walk(resolver: _Resolver, region: Region) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
-    """Each function reached from the region, with the outside module classes it calls."""
+Passes = dict[tuple[str, str], list]
+
+
+def _walk(resolver: _Resolver, region: Region, passes: Passes) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
+    """Each function reached from the region, with the outside module classes it calls.
+
+    ``passes`` collects, for each function reached, what each of its calls in the region
+    passes to it (see :func:`recheck.lint.reachability.passes_on`)."""
     stack = [(region.file, region.function)]
+    root = (region.file.path, region.function.qualname)
+    passes[root] = [region.site.passed if region.site is not None else None]
     visited: set[tuple[str, str]] = set()
     while stack and len(visited) < MAX_FUNCTIONS_PER_REGION:
         file, function = stack.pop()
@@ -308,12 +317,19 @@ def _walk(resolver: _Resolver, region: Region) -> Iterator[tuple[FileFacts, Func
         if key in visited or (function.memoized and visited):
             continue
         visited.add(key)
+        empty = empty_params(function, passes[root][0]) if key == root else None
+        calls = iter(function.call_passes)
+        call = next(calls, None)
         external: list[tuple[Ref, str]] = []
-        for ref in function.calls:
+        for position, ref in enumerate(function.calls):
+            while call is not None and position >= call[0] + call[1]:
+                call = next(calls, None)
+            passed = passes_on(function, call, empty) if call is not None and call[0] <= position else None
             for found_file, found in resolver.resolve(ref, file, function, as_target=False):
                 if found_file is None:
                     external.append((ref, found))
                 else:
+                    passes.setdefault((found_file.path, found.qualname), []).append(passed)
                     stack.append((found_file, found))
         yield file, function, external
 
@@ -327,10 +343,14 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
     draws: dict[int, tuple[str, Span, str]] = {}
     for region in regions:
         found: list[Hit] = []
-        for file, function, external in _walk(resolver, region):
+        passes: Passes = {}
+        for file, function, external in list(_walk(resolver, region, passes)):
             if walked is not None:
                 walked.add((file.path, function.qualname))
             for hazard in function.hazards:
+                if hazard.code == "RC103" and unreachable(function, passes.get((file.path, function.qualname), []),
+                                                          hazard.span.line):
+                    continue  # in a branch none of this region's calls takes
                 if hazard.tag != "root" or function is region.function:
                     found.append(Hit(file.path, hazard, region.name, region.origin))
             for span, what in function.random_draws:

@@ -163,3 +163,62 @@ def test_namespace_packages_resolve_across_files(lint, write):
           "def run(x):\n    return checkpoint(Block(), x, use_reentrant=False)\n")
     run = lint("megatron")
     assert run.lines[0].startswith("megatron/core/layers.py:4:9: RC103 `print(...)` prints inside checkpointed region `Block.forward`")
+
+
+REACHABILITY = '''
+import logging
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+class Attention(nn.Module):
+    def forward(self, x, mask=None, **kwargs):
+        unused = [k for k, _ in kwargs.items() if k != "scale"]
+        if len(unused) > 0:
+            logger.warning("unexpected %s", unused)
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, x, attention_kwargs=None, **kwargs):
+        attention_kwargs = attention_kwargs if attention_kwargs is not None else {}
+        if attention_kwargs.get("scale", None) is not None:
+            logger.warning("scale is deprecated")
+        if kwargs:
+            print("extra", kwargs)
+        return self.attn(x, **attention_kwargs)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.other = Block()
+
+    def forward(self, x, kw):
+        x = checkpoint(self.block, x, use_reentrant=False)
+        return checkpoint(self.other, x, kw, use_reentrant=False)
+'''
+
+
+def test_a_side_effect_is_reported_only_where_a_region_can_reach_it():
+    # self.block gets no attention_kwargs and no **kwargs: neither warning can run from it;
+    # self.other gets attention_kwargs (kw), so the warnings it can reach are reported, once
+    result = lint_sources({"m.py": REACHABILITY})
+    found = sorted((f.line, f.region, f.message.split("checkpointed at ")[1].split(")")[0]) for f in result.findings)
+    assert found == [(13, "Block.forward", "m.py:39"), (25, "Block.forward", "m.py:39")]
+
+
+def test_a_region_called_without_what_unlocks_a_warning_reports_nothing():
+    source = REACHABILITY.replace("        return checkpoint(self.other, x, kw, use_reentrant=False)",
+                                  "        return checkpoint(self.other, x, use_reentrant=False)")
+    assert lint_sources({"m.py": source}).findings == []
+    splat = REACHABILITY.replace("checkpoint(self.block, x, use_reentrant=False)",
+                                 "checkpoint(self.block, x, use_reentrant=False, **kw)")
+    assert {f.line for f in lint_sources({"m.py": splat}).findings} == {13, 25, 27}  # **kw: anything may arrive
