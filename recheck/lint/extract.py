@@ -12,7 +12,7 @@ import ast
 import warnings
 from typing import Iterator, Mapping
 
-from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref
+from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
 from recheck.lint.reachability import guards, optional_params
 from recheck.lint.rules import BODY_RULES
@@ -236,6 +236,8 @@ class _Extractor:
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
+        if self_name is not None and bound:
+            facts.self_reads, facts.self_writes = _self_data(nodes, context)
         if not isinstance(node, ast.Lambda):
             facts.optional = sorted(optional_params(arguments))
             if any(h.code == "RC103" for h in facts.hazards):
@@ -342,6 +344,25 @@ class _Extractor:
                     store(target, classes, node.value)
             elif isinstance(node, ast.Return) and node.value is not None:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
+
+
+def _self_data(nodes: list[ast.AST], context: FunctionContext) -> tuple[list[tuple[str, Span]], list[str]]:
+    """What a method reads of ``self`` as data, and what it rebinds (see FunctionFacts)."""
+    called = {id(n.func) for n in nodes if type(n) is ast.Call}
+    reads: dict[str, Span] = {}
+    writes: list[str] = []
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.Attribute and type(node.ctx) is ast.Load and id(node) not in called \
+                and context.is_self(node.value) and node.attr not in reads:
+            reads[node.attr] = context.span(node)
+        elif kind is ast.Assign or kind is ast.AnnAssign:
+            for target in node.targets if kind is ast.Assign else [node.target]:
+                if isinstance(target, ast.Attribute):
+                    path = _self_path(target, context)
+                    if path is not None:
+                        writes.append(path)
+    return list(reads.items()), writes
 
 
 def _self_path(node: ast.AST, context: FunctionContext) -> str | None:

@@ -100,6 +100,10 @@ class FunctionFacts:
     guards: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
     #: parameters that are None or empty when a caller leaves them out (incl. ``*args``, ``**kwargs``)
     optional: list[str] = field(default_factory=list)
+    #: attributes of ``self`` this method reads as data (first read of each), and the ones it
+    #: rebinds (``self.mask = m``; ``self.layers[i].kv = kv`` as ``layers.kv``): RC101
+    self_reads: list[tuple[str, Span]] = field(default_factory=list)
+    self_writes: list[str] = field(default_factory=list)
     #: for each call in ``calls``: (index of its first ref, number of refs, positional
     #: arguments or -1 with a ``*`` splat, keyword names, names splatted with ``**``)
     call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)

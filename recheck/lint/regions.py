@@ -14,7 +14,7 @@ from typing import Iterator, NamedTuple
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
 from recheck.lint.reachability import empty_params, passes_on, unreachable
-from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc106_batchnorm
+from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
@@ -334,6 +334,32 @@ def _walk(resolver: _Resolver, region: Region, passes: Passes) -> Iterator[tuple
         yield file, function, external
 
 
+FORWARDS = ("forward", "__call__")
+
+
+def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, list]], region: Region) -> Iterator[Hit]:
+    """RC101 for attributes: ``self.<attr>`` read in the region and rebound by the class's
+    ``forward`` outside the region (the forward that calls ``checkpoint(self._inner, x)``
+    after setting ``self.mask = mask``): the next forward rebinds it before backward."""
+    walked = {(file.path, function.qualname) for file, function, _ in reached}
+    for file, function, _ in reached:
+        cls = file.classes.get(function.self_class) if function.self_reads and function.self_class else None
+        if cls is None:
+            continue
+        writers: dict[str, str] = {}
+        for owner_file, klass in index.lineage(file, cls):
+            for name in FORWARDS:
+                qualname = klass.methods.get(name)
+                writer = owner_file.functions.get(qualname) if qualname else None
+                if writer is not None and (owner_file.path, qualname) not in walked:
+                    for attribute in writer.self_writes:
+                        writers.setdefault(attribute, qualname)
+        for attribute, span in function.self_reads:
+            if attribute in writers:
+                yield Hit(file.path, rc101_global_read.rebound_attribute(attribute, writers[attribute], span),
+                          region.name, region.origin)
+
+
 def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
     """The findings of every region and every checkpoint call site, deduplicated by place.
 
@@ -344,7 +370,8 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
     for region in regions:
         found: list[Hit] = []
         passes: Passes = {}
-        for file, function, external in list(_walk(resolver, region, passes)):
+        reached = list(_walk(resolver, region, passes))
+        for file, function, external in reached:
             if walked is not None:
                 walked.add((file.path, function.qualname))
             for hazard in function.hazards:
@@ -361,6 +388,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
                     found.append(Hit(file.path, rc106_batchnorm.module_call(qualified, ref.name, ref.span), region.name, region.origin))
                 if name in rc002_preserve_rng.RANDOM_MODULES:
                     draws.setdefault(id(region), (file.path, ref.span, f"self.{ref.name}"))
+        found += _rebound_reads(index, reached, region)
         seeded = {h.hazard.tag[5:] for h in found if h.hazard.tag.startswith("seed:")}
         hits.extend(h for h in found if not (h.hazard.tag.startswith("draw:") and h.hazard.tag[5:] in seeded))
     by_site: dict[int, list[Region]] = {}
