@@ -32,6 +32,8 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 #: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func.
 #: It starts with a literal so that the regex engine scans for it quickly.
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
+#: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
+HANDWRITTEN = r"enable_grad\s*\(\s*\)"
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 12
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
@@ -126,7 +128,8 @@ class _Run:
         #: entry points beyond the known ones: configured, then found in the tree (wrappers),
         #: each with the position of its region argument
         self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
-        self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
+        self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN)] + [
+            re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
         self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)))
         self.salt = ""  # the discovered entry points the facts were extracted with
         self.workers = options.jobs or os.cpu_count() or 1

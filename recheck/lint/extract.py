@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
 from recheck.lint.reachability import guards, optional_params
-from recheck.lint.rules import BODY_RULES
+from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint
 from recheck.lint.rules.rc002_preserve_rng import random_draw
 from recheck.lint.scope import (
     FUNCTION_NODES,
@@ -157,6 +157,9 @@ class _Extractor:
     def klass(self, node: ast.ClassDef, qualname: str, context: FunctionContext) -> None:
         bases = [q for q in (context.qualify(b) for b in node.bases) if q]
         facts = ClassFacts(qualname, context.span(node), bases)
+        handwritten = rc003_handwritten_checkpoint.check_class(node, bases, context)
+        if handwritten is not None:
+            self.facts.file_hazards.append(handwritten)
         self.facts.classes[qualname] = facts
         nodes = self.scopes[id(node)]
         for child in nodes:

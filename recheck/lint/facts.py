@@ -148,5 +148,7 @@ class FileFacts:
     classes: dict[str, ClassFacts] = field(default_factory=dict)  # qualname -> facts
     functions: dict[str, FunctionFacts] = field(default_factory=dict)  # qualname -> facts
     call_sites: list[CallSite] = field(default_factory=list)
+    #: hazards of the file itself, reported whether or not a region reaches them (RC003)
+    file_hazards: list[Hazard] = field(default_factory=list)
     #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
     entry_attributes: list[str] = field(default_factory=list)

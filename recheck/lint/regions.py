@@ -396,6 +396,8 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
         if region.site is not None:
             by_site.setdefault(id(region.site), []).append(region)
     for file in index.files:
+        for hazard in file.file_hazards:
+            hits.append(Hit(file.path, hazard, None, None))
         for site in file.call_sites:
             targets = by_site.get(id(site), [])
             name = targets[0].name if targets else None

@@ -1,6 +1,6 @@
 """Each changed rule's table of valid and invalid cases (Fixit's style): line, column, message.
 
-A case is a region body: ``CASE`` puts it in a module whose ``Block.forward`` is
+A case is a region body: ``_lint`` puts it in a module whose ``Block.forward`` is
 checkpointed, so that every line number below counts from the body's first line (line 1
 of the body is line ``FIRST`` of the module).
 """
@@ -14,6 +14,7 @@ import pytest
 from recheck.lint.engine import lint_sources
 
 HEAD = '''\
+import datetime, os, secrets, time, uuid
 import random
 import torch
 import torch.nn.functional as F
@@ -163,3 +164,68 @@ def test_rc101_attribute_rebound_outside_the_region():
     # never rebound by a forward; Whole rebinds self.mask inside its own region: RC104's business
     assert [(line, column) for line, column, _ in found] == [(14, 31)]
     assert "`self.mask` (rebound by `Layer.forward` outside the region)" in found[0][2]
+
+
+RC108_INVALID = [
+    ("return x * time.perf_counter()", [(1, 20, "`time.perf_counter()` reads a clock")]),
+    ("seed = int.from_bytes(os.urandom(4), 'little')\nreturn x + seed",
+     [(1, 31, "`os.urandom()` reads the OS entropy source")]),
+    ("tag = uuid.uuid4()\nreturn x", [(1, 15, "`uuid.uuid4()` makes a new UUID")]),
+    ("now = datetime.datetime.now()\nreturn x", [(1, 15, "`datetime.datetime.now()` reads the date and time")]),
+    ("k = secrets.randbelow(4)\nreturn x * k", [(1, 13, "`secrets.randbelow()` draws from `secrets`")]),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), RC108_INVALID, ids=range(len(RC108_INVALID)))
+def test_rc108_invalid(body, expected):
+    _check("RC108", body, expected)
+
+
+HANDWRITTEN = '''
+import torch
+
+
+class Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run_function, *args):
+        ctx.run_function = run_function
+{forward}
+        ctx.save_for_backward(*args)
+        with torch.no_grad():
+            return run_function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        inputs = [x.detach().requires_grad_(True) for x in ctx.saved_tensors]
+{backward}
+        with torch.enable_grad():
+            outputs = ctx.run_function(*inputs)
+        torch.autograd.backward(outputs, grads)
+        return (None, *[x.grad for x in inputs])
+'''
+RNG_SAVE = "        ctx.rng = torch.get_rng_state()"
+RNG_RESTORE = "        torch.set_rng_state(ctx.rng)"
+AUTOCAST = "        ctx.autocast = torch.is_autocast_enabled()"
+
+
+@pytest.mark.parametrize(("forward", "backward", "missing"), [
+    ("", "", "the RNG state or the autocast state"),
+    (RNG_SAVE, RNG_RESTORE, "the autocast state"),
+    (AUTOCAST, "", "the RNG state"),
+    (RNG_SAVE + "\n" + AUTOCAST, RNG_RESTORE, None),
+])
+def test_rc003_table(forward, backward, missing):
+    source = HANDWRITTEN.format(forward=forward, backward=backward)
+    found = [(f.line, f.column, f.message) for f in lint_sources({"m.py": source}).findings if f.code == "RC003"]
+    if missing is None:
+        assert found == []
+    else:
+        assert [(line, column) for line, column, _ in found] == [(5, 1)]
+        assert found[0][2].endswith(f"without saving and restoring {missing}; "
+                                    + ("the recomputation draws other dropout masks" if "RNG" in missing else
+                                       "the recomputation runs outside the forward's autocast and computes in another precision"))
+
+
+def test_rc003_leaves_other_functions_alone():
+    source = HANDWRITTEN.format(forward="", backward="").replace("with torch.enable_grad():", "if True:")
+    assert [f for f in lint_sources({"m.py": source}).findings if f.code == "RC003"] == []

@@ -1,0 +1,77 @@
+"""RC003: a hand-written checkpoint that reruns its function without restoring RNG or autocast state.
+
+An ``autograd.Function`` whose ``forward`` runs a callable under ``no_grad`` and whose
+``backward`` runs it again under ``enable_grad`` is a checkpoint implementation.  Unless
+it saves the RNG state in ``forward`` and restores it around the rerun (as torch's
+checkpoint does with ``preserve_rng_state``), dropout draws a different mask in the
+recomputation; unless it records the autocast state and re-enters it, the rerun computes
+in another precision.  The class is judged wherever it is, checkpointed or not: it *is*
+the checkpoint.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from recheck.lint.facts import Hazard
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC003"
+FUNCTION_BASES = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})
+#: Calls that save or restore RNG state (torch's, CUDA's, Megatron/DeepSpeed trackers).
+RNG_STATE = frozenset({"get_rng_state", "set_rng_state", "fork_rng", "get_device_states", "set_device_states",
+                       "get_cuda_rng_tracker", "_set_cuda_rng_state", "get_rng_state_all", "set_rng_state_all",
+                       "get_state", "set_state"})
+#: Calls that read or re-enter the autocast state.
+AUTOCAST_STATE = frozenset({"is_autocast_enabled", "get_autocast_gpu_dtype", "get_autocast_dtype",
+                            "is_autocast_cpu_enabled", "get_autocast_cpu_dtype", "_get_autocast_kwargs",
+                            "autocast"})
+
+
+def _called_names(node: ast.AST) -> set[str]:
+    names = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Call):
+            func = child.func
+            names.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return names
+
+
+def _context_managers(node: ast.AST) -> set[str]:
+    found = set()
+    for child in ast.walk(node):
+        if isinstance(child, (ast.With, ast.AsyncWith)):
+            for item in child.items:
+                call = item.context_expr
+                func = call.func if isinstance(call, ast.Call) else call
+                found.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return found
+
+
+def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Hazard | None:
+    """A hazard at the class when it is a checkpoint ``Function`` missing RNG or autocast restore."""
+    if not any(base in FUNCTION_BASES or base.endswith(".autograd.Function") for base in bases):
+        return None
+    methods = {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    forward, backward = methods.get("forward"), methods.get("backward")
+    if forward is None or backward is None:
+        return None
+    if "no_grad" not in _context_managers(forward) or "enable_grad" not in _context_managers(backward):
+        return None  # not a recomputing Function
+    called = _called_names(node)
+    missing = []
+    if not called & RNG_STATE:
+        missing.append("the RNG state")
+    if not called & AUTOCAST_STATE:
+        missing.append("the autocast state")
+    if not missing:
+        return None
+    span = ctx.span(node)
+    return Hazard(
+        CODE,
+        span._replace(end_line=span.line, end_column=span.column + len("class ") + len(node.name)),
+        f"hand-written checkpoint `{node.name}` reruns its function in backward without saving and restoring "
+        f"{' or '.join(missing)}",
+        "the recomputation draws other dropout masks" if "the RNG state" in missing
+        else "the recomputation runs outside the forward's autocast and computes in another precision",
+    )
