@@ -241,6 +241,14 @@ class _Extractor:
         self._scan(nodes, context, facts)
         if self_name is not None and bound:
             facts.self_reads, facts.self_writes = _self_data(nodes, context)
+            if node.name == "__init__":
+                owner_facts = self.facts.classes[owner]
+                for statement in nodes:
+                    if type(statement) is ast.Assign and isinstance(statement.value, ast.Name) \
+                            and statement.value.id in positions:
+                        for target in statement.targets:
+                            if isinstance(target, ast.Attribute) and context.is_self(target.value):
+                                owner_facts.param_attributes[target.attr] = (statement.value.id, positions[statement.value.id])
         if not isinstance(node, ast.Lambda):
             facts.optional = sorted(optional_params(arguments))
             if any(h.code == "RC103" for h in facts.hazards):
@@ -303,8 +311,9 @@ class _Extractor:
             if refs:
                 positional = -1 if any(isinstance(a, ast.Starred) for a in node.args) else len(node.args)
                 splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
-                facts.call_passes.append((len(facts.calls), len(refs), positional,
-                                          tuple(k.arg for k in node.keywords if k.arg is not None), splats))
+                keywords = tuple(f"{k.arg}={k.value.id}" if isinstance(k.value, ast.Name) else k.arg
+                                 for k in node.keywords if k.arg is not None)
+                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats))
             facts.calls.extend(refs)
 
     def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,

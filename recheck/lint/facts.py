@@ -105,7 +105,8 @@ class FunctionFacts:
     self_reads: list[tuple[str, Span]] = field(default_factory=list)
     self_writes: list[str] = field(default_factory=list)
     #: for each call in ``calls``: (index of its first ref, number of refs, positional
-    #: arguments or -1 with a ``*`` splat, keyword names, names splatted with ``**``)
+    #: arguments or -1 with a ``*`` splat, keywords as ``name`` or ``name=passed_name``,
+    #: names splatted with ``**``)
     call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
 
 
@@ -118,6 +119,8 @@ class ClassFacts:
     bases: list[str] = field(default_factory=list)
     methods: dict[str, str] = field(default_factory=dict)  # name -> function qualname
     attributes: dict[str, list[str]] = field(default_factory=dict)  # attr -> class names
+    #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
+    param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

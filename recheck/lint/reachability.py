@@ -154,7 +154,9 @@ def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...],
     _, _, positional, keywords, splats = call
     if positional < 0 or any(name not in (empty or ()) for name in splats):
         return None
-    return positional, keywords
+    # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
+    passed = tuple(name for name, _, value in (k.partition("=") for k in keywords) if value not in (empty or ()))
+    return positional, passed
 
 
 def empty_params(function: FunctionFacts, passed: tuple[int, tuple[str, ...]] | None) -> set[str]:

@@ -258,9 +258,10 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
                 regions.append(Region(function.qualname, f"checkpointed at {file.path}:{site.span.line}",
                                       target_file, function, site))
             if reports is not None:
-                kind = "wrapper" if site.forwards is not None else "site"
-                if kind == "wrapper":
-                    reason = f"`{site.forwards[0]}` passes its parameter `{site.forwards[2]}` on: its callers name the region"
+                forwarded = site.forwards or (constructor_forward(file, site) if not found else None)
+                kind = "wrapper" if forwarded is not None else "site"
+                if forwarded is not None:
+                    reason = f"`{forwarded[0]}` passes its parameter `{forwarded[2]}` on: its callers name the region"
                 else:
                     reason = "" if found else resolver.why_not(site, file, caller)
                 reports.append(SiteReport(file.path, site.span.line, site.span.column, site.entry, site.caller,
@@ -282,6 +283,20 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
     return regions
 
 
+def constructor_forward(file: FileFacts, site: CallSite) -> tuple[str, int, str] | None:
+    """``checkpoint(self._wrapped, *args)`` in a class whose ``__init__`` did ``self._wrapped
+    = module``: the class is a wrapper, and ``Wrapper(block)`` names the region (class
+    qualname, position of that parameter, its name)."""
+    caller = file.functions.get(site.caller)
+    owner = file.classes.get(caller.self_class) if caller is not None and caller.self_class else None
+    if owner is None or not site.targets or site.forwards is not None:
+        return None
+    if all(ref.kind == "self" and ref.name in owner.param_attributes for ref in site.targets):
+        parameter, position = owner.param_attributes[site.targets[0].name]
+        return owner.qualname, position, parameter
+    return None
+
+
 def discovered_entries(index: Index) -> dict[str, tuple[int, str]]:
     """Entry points the tree defines, with the position and name of their region parameter:
     functions and methods that pass a parameter to an entry point as its region (``def
@@ -291,47 +306,74 @@ def discovered_entries(index: Index) -> dict[str, tuple[int, str]]:
     found: dict[str, tuple[int, str]] = {}
     for file in index.files:
         for site in file.call_sites:
-            if site.forwards is not None:
-                owner, position, parameter = site.forwards
+            forwarded = site.forwards or constructor_forward(file, site)
+            if forwarded is not None:
+                owner, position, parameter = forwarded
                 found[f"{file.module}.{owner}"] = (position, parameter)
         for attribute in file.entry_attributes:
             found[f"self.{attribute.rsplit('.', 1)[-1]}"] = (0, "")
     return found
 
 
-Passes = dict[tuple[str, str], list]
+Key = tuple[str, str]
+Passes = dict[Key, list]
+Edge = tuple[Key, object, Key]  # caller, its call record (or None), callee
 
 
-def _walk(resolver: _Resolver, region: Region, passes: Passes) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
+def _walk(resolver: _Resolver, region: Region, edges: list[Edge]) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
     """Each function reached from the region, with the outside module classes it calls.
 
-    ``passes`` collects, for each function reached, what each of its calls in the region
-    passes to it (see :func:`recheck.lint.reachability.passes_on`)."""
+    ``edges`` collects the region's calls between functions of the tree, with the call
+    record of each (see :func:`_passes`)."""
     stack = [(region.file, region.function)]
-    root = (region.file.path, region.function.qualname)
-    passes[root] = [region.site.passed if region.site is not None else None]
-    visited: set[tuple[str, str]] = set()
+    visited: set[Key] = set()
     while stack and len(visited) < MAX_FUNCTIONS_PER_REGION:
         file, function = stack.pop()
         key = (file.path, function.qualname)
         if key in visited or (function.memoized and visited):
             continue
         visited.add(key)
-        empty = empty_params(function, passes[root][0]) if key == root else None
         calls = iter(function.call_passes)
         call = next(calls, None)
         external: list[tuple[Ref, str]] = []
         for position, ref in enumerate(function.calls):
             while call is not None and position >= call[0] + call[1]:
                 call = next(calls, None)
-            passed = passes_on(function, call, empty) if call is not None and call[0] <= position else None
+            record = call if call is not None and call[0] <= position else None
             for found_file, found in resolver.resolve(ref, file, function, as_target=False):
                 if found_file is None:
                     external.append((ref, found))
                 else:
-                    passes.setdefault((found_file.path, found.qualname), []).append(passed)
+                    edges.append((key, record, (found_file.path, found.qualname)))
                     stack.append((found_file, found))
         yield file, function, external
+
+
+def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]) -> Passes:
+    """What every call in the region passes to each function it reaches: the checkpoint
+    call's arguments into the root, then, round by round, what each function passes on of
+    the optional parameters none of its calls gave it (bounded: a few rounds settle it)."""
+    root = (region.file.path, region.function.qualname)
+    passes: Passes = {}
+    for _ in range(4):
+        empty: dict[Key, set[str] | None] = {}
+        for key, function in reached.items():
+            incoming = [region.site.passed if region.site is not None else None] if key == root else passes.get(key, [])
+            if not incoming or any(p is None for p in incoming):
+                empty[key] = None
+            else:
+                sets = [empty_params(function, p) for p in incoming]
+                empty[key] = set.intersection(*sets)
+        updated: Passes = {root: [region.site.passed if region.site is not None else None]}
+        for caller, record, callee in edges:
+            if caller in reached and record is not None:
+                updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
+            else:
+                updated.setdefault(callee, []).append(None)
+        if updated == passes:
+            break
+        passes = updated
+    return passes
 
 
 FORWARDS = ("forward", "__call__")
@@ -369,8 +411,9 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
     draws: dict[int, tuple[str, Span, str]] = {}
     for region in regions:
         found: list[Hit] = []
-        passes: Passes = {}
-        reached = list(_walk(resolver, region, passes))
+        edges: list[Edge] = []
+        reached = list(_walk(resolver, region, edges))
+        passes = _passes(region, {(f.path, fn.qualname): fn for f, fn, _ in reached}, edges)
         for file, function, external in reached:
             if walked is not None:
                 walked.add((file.path, function.qualname))

@@ -183,7 +183,9 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
             held = context.refs_of(func.value.id, func.lineno)
             return list(held) if held else []
         path = _self_path(func, context.self_name)
-        return [Ref("path", path, span)] if path else []
+        if path:
+            return [Ref("path", path, span)]
+        return callee_refs(func.value, context) if isinstance(func.value, ast.Attribute) else []
     if not isinstance(func, ast.Attribute):
         return []
     value = func.value

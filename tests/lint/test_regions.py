@@ -222,3 +222,36 @@ def test_a_region_called_without_what_unlocks_a_warning_reports_nothing():
     splat = REACHABILITY.replace("checkpoint(self.block, x, use_reentrant=False)",
                                  "checkpoint(self.block, x, use_reentrant=False, **kw)")
     assert {f.line for f in lint_sources({"m.py": splat}).findings} == {13, 25, 27}  # **kw: anything may arrive
+
+
+CONSTRUCTOR = '''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class CheckpointWrapper(nn.Module):  # torch's and xformers' shape
+    def __init__(self, mod, policy=None):
+        super().__init__()
+        self._checkpoint_wrapped_module = mod
+
+    def forward(self, *args):
+        return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False)
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        print("block")
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = CheckpointWrapper(Block())
+'''
+
+
+def test_a_wrapper_class_is_found_by_what_its_constructor_keeps():
+    result = lint_sources({"m.py": CONSTRUCTOR})
+    assert [(s.line, s.kind) for s in result.sites] == [(12, "wrapper"), (24, "site")]
+    assert [(f.line, f.code, f.region) for f in result.findings] == [(17, "RC103", "Block.forward")]
