@@ -15,7 +15,7 @@ from typing import Iterator, NamedTuple
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
 
-__all__ = ["Binding", "FunctionContext", "constant_names", "self_attributes", "tested_attributes", "ModuleContext", "bound_names", "partition_scopes"]
+__all__ = ["Binding", "FunctionContext", "constant_names", "tested_attributes", "ModuleContext", "bound_names", "partition_scopes"]
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
@@ -89,20 +89,21 @@ def written_names(nodes: list[ast.AST]) -> set[int]:
 
 
 def tested_attributes(nodes: list[ast.AST], self_name: str | None) -> frozenset[str]:
-    """Attributes of ``self`` that a test among ``nodes`` reads (``if self.prev is None``)."""
+    """Attributes of ``self`` whose being set a test among ``nodes`` checks (``if self.prev
+    is None``, ``if not self.cache``, also inside ``and``/``or``)."""
     if self_name is None:
         return frozenset()
     found: set[str] = set()
     for node in nodes:
         kind = type(node)
-        if kind is ast.If or kind is ast.While or kind is ast.IfExp or kind is ast.Assert:
-            found |= _self_attributes(node.test, self_name)
+        if kind is ast.If or kind is ast.While or kind is ast.IfExp:
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]
+            for test in tests:
+                if _first_use_test(test, self_name):
+                    inner = test.operand if isinstance(test, ast.UnaryOp) else test
+                    inner = inner.left if isinstance(inner, ast.Compare) else inner
+                    found.add(inner.attr)
     return frozenset(found)
-
-
-def self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
-    """Attributes of ``self`` read anywhere in ``node``."""
-    return _self_attributes(node, self_name)
 
 
 def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
@@ -225,6 +226,7 @@ class ModuleContext:
     defined: dict[str, str] = field(default_factory=dict)  # def/class name -> qualname
     assigned: set[str] = field(default_factory=set)  # module-level variables
     mutated_globals: set[str] = field(default_factory=set)
+    lazy_globals: set[str] = field(default_factory=set)  # see lazy_globals()
     loggers: set[str] = field(default_factory=set)
     constants: dict[str, object] = field(default_factory=dict)  # module names assigned once, to a constant
     function_nodes: dict[str, ast.AST] = field(default_factory=dict)  # qualname -> def/lambda node
@@ -245,7 +247,8 @@ class ModuleContext:
                 callee = dotted(node.value.func)
                 if callee and callee[-1] in LOGGER_FACTORIES:
                     context.loggers.update(n for t in node.targets for n in _target_names(t))
-        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned)
+        context.lazy_globals = lazy_globals(tree, scopes)
+        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned, context.lazy_globals)
         context.constants = constant_names(top_level)
         return context
 
@@ -270,30 +273,38 @@ class ModuleContext:
         return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "replace"))
 
 
-def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str]) -> set[str]:
-    """Module variables that functions rebind (``global``) or mutate in place at run time.
-
-    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and a global
-    initialised to ``None`` that functions only rebind is a lazily loaded singleton (a
-    kernel, a cache handle): neither changes between a forward and its recomputation.
-    """
-    none_initialised = {
+def lazy_globals(tree: ast.Module, scopes: dict[int, list[ast.AST]]) -> set[str]:
+    """Module variables initialised to ``None`` or ``False`` that some function rebinds under
+    ``global``: a lazily created singleton (a kernel, an RNG tracker, a cached version) or a
+    flag a setup function turns on.  Neither changes between a forward and its recomputation."""
+    initialised = {
         name for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and isinstance(node.value, ast.Constant) and node.value.value is None
+        and isinstance(node.value, ast.Constant) and (node.value.value is None or node.value.value is False)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         for name in _target_names(target)
     }
+    declared = {name for scope, nodes in scopes.items() if scope != id(tree)
+                for node in nodes if isinstance(node, ast.Global) for name in node.names}
+    return initialised & declared
+
+
+def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str],
+                     lazy: set[str]) -> set[str]:
+    """Module variables that functions rebind (``global``) or mutate in place at run time.
+
+    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and ``lazy``
+    globals (see :func:`lazy_globals`) are set up once, also through their methods
+    (``_TRACKER.add(name, seed)``): neither changes between a forward and its recomputation.
+    """
     rebound: set[str] = set()
     mutated: set[str] = set()
     for scope, nodes in scopes.items():
         if scope == id(tree):
             continue
-        declared = {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
-        rebound |= declared
-        loading = declared & none_initialised  # the loader may set up what it loads
+        rebound |= {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
         written = written_names(nodes)
-        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in loading)
-    return ((rebound - none_initialised) | mutated) & candidates
+        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in lazy)
+    return ((rebound - lazy) | mutated) & candidates
 
 
 class Binding(NamedTuple):
@@ -330,7 +341,7 @@ class FunctionContext:
     constants: dict[str, object] = field(default_factory=dict)
     #: attributes of ``self`` that hold a checkpoint entry point (``self.ckpt = checkpoint``)
     entry_attributes: frozenset[str] = frozenset()
-    #: attributes of ``self`` read in an ``if``/``while``/conditional test of this function
+    #: attributes of ``self`` whose being set a test of this function checks (``is None``)
     tested: frozenset[str] = frozenset()
     #: ``*args`` and ``**kwargs``: fresh objects on every call, never the caller's
     fresh_params: frozenset[str] = frozenset()

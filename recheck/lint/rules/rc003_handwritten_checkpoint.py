@@ -18,14 +18,12 @@ from recheck.lint.scope import FunctionContext
 
 CODE = "RC003"
 FUNCTION_BASES = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})
-#: Calls that save or restore RNG state (torch's, CUDA's, Megatron/DeepSpeed trackers).
-RNG_STATE = frozenset({"get_rng_state", "set_rng_state", "fork_rng", "get_device_states", "set_device_states",
-                       "get_cuda_rng_tracker", "_set_cuda_rng_state", "get_rng_state_all", "set_rng_state_all",
-                       "get_state", "set_state"})
-#: Calls that read or re-enter the autocast state.
-AUTOCAST_STATE = frozenset({"is_autocast_enabled", "get_autocast_gpu_dtype", "get_autocast_dtype",
-                            "is_autocast_cpu_enabled", "get_autocast_cpu_dtype", "_get_autocast_kwargs",
-                            "autocast"})
+#: A call whose name holds one of these saves or restores RNG state (torch's
+#: ``get_rng_state``/``fork_rng``, ``get_device_states``, Megatron's ``_get_all_rng_states``,
+#: DeepSpeed's and fairscale's helpers, a CUDA RNG tracker's ``get_states``).
+RNG_WORDS = ("rng", "device_states")
+#: A call whose name holds this reads or re-enters the autocast state.
+AUTOCAST_WORDS = ("autocast",)
 
 
 def _called_names(node: ast.AST) -> set[str]:
@@ -60,9 +58,9 @@ def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> H
         return None  # not a recomputing Function
     called = _called_names(node)
     missing = []
-    if not called & RNG_STATE:
+    if not any(word in name.lower() for name in called for word in RNG_WORDS):
         missing.append("the RNG state")
-    if not called & AUTOCAST_STATE:
+    if not any(word in name.lower() for name in called for word in AUTOCAST_WORDS):
         missing.append("the autocast state")
     if not missing:
         return None

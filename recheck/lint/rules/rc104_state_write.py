@@ -17,7 +17,7 @@ from typing import Iterator
 
 from recheck.lint.facts import Hazard
 from recheck.lint.imports import dotted
-from recheck.lint.scope import MUTATING_METHODS, FunctionContext, self_attributes
+from recheck.lint.scope import MUTATING_METHODS, FunctionContext
 
 CODE = "RC104"
 PRESENT = {"incremented": "increments", "updated": "updates", "assigned": "assigns"}
@@ -52,12 +52,32 @@ def _state_base(node: ast.AST) -> ast.AST:
     return node
 
 
+CONCATENATIONS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+
+
+def _is_attribute(node: ast.AST, attr: str, ctx: FunctionContext) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr and ctx.is_self(node.value)
+
+
+def _accumulates(value: ast.AST, attr: str, ctx: FunctionContext) -> bool:
+    """``self.x + v`` (any arithmetic with ``self.x`` an operand) or ``torch.cat([self.x, v])``:
+    the new value grows from the old one.  A call that transforms it (``pad(self.x)``) does not
+    count: run again from the same start, it gives the same value."""
+    if isinstance(value, ast.BinOp):
+        return any(_is_attribute(side, attr, ctx) or _accumulates(side, attr, ctx) for side in (value.left, value.right))
+    if isinstance(value, ast.Call) and isinstance(value.func, (ast.Attribute, ast.Name)):
+        name = value.func.attr if isinstance(value.func, ast.Attribute) else value.func.id
+        if name in CONCATENATIONS and value.args and isinstance(value.args[0], (ast.List, ast.Tuple)):
+            return any(_is_attribute(e, attr, ctx) for e in value.args[0].elts)
+    return False
+
+
 def _branch_or_accumulation(target: ast.Attribute, value: ast.AST | None, ctx: FunctionContext) -> bool:
-    """A plain ``self.x = value`` matters when a test in the function reads ``self.x`` (the
-    recomputation finds it set and may take another branch) or the value reads it."""
+    """A plain ``self.x = value`` matters when the function tests whether ``self.x`` is set
+    (the recomputation finds it set and takes another branch) or the value grows from it."""
     if target.attr in ctx.tested:
         return True
-    return value is not None and target.attr in self_attributes(value, ctx.self_name)
+    return value is not None and _accumulates(value, target.attr, ctx)
 
 
 def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST | None,
@@ -66,6 +86,8 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST 
         return None
     verb = "incremented" if isinstance(augmented, ast.Add) else "updated" if augmented else "assigned"
     if isinstance(target, ast.Name):
+        if target.id in ctx.declared_global and augmented is None and target.id in ctx.module.lazy_globals:
+            return None  # a lazily created singleton or a setup flag: set once, the same again
         if target.id in ctx.declared_global:
             kind = "global"
         elif target.id in ctx.declared_nonlocal:
