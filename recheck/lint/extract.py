@@ -243,6 +243,13 @@ class _Extractor:
             facts.self_reads, facts.self_writes = _self_data(nodes, context)
             if node.name == "__init__":
                 owner_facts = self.facts.classes[owner]
+                if any(b.rsplit(".", 1)[-1] in TORCH_WRAPPER_BASES for b in owner_facts.bases):
+                    for statement in nodes:  # torch's ActivationWrapper keeps its first argument
+                        if (type(statement) is ast.Call and isinstance(statement.func, ast.Attribute)
+                                and statement.func.attr == "__init__" and statement.args
+                                and isinstance(statement.args[0], ast.Name) and statement.args[0].id in positions):
+                            name = statement.args[0].id
+                            owner_facts.param_attributes["_checkpoint_wrapped_module"] = (name, positions[name])
                 for statement in nodes:
                     if type(statement) is ast.Assign and isinstance(statement.value, ast.Name) \
                             and statement.value.id in positions:
@@ -263,7 +270,7 @@ class _Extractor:
             kind = type(node)
             if kind not in _BINDING_NODES:
                 continue
-            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef or kind is ast.ClassDef:
                 context.bind(node.name, [Ref("local", f"{qualname}.{node.name}", context.span(node))], node.lineno)
             elif kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
                 start, end = (node.lineno, node.end_lineno or node.lineno) if hasattr(node, "lineno") else (0, None)
@@ -334,6 +341,12 @@ class _Extractor:
             if path is not None and owner is not None:
                 if classes:
                     owner.attributes.setdefault(path, []).extend(classes)
+                if isinstance(value, ast.Name):  # self.act = act_fn, a nested or module function
+                    held = context.refs_of(value.id, value.lineno) or []
+                    named = [r.name for r in held if r.kind == "local"]
+                    if not held and value.id in context.module.defined:
+                        named = [value.id]
+                    owner.function_attributes.setdefault(path, []).extend(named)
                 if isinstance(value, ast.Name) and value.id in local_objects:
                     for attribute, held in local_objects[value.id].items():
                         owner.attributes.setdefault(f"{path}.{attribute}", []).extend(held)
@@ -390,8 +403,10 @@ def _self_path(node: ast.AST, context: FunctionContext) -> str | None:
 
 
 _ITERATION_WRAPPERS = frozenset({"list", "tuple", "reversed", "sorted", "iter"})
-_BINDING_NODES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.For, ast.AsyncFor, ast.comprehension,
-                            ast.Assign, ast.If})
+#: torch's wrapper bases, whose ``__init__(module)`` keeps ``self._checkpoint_wrapped_module``
+TORCH_WRAPPER_BASES = frozenset({"ActivationWrapper", "CheckpointWrapper", "OffloadWrapper"})
+_BINDING_NODES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.AsyncFor,
+                            ast.comprehension, ast.Assign, ast.If})
 
 
 def _is_iterable(value: ast.AST) -> bool:

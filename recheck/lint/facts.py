@@ -119,6 +119,8 @@ class ClassFacts:
     bases: list[str] = field(default_factory=list)
     methods: dict[str, str] = field(default_factory=dict)  # name -> function qualname
     attributes: dict[str, list[str]] = field(default_factory=dict)  # attr -> class names
+    #: ``self.<attr> = some_function``: attr -> qualnames (in the class's file) of the functions
+    function_attributes: dict[str, list[str]] = field(default_factory=dict)
     #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
     param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
 

@@ -15,7 +15,7 @@ from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, H
 from recheck.lint.index import Index
 from recheck.lint.reachability import empty_params, passes_on, unreachable
 from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc106_batchnorm
-from recheck.lint.targets import CHECKPOINTING_BASES
+from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
@@ -135,6 +135,10 @@ class _Resolver:
             if method:
                 yield method
                 return
+            held = [(f, q) for f, k in index.lineage(file, owner) for q in k.function_attributes.get(ref.name, ())]
+            if held:
+                yield from ((f, f.functions[q]) for f, q in held if q in f.functions)
+                return
         if ref.kind == "member":  # caches written before "path" existed
             ref = Ref("path", f"{ref.name}.{ref.member}", ref.span)
         if ref.kind == "path":
@@ -187,6 +191,10 @@ class _Resolver:
     def why_not(self, site: CallSite, file: FileFacts, caller: FunctionFacts | None) -> str:
         """Why a call site resolved to no region, in words."""
         shown = f"`{site.region_source}`" if site.region_source else "the region argument"
+        entry = ENTRY_POINTS.get(site.entry)
+        if not site.targets and entry is not None and entry.policy:
+            return (f"`{site.entry.rsplit('.', 1)[-1]}` picks the modules of {shown} by a `check_fn` or "
+                    "`auto_wrap_policy` whose classes are not written where it is called (computed at run time)")
         if not site.targets:
             if site.region_source:
                 return f"{shown} is not a function, method, module or container the linter can follow"

@@ -255,3 +255,15 @@ def test_a_wrapper_class_is_found_by_what_its_constructor_keeps():
     result = lint_sources({"m.py": CONSTRUCTOR})
     assert [(s.line, s.kind) for s in result.sites] == [(12, "wrapper"), (24, "site")]
     assert [(f.line, f.code, f.region) for f in result.findings] == [(17, "RC103", "Block.forward")]
+
+
+def test_a_subclass_of_torchs_activation_wrapper_is_a_wrapper():
+    source = CONSTRUCTOR.replace(
+        "class CheckpointWrapper(nn.Module):  # torch's and xformers' shape\n    def __init__(self, mod, policy=None):\n"
+        "        super().__init__()\n        self._checkpoint_wrapped_module = mod\n",
+        "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper\n\n\n"
+        "class CheckpointWrapper(ActivationWrapper):  # xformers' SelectiveCheckpointWrapper\n"
+        "    def __init__(self, mod, policy=None):\n        super().__init__(mod)\n")
+    result = lint_sources({"m.py": source})
+    assert [s.kind for s in result.sites] == ["wrapper", "site"]
+    assert [(f.code, f.region) for f in result.findings] == [("RC103", "Block.forward")]
