@@ -229,3 +229,10 @@ def test_rc003_table(forward, backward, missing):
 def test_rc003_leaves_other_functions_alone():
     source = HANDWRITTEN.format(forward="", backward="").replace("with torch.enable_grad():", "if True:")
     assert [f for f in lint_sources({"m.py": source}).findings if f.code == "RC003"] == []
+
+
+def test_rc003_leaves_a_fixed_recomputation_alone():
+    # fairscale's mevo shape: backward recomputes the class's own arithmetic, not a callable
+    source = HANDWRITTEN.format(forward="", backward="").replace(
+        "outputs = ctx.run_function(*inputs)", "outputs = Recompute.math(*inputs)")
+    assert [f for f in lint_sources({"m.py": source}).findings if f.code == "RC003"] == []

@@ -46,6 +46,31 @@ def _context_managers(node: ast.AST) -> set[str]:
     return found
 
 
+def _reruns_a_callable(backward: ast.FunctionDef) -> bool:
+    """Whether ``backward`` calls, under ``enable_grad``, a callable it got from ``ctx``
+    (``ctx.run_function(*inputs)``, ``fn = ctx.fn; fn(x)``): a checkpoint of whatever it was
+    given, not a fixed recomputation of the class's own math (which draws nothing unless it
+    says so)."""
+    if not backward.args.args:
+        return False
+    ctx_name = backward.args.args[0].arg
+    from_ctx = {t.id for n in ast.walk(backward) if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Attribute) and isinstance(n.value.value, ast.Name)
+                and n.value.value.id == ctx_name for t in n.targets if isinstance(t, ast.Name)}
+    for block in ast.walk(backward):
+        if not isinstance(block, ast.With) or not any(
+                "enable_grad" in ast.unparse(item.context_expr) for item in block.items):
+            continue
+        for call in ast.walk(block):
+            if isinstance(call, ast.Call):
+                func = call.func
+                if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == ctx_name:
+                    return True
+                if isinstance(func, ast.Name) and func.id in from_ctx:
+                    return True
+    return False
+
+
 def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Hazard | None:
     """A hazard at the class when it is a checkpoint ``Function`` missing RNG or autocast restore."""
     if not any(base in FUNCTION_BASES or base.endswith(".autograd.Function") for base in bases):
@@ -56,6 +81,8 @@ def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> H
         return None
     if "no_grad" not in _context_managers(forward) or "enable_grad" not in _context_managers(backward):
         return None  # not a recomputing Function
+    if not _reruns_a_callable(backward):
+        return None  # recomputes its own fixed math
     called = _called_names(node)
     missing = []
     if not any(word in name.lower() for name in called for word in RNG_WORDS):
