@@ -14,7 +14,7 @@ from typing import Iterator, NamedTuple
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
 from recheck.lint.reachability import empty_params, passes_on, unreachable
-from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc106_batchnorm
+from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc104_state_write, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
@@ -440,6 +440,12 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
                 if name in rc002_preserve_rng.RANDOM_MODULES:
                     draws.setdefault(id(region), (file.path, ref.span, f"self.{ref.name}"))
         found += _rebound_reads(index, reached, region)
+        stacks = rc104_state_write.balanced([h.hazard.tag for h in found if h.hazard.code == "RC104"])
+        if stacks:  # pushed and popped in the region: it holds the same at recompute as at forward
+            found = [h for h in found if not (
+                (h.hazard.tag.startswith(rc104_state_write.MUTATE)
+                 and h.hazard.tag[len(rc104_state_write.MUTATE):].rsplit(":", 1)[0] in stacks)
+                or (h.hazard.tag.startswith("read:") and h.hazard.tag[5:] in stacks))]
         seeded = {h.hazard.tag[5:] for h in found if h.hazard.tag.startswith("seed:")}
         hits.extend(h for h in found if not (h.hazard.tag.startswith("draw:") and h.hazard.tag[5:] in seeded))
     by_site: dict[int, list[Region]] = {}

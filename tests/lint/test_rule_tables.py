@@ -236,3 +236,38 @@ def test_rc003_leaves_a_fixed_recomputation_alone():
     source = HANDWRITTEN.format(forward="", backward="").replace(
         "outputs = ctx.run_function(*inputs)", "outputs = Recompute.math(*inputs)")
     assert [f for f in lint_sources({"m.py": source}).findings if f.code == "RC003"] == []
+
+
+STACK = '''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+_messages = []
+_seen = []
+
+
+def push(msg):
+    _messages.append(msg)
+
+
+def pop():
+    return _messages.pop()
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        push("block")
+        y = x * 2
+        pop()
+        _seen.append(len(_messages))
+        return y
+
+
+def run(x):
+    return checkpoint(Block(), x, use_reentrant=False)
+'''
+
+
+def test_rc104_a_stack_pushed_and_popped_in_the_region_is_left_as_it_was():
+    found = [(f.line, f.code) for f in lint_sources({"m.py": STACK}).findings]
+    assert found == [(22, "RC104")]  # _seen grows; _messages is pushed and popped (nor is its read RC101)

@@ -25,6 +25,7 @@ def check(node: ast.Name, ctx: FunctionContext) -> Iterator[Hazard]:
             ctx.span(node),
             f"module global `{node.id}` (rebound or mutated elsewhere in the module) is read",
             "recomputation reads the value it holds at backward time, not at forward time",
+            f"read:{node.id}",
         )
 
 

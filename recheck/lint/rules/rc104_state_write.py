@@ -28,6 +28,18 @@ NOT_DATA_MUTATION = frozenset({"requires_grad_", "retain_grad_", "share_memory_"
 CACHE_WORDS = ("cache", "past_key_value", "layer_past", "memory_state")
 #: Only the region's own arguments are its inputs (see RC107); a cache is one anywhere.
 ROOT = "root"
+#: Tag of a container mutation, ``mutate:<container>:<method>``: a region that pushes and
+#: pops the same stack (``_messages.append(m)`` ... ``_messages.pop()``) leaves it as it was.
+MUTATE = "mutate:"
+GROWS = frozenset({"append", "extend", "insert", "add", "setdefault"})
+SHRINKS = frozenset({"pop", "remove", "discard", "popitem"})
+
+
+def balanced(tags: list[str]) -> set[str]:
+    """Containers that the same region both grows and shrinks (a push/pop stack)."""
+    grown = {t[len(MUTATE):].rsplit(":", 1)[0] for t in tags if t.startswith(MUTATE) and t.rsplit(":", 1)[1] in GROWS}
+    shrunk = {t[len(MUTATE):].rsplit(":", 1)[0] for t in tags if t.startswith(MUTATE) and t.rsplit(":", 1)[1] in SHRINKS}
+    return grown & shrunk
 
 
 def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
@@ -130,7 +142,7 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
         kind = _outside_state(func.value, ctx)
         if kind:
             yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
-                         "recomputation mutates it again")
+                         "recomputation mutates it again", f"{MUTATE}{ctx.source(func.value)}:{func.attr}")
         elif isinstance(func.value, ast.Name) and ctx.is_live_param(func.value.id, node.lineno):
             name = func.value.id
             cache = _is_cache_argument(name, ctx)
