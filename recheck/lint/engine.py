@@ -37,6 +37,8 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
 #: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
 HANDWRITTEN = r"enable_grad\s*\(\s*\)"
+#: A line that may carry a suppression comment (``# noqa``, ``# recheck: ignore``).
+MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 12
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
@@ -352,18 +354,29 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:
     tables: dict[str, dict[int, set[str]]] = {}
     ignored_files: dict[str, bool] = {}
+    lines: dict[str, list[str]] = {}
+    relative: dict[str, str] = {}
+    root = run.options.root.resolve()
     for hit in hits:
         code, span = hit.hazard.code, hit.hazard.span
         source = run.sources.get(hit.path)
-        relative = os.path.relpath(source.path.resolve(), run.options.root.resolve()) if source else hit.path
-        if not run.options.enabled(code, relative):
+        if hit.path not in relative:
+            relative[hit.path] = os.path.relpath(source.path.resolve(), root) if source else hit.path
+        if not run.options.enabled(code, relative[hit.path]):
             continue
         if source is not None:
-            if hit.path not in tables:
+            if hit.path not in ignored_files:
                 ignored_files[hit.path] = file_ignored(source.text)
-                tables[hit.path] = line_suppressions(source.text)
-            if ignored_files[hit.path] or suppressed(code, (span.line, span.end_line), tables[hit.path]):
+                lines[hit.path] = source.text.splitlines()
+            if ignored_files[hit.path]:
                 continue
+            text = lines[hit.path]
+            marked = any(0 < n <= len(text) and MARKER.search(text[n - 1]) for n in (span.line, span.end_line))
+            if marked:  # tokenize the file (once) only where a comment may suppress the finding
+                if hit.path not in tables:
+                    tables[hit.path] = line_suppressions(source.text)
+                if suppressed(code, (span.line, span.end_line), tables[hit.path]):
+                    continue
         where = f" inside checkpointed region `{hit.region}` ({hit.origin})" if hit.origin else ""
         yield Finding(
             kind=LINT, code=code, message=f"{hit.hazard.what}{where}; {hit.hazard.then}",
