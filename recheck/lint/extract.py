@@ -258,7 +258,9 @@ class _Extractor:
                                 owner_facts.param_attributes[target.attr] = (statement.value.id, positions[statement.value.id])
         if not isinstance(node, ast.Lambda):
             facts.optional = sorted(optional_params(arguments))
-            if any(h.code == "RC103" for h in facts.hazards):
+            facts.star = [a.arg if a is not None else "" for a in (arguments.vararg, arguments.kwarg)]
+            facts.keyword_only = [a.arg for a in arguments.kwonlyargs]
+            if facts.optional:  # branches that cannot run hide their side effects and their calls
                 facts.guards = guards(nodes, arguments)
         self._attributes(nodes, context, self.facts.classes[owner] if owner is not None and self_name is not None else None, facts)
         self.block(nodes, qualname + ".", context, None)
@@ -320,7 +322,7 @@ class _Extractor:
                 splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
                 keywords = tuple(f"{k.arg}={k.value.id}" if isinstance(k.value, ast.Name) else k.arg
                                  for k in node.keywords if k.arg is not None)
-                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats))
+                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats, node.lineno))
             facts.calls.extend(refs)
 
     def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,

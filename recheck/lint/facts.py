@@ -100,14 +100,17 @@ class FunctionFacts:
     guards: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
     #: parameters that are None or empty when a caller leaves them out (incl. ``*args``, ``**kwargs``)
     optional: list[str] = field(default_factory=list)
+    #: the names of ``*args`` and ``**kwargs`` ("" when absent), and of keyword-only parameters
+    star: list[str] = field(default_factory=list)
+    keyword_only: list[str] = field(default_factory=list)
     #: attributes of ``self`` this method reads as data (first read of each), and the ones it
     #: rebinds (``self.mask = m``; ``self.layers[i].kv = kv`` as ``layers.kv``): RC101
     self_reads: list[tuple[str, Span]] = field(default_factory=list)
     self_writes: list[str] = field(default_factory=list)
     #: for each call in ``calls``: (index of its first ref, number of refs, positional
     #: arguments or -1 with a ``*`` splat, keywords as ``name`` or ``name=passed_name``,
-    #: names splatted with ``**``)
-    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
+    #: names splatted with ``**``, the call's line)
+    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...], int]] = field(default_factory=list)
 
 
 @dataclass

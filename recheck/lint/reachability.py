@@ -140,18 +140,32 @@ def unreachable(function: FunctionFacts, passes: list[tuple[int, tuple[str, ...]
     for a call whose arguments are not known)."""
     if not passes or not function.guards or any(p is None for p in passes):
         return False
-    for positional, keywords in passes:  # type: ignore[misc]
-        given = set(function.params[:positional]) | set(keywords)
+    for passed in passes:
+        given = _given(function, passed)  # type: ignore[arg-type]
         if not any(first <= line <= last and not (set(params) & given) for first, last, params in function.guards):
             return False
     return True
 
 
-def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...]],
+def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[str]:
+    """The parameters a call that passes ``passed`` gives a value: named ones, and ``*args``
+    or ``**kwargs`` when positional arguments or keywords are left over for them."""
+    positional, keywords = passed
+    given = set(function.params[:positional]) | set(keywords)
+    vararg, kwarg = function.star if len(function.star) == 2 else ("", "")
+    if vararg and positional > len(function.params):
+        given.add(vararg)
+    named = set(function.params) | set(function.keyword_only)
+    if kwarg and any(k not in named for k in keywords):
+        given.add(kwarg)
+    return given
+
+
+def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int],
               empty: set[str] | None) -> tuple[int, tuple[str, ...]] | None:
     """What one call of ``caller`` passes on to its callee, when known: no ``*`` splat, and
     every ``**`` splat of a name in ``empty`` (parameters the caller got none of)."""
-    _, _, positional, keywords, splats = call
+    _, _, positional, keywords, splats, _ = call
     if positional < 0 or any(name not in (empty or ()) for name in splats):
         return None
     # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
@@ -163,6 +177,5 @@ def empty_params(function: FunctionFacts, passed: tuple[int, tuple[str, ...]] | 
     """The optional parameters of ``function`` a call that passes ``passed`` leaves out."""
     if passed is None:
         return set()
-    positional, keywords = passed
-    given = set(function.params[:positional]) | set(keywords)
+    given = _given(function, passed)
     return {name for name in function.optional if name not in given}

@@ -374,10 +374,15 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
                 empty[key] = set.intersection(*sets)
         updated: Passes = {root: [region.site.passed if region.site is not None else None]}
         for caller, record, callee in edges:
-            if caller in reached and record is not None:
-                updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
-            else:
+            if caller not in reached or record is None:
                 updated.setdefault(callee, []).append(None)
+                continue
+            incoming = updated.get(caller) if caller == root else passes.get(caller, [])
+            if caller != root and not incoming and passes:
+                continue  # the caller is itself only called from branches that cannot run
+            if unreachable(reached[caller], incoming or [], record[5]):  # type: ignore[index]
+                continue  # a call in a branch none of the caller's calls takes
+            updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
         if updated == passes:
             break
         passes = updated
@@ -422,6 +427,8 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
         edges: list[Edge] = []
         reached = list(_walk(resolver, region, edges))
         passes = _passes(region, {(f.path, fn.qualname): fn for f, fn, _ in reached}, edges)
+        root = (region.file.path, region.function.qualname)
+        reached = [r for r in reached if (r[0].path, r[1].qualname) in passes or (r[0].path, r[1].qualname) == root]
         for file, function, external in reached:
             if walked is not None:
                 walked.add((file.path, function.qualname))

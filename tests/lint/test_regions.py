@@ -267,3 +267,44 @@ def test_a_subclass_of_torchs_activation_wrapper_is_a_wrapper():
     result = lint_sources({"m.py": source})
     assert [s.kind for s in result.sites] == ["wrapper", "site"]
     assert [(f.code, f.region) for f in result.findings] == [("RC103", "Block.forward")]
+
+
+DEPRECATION = '''
+import warnings
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def deprecate(name):
+    warnings.warn(f"{name} is deprecated")
+
+
+class Resnet(nn.Module):
+    def forward(self, x, *args, **kwargs):
+        if len(args) > 0 or kwargs.get("scale", None) is not None:
+            deprecate("scale")  # diffusers' ResnetBlock2D shape
+        return x
+
+
+class Down(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.resnet = Resnet()
+
+    def forward(self, x, scale=None):
+        return self.resnet(x, scale=scale)
+
+
+def run(down, x, s):
+    return checkpoint(down, x, use_reentrant=False), checkpoint(Down(), x, s, use_reentrant=False)
+'''
+
+
+def test_a_function_called_only_from_a_branch_that_cannot_run_is_not_walked():
+    # Down() called with x alone: scale stays None, Resnet gets scale=None, the deprecate()
+    # call cannot run; called with (x, s) it can, so the warning is reported once, from there
+    result = lint_sources({"m.py": DEPRECATION})
+    assert [(f.line, f.code, f.message.split("checkpointed at ")[1][:8]) for f in result.findings] == [(8, "RC103", "m.py:28)")]
+    only_x = DEPRECATION.replace(", checkpoint(Down(), x, s, use_reentrant=False)", "")
+    only_x = only_x.replace("checkpoint(down, x, use_reentrant=False)", "checkpoint(Down(), x, use_reentrant=False)")
+    assert lint_sources({"m.py": only_x}).findings == []
