@@ -32,9 +32,10 @@ from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_PO
 
 __all__ = ["LintResult", "lint_paths", "lint_sources"]
 
-#: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func.
+#: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func,
+#: or an import of one under another name (``import checkpoint as ckpt``).
 #: It starts with a literal so that the regex engine scans for it quickly.
-PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
+PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
 #: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
 HANDWRITTEN = r"enable_grad\s*\(\s*\)"
 #: A line that may carry a suppression comment (``# noqa``, ``# recheck: ignore``).

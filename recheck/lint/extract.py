@@ -493,6 +493,12 @@ def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext,
             return
     if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr in ITERATION_METHODS:
         pairs = iterable.func.attr in ("items", "named_children", "named_modules")
+        if context.is_self(iterable.func.value) and iterable.func.attr in ("children", "named_children", "modules",
+                                                                            "named_modules"):
+            element = target.elts[1] if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2 else target
+            if isinstance(element, ast.Name):  # every submodule of this module
+                yield element.id, [Ref("children", "", context.span(iterable))]
+            return
         if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             yield from _loop_bindings(target.elts[1], iterable.func.value, context, iterables, depth + 1)
         elif not pairs:

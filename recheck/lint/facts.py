@@ -65,6 +65,7 @@ class Ref(NamedTuple):
     - ``"result"``: what method ``self.<name>(...)`` returns (``layer = self._get_layer(i)``);
     - ``"param_path"``: ``name`` is a dotted path from a parameter (``model.layers``), its
       first component the parameter: resolved through the parameter's annotation;
+    - ``"children"``: every submodule of ``self`` (``for child in self.named_children()``);
     - ``"instance"``: an instance of class ``name`` (an ``isinstance`` branch, an annotation):
       calling it runs its ``forward``;
     - ``"policy"``: a wrapping policy or ``check_fn`` that picks the classes named in

@@ -139,6 +139,12 @@ class _Resolver:
             if held:
                 yield from ((f, f.functions[q]) for f, q in held if q in f.functions)
                 return
+        if ref.kind == "children":  # for child in self.children(): every submodule attribute
+            for _, klass in index.lineage(file, owner):
+                for attribute in klass.attributes.values():
+                    for qualified in attribute:
+                        yield from self._built(qualified, file, 0)
+            return
         if ref.kind == "member":  # caches written before "path" existed
             ref = Ref("path", f"{ref.name}.{ref.member}", ref.span)
         if ref.kind == "path":

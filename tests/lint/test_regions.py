@@ -308,3 +308,97 @@ def test_a_function_called_only_from_a_branch_that_cannot_run_is_not_walked():
     only_x = DEPRECATION.replace(", checkpoint(Down(), x, s, use_reentrant=False)", "")
     only_x = only_x.replace("checkpoint(down, x, use_reentrant=False)", "checkpoint(Down(), x, use_reentrant=False)")
     assert lint_sources({"m.py": only_x}).findings == []
+
+
+BUG_SHAPES = {
+    # the shapes of publicly reported recomputation bugs that issue 13 lists, each once
+    "batchnorm in a lowercase class": ('''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+class conv_bn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+    def forward(self, x):
+        return self.bn(x)
+class net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = conv_bn()
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+''', "RC106"),
+    "a module passed as a parameter": ('''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+def run_block(block, x):
+    return checkpoint(block, x, use_reentrant=False)
+class Block(nn.Module):
+    def forward(self, x):
+        print("again")
+        return x
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+    def forward(self, x):
+        return run_block(self.block, x)
+''', "RC103"),
+    "named_children()": ('''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+    def forward(self, x):
+        self.n += 1
+        return x
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Block()
+    def forward(self, x):
+        for name, child in self.named_children():
+            x = checkpoint(child, x, use_reentrant=False)
+        return x
+''', "RC104"),
+    "a function-local import alias": ('''
+from torch import nn
+class Block(nn.Module):
+    def forward(self, x):
+        import logging
+        logging.info("block")
+        return x
+def run(x):
+    from torch.utils.checkpoint import checkpoint as ckpt
+    return ckpt(Block(), x, use_reentrant=False)
+''', "RC103"),
+    "preserve_rng_state=flag with flag = False": ('''
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+class Drop(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, 0.1, self.training)
+def run(x):
+    flag = False
+    return checkpoint(Drop(), x, use_reentrant=False, preserve_rng_state=flag)
+''', "RC002"),
+    "a cache argument mutated with .update()": ('''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+class Layer(nn.Module):
+    def forward(self, x, cache):
+        cache.update({"k": x})
+        return x
+def run(x, cache):
+    return checkpoint(Layer(), x, cache, use_reentrant=False)
+''', "RC104"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(BUG_SHAPES))
+def test_the_reported_bug_shapes_are_caught(shape):
+    source, code = BUG_SHAPES[shape]
+    assert code in {f.code for f in lint_sources({"m.py": source}).findings}
