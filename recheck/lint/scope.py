@@ -24,6 +24,9 @@ MUTATING_METHODS = frozenset(
      "clear", "remove", "discard", "__setitem__"}
 )
 LOGGER_FACTORIES = ("getLogger", "get_logger")
+#: What one local name may hold is cut at this many references: ``x = f(x)`` repeated down
+#: a long function would otherwise double the list at every line.
+MAX_REFS = 32
 
 
 def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
@@ -353,7 +356,7 @@ class FunctionContext:
     def bind(self, name: str, refs: list[Ref], start: int = 0, end: int | None = None) -> None:
         """``name`` holds ``refs`` from line ``start`` on; with ``end``, only inside the block
         ``start..end`` (a loop body, an ``isinstance`` branch), where it overrides the rest."""
-        self.bindings.setdefault(name, []).append(Binding(start, end, refs))
+        self.bindings.setdefault(name, []).append(Binding(start, end, list(dict.fromkeys(refs))[:MAX_REFS]))
 
     def refs_of(self, name: str, line: int) -> list[Ref] | None:
         """What ``name`` may hold at ``line`` (None: nothing known).
@@ -372,8 +375,8 @@ class FunctionContext:
         before = [r for b in bindings if (b.end is None and b.start <= line) or (b.end is not None and b.end < line)
                   for r in b.refs]
         if before:
-            return before
-        return [r for b in bindings for r in b.refs] or None
+            return list(dict.fromkeys(before))[:MAX_REFS]
+        return list(dict.fromkeys(r for b in bindings for r in b.refs))[:MAX_REFS] or None
 
     def is_self(self, node: ast.AST) -> bool:
         return self.self_name is not None and isinstance(node, ast.Name) and node.id == self.self_name

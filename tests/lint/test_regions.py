@@ -402,3 +402,13 @@ def run(x, cache):
 def test_the_reported_bug_shapes_are_caught(shape):
     source, code = BUG_SHAPES[shape]
     assert code in {f.code for f in lint_sources({"m.py": source}).findings}
+
+
+def test_a_long_chain_of_reassignments_stays_small():
+    # x = f(x) sixty times: each binding used to hold every earlier one twice over (2**60 refs)
+    body = "".join("    x = F.gelu(x)\n" for _ in range(60))
+    source = ("import torch.nn.functional as F\nfrom torch.utils.checkpoint import checkpoint\n\n"
+              f"def block(x):\n{body}    print(x)\n    return x\n\n"
+              "def run(x):\n    return checkpoint(block, x, use_reentrant=False)\n")
+    result = lint_sources({"m.py": source})
+    assert [(f.line, f.code) for f in result.findings] == [(65, "RC103")]
