@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from types import ModuleType
 from typing import Sequence
@@ -16,6 +17,7 @@ from typing import Sequence
 from recheck import __version__
 from recheck.commands import COMMAND_MODULES
 from recheck.config import ConfigError
+from recheck.dependencies import MissingDependency
 
 __all__ = ["build_parser", "main"]
 
@@ -36,12 +38,20 @@ def _commands() -> list[ModuleType]:
     return modules
 
 
+#: What argparse takes for a value rather than an option: by default only ``-5`` and ``-.5``,
+#: so ``--budget -5GiB`` or ``--atol -1e-3`` read "expected one argument".  No recheck option
+#: is spelled with a digit, so anything that starts ``-<digit>`` is a value and reaches the
+#: option's own check, which says what is wrong with it.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recheck", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"recheck {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _commands():
         command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        command._negative_number_matcher = _NEGATIVE_VALUE  # see _NEGATIVE_VALUE
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
     return parser
@@ -55,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(ns._run(ns))
-    except ConfigError as exc:
+    except (ConfigError, MissingDependency) as exc:
         print(f"recheck: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,8 +11,10 @@ wants to pass on (for instance "compiled regions were not observed").
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping
+
+from recheck.output.text import FIRST_LINE, format_finding, format_report
 
 __all__ = [
     "DYNAMIC_KINDS",
@@ -44,7 +46,6 @@ LINT = "lint"
 #: All kinds a :class:`Finding` may carry.
 KINDS: tuple[str, ...] = (*DYNAMIC_KINDS, LINT)
 
-FIRST_LINE = "recheck: recomputation differs from the original forward"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,24 @@ class Invocation:
     of: int | None = None
     tags: Mapping[str, Any] = field(default_factory=dict)
     callsite: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Invocation:
+        """An invocation from its record, checked like :meth:`Finding.from_dict`."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an invocation must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"index", "of", "tags", "callsite"})
+        if unknown:
+            raise ValueError(f"an invocation has unknown field(s): {', '.join(map(str, unknown))}")
+        index, of = data.get("index", 1), data.get("of")
+        tags, callsite = data.get("tags", {}), data.get("callsite")
+        if not _is_int(index) or (of is not None and not _is_int(of)):
+            raise ValueError(f"invocation index and of must be integers, got {index!r}, {of!r}")
+        if not isinstance(tags, Mapping) or not all(isinstance(k, str) for k in tags):
+            raise ValueError(f"invocation tags must be an object with string keys, got {tags!r}")
+        if callsite is not None and not isinstance(callsite, str):
+            raise ValueError(f"invocation callsite must be a string, got {callsite!r}")
+        return cls(index=index, of=of, tags=dict(tags), callsite=callsite)
 
     def __str__(self) -> str:
         text = f"call {self.index}" + (f" of {self.of}" if self.of else "")
@@ -132,28 +151,34 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        data = dict(data)
-        inv = data.get("invocation")
-        if isinstance(inv, Mapping):
-            data["invocation"] = Invocation(**inv)
-        return cls(**data)
+        """A finding from its :meth:`to_dict` record, every field checked.
+
+        Reports are read from files recheck did not write in this run (``--recheck-report``
+        files, merged rank reports), so nothing is trusted: an unknown key, a field of the
+        wrong type or an unknown kind is a ``ValueError`` naming it.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a finding must be an object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"a finding has unknown field(s): {', '.join(map(str, unknown))}")
+        values = dict(data)
+        for name, expected in _FIELD_TYPES.items():
+            check, description = expected
+            if values.get(name) is not None and not check(values[name]):
+                raise ValueError(f"finding field {name!r} must be {description}, got {values[name]!r}")
+        for name in ("kind", "message"):
+            if not isinstance(values.get(name), str):
+                raise ValueError(f"a finding needs a string {name!r}")
+        inv = values.get("invocation")
+        if inv is not None:
+            values["invocation"] = Invocation.from_dict(inv)
+        return cls(**values)
 
     def format(self, number: int | None = None) -> str:
         """Human-readable text: one headline, then the indented detail and hint."""
-        if self.is_static:
-            head = f"{self.location}: {self.code} {self.message}"
-        else:
-            prefix = f"[{number}] " if number is not None else ""
-            tag = " (latent)" if self.latent else ""
-            head = f"{prefix}{self.kind}{tag}: {self.message}"
-        lines = [head]
-        indent = "      " if number is not None else "    "
-        for text in self.detail.splitlines():
-            lines.append(indent + text if text else "")
-        if self.hint:
-            lines.append(f"{indent}hint: {self.hint}")
-        return "\n".join(lines)
-
+        return format_finding(self, number)
 
 class Report:
     """An ordered list of findings with the notes of the run that produced them."""
@@ -224,27 +249,7 @@ class Report:
         return merged
 
     def __str__(self) -> str:
-        dynamic = [f for f in self.findings if not f.is_static]
-        static = [f for f in self.findings if f.is_static]
-        lines: list[str] = []
-        if dynamic:
-            lines.append(
-                f"{FIRST_LINE} ({len(dynamic)} difference{'s' if len(dynamic) != 1 else ''})"
-            )
-        elif not static:
-            lines.append("recheck: no difference found")
-        if self.title:
-            lines.append("")
-            lines.extend("  " + t for t in self.title.splitlines())
-        for number, finding in enumerate(dynamic, 1):
-            lines.append("")
-            lines.extend("  " + t if t else "" for t in finding.format(number).splitlines())
-        for finding in static:
-            lines.append(finding.format())
-        if self.notes:
-            lines.append("")
-            lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(lines)
+        return format_report(self)
 
     def __repr__(self) -> str:
         return f"<Report {len(self.findings)} finding(s), ok={self.ok}>"
@@ -263,14 +268,34 @@ class Report:
         return json.dumps(self.to_dict(), default=repr, **dumps_kwargs)
 
     @classmethod
+    def from_dict(cls, data: Any) -> Report:
+        """A report from its :meth:`to_dict` document, every field checked (``ValueError``)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a report must be a JSON object, got {type(data).__name__}")
+        findings = data.get("findings", [])
+        notes = data.get("notes", [])
+        stats = data.get("stats")
+        stats = {} if stats is None else stats
+        title = data.get("title")
+        if not isinstance(findings, list):
+            raise ValueError("a report's findings must be a list")
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise ValueError("a report's notes must be a list of strings")
+        if not isinstance(stats, Mapping) or not all(isinstance(k, str) for k in stats):
+            raise ValueError("a report's stats must be an object with string keys")
+        if title is not None and not isinstance(title, str):
+            raise ValueError("a report's title must be a string")
+        return cls((Finding.from_dict(f) for f in findings), title=title, notes=notes,
+                   stats=dict(stats))
+
+    @classmethod
     def from_json(cls, text: str) -> Report:
-        data = json.loads(text)
-        return cls(
-            (Finding.from_dict(f) for f in data.get("findings", ())),
-            title=data.get("title"),
-            notes=data.get("notes", ()),
-            stats=data.get("stats"),
-        )
+        """:meth:`from_dict` of a JSON text (plain data only: no object is ever revived)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON report: {exc}") from None
+        return cls.from_dict(data)
 
 
 #: statistics that describe one rank, never summed by :meth:`Report.merge`
@@ -280,6 +305,26 @@ _PER_RANK_STATS = ("rank", "world_size")
 def _rank_order(report: Report) -> tuple[int, int]:
     rank = report.stats.get("rank")
     return (0, rank) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+#: What each optional field of a finding record must hold (None is always allowed).
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    **{name: (_is_str, "a string") for name in ("code", "path", "region", "subject", "detail", "hint")},
+    **{name: (_is_int, "an integer") for name in ("line", "column", "end_line", "end_column")},
+    "latent": (_is_bool, "true or false"),
+}
 
 
 class RecomputeMismatch(AssertionError):

@@ -1,11 +1,15 @@
 """Architecture: imports only run downward, there are no cycles, and no module is a monolith.
 
-Layers, bottom to top:
-  0  recheck.findings                       data types
-  1  recheck.catalogue, config, lab          foundation services (no torch, no libcst)
-  2  recheck.checker/lint/watcher/cost/distributed.*   engines and interception
-  3  recheck.commands.*, cli, _pytest_plugin, __init__, __main__   faces
-A module may import its own layer or lower ones, never a higher one.
+Floors, bottom to top:
+  0  recheck.findings, output.text            data types (and the text they render as)
+  1  recheck.catalogue, config, dependencies, lab, loading, output, progress   foundation services
+                                              (no torch, no libcst)
+  2  recheck.runtime.*                        torch-facing primitives (bits, digests, trees, rng,
+                                              snapshot, reach, effects, naming, tags)
+  3  recheck.intercept.*                      patches on every checkpoint entry point, one hooks base
+  4  recheck.checker/watcher/cost/lint/distributed.*   engines
+  5  recheck.commands.*, cli, _pytest_plugin, integrations, __init__, __main__   faces
+A module may import its own floor or lower ones, never a higher one.
 """
 
 import ast
@@ -15,8 +19,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
-FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.lab")
+FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__",
+         "recheck.integrations")
+FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.lab", "recheck.loading",
+              "recheck.output", "recheck.progress")
+DATA = ("recheck.findings", "recheck.output.text")
 
 
 def module_name(path: Path) -> str:
@@ -26,17 +33,21 @@ def module_name(path: Path) -> str:
 
 def layer(name: str) -> int:
     if name == "recheck" or name.startswith(FACES):
-        return 3
-    if name == "recheck.findings":
+        return 5
+    if name in DATA:
         return 0
     if name.startswith(FOUNDATION):
         return 1
-    return 2
+    if name.startswith("recheck.runtime"):
+        return 2
+    if name.startswith("recheck.intercept"):
+        return 3
+    return 4
 
 
 def engine(name: str) -> str | None:
     parts = name.split(".")
-    return parts[1] if layer(name) == 2 and len(parts) > 1 else None
+    return parts[1] if layer(name) == 4 and len(parts) > 1 else None
 
 
 def imports_of(path: Path) -> set[str]:
@@ -80,9 +91,11 @@ def test_imports_run_downward(name):
 
 
 def test_engines_do_not_import_faces_or_each_others_internals_upward():
-    # the watcher may build on the checker and the rank helpers, cost on all three; the
-    # rank helpers and the linter stand alone
-    allowed = {"watcher": {"checker", "distributed"}, "cost": {"checker", "watcher", "distributed"}}
+    # engines share the runtime and the interception below them, not each other's
+    # internals: the watcher and the checker may label ranks (distributed), the checker's
+    # check_step drives watch(); the rank helpers, the cost report and the linter stand alone
+    allowed = {"watcher": {"distributed"}, "checker": {"watcher", "distributed"},
+               "cost": {"distributed"}}
     for name, deps in GRAPH.items():
         mine = engine(name)
         for dep in deps:

@@ -1,4 +1,5 @@
-"""The built wheel carries the rule documents: `recheck explain` works from a fresh install."""
+"""Fresh installs: the built wheel carries the rule documents (`recheck explain` works), and
+the light install a pre-commit hook gets lints without torch."""
 
 import subprocess
 import sys
@@ -7,6 +8,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
+
+#: builds the wheel and fresh virtual environments
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,3 +55,30 @@ def test_explain_from_a_fresh_virtual_environment(wheel, tmp_path):
         [python, "-c", "import recheck.catalogue as c; print(c.rules_dir())"], capture_output=True, text=True, cwd=tmp_path
     )
     assert "site-packages/recheck/_rules" in where.stdout
+
+
+def test_the_pre_commit_hook_installs_no_torch_and_lints(tmp_path):
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hook["language"] == "python" and not hook.get("additional_dependencies")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    # what pre-commit does for a `language: python` hook: `pip install .` of the repository
+    subprocess.run([python, "-m", "pip", "install", "-q", str(ROOT)], check=True, timeout=300)
+    assert subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "model.py").write_text(
+        "from torch.utils.checkpoint import checkpoint\n\n\n"
+        "def forward(block, x):\n    return checkpoint(block, x)\n")
+    entry, *entry_args = hook["entry"].split()
+    lint = subprocess.run([env_dir / "bin" / entry, *entry_args, *hook["args"]], cwd=project,
+                          capture_output=True, text=True, timeout=120)
+    assert lint.returncode == 1, lint.stderr
+    assert "model.py:5:12: RC001" in lint.stdout
+    check = subprocess.run([env_dir / "bin" / "recheck", "check", "model.py"], cwd=project,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 2
+    assert "recheck check needs PyTorch (torch>=2.4)" in check.stderr
+    assert "pip install 'recheck[torch]'" in check.stderr
+    assert "Traceback" not in check.stderr

@@ -13,25 +13,28 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from recheck.checker.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
-from recheck.checker.effects import Effect
+from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
+from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
+from recheck.runtime.explaining import effect_messages, param_version_message
 from recheck.checker.message import value_detail
-from recheck.checker.state import Observed, fingerprint, show
+from recheck.runtime.snapshot import Observed, fingerprint, show
+from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 
 __all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
-           "effect_findings", "flatten", "saved_tensor_findings"]
+           "effect_findings", "saved_tensor_findings"]
 
 @dataclass(frozen=True)
 class Context:
     """What every finding of one check shares."""
 
     region: str
-    invocation: Invocation
+    invocation: Invocation | None
     tolerance: Tolerance | None
     use_reentrant: bool
-    preserve_rng_state: bool
+    #: None where one call's setting does not apply (a whole step)
+    preserve_rng_state: bool | None
 
     def finding(self, kind: str, subject: str, message: str, detail: str = "",
                 code: str | None = None, latent: bool = False) -> Finding:
@@ -42,27 +45,8 @@ class Context:
 
     def explain(self, kind: str, subject: str) -> str | None:
         """The rule code the registry gives a finding of ``kind`` about ``subject``."""
-        return explain(kind, subject, preserve_rng_state=self.preserve_rng_state)
-
-
-def flatten(value: Any, path: str = "output", depth: int = 8) -> list[tuple[str, Any]]:
-    """Leaves of nested tuples, lists, dicts and dataclasses with assert_close-style paths."""
-    if depth > 0 and isinstance(value, (list, tuple)):
-        out: list[tuple[str, Any]] = [] if value else [(path, value)]
-        for index, item in enumerate(value):
-            out.extend(flatten(item, f"{path}[{index}]", depth - 1))
-        return out
-    if depth > 0 and isinstance(value, Mapping):
-        out = [] if value else [(path, value)]
-        for key, item in value.items():
-            out.extend(flatten(item, f"{path}[{key!r}]", depth - 1))
-        return out
-    if depth > 0 and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = []
-        for spec in dataclasses.fields(value):
-            out.extend(flatten(getattr(value, spec.name), f"{path}.{spec.name}", depth - 1))
-        return out
-    return [(path, value)]
+        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        return explain(kind, subject, **context)
 
 
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
@@ -95,9 +79,9 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
                     flat: bool = False) -> list[Finding]:
     """Outputs leaf by leaf: structure, tensors bit for bit, other values by content.
 
-    With ``flat=True`` both values are already :func:`flatten`-ed lists.
+    With ``flat=True`` both values are already lists of :func:`~recheck.runtime.trees.leaves`.
     """
-    left, right = (original, other) if flat else (flatten(original), flatten(other))
+    left, right = (original, other) if flat else (leaves(original), leaves(other))
     if [p for p, _ in left] != [p for p, _ in right]:
         detail = value_detail(show([p for p, _ in left], 200), show([p for p, _ in right], 200),
                               labels)
@@ -116,8 +100,13 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
 
 
 def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
-                  other: Mapping[str, torch.Tensor | None]) -> list[Finding]:
-    """Gradients by name (``grad of `layer1.weight```), including None against a tensor."""
+                  other: Mapping[str, torch.Tensor | None], *,
+                  labels: tuple[str, str] = ("plain run", "checkpointed run"),
+                  reference: str = "the uncheckpointed run") -> list[Finding]:
+    """Gradients by name (``grad of `layer1.weight```), including None against a tensor.
+
+    ``labels`` name the two runs in the detail, ``reference`` the original in the message.
+    """
     findings: list[Finding] = []
     for name, a in original.items():
         b = other.get(name)
@@ -127,13 +116,13 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
         if a is None or b is None:
             detail = value_detail("None" if a is None else describe_tensor(a),
                                   "None" if b is None else describe_tensor(b),
-                                  ("plain run", "checkpointed run"))
+                                  labels)
+            state, there = ("missing", "a tensor") if b is None else ("extra", "None")
             findings.append(ctx.finding("gradient", subject,
-                                        f"{subject} is {'missing' if b is None else 'extra'} "
-                                        "under checkpoint", detail))
+                                        f"{subject} is {state} under checkpoint ({there} in {reference})", detail))
             continue
         findings += _tensor_finding(ctx, "gradient", subject, a, b,
-                                    f"{subject} differs from the uncheckpointed run's",
+                                    f"{subject} differs from {reference}'s",
                                     check_requires_grad=False)
     return findings
 
@@ -163,47 +152,36 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
 def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
                     recompute: Mapping[tuple[str, str], Any], shown: Mapping[tuple[str, str], tuple[str, str]],
                     *, latent: bool = False) -> list[Finding]:
-    """State at recompute start against forward start (rng, globals read, param versions)."""
+    """State at recompute start against forward start (rng, globals read, param versions).
+
+    Parameters whose version changed are one ``param_version`` finding that names them all,
+    as ``watch()`` words it.
+    """
     findings: list[Finding] = []
+    versions: list[tuple[str, Any, Any]] = []
     for key, a in forward.items():
         if key not in recompute or recompute[key] == a:
             continue
         kind, subject = key
+        if kind == "param_version":
+            versions.append((subject.removeprefix("parameter `").removesuffix("`"), a, recompute[key]))
+            continue
         before, after = shown.get(key, (show(a), show(recompute[key])))
         findings.append(ctx.finding(
             kind, subject, f"{subject} at recompute start differs from forward start",
             value_detail(before, after, ("forward", "recompute")),
             ctx.explain(kind, subject), latent))
+    if versions:
+        subject, message, detail = param_version_message(versions)
+        findings.append(ctx.finding("param_version", subject, message, detail,
+                                    ctx.explain("param_version", subject), latent))
     return findings
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:
-    """One ``side_effect`` finding per channel that emitted during recompute.
-
-    Writes to stdout/stderr are joined and counted by line (``print`` writes the
-    text and the newline separately).
-    """
-    by_channel: dict[str, list[str]] = {}
-    for effect in effects:
-        by_channel.setdefault(effect.channel, []).append(effect.text)
-    findings = []
-    for channel, texts in by_channel.items():
-        if channel in ("stdout", "stderr"):
-            texts = "".join(texts).splitlines() or [""]
-            message = f"{_plural(len(texts), 'line')} written to {channel} again during recompute"
-        else:
-            noun = "logging record" if channel == "logging" else "warning"
-            message = f"{_plural(len(texts), noun)} emitted again during recompute"
-        shown = [str(Effect(channel, t)) for t in texts[:5]]
-        if len(texts) > 5:
-            shown.append(f"... and {len(texts) - 5} more")
-        findings.append(ctx.finding("side_effect", channel, message, "\n".join(shown), "RC103",
-                                    latent))
-    return findings
+    """One ``side_effect`` finding per channel that emitted during recompute."""
+    return [ctx.finding("side_effect", channel, message, detail, ctx.explain("side_effect", channel), latent)
+            for channel, message, detail in effect_messages(effects)]
 
 
 def saved_tensor_findings(ctx: Context, mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]],

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from recheck.checker.values import fingerprint
+from recheck.runtime.fingerprints import fingerprint
+from recheck.runtime.trees import leaves, map_tensors
 
 __all__ = ["RegionError", "arguments_print", "make_upstream", "prepare_inputs"]
 
@@ -22,38 +23,24 @@ class RegionError(ValueError):
 
 def prepare_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, torch.Tensor]]:
     """Fresh leaves for inputs that require grad, so user tensors keep their ``.grad``."""
-    leaves: dict[str, torch.Tensor] = {}
+    fresh_leaves: dict[str, torch.Tensor] = {}
 
-    def convert(value: Any, path: str) -> Any:
-        if isinstance(value, torch.Tensor):
-            if not value.requires_grad:
-                return value
-            leaf = value.detach().requires_grad_(True)
-            leaves[path] = leaf
-            return leaf if value.is_leaf else leaf.clone()
-        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-            return type(value)(convert(v, f"{path}[{i}]") for i, v in enumerate(value))
-        if isinstance(value, dict):
-            return type(value)((k, convert(v, f"{path}[{k!r}]")) for k, v in value.items())
-        return value
+    def convert(path: str, value: torch.Tensor) -> torch.Tensor:
+        if not value.requires_grad:
+            return value
+        leaf = value.detach().requires_grad_(True)
+        fresh_leaves[path] = leaf
+        return leaf if value.is_leaf else leaf.clone()
 
-    fresh_args = tuple(convert(a, f"args[{i}]") for i, a in enumerate(args))
-    fresh_kwargs = {k: convert(v, f"kwargs[{k!r}]") for k, v in kwargs.items()}
-    return fresh_args, fresh_kwargs, leaves
+    fresh_args = tuple(map_tensors(convert, a, f"args[{i}]") for i, a in enumerate(args))
+    fresh_kwargs = {k: map_tensors(convert, v, f"kwargs[{k!r}]") for k, v in kwargs.items()}
+    return fresh_args, fresh_kwargs, fresh_leaves
 
 
 def arguments_print(args: tuple, kwargs: dict) -> Any:
     """The arguments' structure and non-tensor values; tensors by identity (bytes apart)."""
-    def walk(value: Any, depth: int) -> Any:
-        if isinstance(value, torch.Tensor):
-            return ("tensor", id(value))
-        if depth > 0 and isinstance(value, (list, tuple)):
-            return (type(value).__name__, tuple(walk(v, depth - 1) for v in value))
-        if depth > 0 and isinstance(value, dict):
-            return ("dict", tuple((fingerprint(k, 1), walk(v, depth - 1)) for k, v in value.items()))
-        return fingerprint(value)
-
-    return walk(args, 4), walk(kwargs, 4)
+    return tuple((path, ("tensor", id(leaf)) if isinstance(leaf, torch.Tensor) else fingerprint(leaf))
+                 for path, leaf in leaves(tuple(args), "args") + leaves(dict(kwargs), "kwargs"))
 
 
 def make_upstream(leaves: dict[str, Any], given: Any) -> list[tuple[str, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""The text of a check: region and configuration lines, per-state detail blocks, hints.
+"""The text of a check: region and configuration lines, per-state detail blocks.
 
 The first line of a failing report (``recheck: recomputation differs from the
 original forward``) and the numbered entries come from :class:`recheck.findings.Report`;
@@ -10,49 +10,9 @@ differing index with both values and bit patterns, the greatest absolute differe
 
 from __future__ import annotations
 
-import inspect
-import os
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["configuration_text", "region_name", "title", "value_detail"]
-
-def _unwrap(fn: Any) -> Any:
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(fn, "func") and callable(getattr(fn, "func")) and hasattr(fn, "args"):
-            fn = fn.func  # functools.partial
-        elif inspect.ismethod(fn):
-            fn = fn.__func__
-        else:
-            break
-    return fn
-
-
-def region_name(fn: Callable[..., Any], root: str | None = None) -> str:
-    """``Qual.name (file:line)`` of the region's definition (a module: its ``forward``)."""
-    import torch
-
-    target = _unwrap(fn)
-    label = getattr(target, "__qualname__", None) or type(target).__qualname__
-    if isinstance(target, torch.nn.Module):
-        label = type(target).__qualname__
-        target = type(target).forward
-    elif not inspect.isfunction(target) and callable(target) and not inspect.isbuiltin(target):
-        label = type(target).__qualname__
-        target = getattr(type(target), "__call__", target)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        return label
-    path = code.co_filename
-    base = root or os.getcwd()
-    try:
-        rel = os.path.relpath(path, base)
-        path = path if rel.startswith("..") else rel
-    except ValueError:  # another drive on Windows
-        pass
-    return f"{label} ({path}:{code.co_firstlineno})"
-
+__all__ = ["configuration_text", "title", "value_detail"]
 
 def configuration_text(use_reentrant: bool, preserve_rng_state: bool, early_stop: bool,
                        tolerance: Any = None) -> str:

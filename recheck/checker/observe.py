@@ -15,12 +15,12 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.checker.bits import bits_equal
-from recheck.checker.compare import flatten
-from recheck.checker.effects import Effect, EffectCapture
-from recheck.checker.reach import Reach, input_tensors
-from recheck.checker.values import (MISSING, fingerprint, rng_fingerprint, rng_states,
-                                    rng_summary, show)
+from recheck.runtime.bits import bits_equal
+from recheck.runtime.effects import Effect, EffectCapture
+from recheck.runtime.reach import Reach
+from recheck.runtime.trees import input_tensors, leaves
+from recheck.runtime.fingerprints import MISSING, fingerprint, show
+from recheck.runtime.rng import rng_fingerprint, rng_states, rng_summary
 
 __all__ = ["CallRecord", "Observer", "Probe"]
 
@@ -117,7 +117,7 @@ class Observer:
             if self.track_inputs and record.index == 1:
                 record.inputs_exit = _input_exits(args, kwargs, record.inputs_entry)
         record.outcome = "returned"
-        record.outputs = [(path, _detached(leaf)) for path, leaf in flatten(result)]
+        record.outputs = [(path, _detached(leaf)) for path, leaf in leaves(result)]
         if self.after_first is not None and record.index == 1:
             self.after_first(args, kwargs)
         return result

@@ -29,17 +29,17 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.checker.bits import Tolerance, bits_equal
+from recheck.runtime.bits import Tolerance, bits_equal
 from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
-from recheck.checker.reach import ModuleRecorder, Reach, input_tensors, static_reach
-from recheck.checker.saved import MODE, SavedTensorLog, bitwise_determinism
-from recheck.checker.state import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
+from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
+from recheck.runtime.trees import input_tensors, leaves
+from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
+from recheck.runtime.snapshot import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
                                    RngRecord, Snapshot, TensorRecord, ValueRecord)
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 
 
 @dataclass(frozen=True)
@@ -91,54 +91,11 @@ class Runner:
     # -- snapshot bookkeeping --------------------------------------------------------------------
     def _sync(self) -> None:
         """Add records for everything the reach knows and the snapshot does not yet."""
-        add = self.snapshot.add
-        for name, generator in self.reach.generators.items():
-            self.snapshot.rng.add_generator(name, generator)
-        for prefix, module in list(self.reach.modules.values()):
-            self._add_module(prefix, module)
-        for key, ref in list(self.reach.writes.items()) + list(self.reach.reads.items()):
-            add(("global", key), functools.partial(
-                ValueRecord, "state", ref.subject, ref.namespace, ref.name))
-        for name, tensor in list(self.reach.tensors.items()):
-            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
-                if add(("param", id(tensor)), functools.partial(
-                        TensorRecord, "param_version", f"parameter `{name}`", tensor)):
-                    self.parameters[name] = tensor
-                    add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
-            else:
-                add(("tensor", id(tensor)), functools.partial(
-                    TensorRecord, "state", f"tensor `{name}`", tensor))
+        self.parameters.update(self.snapshot.track(self.reach))
         for path, tensor in input_tensors(self.args, self.kwargs):
-            if add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
-                                                            tensor)):
+            if self.snapshot.add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
+                                                                          tensor)):
                 self._inputs[path] = self.snapshot.records[-1]
-
-    def _add_module(self, prefix: str, module: torch.nn.Module) -> None:
-        add = self.snapshot.add
-        if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
-            return
-        add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
-        add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
-        owner = prefix or "self"
-        add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__,
-                                                          _MODULE_INTERNALS, owner))
-        dotted = (prefix + ".") if prefix else ""
-        for name, param in module._parameters.items():
-            if param is None:
-                continue
-            full = dotted + name
-            if add(("param", id(param)), functools.partial(
-                    TensorRecord, "param_version", f"parameter `{full}`", param)):
-                self.parameters[full] = param
-                add(("grad", id(param)), functools.partial(GradRecord, full, param))
-        for name, buffer in module._buffers.items():
-            if buffer is not None:
-                add(("buffer", id(buffer)), functools.partial(
-                    TensorRecord, "buffer", f"buffer `{dotted + name}`", buffer))
-        for key in list(vars(module)):
-            if key not in _MODULE_INTERNALS:
-                add(("attr", id(module), key), functools.partial(
-                    ValueRecord, "state", f"attribute `{owner}.{key}`", module.__dict__, key))
 
     def _on_module(self, module: torch.nn.Module) -> None:
         if id(module) not in self.reach.modules:
@@ -296,14 +253,12 @@ class Runner:
                          baseline={}, post={}, stand_in=True)
 
     def _backward(self, result: RunResult) -> None:
-        from recheck.checker.compare import flatten
-
-        leaves = dict(flatten(result.outputs))
+        outputs = dict(leaves(result.outputs))
         if self.upstream is None:
-            self.upstream = make_upstream(leaves, self.options.grad_outputs)
+            self.upstream = make_upstream(outputs, self.options.grad_outputs)
         tensors, grads = [], []
         for path, grad in self.upstream:
-            leaf = leaves.get(path)
+            leaf = outputs.get(path)
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad and leaf.shape == grad.shape:
                 tensors.append(leaf)
                 grads.append(grad)

@@ -5,20 +5,37 @@ A target is ``file.py`` (every module-level ``region_*`` callable), ``file.py:na
 ``(region, args, kwargs)``.  ``recheck check --step file.py:fn`` instead runs a
 zero-argument training step once under ``recheck.watch()`` and reports every checkpoint
 call it made.  Exit status: 0 clean, 1 findings, 2 usage or import error (with the
-traceback of the user's code).  Tolerances, ``strict`` and ``store`` default to
+traceback of the user's code); a target that cannot be checked is reported as an error and
+the others still run.  Options are validated before any region runs.  Tolerances, ``strict`` and ``store`` default to
 ``[tool.recheck]``; flags override it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
+
+from recheck.progress import paint
 
 NAME = "check"
 HELP = "check that checkpointed regions recompute exactly what their forward computed"
+_TOLERANCES = ("atol", "rtol", "max_ulp")
+
+
+def _non_negative(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
+        if not value >= 0:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,68 +43,192 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="file.py, file.py:name or pkg.module:name")
     parser.add_argument("--step", action="append", default=[], metavar="FILE.py:FN",
-                        help="run a zero-argument training step under recheck.watch() and report "
-                             "every checkpoint call it makes (repeatable)")
-    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
-                        help="with --step: also replay every recomputation fully (early stop off)")
+                        help="check a zero-argument training step against its uncheckpointed twin "
+                             "(recheck.check_step: run as written under recheck.watch(), then with every "
+                             "checkpoint bypassed, end states compared bit for bit; repeatable)")
+    parser.add_argument("--watch-only", action="store_true",
+                        help="with --step: only verify each recomputation against its own forward "
+                             "(recheck.watch()), without the uncheckpointed twin")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="with --step: runs of the step as written (what differs between them is "
+                             "not blamed on checkpointing; default 1)")
+    parser.add_argument("--strict", action="store_true", default=None,
+                        help="with --step: the old name of --no-early-stop")
     parser.add_argument("--store", choices=("digest", "copy"), default=None,
                         help="with --step: keep digests (default) or full copies of each forward")
     parser.add_argument("--format", choices=("text", "json"), default="text",
                         help="output format (default: text)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar (one is drawn on stderr only when it is a terminal)")
     parser.add_argument("--use-reentrant", action=argparse.BooleanOptionalAction, default=None,
                         help="checkpoint variant to check (default: non-reentrant, or the "
                              "target's CHECK_OPTIONS)")
     parser.add_argument("--preserve-rng-state", action=argparse.BooleanOptionalAction,
                         default=None, help="checkpoint's preserve_rng_state (default: on)")
     parser.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=None,
-                        help="non-reentrant checkpoint's early_stop (default: on)")
-    parser.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: exact)")
-    parser.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: exact)")
-    parser.add_argument("--max-ulp", type=int, default=None,
-                        help="allowed distance in units in the last place (default: exact)")
+                        help="non-reentrant checkpoint's early_stop: the configuration checked for a "
+                             "region (default: on); with --step, --no-early-stop replays every "
+                             "recomputation fully (default: as each call says)")
+    parser.add_argument("--atol", type=_non_negative(float), default=None,
+                        help="absolute tolerance (default: exact)")
+    parser.add_argument("--rtol", type=_non_negative(float), default=None,
+                        help="relative tolerance (default: exact)")
+    parser.add_argument("--max-ulp", type=_non_negative(int), default=None,
+                        help="allowed distance in units in the last place, instead of --atol/--rtol "
+                             "(default: exact)")
 
 
 def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
-    """Check options from the flags, over the tolerances of ``[tool.recheck]``."""
-    from recheck.config import load_config
+    """Check options from the flags, over the tolerance of ``[tool.recheck]``.
 
-    table = load_config().values
-    options = {n: table[n] for n in ("atol", "rtol", "max_ulp") if n in table}
-    names = ("use_reentrant", "preserve_rng_state", "early_stop", "atol", "rtol", "max_ulp")
+    A tolerance is one setting: ``--atol``/``--rtol`` or ``--max-ulp`` on the command line
+    replaces the file's tolerance (and a region's own CHECK_OPTIONS tolerance) as a whole.
+    Raises ConfigError for a file that sets both kinds.
+    """
+    from recheck.config import ConfigError, load_config
+
+    config = load_config()
+    options = {n: config.values[n] for n in _TOLERANCES if n in config.values}
+    if "max_ulp" in options and ("atol" in options or "rtol" in options):
+        raise ConfigError(f"{config.path}: [tool.recheck] sets both max-ulp and atol/rtol; "
+                          "a tolerance is either a ULP distance or atol/rtol, keep one")
+    if ("atol" in options) != ("rtol" in options):
+        raise ConfigError(f"{config.path}: [tool.recheck] sets only one of atol and rtol; "
+                          "give both, as torch.testing.assert_close takes them (rtol = 0 for an absolute tolerance)")
+    flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
+    if flags:
+        options = flags
+    names = ("use_reentrant", "preserve_rng_state", "early_stop")
     options.update({n: getattr(ns, n) for n in names if getattr(ns, n) is not None})
     return options
+
+
+def _options_for(target_options: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A region's CHECK_OPTIONS under the command line's and the file's settings."""
+    options = dict(target_options)
+    if any(n in overrides for n in _TOLERANCES):
+        for name in _TOLERANCES:
+            options.pop(name, None)
+    options.update(overrides)
+    return options
+
+
+def _usage_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with the command line itself, before anything is imported or run."""
+    if ns.step and ns.targets:
+        return "give region TARGETs or --step, not both"
+    if not ns.step and not ns.targets:
+        return "nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN"
+    if ns.targets and (ns.strict is not None or ns.store is not None or ns.watch_only or ns.repeats is not None):
+        return "--strict, --store, --watch-only and --repeats go with --step"
+    if ns.repeats is not None and (ns.repeats < 1 or ns.watch_only):
+        return "--repeats takes a whole number of 1 or more, and runs the twin (not with --watch-only)"
+    if ns.step and any(getattr(ns, n) is not None for n in ("use_reentrant", "preserve_rng_state")):
+        return ("--use-reentrant and --preserve-rng-state choose the checkpoint a region TARGET is checked "
+                "under; a --step runs its checkpoints as written")
+    if ns.strict and ns.early_stop is True:
+        return "--strict is the old name of --no-early-stop; it cannot go with --early-stop"
+    if ns.max_ulp is not None and (ns.atol is not None or ns.rtol is not None):
+        return "pass either --max-ulp or --atol/--rtol, not both (a tolerance is one or the other)"
+    if (ns.atol is None) != (ns.rtol is None):
+        return ("--atol and --rtol go together, as torch.testing.assert_close takes them "
+                "(--rtol 0 for an absolute tolerance)")
+    return None
+
+
+@dataclass(frozen=True)
+class _Broken:
+    """A target that could not be checked: what went wrong, and the user's traceback."""
+
+    message: str
+    user_traceback: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "traceback": self.user_traceback or None}
+
+
+def _report_error(label: str, broken: _Broken) -> None:
+    sys.stdout.flush()  # keep stdout and stderr in the order things happened
+    if broken.user_traceback:
+        text = broken.user_traceback
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    print(f"{paint('recheck check: error:', 'red', sys.stderr)} {label}: {broken.message}", file=sys.stderr)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def _run_steps(ns: argparse.Namespace) -> int:
     """``--step``: each training step once under watch(); one report each, then a summary."""
     from recheck.config import load_config
-    from recheck.watcher.step import StepError, run_step
+    from recheck.watcher.step import StepError, load_step, run_step
 
-    table = load_config().values
-    strict = ns.strict if ns.strict is not None else table.get("strict", False)
-    store = ns.store or table.get("store", "digest")
-    reports = []
-    for target in ns.step:
-        try:
-            with contextlib.redirect_stdout(sys.stderr):  # the step's prints stay off stdout
-                report = run_step(target, strict=strict, store=store)
-        except StepError as exc:
-            return _error(str(exc), exc.user_traceback)
-        except Exception as exc:  # the step's own error
-            from recheck.checker.targets import user_frames
+    config = load_config()
+    options = _watch_options(ns, config)
+    from recheck.progress import progress
 
-            return _error(f"{target}: the step raised {type(exc).__name__}: {exc}", user_frames(exc))
-        reports.append((target, report))
-    dirty = [r for _, r in reports if not r.ok]
+    outcomes: list[tuple[str, Any]] = []
+    with progress("running step", quiet=ns.quiet) as bar:
+        for target in ns.step:
+            bar.describe(target)
+            try:
+                with bar.redirected():  # the step's prints stay off stdout
+                    if ns.watch_only:
+                        outcome: Any = run_step(target, **options)
+                    else:
+                        from recheck.checker.api import check_step
+
+                        outcome = check_step(load_step(target), repeats=ns.repeats or 1, **options)
+            except StepError as exc:
+                outcome = _Broken(str(exc), exc.user_traceback)
+            except Exception as exc:  # the step's own error
+                from recheck.loading import user_frames
+
+                outcome = _Broken(f"the step raised {type(exc).__name__}: {exc}", user_frames(exc))
+            outcomes.append((target, outcome))
+    broken = [t for t, o in outcomes if isinstance(o, _Broken)]
+    dirty = [o for _, o in outcomes if not isinstance(o, _Broken) and not o.ok]
+    summary = f"recheck: ran {_counted(len(outcomes), 'step')}: {len(dirty)} with findings"
+    if broken:
+        summary += f", {_counted(len(broken), 'error')}"
     if ns.format == "json":
-        print(json.dumps({"steps": [{"target": t, **r.to_dict()} for t, r in reports]}, indent=2, default=repr))
+        steps = [{"target": t, **o.to_dict()} for t, o in outcomes]
+        print(json.dumps({"steps": steps, "summary": {"steps": len(outcomes), "with_findings": len(dirty),
+                                                     "errors": len(broken), "text": summary}},
+                         indent=2, default=repr))
+        for target, outcome in outcomes:
+            if isinstance(outcome, _Broken):
+                _report_error(target, outcome)
     else:
-        for target, report in reports:
+        for target, outcome in outcomes:
+            if isinstance(outcome, _Broken):
+                _report_error(target, outcome)
+                continue
             print(f"step {target}")
-            print(report)
+            print(outcome)
             print()
-        print(f"recheck: ran {len(reports)} step{'s' if len(reports) != 1 else ''}: {len(dirty)} with findings")
-    return 1 if dirty else 0
+        print(paint(summary, "red" if broken or dirty else "green"))
+    return 2 if broken else 1 if dirty else 0
+
+
+def _watch_options(ns: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """``watch()`` options of ``--step`` from the flags over ``[tool.recheck]`` (validated)."""
+    from recheck.config import ConfigError
+    from recheck.watcher.options import WatchOptions
+
+    table = config.values
+    early_stop = ns.early_stop if ns.early_stop is not None else False if ns.strict else table.get(
+        "early_stop", False if table.get("strict") else None)
+    flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
+    tolerance = flags or {n: table[n] for n in _TOLERANCES if n in table}
+    options = {"early_stop": early_stop, "store": ns.store or table.get("store"), **tolerance}
+    try:
+        WatchOptions.of(**options, where="recheck check --step")
+    except (TypeError, ValueError) as exc:
+        where = f"{config.path}: " if config.path and not flags else ""
+        raise ConfigError(f"{where}{exc}") from None
+    return options
 
 
 def _error(message: str, user_traceback: str = "") -> int:
@@ -97,55 +238,91 @@ def _error(message: str, user_traceback: str = "") -> int:
     return 2
 
 
-def run(ns: argparse.Namespace) -> int:
-    """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error."""
-    if ns.step and ns.targets:
-        return _error("give region TARGETs or --step, not both")
-    if ns.step:
-        return _run_steps(ns)
-    if not ns.targets:
-        return _error("nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN")
-    if ns.strict is not None or ns.store is not None:
-        return _error("--strict and --store go with --step")
+def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
+    """The report of one region, or what kept it from being checked."""
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
-    from recheck.checker.targets import TargetError, build_region, load_target, user_frames
-    from recheck.findings import Report
+    from recheck.loading import TargetError, build_region, user_frames
 
+    options = _options_for(target.options, overrides)
+    if "max_ulp" in options and ("atol" in options or "rtol" in options):
+        return _Broken("its CHECK_OPTIONS set both max_ulp and atol/rtol; a tolerance is one or the other")
     try:
-        targets = [t for spec in ns.targets for t in load_target(spec)]
+        region = build_region(target)
     except TargetError as exc:
-        return _error(str(exc), exc.user_traceback)
-    reports: list[tuple[str, Report]] = []
-    overrides = _overrides(ns)
-    for target in targets:
-        options = {**target.options, **overrides}
-        try:
-            region = build_region(target)
-            with contextlib.redirect_stdout(sys.stderr):  # the region's prints stay off stdout
-                report = check(region.fn, *region.args, **region.kwargs, **options)
-        except TargetError as exc:
-            return _error(str(exc), exc.user_traceback)
-        except RegionError as exc:
-            return _error(f"{target.label}: {exc}")
-        except Exception as exc:  # the region's own error, re-raised by check()
-            return _error(f"{target.label}: the region raised {type(exc).__name__}: {exc}",
-                          user_frames(exc))
-        report.title = f"target         {target.label}\n{report.title or ''}".rstrip()
-        reports.append((target.label, report))
+        return _Broken(str(exc), exc.user_traceback)
+    try:
+        with bar.redirected():  # the region's prints stay off stdout
+            report = check(region.fn, *region.args, kwargs=region.kwargs, **options)
+    except RegionError as exc:
+        return _Broken(str(exc))
+    except Exception as exc:  # the region's own error, re-raised by check()
+        return _Broken(f"the region raised {type(exc).__name__}: {exc}", user_frames(exc))
+    report.title = f"target         {target.label}\n{report.title or ''}".rstrip()
+    return report
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error.
+
+    A target that cannot be loaded, a region that cannot be built and a region that
+    raises are each reported as an error while the others are still checked; the exit
+    status is then 2.
+    """
+    from recheck.dependencies import require_torch
+
+    problem = _usage_problem(ns)
+    if problem:
+        return _error(problem)
+    require_torch("recheck check")
+    if ns.step:
+        return _run_steps(ns)
+    from recheck.progress import progress
+
+    overrides = _overrides(ns)  # a bad [tool.recheck] stops here, before any region runs
+    planned: list[Any] = []  # targets and, in their place, the specs that failed to load
+    from recheck.loading import TargetError, load_target
+
+    with progress("loading", quiet=ns.quiet) as bar:  # the user's files, and torch with them
+        for spec in ns.targets:
+            bar.describe(spec)
+            try:
+                planned += load_target(spec)
+            except TargetError as exc:
+                planned.append((spec, _Broken(str(exc), exc.user_traceback)))
+    outcomes: list[tuple[str, Any]] = []
+    regions = sum(not isinstance(p, tuple) for p in planned)
+    with progress("checking", total=regions, unit="region", quiet=ns.quiet) as bar:
+        for target in planned:
+            if isinstance(target, tuple):
+                outcomes.append(target)
+                continue
+            bar.describe(target.label)
+            outcomes.append((target.label, _check_one(target, overrides, bar)))
+            bar.advance()
+    broken = [label for label, o in outcomes if isinstance(o, _Broken)]
+    reports = [(label, o) for label, o in outcomes if not isinstance(o, _Broken)]
     dirty = [r for _, r in reports if not r.ok]
     differences = sum(len(r) for r in dirty)
-    summary = (f"recheck: checked {len(reports)} region{'s' if len(reports) != 1 else ''}: "
-               f"{len(dirty)} with findings ({differences} difference"
-               f"{'s' if differences != 1 else ''}), {len(reports) - len(dirty)} clean")
+    summary = (f"recheck: checked {_counted(len(reports), 'region')}: "
+               f"{len(dirty)} with findings ({_counted(differences, 'difference')}), "
+               f"{len(reports) - len(dirty)} clean")
+    if broken:
+        summary += f"; {_counted(len(broken), 'error')} ({', '.join(broken)})"
     if ns.format == "json":
-        payload = {"reports": [{"target": label, **r.to_dict()} for label, r in reports],
+        payload = {"reports": [{"target": label, **o.to_dict()} for label, o in outcomes],
                    "summary": {"regions": len(reports), "with_findings": len(dirty),
-                               "differences": differences, "text": summary}}
+                               "differences": differences, "errors": len(broken), "text": summary}}
         print(json.dumps(payload, indent=2, default=repr))
+        for label, outcome in outcomes:
+            if isinstance(outcome, _Broken):
+                _report_error(label, outcome)
     else:
-        for _, report in reports:
-            print(report)
+        for label, outcome in outcomes:
+            if isinstance(outcome, _Broken):
+                _report_error(label, outcome)
+                continue
+            print(outcome)
             print()
-        print(summary)
-    return 1 if dirty else 0
+        print(paint(summary, "red" if broken or dirty else "green"))
+    return 2 if broken else 1 if dirty else 0

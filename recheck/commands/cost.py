@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from recheck.cost.schedules import KINDS as SCHEDULE_KINDS
+from recheck.cost.pipeline.schedules import KINDS as SCHEDULE_KINDS
 from recheck.cost.units import parse_bytes
 
 NAME = "cost"
@@ -85,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=_repeats, default=5, help="timed runs per mode (default 5; --ranks and --plan trace one run per mode)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress display (one is drawn on stderr only when it is a terminal)")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of memory over the step (needs matplotlib)")
     parser.add_argument(
         "--budget",
@@ -140,24 +142,37 @@ def _error(message: str, details: str = "") -> int:
 
 
 def run(ns: argparse.Namespace) -> int:
+    from recheck.dependencies import require_torch
+
     problem = _usage_problem(ns)
     if problem:
         return _error(problem)
+    require_torch("recheck cost")
     if ns.ranks is not None:
         return _run_ranks(ns)
-    from recheck.checker.targets import TargetError, load_target
+    from recheck.loading import TargetError, load_target
+    from recheck.progress import progress
 
-    try:
-        (target,) = load_target(_target_spec(ns.target))
-    except TargetError as exc:
-        return _error(str(exc), exc.user_traceback or "")
+    with progress("loading", quiet=ns.quiet) as bar:  # the user's file, and torch with it
+        bar.describe(ns.target)
+        try:
+            (target,) = load_target(_target_spec(ns.target))
+        except TargetError as exc:
+            failure = exc
+        else:
+            failure = None
+    if failure is not None:  # said once the bar is gone
+        return _error(str(failure), failure.user_traceback or "")
     if ns.plan:
         return _run_plan(ns, target.factory, target.label)
     from recheck.cost.compare import measure
     from recheck.cost.plot import PlotError
 
     try:
-        comparison = measure(target.factory, repeats=ns.repeats, budget=ns.budget)
+        with progress(f"measuring {target.label}", quiet=ns.quiet) as bar:
+            bar.describe(f"checkpointed and bypassed, {ns.repeats} timed run{'s' if ns.repeats != 1 else ''} each")
+            with bar.redirected():  # the step's prints stay off stdout (JSON)
+                comparison = measure(target.factory, repeats=ns.repeats, budget=ns.budget)
     except Exception as exc:  # the user's step failed, or it is not a step: say so, no traceback dump
         return _error(f"measuring {target.label} failed: {type(exc).__name__}: {exc}")
     if ns.format == "json":
@@ -175,14 +190,16 @@ def run(ns: argparse.Namespace) -> int:
 
 def _run_ranks(ns: argparse.Namespace) -> int:
     """``--ranks N``: every rank measures its stage; the table is printed here."""
-    from recheck.cost.stage_table import render_stages, stages_to_dict
-    from recheck.cost.stages import rank_entry
+    from recheck.cost.pipeline.stage_table import render_stages, stages_to_dict
+    from recheck.cost.pipeline.stages import rank_entry
     from recheck.distributed.launch import WorldFailed, WorldTimeout, run_world
+    from recheck.progress import progress
 
     spec = _target_spec(ns.target)
     try:
         timeout = _DEFAULT_TIMEOUT if ns.timeout is None else ns.timeout
-        per_rank = run_world(rank_entry, ns.ranks, args=([spec],), timeout=timeout)
+        with progress(f"measuring {spec} on {ns.ranks} ranks", quiet=ns.quiet):
+            per_rank = run_world(rank_entry, ns.ranks, args=([spec],), timeout=timeout)
     except WorldFailed as exc:
         last = exc.remote_traceback.strip().splitlines()[-1] if exc.remote_traceback.strip() else "no traceback"
         return _error(f"rank {exc.rank} of {ns.ranks} failed running {spec}: {last}", exc.remote_traceback)
@@ -203,11 +220,14 @@ def _run_ranks(ns: argparse.Namespace) -> int:
 
 def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) -> int:
     """``--plan``: one process, one microbatch, a predicted table."""
-    from recheck.cost.plan import NoStageTags, measure_plan, predict
-    from recheck.cost.stage_table import plan_to_dict, render_plan
+    from recheck.cost.pipeline.plan import NoStageTags, measure_plan, predict
+    from recheck.cost.pipeline.stage_table import plan_to_dict, render_plan
+    from recheck.progress import progress
 
     try:
-        measurement = measure_plan(step)
+        with progress(f"measuring {label} for the plan", quiet=ns.quiet) as bar:
+            with bar.redirected():  # the step's prints stay off stdout (JSON)
+                measurement = measure_plan(step)
         predictions = predict(measurement, ns.schedule, ns.microbatches, ns.stages)
     except NoStageTags as exc:
         return _error(f"{label}: {exc}")

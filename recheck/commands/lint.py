@@ -35,14 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: one per CPU)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the current folder when it is below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    parser.add_argument("--quiet", "-q", action="store_true",
+                        help="no progress bar (one is drawn on stderr only when it is a terminal)")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -50,7 +44,9 @@ def run(ns: argparse.Namespace) -> int:
     from recheck.config import load_config
     from recheck.lint.engine import lint_paths
     from recheck.lint.options import LintOptions, SelectorError
-    from recheck.lint.output import render, summary
+    from recheck.catalogue import FIXABLE
+    from recheck.output import render
+    from recheck.output.text import lint_summary
 
     paths = [Path(p) for p in (ns.paths or ["."])]
     missing = [str(p) for p in paths if not p.exists()]
@@ -70,7 +66,10 @@ def run(ns: argparse.Namespace) -> int:
     except SelectorError as exc:
         print(f"recheck lint: error: {exc}", file=sys.stderr)
         return 2
-    result = lint_paths(paths, options)
+    from recheck.progress import progress
+
+    with progress("parsing", unit="file", quiet=ns.quiet) as bar:
+        result = lint_paths(paths, options, progress=bar.count if bar.shown else None)
     findings = result.findings
     fixed = 0
     if ns.fix:
@@ -81,25 +80,49 @@ def run(ns: argparse.Namespace) -> int:
         findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
     for line in result.warnings:
         print(line, file=sys.stderr)
-    for error in result.errors:
-        print(error, file=sys.stderr)
+    if ns.format != "github":  # github gets them as ::error annotations on stdout
+        for error in result.errors:
+            print(error, file=sys.stderr)
     if ns.show_regions is not None:
         from recheck.lint.statistics import show_regions
 
         print(show_regions(result, _shown(Path(ns.show_regions))))
         return 0 if ns.exit_zero or not (findings or result.errors) else 1
     if ns.statistics:
-        from recheck.lint.statistics import statistics_json, statistics_text
-
-        print(statistics_json(result, findings) if ns.format == "json" else statistics_text(result, findings))
+        _print_statistics(ns.format, findings, result)
         if ns.format != "text":
             return 0 if ns.exit_zero or not (findings or result.errors) else 1
     else:
         text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
         if text:
             print(text)
-    if ns.format == "text" or ns.statistics:
-        print(summary(findings, result.errors, fixed))
+    if ns.format == "text":
+        print(lint_summary(findings, result.errors, fixed, FIXABLE))
     if ns.exit_zero:
         return 0
     return 1 if findings or result.errors else 0
+
+
+def _print_statistics(fmt: str, findings: list, result) -> None:
+    """``--statistics``: a count per rule (ruff's table or rows), then what the run read and
+    resolved (:mod:`recheck.lint.statistics`); with ``--format json`` one object holding both."""
+    from recheck.catalogue import FIXABLE, all_rules
+    from recheck.lint.statistics import run_statistics, run_statistics_text
+    from recheck.output.json import dumps, statistics_list
+    from recheck.output.text import lint_statistics
+
+    names = {rule.code: rule.name for rule in all_rules()}
+    if fmt == "json":
+        print(dumps({"rules": statistics_list(findings, names, FIXABLE), **run_statistics(result)}))
+        return
+    if findings:
+        print(lint_statistics(findings, names, FIXABLE))
+    print(run_statistics_text(result))
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current folder when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

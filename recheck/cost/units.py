@@ -21,7 +21,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str) -> int:

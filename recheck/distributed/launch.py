@@ -4,9 +4,12 @@
 
     results = run_world(train_one_step, 2, args=(config,), timeout=60)
 
-Each rank is a fresh process (``spawn``) that joins a process group over loopback on a
-free port, calls ``function(rank, world_size, *args)``, and hands its return value back
-through a file (so it must be picklable).  The group is destroyed however the function
+Each rank is a fresh process (``spawn``) that joins a process group through a ``FileStore``
+in the world's own temporary folder (no rendezvous port is chosen ahead and bound later, so
+no other process can take it in between; the backend's own connections bind port 0),
+calls ``function(rank, world_size, *args)``, and hands its return value back through a file
+(so it must be picklable).  ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` are set as a
+launcher sets them; ``MASTER_ADDR``/``MASTER_PORT`` are not, as there is no TCP master.  The group is destroyed however the function
 ends.  If any rank raises, :class:`WorldFailed` carries that rank's traceback; if the
 world has not finished after ``timeout`` seconds, every rank still alive is killed and
 :class:`WorldTimeout` is raised.  No process outlives the call.
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 import time
 import traceback
@@ -32,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorldFailed", "WorldTimeout", "free_port", "run_world"]
+__all__ = ["WorldFailed", "WorldTimeout", "run_world"]
 
 
 class WorldFailed(RuntimeError):
@@ -48,17 +50,9 @@ class WorldTimeout(RuntimeError):
     """The world did not finish in time; its processes were killed."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_main(
     rank: int,
     world_size: int,
-    port: int,
     backend: str,
     timeout: float,
     results: str,
@@ -68,15 +62,16 @@ def _rank_main(
     import torch.distributed as dist
 
     out = Path(results) / f"rank{rank}.pickle"
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
         if backend == "nccl":
             import torch
 
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout))
+        store = dist.FileStore(str(Path(results) / "rendezvous"), world_size)
+        store.set_timeout(timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout))
     except BaseException:  # noqa: BLE001 - whatever ends the rank goes back to the parent
         payload = ("error", traceback.format_exc(), time.time())
     else:
@@ -113,7 +108,7 @@ def run_world(
     with tempfile.TemporaryDirectory(prefix="recheck-world-") as results:
         context = mp.start_processes(
             _rank_main,
-            args=(world_size, free_port(), backend, timeout, results, function, tuple(args)),
+            args=(world_size, backend, timeout, results, function, tuple(args)),
             nprocs=world_size,
             join=False,
             start_method="spawn",

@@ -16,7 +16,7 @@ import symtable
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
@@ -127,30 +127,33 @@ def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
     return display, None
 
 
-def _pooled(work, jobs: list[tuple], workers: int) -> Iterable[tuple]:
-    """``work`` over ``jobs``, in a fork pool when there are enough; the cyclic garbage
-    collector is off meanwhile (syntax trees and facts hold no cycles, and each collection
-    would walk every fact already built)."""
+def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
+    """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
+    a fork pool when there are enough; the cyclic garbage collector is off meanwhile (syntax
+    trees and facts hold no cycles, and each collection would walk every fact built)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _run_pooled(work, jobs, workers)
+        if workers <= 1 or len(jobs) < POOL_THRESHOLD:
+            yield from map(work, jobs)
+            return
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        with multiprocessing.get_context(method).Pool(workers) as pool:
+            yield from pool.imap_unordered(work, jobs, chunksize=8)
     finally:
         if enabled:
             gc.enable()
 
 
-def _run_pooled(work, jobs: list[tuple], workers: int) -> Iterable[tuple]:
-    if workers <= 1 or len(jobs) < POOL_THRESHOLD:
-        return [work(job) for job in jobs]
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    with multiprocessing.get_context(method).Pool(workers) as pool:
-        return list(pool.imap_unordered(work, jobs, chunksize=8))
+#: ``progress(parsed, to_parse)``: files parsed so far of those known to need parsing (the
+#: second number grows when a round finds more files that regions reach).
+ProgressCallback = Callable[[int, int], None]
 
 
 class _Run:
-    def __init__(self, options: LintOptions) -> None:
+    def __init__(self, options: LintOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
+        self.progress = progress
         #: entry points beyond the known ones: configured, then found in the tree (wrappers),
         #: each with the position of its region argument
         self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
@@ -174,8 +177,13 @@ class _Run:
                 self.facts[source.display] = cached
             else:
                 jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra)))
-        self.parsed += len(jobs)
+        done, self.parsed = self.parsed, self.parsed + len(jobs)
+        if self.progress is not None and jobs:
+            self.progress(done, self.parsed)
         for display, result in _pooled(_phase_one, jobs, self.workers):
+            if self.progress is not None:
+                done += 1
+                self.progress(done, self.parsed)
             if isinstance(result, FileError):
                 self.errors.append(result)
                 self.facts[display] = FileFacts(display, self.sources[display].module)
@@ -272,10 +280,11 @@ def _read(paths: list[Path], run: _Run) -> None:
         run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package)
 
 
-def lint_paths(paths: Iterable[Path], options: LintOptions | None = None) -> LintResult:
-    """Lint every Python file under ``paths``."""
+def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
+               progress: ProgressCallback | None = None) -> LintResult:
+    """Lint every Python file under ``paths``; ``progress`` hears of each file parsed."""
     options = options or LintOptions()
-    run = _Run(options)
+    run = _Run(options, progress)
     _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
     return _lint(run)
 

@@ -1,47 +1,26 @@
 """``recheck lint --statistics`` and ``--show-regions``: what the run read and resolved.
 
-Text (ruff's ``count  CODE  [*]  name`` table, then the run's counters) or one JSON
-object.  A user whose hazard is not flagged can see here whether its file was analysed,
-and whether the checkpoint call that should reach it resolved to a region (and if not,
-why not).
+The counters follow ruff's per-rule table (rendered by :mod:`recheck.output`) in text,
+and sit beside its rows in the JSON object.  A user whose hazard is not flagged can see
+here whether its file was analysed, and whether the checkpoint call that should reach it
+resolved to a region (and if not, why not).
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from recheck.findings import Finding
 from recheck.lint.engine import LintResult
-from recheck.lint.rules import FIXABLE
 
-__all__ = ["show_regions", "statistics_json", "statistics_text"]
-
-
-def _rule_names() -> dict[str, str]:
-    try:
-        from recheck.catalogue import all_rules
-
-        return {rule.code: rule.name for rule in all_rules()}
-    except (FileNotFoundError, ValueError):
-        return {}
+__all__ = ["run_statistics", "run_statistics_text", "show_regions"]
 
 
-def _rules(findings: list[Finding]) -> list[dict[str, Any]]:
-    names = _rule_names()
-    counts = Counter(f.code for f in findings)
-    return [{"code": code, "name": names.get(code, ""), "count": count, "fixable": code in FIXABLE}
-            for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
-
-
-def statistics_json(result: LintResult, findings: list[Finding]) -> str:
-    """The statistics as one JSON object (``rules`` most frequent first, then the counters)."""
+def run_statistics(result: LintResult) -> dict[str, Any]:
+    """What the run read and resolved, as data: file counts, call sites found, resolved and
+    inside wrappers, regions, functions walked, and every unresolved site with its reason."""
     stats = result.stats
-    document = {
-        "rules": _rules(findings),
-        "findings": len(findings),
+    return {
         "files": stats.get("files", 0),
         "files_analysed": stats.get("indexed", 0),
         "files_parse_checked_only": stats.get("syntax_only", 0),
@@ -56,26 +35,23 @@ def statistics_json(result: LintResult, findings: list[Finding]) -> str:
                         "region": r.region_source, "reason": r.reason}
                        for r in result.sites if r.kind == "site" and not r.regions],
     }
-    return json.dumps(document, indent=2)
 
 
-def statistics_text(result: LintResult, findings: list[Finding]) -> str:
-    """ruff's per-rule table, then what was read."""
-    lines = [f"{r['count']:>5}\t{r['code']}\t{'[*]' if r['fixable'] else '   '}\t{r['name']}" for r in _rules(findings)]
-    stats = result.stats
-    lines.append(
-        f"files: {stats.get('files', 0)} linted; {stats.get('indexed', 0)} analysed, "
-        f"{stats.get('syntax_only', 0)} only parse-checked (the pre-filter found no checkpoint text in them "
-        f"and no region reaches them); {len(result.errors)} could not be linted"
-    )
-    sites, resolved = stats.get("call_sites", 0), stats.get("resolved_sites", 0)
-    lines.append(f"checkpoint call sites: {sites} found, {resolved} resolved to a region; "
-                 f"{stats.get('wrapper_sites', 0)} more inside wrappers (their callers name the region); "
-                 f"{stats.get('regions', 0)} regions, {stats.get('functions_walked', 0)} functions walked")
-    unresolved = [r for r in result.sites if r.kind == "site" and not r.regions]
-    if unresolved:
+def run_statistics_text(result: LintResult) -> str:
+    """:func:`run_statistics` as the lines that follow ruff's per-rule table."""
+    data = run_statistics(result)
+    lines = [
+        f"files: {data['files']} linted; {data['files_analysed']} analysed, {data['files_parse_checked_only']} "
+        f"only parse-checked (the pre-filter found no checkpoint text in them and no region reaches them); "
+        f"{data['files_with_errors']} could not be linted",
+        f"checkpoint call sites: {data['call_sites']} found, {data['resolved_sites']} resolved to a region; "
+        f"{data['wrapper_sites']} more inside wrappers (their callers name the region); "
+        f"{data['regions']} regions, {data['functions_walked']} functions walked",
+    ]
+    if data["unresolved"]:
         lines.append("unresolved call sites:")
-        lines += [f"  {r.path}:{r.line}:{r.column}: `{r.entry.rsplit('.', 1)[-1]}`: {r.reason}" for r in unresolved]
+        lines += [f"  {u['path']}:{u['line']}:{u['column']}: `{u['entry'].rsplit('.', 1)[-1]}`: {u['reason']}"
+                  for u in data["unresolved"]]
     return "\n".join(lines)
 
 

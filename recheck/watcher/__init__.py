@@ -6,7 +6,7 @@ invocation, compared at recompute), ``patches`` (interception of torch's entry p
 ``dispatch`` (routes intercepted calls to records), ``session`` (the ``watch()`` block),
 ``step`` (``recheck check --step file.py:fn``).
 
-The names below load on first use, so ``recheck.watcher.patches`` (used by the cost
+The names below load on first use, so ``recheck.intercept.patches`` (used by the cost
 report to bypass checkpoint) can be imported without the session machinery.
 """
 
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = ["Watch", "tag", "watch"]
 
-_WHERE = {"Watch": "recheck.watcher.session", "watch": "recheck.watcher.session", "tag": "recheck.watcher.tags"}
+_WHERE = {"Watch": "recheck.watcher.session", "watch": "recheck.watcher.session", "tag": "recheck.runtime.tags"}
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.watcher.session import Watch, watch
-    from recheck.watcher.tags import tag
+    from recheck.runtime.tags import tag
 
 
 def __getattr__(name: str) -> Any:

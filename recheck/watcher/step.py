@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from recheck.checker.targets import TargetError, load_target
+from recheck.loading import TargetError, load_target
 from recheck.findings import Report
 from recheck.watcher.session import watch
 
@@ -23,7 +23,7 @@ def load_step(target: str) -> Callable[[], Any]:
     """The callable named by ``path/to/file.py:function`` or ``pkg.module:function``.
 
     Files load through the same loader as ``recheck check``'s region targets
-    (:func:`recheck.checker.targets.load_target`), so imports and error messages agree.
+    (:func:`recheck.loading.load_target`), so imports and error messages agree.
     """
     location, sep, name = target.rpartition(":")
     if not sep or not location or not name:

@@ -273,7 +273,7 @@ def test_nested_outputs_kwargs_partial_and_lambda():
         h = lin(x) * scale
         return {"h": h, "parts": (h.sum(), [h.mean(), "tag"]), "n": extra}
 
-    assert check(region, _x(2, 4), scale=0.5, extra=3).ok
+    assert check(region, _x(2, 4), kwargs={"scale": 0.5, "extra": 3}).ok
     assert check(functools.partial(region, scale=2.0, extra=1), _x(2, 4)).ok
     assert check(lambda x: lin(x).relu(), _x(2, 4)).ok
     assert check(Counter().lin.forward, _x(2, 4)).ok
@@ -286,7 +286,7 @@ def test_assert_recompute_equal_raises_with_the_report():
         assert_recompute_equal(Counter(), _x(2, 4))
     text = str(info.value)
     assert text.splitlines()[0] == f"{FIRST_LINE} (1 difference)"
-    assert "region         Counter (" in text and "test_engine_check.py:" in text
+    assert "region         Counter.forward (" in text and "test_engine_check.py:" in text
     assert "configuration  use_reentrant=False, preserve_rng_state=True, early_stop=True" in text
     assert "[1] state: attribute `self.calls` differs after the step" in text
     assert "hint: " in text and "RC104" in text
@@ -336,7 +336,7 @@ def test_grad_outputs_and_tolerance_options():
 def test_bitwise_determinism_check_is_registered_only_during_the_check(monkeypatch):
     import torch.utils.checkpoint as ckpt
 
-    from recheck.checker.saved import MODE
+    from recheck.runtime.saved_tensors import MODE
 
     torch.manual_seed(0)
     report = check(_mlp(), _x(3, 4))

@@ -67,7 +67,7 @@ def test_example_without_early_stop(zoo_name, zoo, check_example) -> None:
 @pytest.mark.parametrize("name", ["region_mlp", "region_nested_outputs", "region_kwargs"])
 def test_assert_recompute_equal_passes_on_safe_examples(name, build_example, example_options):
     fn, args, kwargs = build_example(name)
-    assert recheck.assert_recompute_equal(fn, *args, **kwargs, **example_options(name)) is None
+    assert recheck.assert_recompute_equal(fn, *args, kwargs=kwargs, **example_options(name)) is None
 
 
 @pytest.mark.parametrize("name", ["region_batchnorm_train", "region_dropout_rng_not_preserved",
@@ -75,7 +75,7 @@ def test_assert_recompute_equal_passes_on_safe_examples(name, build_example, exa
 def test_assert_recompute_equal_raises_on_hazards(name, zoo, build_example, example_options):
     fn, args, kwargs = build_example(name)
     with pytest.raises(recheck.RecomputeMismatch) as info:
-        recheck.assert_recompute_equal(fn, *args, **kwargs, **example_options(name))
+        recheck.assert_recompute_equal(fn, *args, kwargs=kwargs, **example_options(name))
     assert zoo.EXPECTED[name] <= info.value.report.kinds
     assert str(info.value).startswith(FIRST_LINE)
 
@@ -142,6 +142,7 @@ def _run_cli(*arguments: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_reports_every_hazard_and_nothing_for_safe_examples(zoo) -> None:
     result = _run_cli(ZOO_FILE, "--format", "json")
     assert result.returncode == 1, result.stderr
@@ -158,6 +159,7 @@ def test_cli_reports_every_hazard_and_nothing_for_safe_examples(zoo) -> None:
     assert hazards - by_chance <= payload["summary"]["with_findings"] <= hazards
 
 
+@pytest.mark.slow
 def test_cli_text_output_names_the_hazards(zoo) -> None:
     hazard, safe = "region_batchnorm_train", "region_mlp"
     assert zoo.EXPECTED[safe] == NONE
@@ -169,6 +171,7 @@ def test_cli_text_output_names_the_hazards(zoo) -> None:
     assert "1 with findings" in result.stdout and "1 clean" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_logger_read_as_a_global_is_not_state_in_a_fresh_process(zoo) -> None:
     # The first check in a process fills the logger's level cache and torch registers its
     # own loggers during the first backward: a logger compared by its __dict__ differed

@@ -86,6 +86,20 @@ def test_bad_options_are_usage_errors(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["x.py", "--budget", "-5GiB"], "argument --budget: a size must be positive, got '-5GiB'"),
+    (["x.py", "--budget=-5GiB"], "argument --budget: a size must be positive, got '-5GiB'"),
+    (["x.py", "--budget", "-.5"], "argument --budget: a size must be positive, got '-.5'"),
+    (["x.py", "--ranks", "-2"], "argument --ranks: --ranks must be between 1 and 64, got -2"),
+])
+def test_a_negative_value_gets_its_options_own_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_command(*argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "expected one argument" not in err
+
+
 def test_importing_the_command_does_not_import_torch():
     code = "import sys, recheck.commands.cost; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

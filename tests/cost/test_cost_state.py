@@ -11,8 +11,8 @@ from torch import nn
 
 from recheck.cost import measure
 from recheck.cost.router import Router, routing
-from recheck.cost.state import discover_state
-from recheck.watcher import patches
+from recheck.runtime.steps import discover_state
+from recheck.intercept import patches
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

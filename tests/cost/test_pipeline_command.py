@@ -94,6 +94,7 @@ def test_bad_rank_counts_exit_2(capsys, ranks):
     assert "argument --ranks" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ranks_prints_the_per_stage_table(capsys):
     # one rank holding the whole pipeline: a single stage that is both first and last
     assert run_command("--ranks", "1", "--timeout", "120", "--format", "json", f"{FIXTURE}:gpipe_step") == 0
@@ -112,6 +113,7 @@ def rank_steps(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_named_with_its_traceback(rank_steps, capsys):
     assert run_command("--ranks", "2", "--timeout", "60", f"{rank_steps}:broken_on_rank_1") == 2
     err = capsys.readouterr().err
@@ -122,6 +124,7 @@ def test_a_failing_rank_is_named_with_its_traceback(rank_steps, capsys):
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_a_rank_whose_step_is_missing_stops_every_rank(rank_steps, capsys):
     # rank 0 built its step; it must not wait for rank 1 in the schedule until --timeout
     assert run_command("--ranks", "2", "--timeout", "120", f"{rank_steps}:no_step_on_rank_1") == 2
@@ -131,6 +134,7 @@ def test_a_rank_whose_step_is_missing_stops_every_rank(rank_steps, capsys):
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_a_world_past_its_timeout_is_killed(rank_steps, capsys):
     assert run_command("--ranks", "2", "--timeout", "2", f"{rank_steps}:hangs") == 2
     err = capsys.readouterr().err

@@ -17,6 +17,12 @@ def sum_of_ranks(rank: int, world_size: int, offset: int) -> dict:
     return {"rank": rank, "world_size": world_size, "total": int(total), "env_rank": os.environ["RANK"]}
 
 
+def rendezvous_seen(rank: int, world_size: int) -> dict:
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    return {"rank": rank, "master_port": os.environ.get("MASTER_PORT"), "total": int(total)}
+
+
 def rank_one_raises(rank: int, world_size: int) -> int:
     if rank == 1:
         raise ValueError("planted failure on rank 1")
@@ -43,7 +49,7 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        from recheck.watcher.tags import current_tags
+        from recheck.runtime.tags import current_tags
 
         _Block.tags_seen.append(dict(current_tags()))
         return checkpoint(torch.tanh, self.linear(x), use_reentrant=False)
@@ -66,7 +72,7 @@ def labelled_pipeline(rank: int, world_size: int) -> dict:
     """A 1F1B step over 2 microbatches with the labels acquired; what the stage saw."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from recheck.watcher import pipelining
+    from recheck.intercept import pipelining
     torch.manual_seed(0)
     stage = PipelineStage(_Block(), rank, world_size, torch.device("cpu"), input_args=(torch.zeros(2, 8),))
     schedule = Schedule1F1B(stage, n_microbatches=2, loss_fn=lambda out, target: out.pow(2).mean())

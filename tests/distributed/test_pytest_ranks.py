@@ -1,7 +1,9 @@
 """``pytest --recheck`` on two ranks: two real ``python -m pytest`` processes joined by env vars.
 
-Each process gets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free
-``MASTER_PORT``, runs ``fixtures/distributed/case_ddp_rank_hazard.py`` (a DDP step whose
+Each process gets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT``, as
+torchrun gives them: the store is hosted here, bound to a port the kernel picks (port 0) and
+held for the whole run, and the ranks join it as clients (``TORCHELASTIC_USE_AGENT_STORE``),
+so no rank has to bind a port that was free "a moment ago".  Each runs ``fixtures/distributed/case_ddp_rank_hazard.py`` (a DDP step whose
 checkpointed region reads a global that rank 1 alone flips before backward) and writes
 ``--recheck-report report.json`` with its rank in the name.  Both processes are killed if
 they have not finished in time.
@@ -14,9 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
-from recheck.distributed.launch import free_port
+import pytest
+
+#: two pytest processes joined in one world
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "fixtures" / "distributed" / "case_ddp_rank_hazard.py"
@@ -25,13 +31,23 @@ RANKS = 2
 TIMEOUT = 120
 
 
+def agent_store():
+    """A TCPStore served from this process on a port the kernel picks, as torchrun's agent does."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world_size=RANKS, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=TIMEOUT))
+
+
 def run_ranks(workdir: Path) -> list[int]:
-    port = str(free_port())
+    store = agent_store()
     processes: list[subprocess.Popen] = []
     try:
         for rank in range(RANKS):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(RANKS), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+                   "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+                   "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
             with open(workdir / f"pytest.rank{rank}.log", "wb") as log:  # the child keeps its own copy
                 processes.append(subprocess.Popen(
@@ -44,6 +60,7 @@ def run_ranks(workdir: Path) -> list[int]:
             if process.poll() is None:
                 process.kill()
             process.wait()
+        del store  # closes the server
 
 
 def test_each_rank_writes_its_own_report_and_only_rank_1_fails(tmp_path):

@@ -17,7 +17,7 @@ import torch.distributed.pipelining  # the labels patch only an imported module
 from torch.utils.checkpoint import checkpoint
 
 import recheck
-from recheck.watcher import pipelining
+from recheck.intercept import pipelining
 
 pytest_plugins = ["pytester"]
 

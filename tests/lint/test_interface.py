@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from recheck.catalogue import all_rules
+from recheck.findings import Finding
 from recheck.lint.rules import ALL_CODES
 
 
@@ -38,7 +41,9 @@ def test_json_format(lint, write, region_source):
     run = lint("--format", "json")
     records = json.loads(run.out)
     assert run.code == 1
-    assert [set(r) for r in records] == [{"path", "line", "column", "end_line", "end_column", "code", "message", "region"}] * 2
+    # one finding record for every face: the fields of recheck.findings.Finding
+    assert [set(r) for r in records] == [{f.name for f in dataclasses.fields(Finding)}] * 2
+    assert {r["kind"] for r in records} == {"lint"}
     assert (records[0]["code"], records[0]["line"], records[0]["column"], records[0]["region"]) == ("RC104", 14, 9, "Block.forward")
 
 
@@ -54,7 +59,7 @@ def test_sarif_format(lint, write, region_source, tmp_path):
     assert sarif["version"] == "2.1.0"
     driver = sarif["runs"][0]["tool"]["driver"]
     assert driver["name"] == "recheck"
-    assert {r["id"] for r in driver["rules"]} == set(ALL_CODES)
+    assert {r["id"] for r in driver["rules"]} == {rule.code for rule in all_rules()} >= set(ALL_CODES)
     result = sarif["runs"][0]["results"][0]
     location = result["locations"][0]["physicalLocation"]
     assert location["artifactLocation"] == {"uri": "src/m.py", "uriBaseId": "%SRCROOT%"}
@@ -66,6 +71,22 @@ def test_github_format(lint, write, region_source):
     write("m.py", region_source)
     first = lint("--format", "github").lines[0]
     assert first.startswith("::warning file=m.py,line=14,col=9,endLine=14,endColumn=19,title=recheck (RC104)::RC104 ")
+
+
+def test_github_format_gives_file_errors_as_error_annotations(lint, write):
+    write("bad.py", "from torch.utils.checkpoint import checkpoint\ny = checkpoint(f, x\n")
+    run = lint("--format", "github")
+    assert run.code == 1
+    errors = [line for line in run.lines if line.startswith("::error ")]
+    assert len(errors) == 1 and errors[0].startswith("::error file=bad.py,title=recheck%3A file not linted::")
+
+
+def test_statistics_as_json(lint, write, region_source):
+    write("m.py", region_source)
+    run = lint("--statistics", "--format", "json")
+    rows = json.loads(run.out)["rules"]  # ruff's rows, beside what the run read and resolved
+    assert rows == [{"code": "RC103", "name": "side-effect-in-region", "count": 1, "fixable": False},
+                    {"code": "RC104", "name": "external-state-mutation", "count": 1, "fixable": False}]
 
 
 def test_statistics(lint, write, region_source):

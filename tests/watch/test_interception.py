@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as checkpoint_imported_early
 
 import recheck
-from recheck.watcher import patches
+from recheck.intercept import patches
 
 ORIGINAL_CHECKPOINT = torch_checkpoint.checkpoint
 ORIGINAL_INNER = torch_checkpoint.checkpoint.__wrapped__
@@ -193,6 +193,7 @@ def test_forward_without_grad_is_counted_not_flagged():
     assert w.report.stats["never_recomputed"] == 0
 
 
+@pytest.mark.slow
 def test_torch_compile_passes_through_and_says_so():
     torch._dynamo.reset()
     model = mlp()

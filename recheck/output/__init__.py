@@ -1,0 +1,63 @@
+"""Rendering findings: one renderer per output format, over any list of findings.
+
+* :mod:`.text` — the human form: ``path:line:col: CODE message`` for static findings, the
+  ``torch.testing.assert_close``-style report for dynamic ones (a finding repeated over
+  invocations is shown once, ``calls 1–6 of 6``);
+* :mod:`.json` — the one JSON schema of a finding (:meth:`recheck.findings.Finding.to_dict`)
+  in a list, and the report document;
+* :mod:`.sarif` — SARIF 2.1.0 with the rule catalogue as descriptors;
+* :mod:`.github` — GitHub Actions workflow commands (``::warning file=...``).
+
+Static findings are placed at their ``path:line:col``; dynamic findings at the checkpoint
+call that made the invocation (``invocation.callsite``), so a CI annotation lands on the
+line that checkpoints the region.  Every face (``recheck lint``, ``recheck check``,
+``watch()``'s report, the pytest plugin) renders through here.  Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.findings import Finding
+
+__all__ = ["FORMATS", "FileErrorLike", "render"]
+
+#: The formats every face accepts for a list of findings.
+FORMATS = ("text", "json", "sarif", "github")
+
+
+class FileErrorLike:
+    """What the renderers need of an input that could not be read: ``path`` and ``reason``."""
+
+    path: str
+    reason: str
+
+
+def render(fmt: str, findings: Sequence[Finding], errors: Iterable[Any] = (), *,
+           root: Path | None = None, version: str = "0") -> str:
+    """``findings`` (and the ``errors`` of inputs that could not be read) in format ``fmt``.
+
+    Text leaves out the errors (faces print them to stderr) and the closing summary line
+    (:func:`recheck.output.text.lint_summary`).
+    """
+    errors = list(errors)
+    if fmt == "json":
+        from recheck.output.json import dumps, finding_list
+
+        return dumps(finding_list(findings))
+    if fmt == "sarif":
+        from recheck.output.json import dumps
+        from recheck.output.sarif import sarif_log
+
+        return dumps(sarif_log(findings, errors, root or Path.cwd(), version))
+    if fmt == "github":
+        from recheck.output.github import annotations
+
+        return annotations(findings, errors)
+    if fmt == "text":
+        from recheck.output.text import format_findings
+
+        return format_findings(findings)
+    raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")

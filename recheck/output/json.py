@@ -1,0 +1,38 @@
+"""The JSON forms: one schema for a finding, used by every face.
+
+A finding is :meth:`recheck.findings.Finding.to_dict` (``kind``, ``message``, ``code``,
+``path``, ``line``, ``column``, ``end_line``, ``end_column``, ``region``, ``invocation``,
+``subject``, ``detail``, ``hint``, ``latent``); ``recheck lint --format json`` prints a list of
+them (ruff's layout), a report (``recheck check``, ``watch()``, the pytest plugin) is
+:meth:`recheck.findings.Report.to_dict`, whose ``findings`` are the same records.  Loading
+goes through :meth:`recheck.findings.Report.from_dict`, which validates every field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+from recheck.findings import Finding
+
+__all__ = ["dumps", "finding_list", "statistics_list"]
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps`` as every face writes it: indented, unknown objects by ``repr``."""
+    return json.dumps(value, indent=2, default=repr)
+
+
+def finding_list(findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    """Every finding's record, in order."""
+    return [f.to_dict() for f in findings]
+
+
+def statistics_list(findings: Sequence[Finding], names: Mapping[str, str],
+                    fixable: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """``--statistics`` as JSON: ``{"code", "name", "count", "fixable"}`` per rule (ruff's keys)."""
+    counts = Counter(f.code for f in findings)
+    rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
+    return [{"code": code, "name": names.get(str(code), ""), "count": count,
+             "fixable": code in fixable} for code, count in rows]

@@ -1,0 +1,366 @@
+"""Bit-for-bit tensor comparison and position-dependent digests.
+
+Two tensors are *equal* here when their metadata match and their element bytes
+match: each tensor is viewed as the integer dtype of the same item size (bool as
+``uint8``, complex as its real dtype), so NaN payloads and ``-0.0`` count, unlike
+``torch.equal`` or ``torch.testing.assert_close``.  An optional tolerance (``atol``
+and ``rtol``, or ``max_ulp``) relaxes the comparison of floating-point values.
+
+Public interface (stable; ``recheck.watch`` builds on it):
+
+* :func:`compare_tensors` returns ``None`` when two tensors are identical (or
+  within tolerance) and a :class:`TensorDiff` describing the difference otherwise.
+* :func:`digest` returns a 128-bit, position-dependent hash of a tensor's
+  metadata and bytes, computed on the tensor's own device.
+* :func:`bit_view` exposes the integer view the comparison uses.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
+           "format_bits"]
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A relaxed comparison: ``|a - b| <= atol + rtol * |b|`` or at most ``max_ulp`` ULPs."""
+
+    atol: float = 0.0
+    rtol: float = 0.0
+    max_ulp: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.atol >= 0 and self.rtol >= 0) or (self.max_ulp is not None and self.max_ulp < 0):
+            raise ValueError("tolerances must be non-negative numbers")
+        if math.isinf(self.atol) or math.isinf(self.rtol):
+            raise ValueError("tolerances must be finite")
+
+    @classmethod
+    def of(cls, atol: float | None = None, rtol: float | None = None,
+           max_ulp: int | None = None) -> Tolerance | None:
+        """The tolerance that options ask for, or None for exact bits (every face's one rule).
+
+        ``atol`` and ``rtol`` go together, as ``torch.testing.assert_close`` requires;
+        ``max_ulp`` stands alone.  Raises ``ValueError`` naming what is wrong.
+        """
+        if atol is None and rtol is None and max_ulp is None:
+            return None
+        if max_ulp is not None:
+            if atol is not None or rtol is not None:
+                raise ValueError("pass either max_ulp or atol and rtol, not both")
+            if isinstance(max_ulp, bool) or not isinstance(max_ulp, int) or max_ulp < 0:
+                raise ValueError(f"max_ulp must be a whole number of 0 or more, got {max_ulp!r}")
+            return cls(max_ulp=max_ulp)
+        if atol is None or rtol is None:
+            given, missing = ("atol", "rtol") if rtol is None else ("rtol", "atol")
+            raise ValueError(f"{given} was given without {missing}: pass both, as "
+                             "torch.testing.assert_close requires (rtol=0 for an absolute tolerance)")
+        for name, value in (("atol", atol), ("rtol", rtol)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a finite number of 0 or more, got {value!r}")
+        return cls(atol=float(atol), rtol=float(rtol))
+
+    def __str__(self) -> str:
+        if self.max_ulp is not None:
+            return f"up to {self.max_ulp} ulp allowed"
+        return f"up to atol={self.atol:g}, rtol={self.rtol:g} allowed"
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How two tensors differ: metadata first, then values.
+
+    ``metadata`` lists assert_close-style sentences (``the values for attribute
+    'dtype' do not match: torch.float32 != torch.float64``); when it is non-empty
+    the value fields are left empty.  Indices are tuples into the tensor's shape.
+    """
+
+    metadata: tuple[str, ...] = ()
+    description: str = ""
+    mismatched: int = 0
+    numel: int = 0
+    first_index: tuple[int, ...] | None = None
+    first_original: Any = None
+    first_recomputed: Any = None
+    first_original_bits: str = ""
+    first_recomputed_bits: str = ""
+    first_ulp: int | None = None
+    max_abs_diff: float | None = None
+    max_abs_index: tuple[int, ...] | None = None
+    tolerance: Tolerance | None = None
+    #: integer or boolean values: compared exactly whatever the tolerance
+    exact_values: bool = False
+
+    def lines(self) -> list[str]:
+        """The assert_close-style text of this difference, one list item per line."""
+        out = [self.description] if self.description else []
+        if self.metadata:
+            return out + list(self.metadata)
+        share = 100.0 * self.mismatched / self.numel if self.numel else 0.0
+        if self.tolerance is None:
+            how = "bitwise"
+        elif self.exact_values:
+            how = "(integer values are compared exactly; the tolerance applies to floating-point values)"
+        else:
+            how = f"beyond tolerance ({self.tolerance})"
+        out.append(f"{self.mismatched:,} / {self.numel:,} elements differ {how} ({share:.3g}%)")
+        if self.first_index is not None:
+            ulp = f", {self.first_ulp} ulp" if self.first_ulp is not None else ""
+            out.append(
+                f"first difference at index {_index(self.first_index)}: "
+                f"original {self.first_original!r} ({self.first_original_bits}), "
+                f"recomputed {self.first_recomputed!r} ({self.first_recomputed_bits}){ulp}"
+            )
+        if self.max_abs_diff is not None and self.max_abs_index is not None:
+            out.append(
+                f"greatest absolute difference: {self.max_abs_diff!r} "
+                f"at index {_index(self.max_abs_index)}"
+            )
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _index(index: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, index)) + ")" if len(index) != 1 else f"({index[0]},)"
+
+
+def describe_tensor(t: torch.Tensor) -> str:
+    """``float32[4, 8] on cpu`` (plus ``requires_grad`` when set)."""
+    dtype = str(t.dtype).replace("torch.", "")
+    text = f"{dtype}[{', '.join(map(str, t.shape))}] on {t.device}"
+    return text + (", requires_grad" if t.requires_grad else "")
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as same-width integers (contiguous, detached).
+
+    Complex tensors are viewed as real pairs first (so the last dimension doubles);
+    bool becomes ``uint8``.  Raises ``TypeError`` for layouts without plain storage.
+    """
+    t = t.detach()
+    if t.layout != torch.strided:
+        raise TypeError(f"bitwise comparison needs a strided tensor, got layout {t.layout}")
+    return _reinterpreted(t).contiguous()
+
+
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when two tensors have the same shape, dtype, device, layout and element bytes.
+
+    The same answer as ``torch.equal(bit_view(a), bit_view(b))`` for strided tensors,
+    without the contiguous copies: a same-width integer view keeps the strides, so
+    a transposed weight is compared where it lies.
+    """
+    a, b = a.detach(), b.detach()
+    if (a.shape != b.shape or a.dtype != b.dtype or a.device != b.device
+            or a.layout != b.layout):
+        return False
+    if a.device.type == "meta":
+        return True
+    if a.layout != torch.strided:
+        return torch.equal(bit_view(a), bit_view(b))  # raises TypeError, as bit_view does
+    return torch.equal(_reinterpreted(a), _reinterpreted(b))
+
+
+def _reinterpreted(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as same-width integers, strides kept (a copy only for conj/neg bits)."""
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    t = t.resolve_neg().resolve_conj()
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    int_dtype = _INT_OF_SIZE.get(t.element_size())
+    if int_dtype is None:
+        raise TypeError(f"no integer dtype of {t.element_size()} bytes for {t.dtype}")
+    return t.view(int_dtype)
+
+
+def format_bits(value: int, itemsize: int) -> str:
+    """``0x3dff0000``: the unsigned hexadecimal of an element's bit pattern."""
+    return f"0x{value & ((1 << (8 * itemsize)) - 1):0{2 * itemsize}x}"
+
+
+def _metadata_differences(a: torch.Tensor, b: torch.Tensor, check_requires_grad: bool) -> list[str]:
+    out = []
+    pairs = [("shape", tuple(a.shape), tuple(b.shape)), ("dtype", a.dtype, b.dtype),
+             ("device", a.device, b.device), ("layout", a.layout, b.layout)]
+    if check_requires_grad:
+        pairs.append(("requires_grad", a.requires_grad, b.requires_grad))
+    for name, left, right in pairs:
+        if left != right:
+            out.append(f"the values for attribute '{name}' do not match: {left} != {right}")
+    return out
+
+
+def _ordered(bits: torch.Tensor) -> torch.Tensor:
+    """Map float bit patterns to integers whose difference is the ULP distance."""
+    wide = bits.to(torch.int64)
+    size = bits.element_size()
+    sign = 1 << (8 * size - 1)
+    if size == 8:
+        magnitude = wide & torch.iinfo(torch.int64).max
+        return torch.where(wide < 0, -magnitude, magnitude)
+    wide = wide & ((1 << (8 * size)) - 1)
+    magnitude = wide & (sign - 1)
+    return torch.where(wide >= sign, -magnitude, magnitude)
+
+
+def _value_mismatch(a: torch.Tensor, b: torch.Tensor, tol: Tolerance | None) -> torch.Tensor:
+    """Boolean mask (in the bit view's shape) of elements that count as different."""
+    bits_a, bits_b = bit_view(a), bit_view(b)
+    differs = bits_a != bits_b
+    floating = a.is_floating_point() or a.is_complex()
+    if tol is None or not floating:
+        return differs
+    real_a = torch.view_as_real(a.detach().resolve_conj()) if a.is_complex() else a.detach()
+    real_b = torch.view_as_real(b.detach().resolve_conj()) if b.is_complex() else b.detach()
+    both_nan = torch.isnan(real_a) & torch.isnan(real_b)
+    if tol.max_ulp is not None:
+        ulps = (_ordered(bits_a) - _ordered(bits_b)).abs()
+        close = ulps <= tol.max_ulp
+    else:
+        da, db = real_a.double(), real_b.double()
+        close = (da - db).abs() <= tol.atol + tol.rtol * db.abs()
+        close = close | (da == db)  # equal infinities
+    return differs & ~(close | both_nan)
+
+
+def _item(t: torch.Tensor, index: tuple[int, ...]) -> Any:
+    value = t[index].item() if t.dim() else t.item()
+    return value
+
+
+def compare_tensors(
+    original: torch.Tensor,
+    recomputed: torch.Tensor,
+    *,
+    tolerance: Tolerance | None = None,
+    check_requires_grad: bool = True,
+    description: str = "",
+) -> TensorDiff | None:
+    """Compare two tensors bit for bit (or within ``tolerance``).
+
+    Returns ``None`` when they are identical, else a :class:`TensorDiff`.  Metadata
+    (shape, dtype, device, layout, and ``requires_grad`` unless disabled) are checked
+    first; when they differ, values are not compared.
+    """
+    meta = _metadata_differences(original, recomputed, check_requires_grad)
+    if meta:
+        return TensorDiff(metadata=tuple(meta), description=description, numel=original.numel())
+    if original.device.type == "meta":
+        return None
+    if original.layout != torch.strided:
+        original, recomputed = original.to_dense(), recomputed.to_dense()
+    mask = _value_mismatch(original, recomputed, tolerance)
+    count = int(mask.sum())
+    if count == 0:
+        return None
+    numel = original.numel()
+    a, b = original.detach(), recomputed.detach()
+    if a.is_complex():
+        # Report complex elements by their position in the complex tensor.
+        mask = mask.reshape(*a.shape, 2).any(-1)
+        count = int(mask.sum())
+    flat = torch.nonzero(mask.reshape(-1))[0, 0].item() if mask.dim() else 0
+    first = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
+    bits_a, bits_b = bit_view(a), bit_view(b)
+    itemsize = bits_a.element_size()
+    if a.is_complex():
+        pos = first + (0,)
+        bits_a_first, bits_b_first = int(bits_a[pos]), int(bits_b[pos])
+    else:
+        bits_a_first = int(bits_a[first]) if first else int(bits_a)
+        bits_b_first = int(bits_b[first]) if first else int(bits_b)
+    first_ulp = None
+    max_abs = max_index = None
+    if a.is_floating_point():
+        first_ulp = int((_ordered(bits_a.reshape(-1)[flat:flat + 1])
+                         - _ordered(bits_b.reshape(-1)[flat:flat + 1])).abs()[0])
+    if a.is_floating_point() or a.is_complex() or a.dtype != torch.bool:
+        diff = (a.to(torch.complex128 if a.is_complex() else torch.float64)
+                - b.to(torch.complex128 if b.is_complex() else torch.float64)).abs()
+        diff = torch.where(mask, torch.nan_to_num(diff, nan=math.inf), torch.zeros_like(diff))
+        flat_max = int(diff.reshape(-1).argmax())
+        max_abs = float(diff.reshape(-1)[flat_max])
+        max_index = (tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_max), a.shape))
+                     if a.dim() else ())
+    return TensorDiff(
+        description=description,
+        mismatched=count,
+        numel=numel,
+        first_index=first,
+        first_original=_item(a, first),
+        first_recomputed=_item(b, first),
+        first_original_bits=format_bits(bits_a_first, itemsize),
+        first_recomputed_bits=format_bits(bits_b_first, itemsize),
+        first_ulp=first_ulp,
+        max_abs_diff=max_abs,
+        max_abs_index=max_index,
+        tolerance=tolerance,
+        exact_values=not (a.is_floating_point() or a.is_complex()),
+    )
+
+
+# -- digest -------------------------------------------------------------------------------------
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
+_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_M2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _lsr(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """Logical right shift of int64 values (torch's ``>>`` is arithmetic)."""
+    return (x >> shift) & ((1 << (64 - shift)) - 1)
+
+
+def _splitmix(x: torch.Tensor) -> torch.Tensor:
+    x = (x ^ _lsr(x, 30)) * _M1
+    x = (x ^ _lsr(x, 27)) * _M2
+    return x ^ _lsr(x, 31)
+
+
+def _mix_int(value: int) -> int:
+    x = value & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def digest(t: torch.Tensor) -> int:
+    """An exact, position-dependent 128-bit hash of a tensor's metadata and bytes.
+
+    Every element's bit pattern is mixed with its flat index (splitmix64) and the
+    mixed words are summed modulo 2**64 in two independent lanes, on the tensor's
+    device; only two integers travel to the host.  Equal tensors (same shape, dtype
+    and bytes) always give equal digests; swapping two elements changes it.
+    """
+    head = zlib.crc32(str(t.dtype).encode())
+    for size in t.shape:
+        head = _mix_int(head ^ (size + 0x9E3779B9))
+    if t.device.type == "meta" or t.numel() == 0:
+        return (_mix_int(head) << 64) | _mix_int(head ^ 0x5A5A)
+    bits = bit_view(t)
+    words = bits.reshape(-1).to(torch.int64)
+    if t.element_size() < 8:
+        words = words & ((1 << (8 * bits.element_size())) - 1)
+    index = torch.arange(words.numel(), device=words.device, dtype=torch.int64)
+    lane1 = _splitmix(words ^ _splitmix(index * _GOLDEN + 1)).sum()
+    lane2 = _splitmix(words * _M2 + _splitmix(index ^ _M1)).sum()
+    low, high = (int(v) & 0xFFFFFFFFFFFFFFFF for v in torch.stack([lane1, lane2]).tolist())
+    return (_mix_int(high ^ head) << 64) | _mix_int(low ^ _mix_int(head))
+
+
+def float_bits(value: float) -> int:
+    """The IEEE-754 double bit pattern of a Python float (so ``-0.0 != 0.0``)."""
+    return struct.unpack("<q", struct.pack("<d", value))[0]

@@ -1,0 +1,173 @@
+"""Comparable views of Python values and RNG streams: fingerprints, display, RNG capture.
+
+:func:`fingerprint` turns any value into a comparable structure: numbers by bits,
+tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
+:func:`rng_states` reads every RNG stream the checker tracks (torch's default CPU
+generator, every initialized CUDA/XPU device, explicit ``torch.Generator`` objects,
+Python ``random`` and numpy's global state); :class:`RngRecord` restores them.
+These are re-exported by :mod:`recheck.runtime.snapshot`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from recheck.runtime.bits import digest, float_bits
+
+__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show"]
+
+_MAX_ITEMS = 4096
+_LOGGERS = (logging.Logger, logging.LoggerAdapter)
+_MAX_DEPTH = 3
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
+    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    try:
+        text = _brief(value, 3)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _brief(value: Any, depth: int) -> str:
+    if isinstance(value, torch.Tensor):
+        from recheck.runtime.bits import describe_tensor
+
+        return describe_tensor(value)
+    if depth > 0 and type(value) in (list, tuple) and _holds_tensors(value):
+        items = [_brief(v, depth - 1) for v in value[:8]] + (["..."] if len(value) > 8 else [])
+        inner = ", ".join(items) + ("," if type(value) is tuple and len(value) == 1 else "")
+        return f"[{inner}]" if type(value) is list else f"({inner})"
+    if depth > 0 and type(value) is dict and _holds_tensors(value.values()):
+        items = [f"{k!r}: {_brief(v, depth - 1)}" for k, v in list(value.items())[:8]]
+        return "{" + ", ".join(items + (["..."] if len(value) > 8 else [])) + "}"
+    return repr(value)
+
+
+def _holds_tensors(items: Any) -> bool:
+    return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
+
+
+def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
+    """A hashable, comparable summary of ``value`` that changes when its content does.
+
+    Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by
+    metadata and :func:`digest`; tuples, lists, dicts and sets by length and content
+    (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
+    ``__dict__`` one level deep; modules, functions, generators (whose streams are
+    compared as RNG state) and other objects by identity.
+
+    A logger (transformers' modules all read theirs) is compared by what decides what a
+    call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
+    ``__dict__`` would reach its lookup cache (filled by the first call at each level) and
+    the manager's registry of every logger in the process (grown by any import, torch's
+    own during the first backward), which change without changing the region.
+    """
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return (type(value).__name__, value)
+    if isinstance(value, float):
+        return ("float", float_bits(value))
+    if isinstance(value, complex):
+        return ("complex", float_bits(value.real), float_bits(value.imag))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype), str(value.device),
+                value.requires_grad, digest(value))
+    if isinstance(value, torch.Generator):
+        return ("generator", id(value))  # its stream is compared as ``rng``
+    if isinstance(value, _LOGGERS):
+        logger = value.logger if isinstance(value, logging.LoggerAdapter) else value
+        return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
+                tuple(map(id, logger.handlers)))
+    if depth <= 0 or isinstance(value, (torch.nn.Module, type)) or callable(value):
+        return ("id", type(value).__name__, id(value))
+    if isinstance(value, (list, tuple)):
+        items = tuple(fingerprint(v, depth - 1) for v in value[:_MAX_ITEMS])
+        return (type(value).__name__, len(value), items)
+    if isinstance(value, dict):
+        items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
+                      for k, v in list(value.items())[:_MAX_ITEMS])
+        return (type(value).__name__, len(value), items)
+    if isinstance(value, (set, frozenset)):
+        items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
+        return (type(value).__name__, len(value), items)
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
+        return ("ndarray", getattr(value, "shape", ()), str(getattr(value, "dtype", "")),
+                value.tobytes())
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
+        items = tuple((k, fingerprint(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS])
+        return ("object", type(value).__qualname__, id(value), items)
+    return ("id", type(value).__name__, id(value))
+
+
+#: The attributes every ``nn.Module`` has for its own bookkeeping (``_parameters``, hooks, ...):
+#: never a module's *state* in the sense a finding means (``training`` is, and stays).
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+
+
+def is_module_state(name: str) -> bool:
+    """Whether a module attribute is state a region may change (not torch's bookkeeping).
+
+    Left out: :data:`MODULE_INTERNALS`, and names that start with two underscores, where
+    torch keeps per-module registries of its own (the composable APIs'
+    ``__composable_api_state_key_<uuid>``).
+    """
+    return name not in MODULE_INTERNALS and not name.startswith("__")
+
+
+def shallow(value: Any, depth: int = 2) -> Any:
+    """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
+
+    Unlike :func:`fingerprint` no tensor's bytes are read: a tensor is its identity, version
+    counter and metadata, so rebinding it (``self.load = x``) or changing it in place
+    (``self.load += x``, ``.add_()``, ``.copy_()``) shows, while a write through ``.data``
+    (which bypasses the version counter) does not.  Containers compare by type, length and
+    their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
+    by identity and their ``__dict__``; numbers by bits.
+    """
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return value if not isinstance(value, bool) else ("bool", value)
+    if isinstance(value, float):
+        return ("float", float_bits(value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+    if depth <= 0 or isinstance(value, (torch.nn.Module, type, torch.Generator)) or callable(value):
+        return ("id", id(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
+    if isinstance(value, dict):
+        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
+                                          for k, v in list(value.items())[:_MAX_ITEMS]))
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
+    if isinstance(value, _LOGGERS):
+        return fingerprint(value)
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return ("object", id(value), tuple((k, shallow(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS]))
+    return ("id", id(value))
+
+
+@dataclass
+class Observed:
+    """One piece of state as seen after a run: ``value`` is a tensor copy or a fingerprint."""
+
+    kind: str
+    subject: str
+    value: Any
+    shown: str = ""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+#: Stands for a key that a namespace does not hold.
+MISSING = _Missing()

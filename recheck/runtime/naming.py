@@ -1,0 +1,149 @@
+"""Naming a checkpointed region: what function it runs, where it is defined, who called it.
+
+A region is keyed by the qualified name of the checkpointed callable with its
+``file:line`` and by the ``file:line`` of the code that called checkpoint (the first
+frame outside torch, functools, contextlib and recheck).  The callable is unwrapped
+through ``functools.partial`` (transformers checkpoints ``partial(forward, self)``),
+bound methods and modules (``checkpoint_wrapper`` checkpoints the module itself), which
+also gives the module that owns the region, when there is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["RegionKey", "call_site", "describe", "region_name", "relative", "unwrap"]
+
+_SKIPPED_DIRS = tuple(
+    str(Path(module.__file__).resolve().parent) + os.sep
+    for module in (torch, functools, sys.modules["recheck"])
+    if getattr(module, "__file__", None)
+)
+_SKIPPED_FILES = {functools.__file__, sys.modules["contextlib"].__file__}
+
+
+@dataclass(frozen=True)
+class RegionKey:
+    """The identity of a region: callable and the place that checkpoints it."""
+
+    qualname: str
+    defined_at: str | None
+    callsite: str | None
+
+    def __str__(self) -> str:
+        return f"{self.qualname} ({self.defined_at})" if self.defined_at else self.qualname
+
+
+def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
+    """The plain Python function behind ``function`` and the object it is bound to, if any."""
+    owner = None
+    seen = 0
+    while seen < 16:
+        seen += 1
+        if isinstance(function, functools.partial):
+            if owner is None and function.args and isinstance(function.args[0], torch.nn.Module):
+                owner = function.args[0]
+            function = function.func
+        elif isinstance(function, torch.nn.Module):
+            owner = owner if owner is not None else function
+            function = type(function).forward
+        elif hasattr(function, "__func__") and hasattr(function, "__self__"):
+            owner = owner if owner is not None else function.__self__
+            function = function.__func__
+        elif hasattr(function, "__code__"):
+            return function, owner
+        elif callable(function) and hasattr(type(function), "__call__"):
+            owner = owner if owner is not None else function
+            function = type(function).__call__
+        else:
+            break
+    return (function if hasattr(function, "__code__") else None), owner
+
+
+def relative(path: str) -> str:
+    """``path`` as findings show it: relative to the working directory when inside or beside it.
+
+    The one rule every face uses for file names in messages (region definitions, checkpoint
+    calls): a path under the working directory, or in a sibling folder, is shown relative;
+    anything further away (site-packages) stays absolute.
+    """
+    return _relative_to(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _relative_to(path: str, cwd: str) -> str:
+    """``path`` relative to ``cwd`` when it is inside or beside it (cached: once per call site)."""
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel.startswith(".." + os.sep + "..") else rel
+
+
+def call_site(depth: int = 2) -> str | None:
+    """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename not in _SKIPPED_FILES and not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<frozen"):
+            return f"{relative(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def describe(function: Any, callsite: str | None) -> RegionKey:
+    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``."""
+    plain, owner = unwrap(function)
+    if plain is not None:
+        try:
+            plain = inspect.unwrap(plain)  # decorated forwards (transformers' deprecate_kwarg)
+        except ValueError:  # a __wrapped__ cycle
+            pass
+        code = plain.__code__
+        qualname = getattr(plain, "__qualname__", code.co_name)
+        if isinstance(owner, torch.nn.Module) and "." not in qualname:
+            qualname = f"{type(owner).__qualname__}.{qualname}"
+        return RegionKey(qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}", callsite)
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return RegionKey(name, None, callsite)
+
+
+def region_name(function: Any) -> str:
+    """``Qual.name (file:line)``: how every face names the region a callable is.
+
+    The same text as a :class:`RegionKey` without its call site: ``Block.forward
+    (model.py:8)`` for a module, a bound method or ``partial(forward, self)``,
+    ``make.<locals>.body (m.py:3)`` for a closure.
+    """
+    return str(describe(function, None))
+
+
+# -- subjects: what a finding says differs, the same words in every face ------------------------
+
+
+def attribute_subject(module: str, name: str) -> str:
+    """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
+    return f"attribute `{module or 'self'}.{name}`"
+
+
+def buffer_subject(module: str, name: str) -> str:
+    """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
+    return f"buffer `{module + '.' if module else ''}{name}`"
+
+
+def parameter_subject(names: list[str]) -> str:
+    """``parameter `w``` or ``parameters `w`, `b```: the parameters a ``param_version`` names."""
+    return ("parameter " if len(names) == 1 else "parameters ") + ", ".join(f"`{n}`" for n in names)
+
+
+def grad_subject(name: str) -> str:
+    """``grad of `fc1.weight``` for a parameter, ``grad of args[0]`` for an input (a path)."""
+    return f"grad of {name}" if name.startswith(("args", "kwargs")) else f"grad of `{name}`"

@@ -1,0 +1,296 @@
+"""What a region can touch: modules, explicit generators, and module globals.
+
+:class:`Reach` accumulates what is found; :func:`static_reach` fills it from the
+callable itself (an ``nn.Module``, bound ``self``, ``functools.partial`` arguments,
+closure cells, globals its code reads) and its arguments (generators; tensors held
+outside modules, such as a ``partial``'s weight, land in ``Reach.tensors``); :class:`ModuleRecorder`
+adds every module whose ``forward`` runs while it is active (a global forward
+pre-hook), calling ``on_new`` before that module's forward executes.
+
+Globals are found by walking code objects: ``LOAD_GLOBAL`` names are *read*,
+``STORE_GLOBAL`` / ``DELETE_GLOBAL`` names are *written*, through nested code
+objects and through functions of the same module that the code names.  The
+methods of reached modules whose classes live outside torch are walked too.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "static_reach"]
+
+_LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
+                     "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
+
+
+@dataclass(frozen=True)
+class GlobalRef:
+    """A module-level global: ``namespace`` is the module's globals dict."""
+
+    namespace: dict = field(compare=False, hash=False, repr=False)
+    module: str
+    name: str
+
+    @property
+    def display(self) -> str:
+        """``module.NAME``."""
+        return f"{self.module}.{self.name}"
+
+    @property
+    def subject(self) -> str:
+        """How findings and state keys name it: ``global `module.NAME```."""
+        return f"global `{self.display}`"
+
+
+@functools.lru_cache(maxsize=8192)
+def code_module_attributes(code: types.CodeType) -> frozenset[tuple[str, str]]:
+    """``(global, attribute)`` pairs a code object (and the code nested in it) reads as
+    ``name.attr`` on a global: state kept in another module (``parallel_state._TRACKER``,
+    ``config.SCALE``) is reached this way.  Which globals are modules is decided by the caller.
+    """
+    pairs: set[tuple[str, str]] = set()
+    previous = None
+    for instruction in dis.get_instructions(code):
+        if (instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR") and previous is not None
+                and previous.opname == "LOAD_GLOBAL"):
+            pairs.add((str(previous.argval), str(instruction.argval)))
+        previous = instruction
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            pairs |= code_module_attributes(const)
+    return frozenset(pairs)
+
+
+@functools.lru_cache(maxsize=8192)
+def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
+    """Global names a code object (and the code nested in it) reads and writes.
+
+    Code objects are immutable, so the answer is cached per code object: watch() asks
+    again for every region of every block.  ``LOAD_NAME`` counts as a read: a class
+    statement inside the function loads the globals its body uses that way.
+    """
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            reads.add(str(instruction.argval))
+        elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            writes.add(str(instruction.argval))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            nested_reads, nested_writes = code_globals(const)
+            reads |= nested_reads
+            writes |= nested_writes
+    return frozenset(reads), frozenset(writes)
+
+
+def _is_library(module_name: str | None) -> bool:
+    top = (module_name or "").split(".")[0]
+    return top in _LIBRARY_PREFIXES
+
+
+class Reach:
+    """Modules, generators and globals reachable from a region, with display names."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, tuple[str, torch.nn.Module]] = {}
+        self.generators: dict[str, torch.Generator] = {}
+        self.tensors: dict[str, torch.Tensor] = {}  # outside modules: closures, partials, globals
+        #: plain Python objects whose attributes a region can change (a cache passed in, a tracker)
+        self.objects: dict[str, Any] = {}
+        #: callables and modules made by ``torch.compile`` that the region or step reaches
+        self.compiled: list[str] = []
+        self.reads: dict[tuple[int, str], GlobalRef] = {}
+        self.writes: dict[tuple[int, str], GlobalRef] = {}
+        self._walked: set[int] = set()
+        self._anonymous = 0
+
+    # modules ----------------------------------------------------------------------------------
+    def add_module(self, prefix: str, module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+        """Add ``module`` and its submodules; ``prefix`` is its dotted name ("" for the root).
+
+        Returns the (name, module) pairs that were new.
+        """
+        added = []
+        for sub_name, sub in module.named_modules(remove_duplicate=True):
+            if id(sub) in self.modules:
+                continue
+            name = ".".join(p for p in (prefix, sub_name) if p)
+            if type(sub).__name__ == "OptimizedModule" and type(sub).__module__.startswith("torch._dynamo"):
+                self.compiled.append(f"{name or type(sub._orig_mod).__name__} (torch.compile of "
+                                     f"{type(sub._orig_mod).__qualname__})")
+            self.modules[id(sub)] = (name, sub)
+            added.append((name, sub))
+            self._walk_class(type(sub))
+            self._scan_attributes(name, sub)
+        return added
+
+    def name_unknown(self, module: torch.nn.Module) -> str:
+        """A display name (``Linear#1``) for a module found only by running the region."""
+        self._anonymous += 1
+        return f"{type(module).__name__}#{self._anonymous}"
+
+    def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Generator):
+                self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
+
+    def _walk_class(self, cls: type) -> None:
+        for klass in cls.__mro__:
+            if _is_library(klass.__module__):
+                continue
+            for value in vars(klass).values():
+                function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+                if isinstance(function, types.FunctionType):
+                    self.walk_function(function)
+
+    # generators -------------------------------------------------------------------------------
+    def add_generator(self, name: str, generator: torch.Generator) -> None:
+        """Track ``generator`` under ``name`` unless it is tracked already."""
+        if all(g is not generator for g in self.generators.values()):
+            self.generators[name] = generator
+
+    # code -------------------------------------------------------------------------------------
+    def walk_function(self, function: types.FunctionType) -> None:
+        """Record the globals ``function`` reads and writes, following same-module calls."""
+        if id(function.__code__) in self._walked:
+            return
+        self._walked.add(id(function.__code__))
+        namespace = function.__globals__
+        module_name = namespace.get("__name__", "?")
+        if _is_library(module_name):
+            return
+        reads, writes = code_globals(function.__code__)
+        for name in writes:
+            self.writes.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+        for name, attr in code_module_attributes(function.__code__):
+            module = namespace.get(name)
+            if isinstance(module, types.ModuleType) and not _is_library(module.__name__):
+                self._add_module_attribute(module, attr)
+        for name in reads:
+            if name not in namespace:
+                continue  # a builtin
+            value = namespace[name]
+            if isinstance(value, (types.ModuleType, type)):
+                continue
+            if isinstance(value, types.FunctionType):
+                if value.__globals__ is namespace:
+                    self.walk_function(value)
+                continue
+            self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+            self.add_value(name, value)
+        for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            self.add_value(cell_name, contents)
+
+    def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
+        """``module.attr`` read by the region: a global of another module (its functions are walked)."""
+        namespace = vars(module)
+        if attr not in namespace:
+            return
+        value = namespace[attr]
+        if isinstance(value, types.FunctionType):
+            self.walk_function(value)  # a helper there may keep state in its own module
+            return
+        if isinstance(value, (types.ModuleType, type)) or callable(value) and not hasattr(value, "__dict__"):
+            return
+        self.reads.setdefault((id(namespace), attr), GlobalRef(namespace, module.__name__, attr))
+        self.add_value(f"{module.__name__}.{attr}", value)
+
+    def add_value(self, name: str, value: Any, depth: int = 2) -> None:
+        """Take modules, generators and functions out of a value (closure cell, argument)."""
+        if isinstance(value, torch.nn.Module):
+            if id(value) not in self.modules:
+                self.add_module(name, value)
+        elif isinstance(value, torch.Generator):
+            self.add_generator(name, value)
+        elif isinstance(value, torch.Tensor):
+            if all(t is not value for t in self.tensors.values()):
+                self.tensors[name] = value
+        elif isinstance(value, types.FunctionType):
+            original = getattr(value, "_torchdynamo_orig_callable", None)
+            if original is not None:
+                self.compiled.append(f"{name} (torch.compile of {getattr(original, '__qualname__', original)!s})")
+                self.add_value(name, original, depth)
+                return
+            self.walk_function(value)
+        elif isinstance(value, types.MethodType):
+            self.add_value(name, value.__self__, depth)
+            self.add_value(name, value.__func__, depth)
+        elif isinstance(value, functools.partial):
+            self.add_value(name, value.func, depth)
+            for index, arg in enumerate(value.args):
+                self.add_value(f"{name}.args[{index}]", arg, depth)
+            for key, arg in value.keywords.items():
+                self.add_value(f"{name}.keywords[{key!r}]", arg, depth)
+        elif depth > 0 and isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                self.add_value(f"{name}[{index}]", item, depth - 1)
+        elif depth > 0 and isinstance(value, dict):
+            for key, item in value.items():
+                self.add_value(f"{name}[{key!r}]", item, depth - 1)
+        elif _is_plain_object(value):
+            if all(o is not value for o in self.objects.values()):
+                self.objects[name] = value
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
+    attrs = getattr(value, "__dict__", None)
+    return (isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, torch.nn.Module))
+            and not callable(value) and not _is_library(type(value).__module__))
+
+
+def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:
+    """Everything found from the callable and its arguments before anything runs."""
+    reach = Reach()
+    root: Any = fn
+    if isinstance(root, torch.nn.Module):
+        reach.add_module("", root)
+    elif isinstance(root, types.MethodType) and isinstance(root.__self__, torch.nn.Module):
+        reach.add_module("", root.__self__)
+        reach.add_value("self", root.__func__)
+    elif isinstance(root, functools.partial):
+        first = root.args[0] if root.args else None
+        if isinstance(first, torch.nn.Module):  # partial(forward, self), as HF does
+            reach.add_module("", first)
+        reach.add_value("partial", root)
+    else:
+        call = getattr(type(root), "__call__", None)
+        if not isinstance(root, types.FunctionType) and isinstance(call, types.FunctionType):
+            reach.walk_function(call)
+            for attr, value in vars(root).items() if hasattr(root, "__dict__") else ():
+                reach.add_value(attr, value)
+        reach.add_value("fn", root)
+    for index, arg in enumerate(args):
+        reach.add_value(f"args[{index}]", arg)
+    for key, arg in kwargs.items():
+        reach.add_value(f"kwargs[{key!r}]", arg)
+    for name in [n for n in reach.tensors if n.startswith(("args[", "kwargs["))]:
+        del reach.tensors[name]  # inputs are the checker's own business
+    return reach
+
+
+class ModuleRecorder:
+    """Record modules whose forward runs while active; ``on_new(module)`` fires before it runs."""
+
+    def __init__(self, on_call: Callable[[torch.nn.Module], None]) -> None:
+        self.on_call = on_call
+        self._handle: Any = None
+
+    def __enter__(self) -> ModuleRecorder:
+        register = torch.nn.modules.module.register_module_forward_pre_hook
+        self._handle = register(lambda module, _args: self.on_call(module))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._handle.remove()

@@ -1,0 +1,130 @@
+"""Every random-number stream a region or a step can draw from: read, compare, put back.
+
+:func:`rng_states` reads every stream recheck tracks (torch's default CPU generator, every
+initialized CUDA/XPU device, explicit ``torch.Generator`` objects, Python ``random`` and
+numpy's global state), keyed by the name findings use (``cpu RNG``, ``cuda:0 RNG``,
+``generator `self.gen```, ``Python random``, ``numpy global RNG``); :func:`rng_fingerprint`
+is the one exact comparable encoding of a state (tensor bytes; Python's tuple as it is;
+numpy's arrays as bytes); :class:`RngRecord` restores them all.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import zlib
+from typing import Any, Iterator
+
+import torch
+
+from recheck.runtime.fingerprints import Observed, show
+
+__all__ = ["RngRecord", "rng_fingerprint", "rng_states", "rng_summary"]
+
+
+def _initialized_accelerators() -> Iterator[tuple[str, Any]]:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        yield "cuda", torch.cuda
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_available", lambda: False)() and getattr(
+        xpu, "is_initialized", lambda: False
+    )():
+        yield "xpu", xpu
+
+
+def rng_fingerprint(state: Any) -> Any:
+    """An exact comparable form of an RNG state (tensor bytes, Python or numpy state)."""
+    if isinstance(state, torch.Tensor):
+        return ("tensor", _state_bytes(state))
+    if isinstance(state, tuple):
+        try:
+            hash(state)  # Python random: a tuple of ints is exact as it is
+            return state
+        except TypeError:  # holds an array (numpy)
+            return tuple(rng_fingerprint(item) for item in state)
+    if hasattr(state, "tobytes"):
+        return ("ndarray", state.tobytes())
+    return state
+
+
+def _state_bytes(state: torch.Tensor) -> bytes:
+    """An RNG state tensor's bytes (a few kB, on the host): exact and cheap to compare."""
+    flat = state.detach().cpu().contiguous().reshape(-1)
+    try:
+        return bytes(flat.view(torch.uint8).numpy())
+    except (RuntimeError, TypeError):  # torch built without numpy
+        return bytes(flat.view(torch.uint8).tolist())
+
+
+def rng_states(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Current state of every RNG the check tracks, keyed by its display name."""
+    states: dict[str, Any] = {"cpu RNG": torch.get_rng_state()}
+    for kind, module in _initialized_accelerators():
+        for index in range(module.device_count()):
+            states[f"{kind}:{index} RNG"] = module.get_rng_state(index)
+    for name, generator in (generators or {}).items():
+        states[f"generator `{name}`"] = generator.get_state()
+    states["Python random"] = random.getstate()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy global RNG"] = numpy.random.get_state()
+    return states
+
+
+def _set_rng_state(name: str, state: Any, generators: dict[str, torch.Generator]) -> None:
+    if name == "cpu RNG":
+        torch.set_rng_state(state)
+    elif name == "Python random":
+        random.setstate(state)
+    elif name == "numpy global RNG":
+        sys.modules["numpy"].random.set_state(state)
+    elif name.startswith("generator `"):
+        generators[name[len("generator `"):-1]].set_state(state)
+    else:
+        kind, index = name.split(" ")[0].split(":")
+        getattr(torch, kind).set_rng_state(state, int(index))
+
+
+class RngRecord:
+    """Every tracked RNG stream; ``generators`` maps display names to explicit Generators."""
+
+    def __init__(self, generators: dict[str, torch.Generator]) -> None:
+        self.generators = dict(generators)
+        self.states = rng_states(self.generators)
+
+    def add_generator(self, name: str, generator: torch.Generator) -> None:
+        """Also track ``generator`` (its state now is the one restore puts back)."""
+        if all(g is not generator for g in self.generators.values()):
+            self.generators[name] = generator
+            self.states[f"generator `{name}`"] = generator.get_state()
+
+    def changed_streams(self) -> set[str]:
+        """Names of the streams whose state differs from the captured one."""
+        changed = set()
+        for name, state in rng_states(self.generators).items():
+            if name not in self.states or rng_fingerprint(state) != rng_fingerprint(self.states[name]):
+                changed.add(name)
+        return changed
+
+    def restore(self) -> None:
+        for name, state in self.states.items():
+            if name.startswith(("cuda:", "xpu:")) and not any(
+                name.startswith(kind) for kind, _ in _initialized_accelerators()
+            ):
+                continue
+            _set_rng_state(name, state, self.generators)
+
+    def observe(self) -> Iterator[Observed]:
+        for name, state in rng_states(self.generators).items():
+            yield Observed("rng", name, rng_fingerprint(state), rng_summary(state))
+
+
+def rng_summary(state: Any) -> str:
+    """A short description of an RNG state (a Mersenne Twister position, or a CRC-32)."""
+    if isinstance(state, torch.Tensor):
+        return f"state digest {zlib.crc32(_state_bytes(state)):08x}"
+    if isinstance(state, tuple) and len(state) >= 2 and isinstance(state[1], tuple):
+        return f"position {state[1][-1]}"  # Python random: the Mersenne Twister index
+    if isinstance(state, tuple) and len(state) >= 3:
+        return f"position {state[2]}"  # numpy legacy state
+    return show(state)

@@ -1,0 +1,420 @@
+"""Exact capture and restore of the state a region can touch, and comparable views of it.
+
+A :class:`Snapshot` holds *records*; each record remembers one piece of state as it
+was at capture time and can put it back exactly (:meth:`Snapshot.restore`), and
+each can report its current value as an :class:`Observed` for comparison between
+runs (:meth:`Snapshot.observe`).  Records exist for
+
+* RNG streams (:class:`RngRecord`): torch's default CPU generator, every
+  initialized CUDA device (and XPU when present), explicit ``torch.Generator``
+  objects, Python ``random`` and numpy's global state;
+* tensors (:class:`TensorRecord`): parameters, buffers and inputs, by bytes, with
+  their version counters (put back with ``_unsafe_set_version_counter``);
+* parameter gradients (:class:`GradRecord`): the original ``.grad`` object is
+  detached from the parameter during the check and reattached afterwards;
+* Python values in a namespace (:class:`ValueRecord`): module attributes (the
+  module's ``__dict__``) and module-level globals, rebinding the original object
+  and restoring the content of containers (nested up to three levels).
+
+:func:`fingerprint` turns any value into a comparable structure: numbers by bits,
+tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import torch
+
+from recheck.runtime.bits import bits_equal
+from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
+                                          is_module_state, show)
+from recheck.runtime.naming import attribute_subject, buffer_subject
+from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.runtime.reach import Reach
+
+__all__ = [
+    "BindingsRecord",
+    "GradRecord",
+    "NewKeysRecord",
+    "Observed",
+    "RngRecord",
+    "Snapshot",
+    "TensorRecord",
+    "ValueRecord",
+    "fingerprint",
+    "rng_fingerprint",
+    "rng_states",
+    "rng_summary",
+    "show",
+]
+
+# -- tensors ------------------------------------------------------------------------------------
+
+
+def _set_version(t: torch.Tensor, version: int) -> None:
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is None or t._version == version:
+        return
+    try:
+        setter((t,), (version,))
+    except TypeError:  # torch < 2.5 took a single tensor and int
+        setter(t, version)
+
+
+class TensorRecord:
+    """A tensor's bytes, shape and version counter, restored in place."""
+
+    def __init__(self, kind: str, subject: str, tensor: torch.Tensor,
+                 copy: torch.Tensor | None = None) -> None:
+        self.kind = kind
+        self.subject = subject
+        self.tensor = tensor
+        self.version = tensor._version
+        self.copy = tensor.detach().clone() if copy is None else copy
+        self._verified = False  # set by observe when the tensor was found as captured
+
+    def same_bytes(self) -> bool:
+        """True when the tensor's shape, dtype and bytes are those captured.
+
+        Exact even for writes through ``.data``, which bypass the version counter.
+        """
+        return bits_equal(self.tensor, self.copy)
+
+    def unchanged(self) -> bool:
+        """True when the tensor's version and bytes are those captured."""
+        return self.tensor._version == self.version and self.same_bytes()
+
+    def changed(self) -> bool:
+        """True when the tensor's version, shape or bytes differ from the capture."""
+        return not self.unchanged()
+
+    def recaptured(self) -> TensorRecord:
+        """A record of the tensor as it is now, sharing the copy when nothing changed."""
+        same = self.unchanged()
+        return TensorRecord(self.kind, self.subject, self.tensor, self.copy if same else None)
+
+    def restore(self, trust_observed: bool = False) -> None:
+        """Put the bytes and version back; ``trust_observed``: the last observe is current."""
+        t = self.tensor
+        verified, self._verified = self._verified and trust_observed, False
+        if t._version == self.version and (verified or self.same_bytes()):
+            return
+        with torch.no_grad():
+            if t.dtype != self.copy.dtype:
+                t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
+            elif t.shape != self.copy.shape:
+                t.set_(self.copy.clone())
+            else:
+                t.copy_(self.copy)
+        _set_version(t, self.version)
+
+    def observe(self) -> Iterator[Observed]:
+        """The tensor's value: the captured copy itself when the bytes are unchanged.
+
+        Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
+        restore follows at once and so need not compare the bytes again.
+        """
+        if self.same_bytes():
+            self._verified = True
+            yield Observed(self.kind, self.subject, self.copy)
+        else:
+            self._verified = False
+            yield Observed(self.kind, self.subject, self.tensor.detach().clone())
+
+
+class GradRecord:
+    """The ``.grad`` of a parameter: detached while the check runs, reattached after."""
+
+    def __init__(self, name: str, parameter: torch.Tensor) -> None:
+        self.name = name
+        self.parameter = parameter
+        self.grad = parameter.grad
+        self.version = None if self.grad is None else self.grad._version
+
+    def clear(self) -> None:
+        self.parameter.grad = None
+
+    def fresh(self) -> None:
+        """A copy of the gradient as captured (a step accumulates into it; the original stays)."""
+        self.parameter.grad = None if self.grad is None else self.grad.detach().clone()
+
+    def unchanged(self) -> bool:
+        """Always True: gradients are compared as gradients, not as state."""
+        return True
+
+    def restore(self) -> None:
+        self.parameter.grad = self.grad
+
+    def observe(self) -> Iterator[Observed]:
+        return iter(())
+
+
+# -- Python values ------------------------------------------------------------------------------
+
+
+class _Content:
+    """Shallow content of a container (and of containers nested in it)."""
+
+    def __init__(self, obj: Any, depth: int) -> None:
+        self.obj = obj
+        if isinstance(obj, list):
+            self.items: Any = list(obj)
+        elif isinstance(obj, dict):
+            self.items = dict(obj)
+        elif isinstance(obj, set):
+            self.items = set(obj)
+        elif isinstance(obj, bytearray):
+            self.items = bytes(obj)
+        elif isinstance(obj, torch.Tensor):
+            self.items = (obj._version, obj.detach().clone())
+        else:
+            self.items = None
+        values = (obj.values() if isinstance(obj, dict) else obj
+                  if isinstance(obj, (list, tuple, set)) else ())
+        self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
+                         if depth > 0 and _is_container(v)]
+
+    def restore(self) -> None:
+        for child in self.children:
+            child.restore()
+        obj, items = self.obj, self.items
+        if isinstance(obj, list) and obj != items:
+            obj[:] = items
+        elif isinstance(obj, dict):
+            if obj.keys() != items.keys() or any(obj[k] is not v for k, v in items.items()):
+                obj.clear()
+                obj.update(items)
+        elif isinstance(obj, set) and obj != items:
+            obj.clear()
+            obj.update(items)
+        elif isinstance(obj, bytearray):
+            obj[:] = items
+        elif isinstance(obj, torch.Tensor):
+            version, copy = items
+            if obj._version != version:
+                with torch.no_grad():
+                    obj.copy_(copy)
+                _set_version(obj, version)
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
+
+
+class ValueRecord:
+    """One key of a namespace dict (a module's ``__dict__`` or a module's globals)."""
+
+    def __init__(self, kind: str, subject: str, namespace: dict, key: str) -> None:
+        self.kind = kind
+        self.subject = subject
+        self.namespace = namespace
+        self.key = key
+        self.present = key in namespace
+        self.value = namespace.get(key)
+        self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
+        self.print = fingerprint(self.value) if self.present else MISSING
+
+    def unchanged(self) -> bool:
+        """True when the key holds a value with the captured fingerprint (or is still absent)."""
+        value = self.namespace.get(self.key, MISSING)
+        if value is MISSING or not self.present:
+            return value is MISSING and not self.present
+        return fingerprint(value) == self.print
+
+    def restore(self) -> None:
+        if not self.present:
+            self.namespace.pop(self.key, None)
+            return
+        if self.namespace.get(self.key, MISSING) is not self.value:
+            self.namespace[self.key] = self.value
+        if self.content is not None:
+            self.content.restore()
+
+    def observe(self) -> Iterator[Observed]:
+        value = self.namespace.get(self.key, MISSING)
+        shown = "<absent>" if value is MISSING else show(value)
+        yield Observed(self.kind, self.subject,
+                       "<absent>" if value is MISSING else fingerprint(value), shown)
+
+
+class NewKeysRecord:
+    """Keys that appear in a module's ``__dict__`` after capture (attributes a module creates).
+
+    Restore removes them; observe reports them as ``state`` named like every other attribute
+    (``attribute `self.load```), so a lazily created counter is compared too.  Only keys that
+    :func:`~recheck.runtime.fingerprints.is_module_state` accepts count.
+    """
+
+    def __init__(self, namespace: dict, module: str = "") -> None:
+        self.namespace = namespace
+        self.keys = set(namespace)
+        self.module = module
+
+    def _new(self) -> list[str]:
+        return [k for k in self.namespace if k not in self.keys and is_module_state(k)]
+
+    def unchanged(self) -> bool:
+        """True when no key appeared."""
+        return not self._new()
+
+    def restore(self) -> None:
+        for key in self._new():
+            del self.namespace[key]
+
+    def observe(self) -> Iterator[Observed]:
+        for key in self._new():
+            value = self.namespace[key]
+            yield Observed("state", attribute_subject(self.module, key), fingerprint(value), show(value))
+
+
+class BindingsRecord:
+    """Which objects a dict maps its keys to (a module's ``_parameters`` or ``_buffers``)."""
+
+    def __init__(self, namespace: dict) -> None:
+        self.content = _Content(namespace, 0)
+
+    def unchanged(self) -> bool:
+        """True when the dict maps the same keys to the same objects."""
+        now, then = self.content.obj, self.content.items
+        return now.keys() == then.keys() and all(now[k] is v for k, v in then.items())
+
+    def restore(self) -> None:
+        self.content.restore()
+
+    def observe(self) -> Iterator[Observed]:
+        return iter(())
+
+
+# -- the snapshot -------------------------------------------------------------------------------
+
+
+class Snapshot:
+    """An ordered set of records; restore puts every record back, last added first."""
+
+    def __init__(self, rng: RngRecord) -> None:
+        self.rng = rng
+        self.records: list[Any] = []
+        self.keys: set[Any] = set()
+        self._makers: list[tuple[Any, Any]] = []
+
+    def add(self, key: Any, make: Any) -> bool:
+        """Add ``make()`` under ``key`` unless a record for ``key`` exists; True when added."""
+        if key in self.keys:
+            return False
+        self.keys.add(key)
+        self.records.append(make())
+        self._makers.append((key, make))
+        return True
+
+    def recapture(self) -> Snapshot:
+        """A new snapshot of the same pieces of state, as they are now.
+
+        Tensors found unchanged (version and bytes) share the existing copy.
+        """
+        again = Snapshot(RngRecord(self.rng.generators))
+        for (key, make), record in zip(self._makers, self.records):
+            again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
+            again._makers[-1] = (key, make)
+        return again
+
+    def track(self, reach: Reach, param_kind: str = "param_version") -> dict[str, torch.Tensor]:
+        """Add records for everything ``reach`` knows that the snapshot does not hold yet.
+
+        Modules (parameters with their grads, buffers, every attribute, the bindings of their
+        parameter, buffer and submodule dicts, attributes created later), globals read and
+        written, tensors held outside modules, plain objects' attributes, explicit generators.
+        Parameters are recorded as ``param_kind`` (``param_version`` for a region, whose
+        parameters must not change; ``state`` for a step, whose optimizer changes them).
+        Returns the parameters newly tracked, by dotted name.
+        """
+        add = self.add
+        found: dict[str, torch.Tensor] = {}
+        for name, generator in reach.generators.items():
+            self.rng.add_generator(name, generator)
+
+        def parameter(name: str, tensor: torch.Tensor) -> None:
+            if add(("param", id(tensor)), functools.partial(TensorRecord, param_kind, f"parameter `{name}`", tensor)):
+                found[name] = tensor
+                add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
+
+        for prefix, module in list(reach.modules.values()):
+            if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
+                continue
+            add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
+            add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
+            add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
+            dotted = (prefix + ".") if prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    parameter(dotted + name, param)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    add(("buffer", id(buffer)), functools.partial(
+                        TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
+            for key in list(vars(module)):
+                if is_module_state(key):
+                    add(("attr", id(module), key), functools.partial(
+                        ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
+        for key, ref in list(reach.writes.items()) + list(reach.reads.items()):
+            add(("global", key), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+        for name, tensor in list(reach.tensors.items()):
+            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
+                parameter(name, tensor)
+            else:
+                add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", f"tensor `{name}`", tensor))
+        for name, obj in list(reach.objects.items()):
+            if add(("object", id(obj)), functools.partial(NewKeysRecord, obj.__dict__, name)):
+                for key in list(vars(obj)):
+                    if is_module_state(key):
+                        add(("object-attr", id(obj), key), functools.partial(
+                            ValueRecord, "state", attribute_subject(name, key), obj.__dict__, key))
+        return found
+
+    def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
+        """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
+        if self.rng.changed_streams() - except_rng:
+            return False
+        return all(record.unchanged() for record in self.records)
+
+    def observe_and_restore(self) -> dict[tuple[str, str], Observed]:
+        """:meth:`observe`, then :meth:`restore`, comparing each tensor's bytes only once."""
+        seen = self.observe()
+        self.restore(trust_observed=True)
+        return seen
+
+    def grads(self) -> list[GradRecord]:
+        """The gradient records (cleared before each run)."""
+        return [r for r in self.records if isinstance(r, GradRecord)]
+
+    def restore(self, trust_observed: bool = False) -> None:
+        """Put everything back; continues past a failing record and re-raises the first error.
+
+        ``trust_observed`` (only for :meth:`observe_and_restore`): tensors the last
+        :meth:`observe` found unchanged are not compared again.
+        """
+        first: BaseException | None = None
+        for record in reversed(self.records):
+            try:
+                if isinstance(record, TensorRecord):
+                    record.restore(trust_observed)
+                else:
+                    record.restore()
+            except Exception as exc:  # keep restoring the rest
+                first = first or exc
+        self.rng.restore()
+        if first is not None:
+            raise first
+
+    def observe(self) -> dict[tuple[str, str], Observed]:
+        """The current value of every recorded piece of state, keyed by (kind, subject)."""
+        seen: dict[tuple[str, str], Observed] = {}
+        for item in self.rng.observe():
+            seen[(item.kind, item.subject)] = item
+        for record in self.records:
+            for item in record.observe():
+                seen[(item.kind, item.subject)] = item
+        return seen

@@ -1,0 +1,122 @@
+"""recheck.runtime.bits: bitwise comparison, tolerances and digests."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
+
+
+def test_identical_tensors_compare_equal():
+    a = torch.randn(3, 4)
+    assert compare_tensors(a, a.clone()) is None
+
+
+def test_negative_zero_differs_from_zero():
+    diff = compare_tensors(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
+    assert diff is not None and diff.mismatched == 1
+    assert diff.first_index == (0,)
+    assert diff.first_original_bits == "0x00000000"
+    assert diff.first_recomputed_bits == "0x80000000"
+
+
+def test_nan_payloads_count_and_equal_nans_match():
+    nan = torch.tensor([float("nan")])
+    assert compare_tensors(nan, nan.clone()) is None
+    other = nan.view(torch.int32).add(1).view(torch.float32)
+    assert math.isnan(other.item())
+    diff = compare_tensors(nan, other)
+    assert diff is not None and diff.mismatched == 1
+
+
+def test_first_and_greatest_difference_are_reported():
+    a = torch.zeros(2, 3)
+    b = a.clone()
+    b[0, 2] = 0.5
+    b[1, 1] = -2.0
+    diff = compare_tensors(a, b)
+    assert diff.mismatched == 2 and diff.numel == 6
+    assert diff.first_index == (0, 2)
+    assert diff.first_original == 0.0 and diff.first_recomputed == 0.5
+    assert diff.max_abs_diff == 2.0 and diff.max_abs_index == (1, 1)
+    text = str(diff)
+    assert "2 / 6 elements differ bitwise" in text
+    assert "first difference at index (0, 2)" in text
+    assert "greatest absolute difference: 2.0 at index (1, 1)" in text
+
+
+def test_metadata_differences_come_first():
+    diff = compare_tensors(torch.zeros(2), torch.zeros(3))
+    assert diff.metadata and "'shape'" in diff.metadata[0]
+    diff = compare_tensors(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
+    assert "the values for attribute 'dtype' do not match" in diff.metadata[0]
+    diff = compare_tensors(torch.zeros(2), torch.zeros(2).requires_grad_())
+    assert "requires_grad" in diff.metadata[0]
+    assert compare_tensors(torch.zeros(2), torch.zeros(2).requires_grad_(),
+                           check_requires_grad=False) is None
+
+
+def test_non_contiguous_complex_and_bool():
+    a = torch.randn(4, 3)
+    assert compare_tensors(a.t(), a.t().contiguous()) is None
+    c = torch.randn(3, dtype=torch.complex64)
+    d = c.clone()
+    d[1] = d[1] + 1j
+    diff = compare_tensors(c, d)
+    assert diff.mismatched == 1 and diff.first_index == (1,)
+    b = torch.tensor([True, False])
+    assert compare_tensors(b, torch.tensor([True, True])).first_index == (1,)
+    assert bit_view(b).dtype == torch.uint8
+
+
+def test_integer_and_half_precision():
+    assert compare_tensors(torch.arange(4), torch.arange(4)) is None
+    diff = compare_tensors(torch.ones(2, dtype=torch.bfloat16), torch.full((2,), 2.0, dtype=torch.bfloat16))
+    assert diff.mismatched == 2 and diff.first_original_bits == "0x3f80"
+
+
+def test_tolerances():
+    a = torch.tensor([1.0, 2.0])
+    b = torch.nextafter(a, torch.tensor(math.inf))
+    assert compare_tensors(a, b) is not None
+    assert compare_tensors(a, b, tolerance=Tolerance(max_ulp=1)) is None
+    assert compare_tensors(a, b + 1e-3, tolerance=Tolerance(max_ulp=1)) is not None
+    assert compare_tensors(a, a + 1e-6, tolerance=Tolerance(atol=1e-5)) is None
+    diff = compare_tensors(a, a + 1e-3, tolerance=Tolerance(atol=1e-5))
+    assert diff is not None and "beyond tolerance" in str(diff)
+    assert compare_tensors(a, a * 1.001, tolerance=Tolerance(rtol=1e-2)) is None
+    with pytest.raises(ValueError):
+        Tolerance(atol=-1.0)
+
+
+def test_digest_is_exact_and_position_dependent():
+    a = torch.arange(8, dtype=torch.float32)
+    assert digest(a) == digest(a.clone())
+    swapped = a.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    assert digest(swapped) != digest(a)
+    assert digest(a) != digest(a.view(2, 4))
+    assert digest(torch.tensor([0.0])) != digest(torch.tensor([-0.0]))
+    assert digest(torch.zeros(2, 3).t()) == digest(torch.zeros(3, 2))
+    assert digest(a) != digest(a + 1)
+    assert digest(a) != digest(a.to(torch.int32).view(torch.float32))
+    assert 0 <= digest(a) < 2 ** 128
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=16),
+       st.data())
+def test_single_bit_flip_is_always_found(values, data):
+    a = torch.tensor(values, dtype=torch.float32)
+    index = data.draw(st.integers(0, len(values) - 1))
+    bit = data.draw(st.integers(0, 31))
+    b = a.clone()
+    b.view(torch.int32)[index] ^= (1 << bit) if bit < 31 else -(1 << 31)
+    diff = compare_tensors(a, b)
+    assert diff is not None and diff.mismatched == 1 and diff.first_index == (index,)
+    assert digest(a) != digest(b)

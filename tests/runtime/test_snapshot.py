@@ -1,0 +1,181 @@
+"""recheck.runtime.snapshot, reach and effects: capture, exact restore, what a region reaches."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import sys
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+
+from recheck.runtime.effects import EffectCapture
+from recheck.runtime.reach import ModuleRecorder, code_globals, static_reach
+from recheck.runtime.snapshot import (RngRecord, Snapshot, TensorRecord, ValueRecord, fingerprint,
+                                   rng_states)
+
+CACHE: list = []
+SCALE = 2.0
+GEN = torch.Generator().manual_seed(0)
+
+
+def test_rng_record_restores_every_stream():
+    gen = torch.Generator().manual_seed(1)
+    record = RngRecord({"g": gen})
+    before = rng_states({"g": gen})
+    torch.rand(3)
+    torch.rand(3, generator=gen)
+    random.random()
+    np.random.rand()
+    assert fingerprint(rng_states({"g": gen})) != fingerprint(before)
+    record.restore()
+    assert fingerprint(rng_states({"g": gen})) == fingerprint(before)
+    assert set(before) >= {"cpu RNG", "generator `g`", "Python random", "numpy global RNG"}
+    if not torch.cuda.is_available():
+        assert not any(name.startswith("cuda:") for name in before)
+
+
+def test_tensor_record_restores_bytes_and_version():
+    t = torch.arange(4.0)
+    record = TensorRecord("buffer", "buffer `b`", t)
+    t.add_(1)
+    t.data.mul_(3)  # bypasses the version counter
+    assert record.changed()
+    record.restore()
+    assert torch.equal(t, torch.arange(4.0)) and t._version == record.version
+    u = torch.arange(3.0)
+    same = TensorRecord("buffer", "buffer `u`", u)
+    u.data[0] = 7.0  # no version bump: found by bytes
+    same.restore()
+    assert u[0].item() == 0.0
+
+
+def test_value_record_restores_bindings_and_container_content():
+    namespace = {"items": [1, [2, 3]], "n": 1}
+    inner = namespace["items"][1]
+    items = namespace["items"]
+    records = [ValueRecord("state", "x", namespace, key) for key in ("items", "n", "absent")]
+    items.append(4)
+    inner.append(5)
+    namespace["n"] = 2
+    namespace["absent"] = True
+    for record in records:
+        record.restore()
+    assert namespace == {"items": [1, [2, 3]], "n": 1}
+    assert namespace["items"] is items and items[1] is inner
+
+
+def test_fingerprint_semantics():
+    assert fingerprint(0.0) != fingerprint(-0.0)
+    assert fingerprint([1, 2]) != fingerprint([1, 2, 3])
+    assert fingerprint({"a": torch.ones(2)}) == fingerprint({"a": torch.ones(2)})
+    assert fingerprint({"a": torch.ones(2)}) != fingerprint({"a": torch.zeros(2)})
+    gen = torch.Generator()
+    before = fingerprint(gen)
+    torch.rand(2, generator=gen)
+    assert fingerprint(gen) == before  # generator streams are compared as rng, not state
+
+
+def test_snapshot_restores_module_state():
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    model.extra = [1]
+    snapshot = Snapshot(RngRecord({}))
+    for name, buffer in model[1].named_buffers():
+        snapshot.add(name, functools.partial(TensorRecord, "buffer", name, buffer))
+    snapshot.add("extra", functools.partial(ValueRecord, "state", "extra", model.__dict__, "extra"))
+    model(torch.randn(4, 2))
+    model.extra.append(2)
+    observed = snapshot.observe()
+    assert ("buffer", "running_mean") in observed
+    snapshot.restore()
+    assert model[1].num_batches_tracked.item() == 0 and model.extra == [1]
+
+
+def _reads_and_writes(x):
+    global SCALE
+    SCALE = SCALE * 1.0
+    CACHE.append(1)
+    return _helper(x)
+
+
+def _helper(x):
+    return torch.rand(x.shape, generator=GEN) * x
+
+
+def test_code_globals_and_same_module_calls():
+    reads, writes = code_globals(_reads_and_writes.__code__)
+    assert {"SCALE", "CACHE", "_helper"} <= reads and writes == {"SCALE"}
+    reach = static_reach(_reads_and_writes, (torch.ones(2),), {})
+    names = {ref.name for ref in reach.reads.values()}
+    assert {"SCALE", "CACHE", "GEN"} <= names  # GEN through _helper
+    assert {ref.name for ref in reach.writes.values()} == {"SCALE"}
+    assert any(g is GEN for g in reach.generators.values())
+
+
+class Holder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+        self.gen = torch.Generator()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_reach_through_module_bound_method_partial_and_closure():
+    model = Holder()
+    assert "self.gen" in static_reach(model, (), {}).generators
+    assert "inner" in {n for n, _ in static_reach(model.forward, (), {}).modules.values()}
+    partial = functools.partial(Holder.forward, model)
+    assert id(model.inner) in static_reach(partial, (), {}).modules
+    closure = lambda x: model(x)  # noqa: E731
+    assert id(model.inner) in static_reach(closure, (), {}).modules
+    arg_gen = torch.Generator()
+    assert "args[1]" in static_reach(lambda x, g: x, (torch.ones(1), arg_gen), {}).generators
+
+
+def test_module_recorder_sees_executed_modules():
+    seen = []
+    hidden = nn.Linear(2, 2)
+
+    def region(x):
+        return hidden(x)
+
+    with ModuleRecorder(seen.append):
+        region(torch.ones(2))
+    assert seen == [hidden]
+    hidden(torch.ones(2))
+    assert seen == [hidden]  # removed after the block
+
+
+def test_effect_capture_records_and_restores():
+    logger = logging.getLogger("recheck.tests.effects")
+    stdout = sys.stdout
+    with EffectCapture() as capture:
+        print("hello")
+        logger.debug("quiet %d", 3)
+        logger.log(logging.INFO, "explicit")
+        sys.stderr.write("err")
+        warnings.warn("careful")
+    channels = [e.channel for e in capture.effects]
+    assert channels.count("stdout") == 2 and "stderr" in channels and "warning" in channels
+    texts = [e.text for e in capture.effects]
+    assert "DEBUG:recheck.tests.effects:quiet 3" in texts and "INFO:recheck.tests.effects:explicit" in texts
+    assert sys.stdout is stdout
+    assert not hasattr(logging.Logger.debug, "__wrapped__")  # the patch is gone
+
+
+def test_rng_comparison_sees_a_single_python_draw():
+    random.seed(0)
+    random.random()  # past the first twist: later draws only move the position
+    record = RngRecord({})
+    before = {o.subject: o.value for o in record.observe()}
+    random.random()
+    after = {o.subject: o.value for o in record.observe()}
+    assert before["Python random"] != after["Python random"]
+    assert before["cpu RNG"] == after["cpu RNG"]
+    np.random.rand()
+    assert {o.subject: o.value for o in record.observe()}["numpy global RNG"] != after["numpy global RNG"]
