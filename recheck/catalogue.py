@@ -233,6 +233,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards",
           fixable=True),
     Entry("RC002", "the region draws random numbers but preserve_rng_state=False", ("rng",)),
+    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state"),
     Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve",
           ("rng",)),
     Entry("RC105", "the region draws from an RNG that checkpoint does not restore", ("rng",)),
@@ -245,6 +246,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",
           ("buffer", "state")),
     Entry("RC107", "the region mutates one of its inputs in place", ("input_mutation",)),
+    Entry("RC108", "the region reads a clock, a UUID or OS entropy; the recompute gets another value"),
     Entry("RC201", "a parameter changed between forward and recompute", ("param_version",)),
 )
 
