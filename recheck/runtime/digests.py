@@ -1,11 +1,12 @@
 """What a forward keeps of a tensor: an exact digest (default) or a full copy.
 
 A :class:`TensorPrint` is compared with the recomputed tensor's print.  Digests are exact
-and position dependent: CPU tensors hash their dtype, shape and bytes with SHA-256
-truncated to 128 bits (``hashlib``, read in place without a copy; SHA-256 runs on the
-CPU's SHA extensions where present, measured 2.2x faster than BLAKE2b here), tensors on
-other devices use ``recheck.runtime.bits.digest`` (128-bit, computed on the device; only
-two integers reach the host).  A print is taken for every saved tensor of every
+and position dependent: CPU tensors hash their dtype, shape and bytes, read in place without a
+copy, with XXH3-128 (``xxhash``, installed with ``recheck[torch]``; measured 11 GB/s on one core
+here, against 1.7 GB/s for SHA-256), or with SHA-256 truncated to 128 bits (``hashlib``) where
+xxhash is not installed; tensors on other devices use ``recheck.runtime.bits.digest`` (128-bit,
+computed on the device; only two integers reach the host).  Both are functions of every byte in
+order: a one-bit flip anywhere, a NaN payload or ``-0.0`` changes the digest.  A print is taken for every saved tensor of every
 forward and recompute, so :func:`print_tensor` avoids per-call work that only a
 mismatch report needs (the description is built when asked for).  Copies
 (``store="copy"``) are detached clones on the same device, which let a mismatch report
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
 
-__all__ = ["STORES", "Store", "TensorPrint", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -113,14 +114,14 @@ def _plan(dtype: torch.dtype) -> tuple[str, torch.dtype | None]:
 
 
 def _cpu_digest(tensor: torch.Tensor) -> int:
-    """SHA-256 (first 128 bits) of the tensor's dtype, shape and bytes in row-major order.
+    """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
     A contiguous real tensor is hashed in place through an integer view of its storage;
     anything else (non-contiguous, complex, negative views) goes through ``bit_view``,
     which makes the same row-major bytes.
     """
     name, same_width = _plan(tensor.dtype)
-    hasher = hashlib.sha256(f"{name}{tuple(tensor.shape)}\0".encode())
+    hasher = _HASHER(f"{name}{tuple(tensor.shape)}\0".encode())
     if tensor.numel():
         if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
             bits = tensor.view(same_width)
@@ -128,3 +129,18 @@ def _cpu_digest(tensor: torch.Tensor) -> int:
             bits = bit_view(tensor)
         hasher.update(bits.numpy().data)
     return int.from_bytes(hasher.digest()[:16], "little")
+
+
+def _hasher() -> Any:
+    """XXH3-128 where xxhash is installed, SHA-256 otherwise (both exact over every byte)."""
+    try:
+        import xxhash
+    except ImportError:
+        return hashlib.sha256
+    return xxhash.xxh3_128
+
+
+#: the hash of CPU digests (see the module's docstring)
+_HASHER = _hasher()
+#: which one it is, for reports and benchmarks
+DIGEST_NAME = "xxh3-128" if _HASHER is not hashlib.sha256 else "sha256"
