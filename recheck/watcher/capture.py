@@ -162,7 +162,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
-    for name, state in rng_states(reach.generators).items():
+    for name, state in rng_states(reach.generators, frozenset(reach.host_rng)).items():
         values[("rng", name)] = _exact(state)
     if rng_only:
         return values, shown

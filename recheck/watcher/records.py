@@ -27,7 +27,7 @@ from recheck.runtime.naming import grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import Store, TensorPrint, print_tensor
+from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["Forward", "InvocationRecord", "SavedPrint"]
@@ -177,7 +177,9 @@ class InvocationRecord:
         if forward is None:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        forward.rng_consumed = {k for k, v in exit_state.items() if k[0] == "rng" and forward.entry.get(k) != v}
+        # a stream read only since a module found while running reached it has no entry to compare
+        forward.rng_consumed = {k for k, v in exit_state.items()
+                                if k[0] == "rng" and k in forward.entry and forward.entry[k] != v}
         forward.state_modules = capture.with_submodules(forward.reach, forward.ran.values())
         forward.state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
         if has_output:
@@ -191,7 +193,7 @@ class InvocationRecord:
         self._check_grad_reaches()
         self._check_inputs()
         for saved, tensor in forward.unprinted:
-            saved.print = print_tensor(tensor, self.store)
+            saved.print = print_saved(tensor, self.store)
         forward.unprinted = []
         self.forward_done = True
 
@@ -254,7 +256,7 @@ class InvocationRecord:
                 self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
                                       effects)
             return saved
-        return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
+        return SavedPrint(base, print_saved(tensor, self.store), None, -1)
 
     # -- recompute -----------------------------------------------------------------------
 
@@ -292,7 +294,7 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and entry.get(k) != v}
+        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and k in forward.entry and entry.get(k) != v}
         for key in sorted(consumed | forward.rng_consumed):
             if entry.get(key) != forward.entry.get(key):
                 self._add("rng", f"{key[1]} state at recompute differs from the forward's; the region draws from it",
