@@ -84,7 +84,7 @@ class TensorPrint:
         )
 
 
-def print_saved(tensor: torch.Tensor, store: Store) -> TensorPrint:
+def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | None = None) -> TensorPrint:
     """The print of a tensor autograd saved: a parameter is identified by its version counter.
 
     A saved parameter, or a view of one (a linear layer saves ``weight.t()``), is the same object
@@ -93,13 +93,14 @@ def print_saved(tensor: torch.Tensor, store: Store) -> TensorPrint:
     byte is read (on ResNet-18 that skips about 37 MiB of hashing per step, and the contiguous
     copy of every transposed weight).  A write through ``.data`` bypasses version counters; it
     still shows in the activations the parameter computes, which are digested.  Everything else
-    is :func:`print_tensor`.
+    is :func:`print_tensor`.  ``parameter`` names the parameter a detached view belongs to (autograd
+    hands the saved-tensor hooks detached views, which no longer know their ``_base``).
     """
-    base = tensor._base if tensor._base is not None else tensor
+    base = parameter if parameter is not None else tensor._base if tensor._base is not None else tensor
     if not (base.is_leaf and base.requires_grad) or base.layout != torch.strided:
         return print_tensor(tensor, store)
     plain = tensor.detach()
-    identity = hash((id(base), base.data_ptr(), plain.storage_offset(), plain.stride(), base._version))
+    identity = hash((id(base), plain.storage_offset(), plain.stride(), base._version))
     return TensorPrint(tuple(plain.shape), plain.dtype, str(plain.device), identity & ((1 << 64) - 1),
                        None, tensor.requires_grad, None, base._version)
 

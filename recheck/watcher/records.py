@@ -50,6 +50,8 @@ class Forward:
     saved_buffers: set[int] = field(default_factory=set)
     #: data pointers of the reached modules' buffers, and how many modules they cover
     buffer_pointers: frozenset[int] = frozenset()
+    #: the storages of their parameters, to the parameter
+    parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
     buffer_modules: int = -1
     #: the modules the callable names directly, then those the forward ran, by id
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
@@ -60,37 +62,57 @@ class Forward:
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
 
-    def is_buffer(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
+    def _pointers(self) -> None:
+        """The storages of the reached modules' buffers and parameters (kept per module count)."""
         if self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = len(self.reach.modules)
+            modules = [module for _, module in list(self.reach.modules.values())]
             self.buffer_pointers = frozenset(
-                buffer.data_ptr()
-                for _, module in list(self.reach.modules.values())
-                for buffer in module._buffers.values()
-                if buffer is not None and buffer.numel()
-            )
+                buffer.data_ptr() for module in modules for buffer in module._buffers.values()
+                if buffer is not None and buffer.numel())
+            self.parameter_storages = {
+                param.untyped_storage().data_ptr(): param for module in modules
+                for param in module._parameters.values()
+                if param is not None and param.numel() and param.layout == torch.strided}
+
+    def is_buffer(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
+        self._pointers()
         return bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
+
+    def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
+        """The reached module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
+
+        ``refresh`` reads the parameters' storages again (FSDP allocates them at each gather).
+        """
+        if not tensor.numel() or tensor.layout != torch.strided:
+            return None
+        if refresh:
+            self.buffer_modules = -1
+        self._pointers()
+        return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
 
 class SavedPrint:
     """The metadata torch's ``determinism_check`` keeps per saved tensor, plus our print.
 
     Equality is torch's own (``base``, e.g. shape/dtype/device), so torch's checks and
-    messages are unchanged; the comparison also hands both prints to the record.  A
-    forward's ``print`` is None until its forward returns.
+    messages are unchanged; the comparison also hands the forward's print and the recomputed
+    tensor to the record, which prints it the way the forward's was printed.  A forward's
+    ``print`` is None until its forward returns.
     """
 
-    __slots__ = ("base", "print", "record", "index")
+    __slots__ = ("base", "print", "record", "index", "tensor")
 
-    def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int) -> None:
-        self.base, self.print, self.record, self.index = base, tensor_print, record, index
+    def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int,
+                 tensor: torch.Tensor | None = None) -> None:
+        self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SavedPrint):
             return NotImplemented
-        if self.record is not None and other.record is None and self.print is not None and other.print is not None:
-            self.record.compare_saved(self.index, self.print, other.print)
+        if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
+            self.record.compare_saved(self.index, self.print, other.tensor)
         return bool(self.base == other.base)
 
     def __ne__(self, other: object) -> bool:
@@ -193,7 +215,7 @@ class InvocationRecord:
         self._check_grad_reaches()
         self._check_inputs()
         for saved, tensor in forward.unprinted:
-            saved.print = print_saved(tensor, self.store)
+            saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
         forward.unprinted = []
         self.forward_done = True
 
@@ -256,7 +278,7 @@ class InvocationRecord:
                 self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
                                       effects)
             return saved
-        return SavedPrint(base, print_saved(tensor, self.store), None, -1)
+        return SavedPrint(base, None, None, -1, tensor.detach())
 
     # -- recompute -----------------------------------------------------------------------
 
@@ -329,12 +351,22 @@ class InvocationRecord:
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
-    def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
+    def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> None:
+        """The recomputed saved tensor ``index`` against the forward's print of it."""
         if index in self._pass_saved:
             return
         self._pass_saved.add(index)
-        if self.forward is not None and index in self.forward.saved_buffers:
+        forward = self.forward
+        if forward is not None and index in forward.saved_buffers:
             return  # a module buffer autograd saved: the buffer comparison reports it
+        if original.version is not None and forward is not None:
+            # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
+            owner = forward.parameter_of(tensor)
+            if owner is None:
+                owner = forward.parameter_of(tensor, refresh=True)
+            recomputed = print_saved(tensor, self.store, owner) if owner is not None else print_tensor(tensor, self.store)
+        else:
+            recomputed = print_tensor(tensor, self.store)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
         if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))
