@@ -243,7 +243,7 @@ class _Collector:
         if report.when != "call":
             return
         for name, value in report.user_properties:
-            if name == PROPERTY:
+            if name == PROPERTY and isinstance(value, dict):
                 self.settings.results.append({"nodeid": report.nodeid, **value})
 
 

@@ -270,15 +270,17 @@ def _ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
 
 def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
     subject = finding.subject or ""
+    x: Any
+    y: Any
     if finding.kind == "gradient":
         name = subject.removeprefix("grad of ")
         x, y = a.grads.get(name), b.grads.get(name)
     elif finding.kind == "output":
         x, y = dict(a.result).get(subject), dict(b.result).get(subject)
     else:
-        x = a.post.get((finding.kind, subject))
-        y = b.post.get((finding.kind, subject))
-        x, y = (x.value if x is not None else None), (y.value if y is not None else None)
+        seen_a, seen_b = a.post.get((finding.kind, subject)), b.post.get((finding.kind, subject))
+        x = seen_a.value if seen_a is not None else None
+        y = seen_b.value if seen_b is not None else None
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         return x, y
     return None

@@ -78,11 +78,11 @@ def _run_findings(ctx: Context, plain: RunResult, run: RunResult, input_mutated:
     recompute_calls = calls[1:]
     raised = [c for c in recompute_calls if c.outcome == "raised"
               and type(c.error).__name__ != "CheckpointError"]  # torch's own: see backward
-    if raised:
-        exc = raised[0].error
+    error = raised[0].error if raised else None
+    if error is not None:
         findings.append(ctx.finding("recompute", "recompute",
-                                    f"the region raised during recompute: {_first_line(exc)}",
-                                    str(exc), latent=latent))
+                                    f"the region raised during recompute: {_first_line(error)}",
+                                    str(error), latent=latent))
     elif run.backward_error is not None:
         exc = run.backward_error
         kind = _error_kind(exc, input_mutated)

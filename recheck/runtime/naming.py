@@ -14,6 +14,7 @@ import functools
 import inspect
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import torch
 __all__ = ["RegionKey", "call_site", "describe", "region_name", "relative", "unwrap"]
 
 _SKIPPED_DIRS = tuple(
-    str(Path(module.__file__).resolve().parent) + os.sep
+    str(Path(str(module.__file__)).resolve().parent) + os.sep
     for module in (torch, functools, sys.modules["recheck"])
     if getattr(module, "__file__", None)
 )
@@ -90,7 +91,7 @@ def _relative_to(path: str, cwd: str) -> str:
 
 def call_site(depth: int = 2) -> str | None:
     """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck."""
-    frame = sys._getframe(depth)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename not in _SKIPPED_FILES and not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<frozen"):

@@ -107,7 +107,7 @@ class TensorRecord:
             if t.dtype != self.copy.dtype:
                 t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
             elif t.shape != self.copy.shape:
-                t.set_(self.copy.clone())
+                t.set_(self.copy.clone())  # type: ignore[call-overload]  # (stubs lack the Tensor overload)
             else:
                 t.copy_(self.copy)
         _set_version(t, self.version)
@@ -364,8 +364,8 @@ class Snapshot:
                 if is_module_state(key):
                     add(("attr", id(module), key), functools.partial(
                         ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
-        for key, ref in list(reach.writes.items()) + list(reach.reads.items()):
-            add(("global", key), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+        for place, ref in list(reach.writes.items()) + list(reach.reads.items()):
+            add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
         for name, tensor in list(reach.tensors.items()):
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
                 parameter(name, tensor)
