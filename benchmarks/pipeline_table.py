@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recheck.loading import load_target
-from recheck.cost.plan import measure_plan, predict
-from recheck.cost.stage_table import plan_error, render_comparison, render_stages
-from recheck.cost.stages import rank_entry
+from recheck.cost.pipeline.plan import measure_plan, predict
+from recheck.cost.pipeline.stage_table import plan_error, render_comparison, render_stages
+from recheck.cost.pipeline.stages import rank_entry
 from recheck.distributed.launch import run_world
 
 FIXTURE = ROOT / "fixtures" / "pipeline" / "pipeline_steps.py"

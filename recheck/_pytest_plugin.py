@@ -6,11 +6,16 @@ first watched test runs, so a pytest run without ``--recheck`` never pays for it
 
 * ``--recheck`` (ini ``recheck = true``): watch every test; a test whose recomputations
   differ fails with the report as its message, and the report goes to a report section.
-* ``--recheck-strict`` / ``--recheck-store={digest,copy}`` / ``--recheck-report=PATH``,
-  the same as ini keys (``recheck_strict``, ...) and ``[tool.recheck]`` keys (``strict``,
-  ``store``, ``report``).  Precedence: marker > command line > ini > ``[tool.recheck]``.
-* ``@pytest.mark.recheck(strict=..., store=...)`` watches one test with its own options
-  (also without ``--recheck``); ``@pytest.mark.no_recheck(reason=...)`` opts a test out.
+* ``--recheck-early-stop={on,off}`` / ``--recheck-store={digest,copy}`` /
+  ``--recheck-atol X --recheck-rtol Y`` or ``--recheck-max-ulp N`` / ``--recheck-report=PATH``,
+  the same as ini keys (``recheck_early_stop``, ...) and ``[tool.recheck]`` keys
+  (``early-stop``, ``store``, ``atol``, ``rtol``, ``max-ulp``, ``report``): the options of
+  ``recheck.watch()``, with the words ``recheck.check()`` uses.  Precedence: marker > command
+  line > ini > ``[tool.recheck]``.  ``--recheck-strict`` (``strict``) is the old name of
+  ``--recheck-early-stop=off``.
+* ``@pytest.mark.recheck(early_stop=..., store=..., atol=..., rtol=..., max_ulp=...)`` watches
+  one test with its own options (also without ``--recheck``); ``@pytest.mark.no_recheck(reason=...)``
+  opts a test out.
 * The terminal summary and the JSON report are built on the controller from the test
   reports, so they are complete under pytest-xdist.
 * In a torch.distributed process (a process group initialised by the tests, or ``RANK`` and
@@ -33,16 +38,20 @@ __all__ = ["PROPERTY"]
 
 #: the ``user_properties`` key carrying a test's watch report to the controller
 PROPERTY = "recheck"
-_MARKER_OPTIONS = ("strict", "store")
+#: what ``@pytest.mark.recheck`` and the settings pass to ``recheck.watch()``
+_MARKER_OPTIONS = ("early_stop", "store", "atol", "rtol", "max_ulp", "strict")
 _STORES = ("digest", "copy")
+_SWITCH = {"on": True, "off": False}
 
 
 @dataclass
 class _Settings:
     enabled: bool
-    strict: bool
-    store: str
-    report_path: str | None
+    report_path: str | None = None
+    #: ``recheck.watch()`` keyword arguments from the command line, ini and ``[tool.recheck]``
+    watch_options: dict[str, Any] = field(default_factory=dict)
+    #: their validated form (``recheck.watcher.options.WatchOptions``), once read
+    options: Any = None
     results: list[dict[str, Any]] = field(default_factory=list)
     #: whether the options have been read (see ``_resolve``)
     resolved: bool = False
@@ -58,15 +67,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--recheck", action="store_true", default=None, dest="recheck",
                     help="run every test inside recheck.watch(): fail tests whose checkpoint "
                          "recomputation differs from the forward")
+    group.addoption("--recheck-early-stop", choices=tuple(_SWITCH), default=None, dest="recheck_early_stop",
+                    help="off: replay every non-reentrant recomputation fully (latent side effects show); "
+                         "on: force early stop (default: as each checkpoint call says)")
     group.addoption("--recheck-strict", action="store_true", default=None, dest="recheck_strict",
-                    help="replay every non-reentrant recomputation fully (early stop off)")
+                    help="the old name of --recheck-early-stop=off")
     group.addoption("--recheck-store", choices=_STORES, default=None, dest="recheck_store",
                     help="keep digests (default) or full copies of each forward's tensors")
+    group.addoption("--recheck-atol", type=float, default=None, dest="recheck_atol", metavar="X",
+                    help="absolute tolerance for floating-point values, with --recheck-rtol (default: exact)")
+    group.addoption("--recheck-rtol", type=float, default=None, dest="recheck_rtol", metavar="Y",
+                    help="relative tolerance, with --recheck-atol (default: exact)")
+    group.addoption("--recheck-max-ulp", type=int, default=None, dest="recheck_max_ulp", metavar="N",
+                    help="tolerance in units in the last place, instead of --recheck-atol/--recheck-rtol")
     group.addoption("--recheck-report", default=None, metavar="PATH", dest="recheck_report",
                     help="write a JSON report of the whole run to PATH")
     parser.addini("recheck", "run every test inside recheck.watch() (like --recheck)", type="bool", default=None)
-    parser.addini("recheck_strict", "like --recheck-strict", type="bool", default=None)
+    parser.addini("recheck_early_stop", "like --recheck-early-stop: on or off", type="string", default="")
+    parser.addini("recheck_strict", "the old name of recheck_early_stop = off", type="bool", default=None)
     parser.addini("recheck_store", "like --recheck-store: digest or copy", type="string", default="")
+    parser.addini("recheck_atol", "like --recheck-atol", type="string", default="")
+    parser.addini("recheck_rtol", "like --recheck-rtol", type="string", default="")
+    parser.addini("recheck_max_ulp", "like --recheck-max-ulp", type="string", default="")
     parser.addini("recheck_report", "like --recheck-report: a path for the JSON report", type="string", default="")
 
 
@@ -76,75 +98,112 @@ def _first(*values: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "recheck(strict=False, store='digest'): run this test inside recheck.watch() with these options")
+        "markers", "recheck(early_stop=None, store='digest', atol=None, rtol=None, max_ulp=None): "
+                   "run this test inside recheck.watch() with these options")
     config.addinivalue_line("markers", "no_recheck(reason=None): do not watch this test even with --recheck")
     enabled = bool(_first(config.getoption("recheck"), config.getini("recheck"), False))
-    settings = config.stash[_SETTINGS] = _Settings(enabled=enabled, strict=False, store="digest", report_path=None)
+    settings = config.stash[_SETTINGS] = _Settings(enabled=enabled)
     if enabled:
         _resolve(config, settings)
     config.pluginmanager.register(_Collector(settings), "recheck-collector")
 
 
+def _ini_number(config: pytest.Config, name: str, kind: type) -> Any:
+    text = config.getini(name)
+    if text in (None, ""):
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise pytest.UsageError(f"recheck: {name} must be a number, got {text!r}") from None
+
+
+def _early_stop(config: pytest.Config, table: dict[str, Any]) -> bool | None:
+    flag = config.getoption("recheck_early_stop") or config.getini("recheck_early_stop") or None
+    if flag is not None:
+        if flag not in _SWITCH:
+            raise pytest.UsageError(f"recheck: recheck_early_stop must be 'on' or 'off', got {flag!r}")
+        return _SWITCH[flag]
+    if config.getoption("recheck_strict") or config.getini("recheck_strict"):
+        return False  # the old name
+    if "early_stop" in table:
+        return table["early_stop"]
+    return False if table.get("strict") else None
+
+
 def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
-    """Read the options (command line > ini > ``[tool.recheck]``) once, when first needed.
+    """Read and validate the options (command line > ini > ``[tool.recheck]``) once, when needed.
 
     Nothing is read unless recheck is enabled or a test carries ``@pytest.mark.recheck``, so a
     ``[tool.recheck]`` table that only the linter uses (or a typo in it) never affects a plain
     ``pytest`` run.
     """
-    if settings.resolved:
+    if settings.options is not None:
         return settings
     from recheck.config import ConfigError, load_config
+
+    try:
+        table = load_config(config.rootpath).values
+    except ConfigError as exc:
+        raise pytest.UsageError(f"recheck: {exc}") from None
+    tolerance = {name: _first(config.getoption(f"recheck_{name}"), _ini_number(config, f"recheck_{name}", kind))
+                 for name, kind in (("atol", float), ("rtol", float), ("max_ulp", int))}
+    if not any(v is not None for v in tolerance.values()):  # a tolerance is one setting
+        tolerance = {name: table.get(name) for name in tolerance}
+    settings.watch_options = {
+        "early_stop": _early_stop(config, table),
+        "store": _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store")),
+        **tolerance,
+    }
+    settings.options = _validated(settings.watch_options, "recheck")
+    settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
+                                  table.get("report"))
+    return settings
+
+
+def _validated(options: dict[str, Any], where: str) -> Any:
     from recheck.dependencies import MissingDependency, require_torch
 
     try:
         require_torch("pytest --recheck")
     except MissingDependency as exc:
         raise pytest.UsageError(f"recheck: {exc}") from None
+    from recheck.watcher.options import WatchOptions
 
     try:
-        table = load_config(config.rootpath).values
-    except ConfigError as exc:
-        raise pytest.UsageError(f"recheck: {exc}") from None
-    store = _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store"), "digest")
-    if store not in _STORES:
-        raise pytest.UsageError(f"recheck: recheck_store must be 'digest' or 'copy', got {store!r}")
-    settings.strict = bool(_first(config.getoption("recheck_strict"), config.getini("recheck_strict"),
-                                  table.get("strict"), False))
-    settings.store = store
-    settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
-                                  table.get("report"))
-    settings.resolved = True
-    return settings
+        return WatchOptions.of(**options, where=where)
+    except (TypeError, ValueError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     settings = config.stash.get(_SETTINGS, None)
     if settings is None or not settings.enabled:
         return None
-    return f"recheck: watching every test (strict={settings.strict}, store={settings.store})"
+    return f"recheck: watching every test ({settings.options.describe()})"
 
 
 def _options_for(item: pytest.Item, settings: _Settings) -> dict[str, Any] | None:
+    """The ``watch()`` options for one test, or None when it is not watched."""
     if item.get_closest_marker("no_recheck") is not None:
         return None
     marker = item.get_closest_marker("recheck")
     if marker is None and not settings.enabled:
         return None
     _resolve(item.config, settings)
-    options: dict[str, Any] = {"strict": settings.strict, "store": settings.store}
+    options = dict(settings.watch_options)
     if marker is not None:
         unknown = sorted(set(marker.kwargs) - set(_MARKER_OPTIONS))
         if marker.args or unknown:
             given = ", ".join([*map(repr, marker.args), *unknown])
             raise pytest.UsageError(
                 f"{item.nodeid}: @pytest.mark.recheck takes only the keywords "
-                f"{', '.join(_MARKER_OPTIONS)}; got {given}")
+                f"{', '.join(_MARKER_OPTIONS[:-1])}; got {given}")
+        if any(k in marker.kwargs for k in ("atol", "rtol", "max_ulp")):
+            for name in ("atol", "rtol", "max_ulp"):  # the marker's tolerance replaces the run's
+                options.pop(name, None)
         options.update(marker.kwargs)
-        if options["store"] not in _STORES or not isinstance(options["strict"], bool):
-            raise pytest.UsageError(
-                f"{item.nodeid}: @pytest.mark.recheck needs strict=True/False and store='digest'/'copy', "
-                f"got strict={options['strict']!r}, store={options['store']!r}")
+        _validated(options, f"{item.nodeid}: @pytest.mark.recheck")
     return options
 
 
@@ -238,7 +297,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = Path(settings.report_path)
     if not path.is_absolute():
         path = config.rootpath / path
-    document: dict[str, Any] = {"tests": settings.results, "strict": settings.strict, "store": settings.store}
+    options = settings.options.as_kwargs() if settings.options is not None else {}
+    document: dict[str, Any] = {"tests": settings.results, "options": options}
     place = _place(settings)
     if place is not None:
         path = rank_report_path(path, place.rank)

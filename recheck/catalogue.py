@@ -210,11 +210,21 @@ def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) ->
     return subject.endswith(_BATCHNORM_BUFFERS)
 
 
+#: Subjects of the state a training step is meant to change (check_step's end state): a
+#: difference there follows from a gradient, it is not a write the region makes.
+TRAINING_STATE = ("parameter ", "optimizer state ")
+
+
+def _written_state(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    return not subject.startswith(TRAINING_STATE)
+
+
 _NARROWING = {
     "RC002": _rng_not_preserved,
     "RC102": _device_stream,
     "RC105": _host_stream,
     "RC106": _batchnorm_buffer,
+    "RC104": _written_state,
 }
 
 #: Every rule code, with its advice and what it explains.  Order matters within a kind
@@ -223,6 +233,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards",
           fixable=True),
     Entry("RC002", "the region draws random numbers but preserve_rng_state=False", ("rng",)),
+    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state"),
     Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve",
           ("rng",)),
     Entry("RC105", "the region draws from an RNG that checkpoint does not restore", ("rng",)),
@@ -235,6 +246,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",
           ("buffer", "state")),
     Entry("RC107", "the region mutates one of its inputs in place", ("input_mutation",)),
+    Entry("RC108", "the region reads a clock, a UUID or OS entropy; the recompute gets another value"),
     Entry("RC201", "a parameter changed between forward and recompute", ("param_version",)),
 )
 

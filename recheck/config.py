@@ -76,7 +76,9 @@ SCHEMA: Mapping[str, tuple[Callable[[Any], bool], str, str]] = {
     "cache_dir": (_str, "a path", "where the linter keeps its cache"),
     "max_file_size": (_positive_int, "a positive number of bytes", "larger files are skipped"),
     # dynamic checker, watch and the pytest plugin
-    "strict": (_bool, "true or false", "replay every recomputation fully (no early stop)"),
+    "early_stop": (_bool, "true or false",
+                   "watch: false replays every recomputation fully, true forces early stop (default: as called)"),
+    "strict": (_bool, "true or false", "the old name of early-stop = false"),
     "store": (_store, '"digest" or "copy"', "what watch() keeps of each forward"),
     "report": (_str, "a path", "where pytest --recheck writes its JSON report"),
     "atol": (_number, "a number", "absolute tolerance (default: exact)"),

@@ -49,7 +49,7 @@ def _check_block(source: str, label: str) -> recheck.Report:
     fn, args = built[0], built[1]
     kwargs: dict[str, Any] = built[2] if len(built) > 2 else {}
     options = getattr(module, "CHECK_OPTIONS", {}).get("region_example", {})
-    return recheck.check(fn, *args, **kwargs, **options)
+    return recheck.check(fn, *args, kwargs=kwargs, **options)
 
 
 def test_documents_with_runnable_examples_exist() -> None:

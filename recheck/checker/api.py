@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from recheck.runtime.bits import Tolerance
 from recheck.checker.compare import Context
@@ -13,19 +13,7 @@ from recheck.findings import Invocation, RecomputeMismatch, Report
 from recheck.runtime.naming import region_name
 from recheck.runtime.trees import leaves
 
-__all__ = ["assert_recompute_equal", "check"]
-
-
-def _tolerance(atol: float | None, rtol: float | None, max_ulp: int | None) -> Tolerance | None:
-    if atol is None and rtol is None and max_ulp is None:
-        return None
-    if max_ulp is not None and (atol is not None or rtol is not None):
-        raise ValueError("pass either max_ulp or atol/rtol, not both")
-    try:
-        return Tolerance(atol=float(atol or 0.0), rtol=float(rtol or 0.0),
-                         max_ulp=None if max_ulp is None else int(max_ulp))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"invalid tolerance: {exc}") from None
+__all__ = ["assert_recompute_equal", "assert_step_equal", "check", "check_step"]
 
 
 def _validate(plain: RunResult) -> None:
@@ -42,19 +30,41 @@ def _validate(plain: RunResult) -> None:
             "pass an input with requires_grad=True or use a module with parameters")
 
 
-def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
-          preserve_rng_state: bool = True, early_stop: bool = True, grad_outputs: Any = None,
-          atol: float | None = None, rtol: float | None = None, max_ulp: int | None = None,
-          **kwargs: Any) -> Report:
+def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | None = None,
+          use_reentrant: bool = False, preserve_rng_state: bool = True, early_stop: bool = True,
+          grad_outputs: Any = None, atol: float | None = None, rtol: float | None = None,
+          max_ulp: int | None = None) -> Report:
     """Check that checkpointing ``fn(*args, **kwargs)`` recomputes exactly what it computed.
 
-    Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the
-    given configuration, compares outputs, gradients, saved tensors, RNG streams,
-    buffers, Python state, globals and side effects bit for bit, and restores all of
-    it afterwards.  Returns a :class:`~recheck.findings.Report` (``report.ok`` when
-    nothing differs).  An exception raised by the region's plain run propagates
-    unchanged after the state is restored.  ``atol``/``rtol`` or ``max_ulp`` relax
-    floating-point comparisons (default: exact bits).
+    Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the given
+    configuration, compares outputs, gradients, saved tensors, RNG streams, buffers, Python
+    state, globals and side effects bit for bit, and restores all of it afterwards: a check
+    leaves no trace, also when it raises.
+
+    Args:
+        fn: the region: an ``nn.Module`` or any callable (closure, bound method,
+            ``functools.partial``, lambda).
+        *args: its positional arguments (tensors, nested tuples/lists/dicts of them, ...).
+        kwargs: its keyword arguments.  They are kept apart from the options below, so a
+            misspelt option is a ``TypeError``, never a keyword the region silently gets.
+        use_reentrant, preserve_rng_state, early_stop: the checkpoint configuration checked.
+        grad_outputs: the upstream gradient of each output that requires grad (default:
+            seeded random tensors, the same in every run).
+        atol, rtol: a tolerance for floating-point values, given together (as
+            ``torch.testing.assert_close`` requires); integer state stays exact.
+        max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
+
+    Returns:
+        A :class:`~recheck.findings.Report`; ``report.ok`` when nothing differs.
+
+    Raises:
+        TypeError, ValueError: for a bad option, before the region runs.
+        RegionError: when the region cannot be checked (no tensor output, nothing requires grad).
+        Exception: whatever the region's plain run raises, after the state is restored.
+
+    Example:
+        >>> report = recheck.check(block, x, kwargs={"mask": mask})   # doctest: +SKIP
+        >>> assert report.ok, report                                   # doctest: +SKIP
     """
     __tracebackhide__ = True
     if not callable(fn):
@@ -65,9 +75,12 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     options = CheckOptions(use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
                            early_stop=early_stop, grad_outputs=grad_outputs,
-                           tolerance=_tolerance(atol, rtol, max_ulp))
+                           tolerance=Tolerance.of(atol, rtol, max_ulp))
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"recheck.check(): kwargs must be a mapping of the region's keyword arguments, "
+                        f"got {type(kwargs).__name__}")
     region = region_name(fn)
-    runner = Runner(fn, args, kwargs, options)
+    runner = Runner(fn, args, dict(kwargs or {}), options)
     replay = None
     try:
         plain = runner.execute("plain")
@@ -102,13 +115,87 @@ def check(fn: Callable[..., Any], *args: Any, use_reentrant: bool = False,
     return Report(findings, title=title(region, config), notes=notes, stats=stats)
 
 
-def assert_recompute_equal(fn: Callable[..., Any], *args: Any, **options: Any) -> None:
+def assert_recompute_equal(fn: Callable[..., Any], /, *args: Any, **options: Any) -> None:
     """Like :func:`check`, but raise :class:`~recheck.findings.RecomputeMismatch` on a finding.
 
-    Takes the same arguments and options as :func:`check`; returns None when the
-    recomputation matches.  Under pytest the traceback points at the caller's line.
+    Takes the same arguments and options as :func:`check` (the region's keyword arguments
+    in ``kwargs=``); returns None when the recomputation matches.  Under pytest the
+    traceback points at the caller's line.
+
+    Raises:
+        RecomputeMismatch: with the full report, when anything differs.
     """
     __tracebackhide__ = True
     report = check(fn, *args, **options)
+    if not report.ok:
+        raise RecomputeMismatch(report)
+
+
+def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool | None = None,
+               store: str | None = None, atol: float | None = None, rtol: float | None = None,
+               max_ulp: int | None = None, modules: Sequence[Any] = (),
+               optimizers: Sequence[Any] = ()) -> Report:
+    """Check a whole training step against its uncheckpointed twin, bit for bit.
+
+    Snapshots everything the step can touch (parameters, gradients, buffers, module
+    attributes, optimizer, scheduler and scaler state, every RNG stream, the globals and plain
+    objects it reaches), runs the step **as written** inside :func:`recheck.watch` (every
+    recompute verified against its own forward), restores, runs it with **every checkpoint
+    bypassed** (each region called directly, nothing else changed), restores, and compares
+    the two end states: the step's return value, every gradient, parameters, buffers and
+    optimizer state after the step, RNG states, Python state.  A difference that is only
+    rounding (gradients summed in another order) is told apart by rerunning both twins in
+    float64 and reported as a note with its size.  The check leaves no trace.
+
+    Args:
+        step: a zero-argument callable: forward, backward and optionally the optimizer step
+            (the contract of ``recheck cost FILE.py:STEP``).
+        repeats: runs of the step as written; with more than one, what differs between them
+            (non-deterministic kernels) is not attributed to checkpointing.
+        early_stop, store: the options of the :func:`recheck.watch` around the step as written.
+        atol, rtol: a tolerance for floating-point values, given together (as
+            ``torch.testing.assert_close`` requires); max_ulp instead, in units in the last place.
+        modules, optimizers: state the step uses that cannot be found from it (its closure,
+            globals, bound objects and ``functools.partial`` arguments are searched).
+
+    Returns:
+        A :class:`~recheck.findings.Report`: the watch's findings and the twins' differences
+        (``gradient``, ``state``, ``buffer``, ``rng``, ``output`` ... "from the uncheckpointed step").
+
+    Raises:
+        TypeError, ValueError: for a bad option, before the step runs.
+        RuntimeError: inside another interception (``watch()``, ``measure()``).
+        Exception: whatever the step raises, after the state is restored.
+
+    Example:
+        >>> report = recheck.check_step(train_step)     # doctest: +SKIP
+        >>> assert report.ok, report                      # doctest: +SKIP
+    """
+    __tracebackhide__ = True
+    if not callable(step):
+        raise TypeError(f"recheck.check_step() needs a zero-argument callable step, got {type(step).__name__}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"recheck.check_step(): repeats must be a whole number of 1 or more, got {repeats!r}")
+    from recheck.checker.twin import check_step_report
+    from recheck.intercept import patches
+    from recheck.watcher.options import WatchOptions
+
+    options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
+                              where="recheck.check_step")
+    if patches.installed() is not None:
+        raise RuntimeError("recheck.check_step() cannot run while checkpoint calls are already intercepted "
+                           "(inside recheck.watch(), recheck.measure() or another check); run it outside that block")
+    return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
+                             watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
+
+
+def assert_step_equal(step: Callable[[], Any], /, **options: Any) -> None:
+    """Like :func:`check_step`, but raise :class:`~recheck.findings.RecomputeMismatch` on a finding.
+
+    Raises:
+        RecomputeMismatch: with the full report, when anything differs.
+    """
+    __tracebackhide__ = True
+    report = check_step(step, **options)
     if not report.ok:
         raise RecomputeMismatch(report)

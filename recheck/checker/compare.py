@@ -16,6 +16,7 @@ import torch
 from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
 from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
+from recheck.runtime.explaining import effect_messages, param_version_message
 from recheck.checker.message import value_detail
 from recheck.runtime.snapshot import Observed, fingerprint, show
 from recheck.runtime.trees import leaves
@@ -29,10 +30,11 @@ class Context:
     """What every finding of one check shares."""
 
     region: str
-    invocation: Invocation
+    invocation: Invocation | None
     tolerance: Tolerance | None
     use_reentrant: bool
-    preserve_rng_state: bool
+    #: None where one call's setting does not apply (a whole step)
+    preserve_rng_state: bool | None
 
     def finding(self, kind: str, subject: str, message: str, detail: str = "",
                 code: str | None = None, latent: bool = False) -> Finding:
@@ -43,7 +45,8 @@ class Context:
 
     def explain(self, kind: str, subject: str) -> str | None:
         """The rule code the registry gives a finding of ``kind`` about ``subject``."""
-        return explain(kind, subject, preserve_rng_state=self.preserve_rng_state)
+        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        return explain(kind, subject, **context)
 
 
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
@@ -97,8 +100,13 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
 
 
 def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
-                  other: Mapping[str, torch.Tensor | None]) -> list[Finding]:
-    """Gradients by name (``grad of `layer1.weight```), including None against a tensor."""
+                  other: Mapping[str, torch.Tensor | None], *,
+                  labels: tuple[str, str] = ("plain run", "checkpointed run"),
+                  reference: str = "the uncheckpointed run") -> list[Finding]:
+    """Gradients by name (``grad of `layer1.weight```), including None against a tensor.
+
+    ``labels`` name the two runs in the detail, ``reference`` the original in the message.
+    """
     findings: list[Finding] = []
     for name, a in original.items():
         b = other.get(name)
@@ -108,13 +116,13 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
         if a is None or b is None:
             detail = value_detail("None" if a is None else describe_tensor(a),
                                   "None" if b is None else describe_tensor(b),
-                                  ("plain run", "checkpointed run"))
+                                  labels)
+            state, there = ("missing", "a tensor") if b is None else ("extra", "None")
             findings.append(ctx.finding("gradient", subject,
-                                        f"{subject} is {'missing' if b is None else 'extra'} "
-                                        "under checkpoint", detail))
+                                        f"{subject} is {state} under checkpoint ({there} in {reference})", detail))
             continue
         findings += _tensor_finding(ctx, "gradient", subject, a, b,
-                                    f"{subject} differs from the uncheckpointed run's",
+                                    f"{subject} differs from {reference}'s",
                                     check_requires_grad=False)
     return findings
 
@@ -144,47 +152,36 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
 def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
                     recompute: Mapping[tuple[str, str], Any], shown: Mapping[tuple[str, str], tuple[str, str]],
                     *, latent: bool = False) -> list[Finding]:
-    """State at recompute start against forward start (rng, globals read, param versions)."""
+    """State at recompute start against forward start (rng, globals read, param versions).
+
+    Parameters whose version changed are one ``param_version`` finding that names them all,
+    as ``watch()`` words it.
+    """
     findings: list[Finding] = []
+    versions: list[tuple[str, Any, Any]] = []
     for key, a in forward.items():
         if key not in recompute or recompute[key] == a:
             continue
         kind, subject = key
+        if kind == "param_version":
+            versions.append((subject.removeprefix("parameter `").removesuffix("`"), a, recompute[key]))
+            continue
         before, after = shown.get(key, (show(a), show(recompute[key])))
         findings.append(ctx.finding(
             kind, subject, f"{subject} at recompute start differs from forward start",
             value_detail(before, after, ("forward", "recompute")),
             ctx.explain(kind, subject), latent))
+    if versions:
+        subject, message, detail = param_version_message(versions)
+        findings.append(ctx.finding("param_version", subject, message, detail,
+                                    ctx.explain("param_version", subject), latent))
     return findings
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:
-    """One ``side_effect`` finding per channel that emitted during recompute.
-
-    Writes to stdout/stderr are joined and counted by line (``print`` writes the
-    text and the newline separately).
-    """
-    by_channel: dict[str, list[str]] = {}
-    for effect in effects:
-        by_channel.setdefault(effect.channel, []).append(effect.text)
-    findings = []
-    for channel, texts in by_channel.items():
-        if channel in ("stdout", "stderr"):
-            texts = "".join(texts).splitlines() or [""]
-            message = f"{_plural(len(texts), 'line')} written to {channel} again during recompute"
-        else:
-            noun = "logging record" if channel == "logging" else "warning"
-            message = f"{_plural(len(texts), noun)} emitted again during recompute"
-        shown = [str(Effect(channel, t)) for t in texts[:5]]
-        if len(texts) > 5:
-            shown.append(f"... and {len(texts) - 5} more")
-        findings.append(ctx.finding("side_effect", channel, message, "\n".join(shown), "RC103",
-                                    latent))
-    return findings
+    """One ``side_effect`` finding per channel that emitted during recompute."""
+    return [ctx.finding("side_effect", channel, message, detail, ctx.explain("side_effect", channel), latent)
+            for channel, message, detail in effect_messages(effects)]
 
 
 def saved_tensor_findings(ctx: Context, mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]],

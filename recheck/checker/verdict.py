@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from recheck.catalogue import hint
+from recheck.runtime.explaining import with_likely_causes
 from recheck.checker.compare import (Context, compare_entries, compare_grads, compare_observed,
                                      compare_outputs, effect_findings, saved_tensor_findings)
 from recheck.checker.run import RunResult
@@ -21,8 +21,6 @@ __all__ = ["judge"]
 
 _LATENT_WHY = ("latent: early stop ended the recompute before this ran; "
                "use_reentrant=True or early_stop=False run it")
-#: Kinds that explain a value difference, most specific first.
-_CAUSES = ("rng", "global", "param_version", "input_mutation", "buffer", "state", "side_effect")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -122,21 +120,6 @@ def _drop_inert_counters(findings: list[Finding], written: frozenset[str]) -> li
     return [f for f in findings if not (f.kind == "global" and f.subject in written)]
 
 
-def _with_cause_hints(ctx: Context, findings: list[Finding]) -> list[Finding]:
-    causes = [f for f in findings if f.kind in _CAUSES and f.code]
-    if not causes:
-        return findings
-    cause = min(causes, key=lambda f: (f.latent, _CAUSES.index(f.kind)))
-    code = cause.code
-    text = f"likely cause: {cause.message}"
-    out = []
-    for finding in findings:
-        if finding.hint is None and finding.kind in ("output", "recompute", "gradient") and code:
-            finding = dataclasses.replace(finding, code=code, hint=hint(code, text))
-        out.append(finding)
-    return out
-
-
 def _unique(findings: Iterable[Finding]) -> list[Finding]:
     seen: set[tuple[str, str | None]] = set()
     out = []
@@ -170,4 +153,4 @@ def judge(ctx: Context, plain: RunResult, user: RunResult, replay: RunResult | N
     findings = _unique(findings)
     order = {kind: index for index, kind in enumerate(DYNAMIC_KINDS)}
     findings.sort(key=lambda f: (f.latent, order.get(f.kind, 99)))
-    return _with_cause_hints(ctx, findings)
+    return with_likely_causes(findings)

@@ -43,10 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="file.py, file.py:name or pkg.module:name")
     parser.add_argument("--step", action="append", default=[], metavar="FILE.py:FN",
-                        help="run a zero-argument training step under recheck.watch() and report "
-                             "every checkpoint call it makes (repeatable)")
-    parser.add_argument("--strict", action=argparse.BooleanOptionalAction, default=None,
-                        help="with --step: also replay every recomputation fully (early stop off)")
+                        help="check a zero-argument training step against its uncheckpointed twin "
+                             "(recheck.check_step: run as written under recheck.watch(), then with every "
+                             "checkpoint bypassed, end states compared bit for bit; repeatable)")
+    parser.add_argument("--watch-only", action="store_true",
+                        help="with --step: only verify each recomputation against its own forward "
+                             "(recheck.watch()), without the uncheckpointed twin")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="with --step: runs of the step as written (what differs between them is "
+                             "not blamed on checkpointing; default 1)")
+    parser.add_argument("--strict", action="store_true", default=None,
+                        help="with --step: the old name of --no-early-stop")
     parser.add_argument("--store", choices=("digest", "copy"), default=None,
                         help="with --step: keep digests (default) or full copies of each forward")
     parser.add_argument("--format", choices=("text", "json"), default="text",
@@ -59,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preserve-rng-state", action=argparse.BooleanOptionalAction,
                         default=None, help="checkpoint's preserve_rng_state (default: on)")
     parser.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=None,
-                        help="non-reentrant checkpoint's early_stop (default: on)")
+                        help="non-reentrant checkpoint's early_stop: the configuration checked for a "
+                             "region (default: on); with --step, --no-early-stop replays every "
+                             "recomputation fully (default: as each call says)")
     parser.add_argument("--atol", type=_non_negative(float), default=None,
                         help="absolute tolerance (default: exact)")
     parser.add_argument("--rtol", type=_non_negative(float), default=None,
@@ -83,6 +92,9 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     if "max_ulp" in options and ("atol" in options or "rtol" in options):
         raise ConfigError(f"{config.path}: [tool.recheck] sets both max-ulp and atol/rtol; "
                           "a tolerance is either a ULP distance or atol/rtol, keep one")
+    if ("atol" in options) != ("rtol" in options):
+        raise ConfigError(f"{config.path}: [tool.recheck] sets only one of atol and rtol; "
+                          "give both, as torch.testing.assert_close takes them (rtol = 0 for an absolute tolerance)")
     flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
     if flags:
         options = flags
@@ -107,13 +119,20 @@ def _usage_problem(ns: argparse.Namespace) -> str | None:
         return "give region TARGETs or --step, not both"
     if not ns.step and not ns.targets:
         return "nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN"
-    if ns.targets and (ns.strict is not None or ns.store is not None):
-        return "--strict and --store go with --step"
-    if ns.step and any(getattr(ns, n) is not None for n in
-                       ("use_reentrant", "preserve_rng_state", "early_stop", *_TOLERANCES)):
-        return "--use-reentrant, --preserve-rng-state, --early-stop and the tolerances go with region TARGETs, not --step"
+    if ns.targets and (ns.strict is not None or ns.store is not None or ns.watch_only or ns.repeats is not None):
+        return "--strict, --store, --watch-only and --repeats go with --step"
+    if ns.repeats is not None and (ns.repeats < 1 or ns.watch_only):
+        return "--repeats takes a whole number of 1 or more, and runs the twin (not with --watch-only)"
+    if ns.step and any(getattr(ns, n) is not None for n in ("use_reentrant", "preserve_rng_state")):
+        return ("--use-reentrant and --preserve-rng-state choose the checkpoint a region TARGET is checked "
+                "under; a --step runs its checkpoints as written")
+    if ns.strict and ns.early_stop is True:
+        return "--strict is the old name of --no-early-stop; it cannot go with --early-stop"
     if ns.max_ulp is not None and (ns.atol is not None or ns.rtol is not None):
         return "pass either --max-ulp or --atol/--rtol, not both (a tolerance is one or the other)"
+    if (ns.atol is None) != (ns.rtol is None):
+        return ("--atol and --rtol go together, as torch.testing.assert_close takes them "
+                "(--rtol 0 for an absolute tolerance)")
     return None
 
 
@@ -143,11 +162,10 @@ def _counted(count: int, noun: str) -> str:
 def _run_steps(ns: argparse.Namespace) -> int:
     """``--step``: each training step once under watch(); one report each, then a summary."""
     from recheck.config import load_config
-    from recheck.watcher.step import StepError, run_step
+    from recheck.watcher.step import StepError, load_step, run_step
 
-    table = load_config().values
-    strict = ns.strict if ns.strict is not None else table.get("strict", False)
-    store = ns.store or table.get("store", "digest")
+    config = load_config()
+    options = _watch_options(ns, config)
     from recheck.progress import progress
 
     outcomes: list[tuple[str, Any]] = []
@@ -156,7 +174,12 @@ def _run_steps(ns: argparse.Namespace) -> int:
             bar.describe(target)
             try:
                 with bar.redirected():  # the step's prints stay off stdout
-                    outcome: Any = run_step(target, strict=strict, store=store)
+                    if ns.watch_only:
+                        outcome: Any = run_step(target, **options)
+                    else:
+                        from recheck.checker.api import check_step
+
+                        outcome = check_step(load_step(target), repeats=ns.repeats or 1, **options)
             except StepError as exc:
                 outcome = _Broken(str(exc), exc.user_traceback)
             except Exception as exc:  # the step's own error
@@ -189,6 +212,25 @@ def _run_steps(ns: argparse.Namespace) -> int:
     return 2 if broken else 1 if dirty else 0
 
 
+def _watch_options(ns: argparse.Namespace, config: Any) -> dict[str, Any]:
+    """``watch()`` options of ``--step`` from the flags over ``[tool.recheck]`` (validated)."""
+    from recheck.config import ConfigError
+    from recheck.watcher.options import WatchOptions
+
+    table = config.values
+    early_stop = ns.early_stop if ns.early_stop is not None else False if ns.strict else table.get(
+        "early_stop", False if table.get("strict") else None)
+    flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
+    tolerance = flags or {n: table[n] for n in _TOLERANCES if n in table}
+    options = {"early_stop": early_stop, "store": ns.store or table.get("store"), **tolerance}
+    try:
+        WatchOptions.of(**options, where="recheck check --step")
+    except (TypeError, ValueError) as exc:
+        where = f"{config.path}: " if config.path and not flags else ""
+        raise ConfigError(f"{where}{exc}") from None
+    return options
+
+
 def _error(message: str, user_traceback: str = "") -> int:
     if user_traceback:
         sys.stderr.write(user_traceback if user_traceback.endswith("\n") else user_traceback + "\n")
@@ -211,7 +253,7 @@ def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
         return _Broken(str(exc), exc.user_traceback)
     try:
         with bar.redirected():  # the region's prints stay off stdout
-            report = check(region.fn, *region.args, **region.kwargs, **options)
+            report = check(region.fn, *region.args, kwargs=region.kwargs, **options)
     except RegionError as exc:
         return _Broken(str(exc))
     except Exception as exc:  # the region's own error, re-raised by check()

@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from recheck.cost.schedules import KINDS as SCHEDULE_KINDS
+from recheck.cost.pipeline.schedules import KINDS as SCHEDULE_KINDS
 from recheck.cost.units import parse_bytes
 
 NAME = "cost"
@@ -190,8 +190,8 @@ def run(ns: argparse.Namespace) -> int:
 
 def _run_ranks(ns: argparse.Namespace) -> int:
     """``--ranks N``: every rank measures its stage; the table is printed here."""
-    from recheck.cost.stage_table import render_stages, stages_to_dict
-    from recheck.cost.stages import rank_entry
+    from recheck.cost.pipeline.stage_table import render_stages, stages_to_dict
+    from recheck.cost.pipeline.stages import rank_entry
     from recheck.distributed.launch import WorldFailed, WorldTimeout, run_world
     from recheck.progress import progress
 
@@ -220,8 +220,8 @@ def _run_ranks(ns: argparse.Namespace) -> int:
 
 def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) -> int:
     """``--plan``: one process, one microbatch, a predicted table."""
-    from recheck.cost.plan import NoStageTags, measure_plan, predict
-    from recheck.cost.stage_table import plan_to_dict, render_plan
+    from recheck.cost.pipeline.plan import NoStageTags, measure_plan, predict
+    from recheck.cost.pipeline.stage_table import plan_to_dict, render_plan
     from recheck.progress import progress
 
     try:

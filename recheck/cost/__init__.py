@@ -1,16 +1,11 @@
 """``recheck.measure`` and ``recheck cost``: what checkpointing saves and what it costs, measured.
 
 Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and bytes of one
-operator), ``ledger`` (live storages by category), ``state`` (finding and restoring the
-step's state), ``router`` (runs each checkpoint as written or bypassed, through
+operator), ``ledger`` (live storages by category), ``router`` (runs each checkpoint as written or bypassed, through
 ``recheck.intercept.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
 ``results``/``budget`` (figures), ``compare`` (:func:`measure`), ``table``/``plot``
-(rendering).  Pipelines (``torch.distributed.pipelining``): ``schedules`` (orders of
-forward/backward per stage, theoretical bundle counts, the retained-peak model; no torch),
-``bundles`` (saved state attributed to a stage and microbatch), ``stages`` (a real
-schedule step traced on each rank: ``recheck cost --ranks``), ``plan`` (one microbatch in
-one process, laid out along a schedule: ``recheck cost --plan``), ``stage_table``
-(rendering).  Importing this package does not import torch; ``measure`` loads it.
+(rendering).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
+the schedule model, per-stage bundles, ``recheck cost --ranks`` and ``--plan``.  Importing this package does not import torch; ``measure`` loads it.
 """
 
 from __future__ import annotations

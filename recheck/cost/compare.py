@@ -24,7 +24,7 @@ from recheck.cost import budget as budget_fit
 from recheck.cost.peak import cuda_peak
 from recheck.cost.results import BudgetEstimate, ModeResult, RegionResult, rank_regions
 from recheck.cost.router import MODES, ROUTER_MODE, RegionStats, Router, routing
-from recheck.cost.state import StepState, discover_state
+from recheck.runtime.steps import StepState, discover_state
 from recheck.cost.trace import Tracer
 from recheck.cost.units import parse_bytes
 from recheck.cost.work import Work

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from recheck.cost.state import StepState
+from recheck.runtime.steps import StepState
 
 __all__ = ["CudaPeak", "cuda_in_use", "cuda_peak"]
 

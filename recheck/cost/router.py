@@ -1,12 +1,9 @@
 """Route every checkpoint call of a step: run it as written, or bypass it (call the region).
 
-The interception itself is ``recheck.intercept.patches`` (it swaps the function that
-``torch.utils.checkpoint.checkpoint``'s exported wrapper closes over, the non-reentrant
-generator used by the composable API, and ``CheckpointFunction.forward``); this module
-is the :class:`~recheck.intercept.patches.Hooks` object it calls.  In ``"checkpoint"`` mode
-the real checkpoint runs with the region function wrapped, so the cost tracer can tell a
-region's forward from its recompute; in ``"bypass"`` mode the region function is called
-directly, exactly as if the checkpoint call were not there.
+The :class:`Router` is the cost report's :class:`~recheck.intercept.hooks.Interceptor`.  In
+``"checkpoint"`` mode the real checkpoint runs with the region function wrapped, so the cost
+tracer can tell a region's forward from its recompute; in ``"bypass"`` mode the region
+function is called directly, exactly as if the checkpoint call were not there.
 
 The router keeps a stack of what is running: a *machinery* frame while torch's
 checkpoint code runs outside the region (tensors it saves then are the checkpoint's kept
@@ -15,6 +12,7 @@ inputs) and a *call* frame while the region function runs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,19 +22,14 @@ import torch
 
 from recheck.cost.work import Work
 from recheck.intercept import patches
-from recheck.runtime.naming import RegionKey, call_site, describe
-from recheck.runtime.tags import current_tags
+from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
+from recheck.runtime.naming import RegionKey
 
-__all__ = ["CHECKPOINT_OPTIONS", "MODES", "ROUTER_MODE", "RegionCall", "RegionStats", "Router", "routing"]
+__all__ = ["MODES", "ROUTER_MODE", "RegionCall", "RegionStats", "Router", "routing"]
 
 #: The two ways every cost figure is measured, and the router mode that runs each.
 MODES = ("checkpointed", "bypassed")
 ROUTER_MODE = {"checkpointed": "checkpoint", "bypassed": "bypass"}
-
-#: Keyword arguments ``torch.utils.checkpoint.checkpoint`` consumes itself; the rest go to the region.
-CHECKPOINT_OPTIONS = frozenset(
-    {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop"}
-)
 
 
 @dataclass
@@ -73,26 +66,8 @@ class _Machinery:
     inputs: dict[int, int] = field(default_factory=dict)
 
 
-class _RegionFunction:
-    """The region function as handed to torch's checkpoint: marks forward and recompute."""
-
-    def __init__(self, function: Callable[..., Any], stats: RegionStats, router: Router) -> None:
-        self.function, self.stats, self.router = function, stats, router
-        self.labels: dict[str, Any] = {}
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        recompute = torch._C._current_graph_task_id() != -1
-        if not recompute:
-            self.labels = dict(current_tags())
-        call = self.router.enter_call(self.stats, recompute, self.labels)
-        try:
-            return self.function(*args, **kwargs)
-        finally:
-            self.router.exit_call(call)
-
-
-class Router:
-    """The :class:`recheck.intercept.patches.Hooks` of a cost measurement."""
+class Router(Interceptor):
+    """The interceptor of a cost measurement: every call checkpointed as written, or bypassed."""
 
     def __init__(self) -> None:
         self.mode = "checkpoint"
@@ -108,9 +83,8 @@ class Router:
             raise ValueError(f"unknown mode {mode!r}")
         self.mode, self.stack, self.regions = mode, [], {}
 
-    def region(self, function: Any, callsite: str | None) -> RegionStats:
-        """The per-region figures of ``function`` checkpointed at ``callsite``."""
-        key = describe(function, callsite)
+    def region(self, key: RegionKey) -> RegionStats:
+        """The per-region figures of the region ``key`` (a callable checkpointed at a call site)."""
         if key not in self.regions:
             self.regions[key] = RegionStats(key)
         return self.regions[key]
@@ -143,7 +117,28 @@ class Router:
         else:
             call.stats.saved_bytes += sum(call.saved.values())
 
-    def _run_machinery(self, stats: RegionStats, run: Callable[[], Any]) -> Any:
+    # -- the interceptor's decisions ---------------------------------------------------------
+    def started(self, call: CheckpointCall) -> None:
+        call.state = self.region(call.region)
+
+    def bypass(self, call: CheckpointCall) -> bool:
+        return self.mode == "bypass"
+
+    @contextlib.contextmanager
+    def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
+                   kwargs: dict | None = None) -> Iterator[Run]:
+        # a region's first run during a backward is work of the recompute that made it (a
+        # checkpoint nested inside a recomputed region), like the recompute itself
+        recompute = phase is Phase.RECOMPUTE or (
+            phase is Phase.FORWARD and torch._C._current_graph_task_id() != -1)
+        frame = self.enter_call(call.state, recompute, dict(call.tags))
+        try:
+            yield Run()
+        finally:
+            self.exit_call(frame)
+
+    def around_machinery(self, call: CheckpointCall, run: Callable[[], Any]) -> Any:
+        stats: RegionStats = call.state
         frame = _Machinery(stats)
         self.stack.append(frame)
         try:
@@ -153,67 +148,14 @@ class Router:
                 del self.stack[self.stack.index(frame) :]
             stats.inputs_kept_bytes += sum(frame.inputs.values())
 
-    # -- the Hooks protocol --------------------------------------------------------------
-    def checkpoint(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``torch.utils.checkpoint.checkpoint(function, *args, **kwargs)``."""
-        if not args:
-            return original(*args, **kwargs)
-        function, region_args = args[0], args[1:]
-        stats = self.region(function, call_site(3))
-        if self.mode == "bypass":
-            user_kwargs = {k: v for k, v in kwargs.items() if k not in CHECKPOINT_OPTIONS}
-            call = self.enter_call(stats, recompute=False)
-            try:
-                return function(*region_args, **user_kwargs)
-            finally:
-                self.exit_call(call)
-        wrapped = _RegionFunction(function, stats, self)
-        return self._run_machinery(stats, lambda: original(wrapped, *region_args, **kwargs))
-
-    def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
-        """The composable API's ``_checkpoint_without_reentrant_generator(module, ...)``."""
-        function = args[0]
-        if isinstance(function, _RegionFunction):  # checkpoint() itself, already routed
-            return original(*args, **kwargs)
-        stats = self.region(function, call_site(3))
-        if self.mode == "bypass":
-            return self._bypassed_generator(stats)
-        wrapped = _RegionFunction(function, stats, self)
-        inner = original(wrapped, *args[1:], **kwargs)
-        return self._checkpointed_generator(stats, inner, wrapped)
-
-    def _bypassed_generator(self, stats: RegionStats) -> Iterator[None]:
-        call = self.enter_call(stats, recompute=False)
-        try:
-            yield
-        finally:
-            self.exit_call(call)
-
-    def _checkpointed_generator(self, stats: RegionStats, inner: Iterator[None], wrapped: _RegionFunction) -> Iterator[None]:
-        self._run_machinery(stats, lambda: next(inner))
-        wrapped.labels = dict(current_tags())  # the forward runs here, not through the wrapper
-        call = self.enter_call(stats, recompute=False, labels=wrapped.labels)
-        try:
-            yield
-        finally:
-            self.exit_call(call)
-        self._run_machinery(stats, lambda: next(inner, None))
-
-    def reentrant_forward(self, original: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
-        """``CheckpointFunction.forward``: reached from ``checkpoint()`` or a direct ``apply``."""
-        if isinstance(run_function, _RegionFunction):
-            return original(ctx, run_function, preserve, *args)
-        if self.mode == "bypass":
-            note = "CheckpointFunction.apply called directly cannot be bypassed; those regions stayed checkpointed"
-            if note not in self.notes:
-                self.notes.append(note)
-        stats = self.region(run_function, call_site(3))
-        wrapped = _RegionFunction(run_function, stats, self)
-        return self._run_machinery(stats, lambda: original(ctx, wrapped, preserve, *args))
+    def cannot_bypass(self, call: CheckpointCall) -> None:
+        self._note("CheckpointFunction.apply called directly cannot be bypassed; those regions stayed checkpointed")
 
     def compiled(self) -> None:
         """A checkpoint call inside torch.compile tracing ran untouched."""
-        note = "checkpoint calls traced by torch.compile were neither observed nor bypassed"
+        self._note("checkpoint calls traced by torch.compile were neither observed nor bypassed")
+
+    def _note(self, note: str) -> None:
         if note not in self.notes:
             self.notes.append(note)
 

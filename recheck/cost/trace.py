@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_leaves
 
 from recheck.cost.ledger import Ledger, storage_key
 from recheck.cost.router import RegionCall, Router
-from recheck.cost.state import StepState
+from recheck.runtime.steps import StepState
 from recheck.cost.work import Work, op_work
 
 __all__ = ["PHASES", "StepTrace", "Tracer", "tensor_storage"]

@@ -9,6 +9,6 @@ Each watches the first ``steps`` training steps with ``recheck.watch()`` (every 
 call compared with its own recomputation), reports each step through the framework's
 logger and, with ``fail_fast=True``, stops training with :class:`recheck.RecomputeMismatch`
 at the first step with findings.  Other keyword arguments go to ``recheck.watch()``
-(``strict=``, ``store=``).  Importing this package imports neither framework; each module
+(``early_stop=``, ``store=``, tolerances).  Importing this package imports neither framework; each module
 imports its own when it is imported.
 """

@@ -18,7 +18,7 @@ __all__ = ["StepWindow"]
 class StepWindow:
     """Watch steps ``1..steps``; ``log(level, message)`` hears of each; ``fail_fast`` raises.
 
-    ``watch_options`` go to ``recheck.watch()`` unchanged (``strict=``, ``store=``, ...),
+    ``watch_options`` go to ``recheck.watch()`` unchanged (``early_stop=``, ``store=``, ...),
     except ``raise_on_finding``, which is ``fail_fast`` here: the report is logged first.
     """
 

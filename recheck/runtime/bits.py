@@ -40,8 +40,35 @@ class Tolerance:
     max_ulp: int | None = None
 
     def __post_init__(self) -> None:
-        if self.atol < 0 or self.rtol < 0 or (self.max_ulp is not None and self.max_ulp < 0):
-            raise ValueError("tolerances must be non-negative")
+        if not (self.atol >= 0 and self.rtol >= 0) or (self.max_ulp is not None and self.max_ulp < 0):
+            raise ValueError("tolerances must be non-negative numbers")
+        if math.isinf(self.atol) or math.isinf(self.rtol):
+            raise ValueError("tolerances must be finite")
+
+    @classmethod
+    def of(cls, atol: float | None = None, rtol: float | None = None,
+           max_ulp: int | None = None) -> Tolerance | None:
+        """The tolerance that options ask for, or None for exact bits (every face's one rule).
+
+        ``atol`` and ``rtol`` go together, as ``torch.testing.assert_close`` requires;
+        ``max_ulp`` stands alone.  Raises ``ValueError`` naming what is wrong.
+        """
+        if atol is None and rtol is None and max_ulp is None:
+            return None
+        if max_ulp is not None:
+            if atol is not None or rtol is not None:
+                raise ValueError("pass either max_ulp or atol and rtol, not both")
+            if isinstance(max_ulp, bool) or not isinstance(max_ulp, int) or max_ulp < 0:
+                raise ValueError(f"max_ulp must be a whole number of 0 or more, got {max_ulp!r}")
+            return cls(max_ulp=max_ulp)
+        if atol is None or rtol is None:
+            given, missing = ("atol", "rtol") if rtol is None else ("rtol", "atol")
+            raise ValueError(f"{given} was given without {missing}: pass both, as "
+                             "torch.testing.assert_close requires (rtol=0 for an absolute tolerance)")
+        for name, value in (("atol", atol), ("rtol", rtol)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a finite number of 0 or more, got {value!r}")
+        return cls(atol=float(atol), rtol=float(rtol))
 
     def __str__(self) -> str:
         if self.max_ulp is not None:
@@ -71,6 +98,8 @@ class TensorDiff:
     max_abs_diff: float | None = None
     max_abs_index: tuple[int, ...] | None = None
     tolerance: Tolerance | None = None
+    #: integer or boolean values: compared exactly whatever the tolerance
+    exact_values: bool = False
 
     def lines(self) -> list[str]:
         """The assert_close-style text of this difference, one list item per line."""
@@ -78,7 +107,12 @@ class TensorDiff:
         if self.metadata:
             return out + list(self.metadata)
         share = 100.0 * self.mismatched / self.numel if self.numel else 0.0
-        how = "bitwise" if self.tolerance is None else f"beyond tolerance ({self.tolerance})"
+        if self.tolerance is None:
+            how = "bitwise"
+        elif self.exact_values:
+            how = "(integer values are compared exactly; the tolerance applies to floating-point values)"
+        else:
+            how = f"beyond tolerance ({self.tolerance})"
         out.append(f"{self.mismatched:,} / {self.numel:,} elements differ {how} ({share:.3g}%)")
         if self.first_index is not None:
             ulp = f", {self.first_ulp} ulp" if self.first_ulp is not None else ""
@@ -274,6 +308,7 @@ def compare_tensors(
         max_abs_diff=max_abs,
         max_abs_index=max_index,
         tolerance=tolerance,
+        exact_values=not (a.is_floating_point() or a.is_complex()),
     )
 
 

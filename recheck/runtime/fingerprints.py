@@ -18,7 +18,7 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["MISSING", "Observed", "fingerprint", "show"]
+__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -26,16 +26,32 @@ _MAX_DEPTH = 3
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """``repr`` truncated to ``limit`` characters (tensors as ``float32[4] on cpu``)."""
+    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
+    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    try:
+        text = _brief(value, 3)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _brief(value: Any, depth: int) -> str:
     if isinstance(value, torch.Tensor):
         from recheck.runtime.bits import describe_tensor
 
         return describe_tensor(value)
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if depth > 0 and type(value) in (list, tuple) and _holds_tensors(value):
+        items = [_brief(v, depth - 1) for v in value[:8]] + (["..."] if len(value) > 8 else [])
+        inner = ", ".join(items) + ("," if type(value) is tuple and len(value) == 1 else "")
+        return f"[{inner}]" if type(value) is list else f"({inner})"
+    if depth > 0 and type(value) is dict and _holds_tensors(value.values()):
+        items = [f"{k!r}: {_brief(v, depth - 1)}" for k, v in list(value.items())[:8]]
+        return "{" + ", ".join(items + (["..."] if len(value) > 8 else [])) + "}"
+    return repr(value)
+
+
+def _holds_tensors(items: Any) -> bool:
+    return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
@@ -75,7 +91,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         return (type(value).__name__, len(value), items)
     if isinstance(value, dict):
         items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
-                      for k, v in list(value.items())[:_MAX_ITEMS])
+                      for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if isinstance(value, (set, frozenset)):
         items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
@@ -88,6 +104,54 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         items = tuple((k, fingerprint(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS])
         return ("object", type(value).__qualname__, id(value), items)
     return ("id", type(value).__name__, id(value))
+
+
+#: The attributes every ``nn.Module`` has for its own bookkeeping (``_parameters``, hooks, ...):
+#: never a module's *state* in the sense a finding means (``training`` is, and stays).
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+
+
+def is_module_state(name: str) -> bool:
+    """Whether a module attribute is state a region may change (not torch's bookkeeping).
+
+    Left out: :data:`MODULE_INTERNALS`, and names that start with two underscores, where
+    torch keeps per-module registries of its own (the composable APIs'
+    ``__composable_api_state_key_<uuid>``).
+    """
+    return name not in MODULE_INTERNALS and not name.startswith("__")
+
+
+def shallow(value: Any, depth: int = 2) -> Any:
+    """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
+
+    Unlike :func:`fingerprint` no tensor's bytes are read: a tensor is its identity, version
+    counter and metadata, so rebinding it (``self.load = x``) or changing it in place
+    (``self.load += x``, ``.add_()``, ``.copy_()``) shows, while a write through ``.data``
+    (which bypasses the version counter) does not.  Containers compare by type, length and
+    their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
+    by identity and their ``__dict__``; numbers by bits.
+    """
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return value if not isinstance(value, bool) else ("bool", value)
+    if isinstance(value, float):
+        return ("float", float_bits(value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+    if depth <= 0 or isinstance(value, (torch.nn.Module, type, torch.Generator)) or callable(value):
+        return ("id", id(value))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
+    if isinstance(value, dict):
+        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
+                                          for k, v in list(dict.items(value))[:_MAX_ITEMS]))
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
+    if isinstance(value, _LOGGERS):
+        return fingerprint(value)
+    attrs = getattr(value, "__dict__", None)
+    if isinstance(attrs, dict):
+        return ("object", id(value), tuple((k, shallow(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS]))
+    return ("id", id(value))
 
 
 @dataclass

@@ -124,3 +124,26 @@ def region_name(function: Any) -> str:
     ``make.<locals>.body (m.py:3)`` for a closure.
     """
     return str(describe(function, None))
+
+
+# -- subjects: what a finding says differs, the same words in every face ------------------------
+
+
+def attribute_subject(module: str, name: str) -> str:
+    """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
+    return f"attribute `{module or 'self'}.{name}`"
+
+
+def buffer_subject(module: str, name: str) -> str:
+    """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
+    return f"buffer `{module + '.' if module else ''}{name}`"
+
+
+def parameter_subject(names: list[str]) -> str:
+    """``parameter `w``` or ``parameters `w`, `b```: the parameters a ``param_version`` names."""
+    return ("parameter " if len(names) == 1 else "parameters ") + ", ".join(f"`{n}`" for n in names)
+
+
+def grad_subject(name: str) -> str:
+    """``grad of `fc1.weight``` for a parameter, ``grad of args[0]`` for an input (a path)."""
+    return f"grad of {name}" if name.startswith(("args", "kwargs")) else f"grad of `{name}`"

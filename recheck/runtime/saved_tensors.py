@@ -89,9 +89,12 @@ class _BitwiseMetadata:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _BitwiseMetadata):
             return NotImplemented
-        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
-            return False  # torch raises its CheckpointError with our repr
         log = _active[-1] if _active else None
+        if (self.shape, self.dtype, self.device) != (other.shape, other.dtype, other.device):
+            if log is not None and self.copy is not None and other.ref is not None:
+                log.compared += 1  # recorded, then torch raises its CheckpointError with our repr
+                log.mismatches.append((self.position, self.copy, other.ref.clone(), self.storage))
+            return False
         if log is None or self.copy is None or other.copy is None:
             return True
         log.compared += 1

@@ -4,7 +4,7 @@ Built on the checker's lower modules: ``recheck.runtime.reach`` finds what a reg
 touch (its modules with their names, explicit generators, the globals its code reads)
 and ``recheck.runtime.fingerprints`` reads RNG streams and fingerprints values.  What is added here is specific to
 watching many invocations: a per-region cache of the static reach, and module state
-(own buffers as prints, public attributes as fingerprints) keyed by module name.
+(own buffers as prints, every attribute as a shallow print) keyed by the subjects findings use.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from typing import Any, Iterable
 
 import torch
 
-from recheck.runtime.reach import Reach, static_reach
-from recheck.runtime.fingerprints import MISSING, fingerprint, show
+from recheck.runtime.naming import attribute_subject, buffer_subject
+from recheck.runtime.reach import GlobalRef, Reach, static_reach
+from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, shallow, show
 from recheck.runtime.rng import rng_states
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
            "parameters_of", "reach_of", "with_submodules"]
 
-#: (module name, "buffer" | "attribute", name) -> print or fingerprint
-ModuleState = dict[tuple[str, str, str], Any]
+#: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
+ModuleState = dict[tuple[str, str], Any]
 
 
 def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
@@ -161,7 +162,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
-    for name, state in rng_states(reach.generators).items():
+    for name, state in rng_states(reach.generators, frozenset(reach.host_rng)).items():
         values[("rng", name)] = _exact(state)
     if rng_only:
         return values, shown
@@ -202,27 +203,25 @@ def _exact(state: Any) -> Any:
     return state
 
 
-_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+def _kept(value: Any) -> Any:
+    """What a state entry keeps of a value to show it in a finding: a copy of a list, dict or
+    set (they may grow later), the object itself otherwise."""
+    return type(value)(value) if type(value) in (list, dict, set) else value
 
 
-def _plain(value: Any) -> bool:
-    """Numbers, strings, None, and short tuples/lists of them: the counters and flags a
-    forward may bump.  Configuration objects and containers of tensors are left out:
-    fingerprinting them for every invocation costs more than the region."""
-    if isinstance(value, _SCALARS):
-        return True
-    return isinstance(value, (tuple, list)) and len(value) <= 16 and all(isinstance(v, _SCALARS) for v in value)
-
-
-def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store) -> ModuleState:
-    """Own buffers (printed) and plain public attributes (fingerprint and value) of each module."""
+def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
+                 written: Iterable[GlobalRef] = ()) -> ModuleState:
+    """Every buffer (printed) and attribute (shallow print and value) of each module, and the
+    globals the region writes, keyed by (what, subject) with the subjects findings use."""
     state: ModuleState = {}
     for name, module in modules:
         for buffer_name, buffer in module._buffers.items():
             if buffer is not None:
-                state[(name, "buffer", buffer_name)] = print_tensor(buffer, store)
+                state[("buffer", buffer_subject(name, buffer_name))] = print_tensor(buffer, store)
         for attr, value in vars(module).items():
-            if not attr.startswith("_") and _plain(value):
-                # the value itself (a copy of a list) for the message: shown only on a finding
-                state[(name, "attribute", attr)] = (fingerprint(value), list(value) if isinstance(value, list) else value)
+            if is_module_state(attr):
+                state[("attribute", attribute_subject(name, attr))] = (shallow(value), _kept(value))
+    for ref in written:
+        value = ref.namespace.get(ref.name, MISSING)
+        state[("global", ref.subject)] = (shallow(value), _kept(value))
     return state

@@ -17,35 +17,32 @@ report notes.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import itertools
 import threading
-import weakref
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from recheck.runtime.effects import EffectCapture
 from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
+from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
+from recheck.runtime.effects import EffectCapture
 from recheck.watcher.capture import reach_of
+from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
-from recheck.runtime.naming import call_site, describe
-from recheck.runtime.tags import current_tags
 
-__all__ = ["DISPATCHER", "Dispatcher", "SessionLike", "WatchedFunction"]
+__all__ = ["DISPATCHER", "Dispatcher", "SessionLike"]
 
-_SIGNATURES: dict[Any, inspect.Signature] = {}
 _METADATA_FNS = torch_checkpoint._allowed_determinism_checks_to_fns
 
 
 class SessionLike(Protocol):
     """What the dispatcher needs of a ``watch()`` block."""
 
-    store: str
-    strict: bool
+    options: WatchOptions
 
     def add_record(self, record: InvocationRecord) -> None: ...
 
@@ -54,31 +51,8 @@ class SessionLike(Protocol):
     def saw_compile(self) -> None: ...
 
 
-class WatchedFunction:
-    """The user's callable as torch sees it: first call is the forward, later ones recompute."""
-
-    __slots__ = ("function", "record", "dispatcher", "__weakref__")
-
-    def __init__(self, function: Callable[..., Any], record: InvocationRecord, dispatcher: Dispatcher) -> None:
-        self.function, self.record, self.dispatcher = function, record, dispatcher
-        # torch drops this object with the autograd graph: no recompute can come after
-        # that, so the record can let go of its prints and copies (findings stay).
-        weakref.finalize(self, record.release)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        record = self.record
-        if record.closed or record.failed:
-            return self.function(*args, **kwargs)
-        if not record.forward_done:
-            return self.dispatcher.run_forward(record, self.function, args, kwargs)
-        return self.dispatcher.run_recompute(record, self.function, args, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<recheck watched {self.function!r}>"
-
-
-class Dispatcher:
-    """Implements :class:`recheck.intercept.patches.Hooks` for the active ``watch()`` blocks."""
+class Dispatcher(Interceptor):
+    """The interceptor of the active ``watch()`` blocks: one record per invocation."""
 
     def __init__(self) -> None:
         self.sessions: list[SessionLike] = []
@@ -113,113 +87,92 @@ class Dispatcher:
             pipelining.release()
             patches.release()
 
-    def _option_store(self) -> str:
-        return "copy" if any(s.store == "copy" for s in self.sessions) else "digest"
-
-    def _new_record(self, function: Any, entry: str) -> InvocationRecord:
-        region = describe(function, call_site(2))
-        with self._lock:
-            index = self.region_calls.get(region, 0) + 1
-            self.region_calls[region] = index
-            record = InvocationRecord(region, index, _labels(), entry=entry, store=self._option_store(),
-                                      strict=any(s.strict for s in self.sessions), function=function)
-            self.records.append(record)
-            for session in self.sessions:
-                session.add_record(record)
-        return record
+    def _record_options(self) -> dict[str, Any]:
+        """What the active blocks together ask of a new record (nested blocks share records):
+        copies if any keeps copies, a full replay if any asks, a tolerance only if all give one."""
+        options = [s.options for s in self.sessions]
+        forced = next((o.early_stop for o in options if o.early_stop is False), None)
+        if forced is None:
+            forced = next((o.early_stop for o in options if o.early_stop is True), None)
+        tolerances = [o.tolerance for o in options]
+        return {"store": "copy" if any(o.store == "copy" for o in options) else "digest",
+                "early_stop": forced,
+                "tolerance": tolerances[0] if all(t is not None for t in tolerances) else None}
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
         for session in list(self.sessions):
             session.add_note(f"internal error while {where} ({type(exc).__name__}: {exc}); that check was skipped")
 
-    # -- hooks called by the patches -------------------------------------------------------
+    # -- the interceptor's decisions ---------------------------------------------------------
+
+    def active(self) -> bool:
+        return bool(self.sessions)
+
+    def started(self, call: CheckpointCall) -> None:
+        region = call.region
+        with self._lock:
+            index = self.region_calls.get(region, 0) + 1
+            self.region_calls[region] = index
+            record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry,
+                                      function=call.function, **self._record_options())
+            record.grad_enabled = call.grad_enabled
+            record.preserve_rng_state = call.preserve_rng_state
+            self.records.append(record)
+            for session in self.sessions:
+                session.add_record(record)
+        call.state = record
 
     def compiled(self) -> None:
         for session in list(self.sessions):
             session.saw_compile()
 
-    def checkpoint(self, real: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if not self.sessions or not args:
-            return real(*args, **kwargs)
-        function, rest = args[0], args[1:]
-        use_reentrant = kwargs.get("use_reentrant")
-        entry = "reentrant" if use_reentrant is None or use_reentrant else "checkpoint"
-        record = self._new_record(function, entry)
-        record.grad_enabled = torch.is_grad_enabled()
-        record.preserve_rng_state = bool(kwargs.get("preserve_rng_state", True))
-        return real(WatchedFunction(function, record, self), *rest, **kwargs)
+    def released(self, call: CheckpointCall) -> None:
+        # torch drops the region function with the autograd graph: no recompute can come
+        # after that, so the record can let go of its prints and copies (findings stay).
+        if call.state is not None:
+            call.state.release()
 
-    def reentrant_forward(self, real: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
-        if self.sessions and not isinstance(run_function, WatchedFunction):
-            record = self._new_record(run_function, "reentrant")
-            record.grad_enabled = any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-            record.preserve_rng_state = bool(preserve)
-            run_function = WatchedFunction(run_function, record, self)
-        return real(ctx, run_function, preserve, *args)
-
-    def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
-        signature = _SIGNATURES.get(original)
-        if signature is None:
-            signature = _SIGNATURES[original] = inspect.signature(original)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
-        function = arguments["fn"]
-        if isinstance(function, WatchedFunction):
-            record, brackets_forward = function.record, False
-        elif self.sessions:
-            # the composable API, or torch 2.14's curried checkpoint(...)(fn): the forward
-            # runs between the generator's two steps, not through our function
-            record = self._new_record(function, "generator")
-            arguments["fn"] = WatchedFunction(function, record, self)
-            brackets_forward = True
-        else:
-            return original(*args, **kwargs)
-        record.grad_enabled = torch.is_grad_enabled()
-        record.preserve_rng_state = bool(arguments.get("preserve_rng_state", True))
+    def configure_generator(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
+        record: InvocationRecord = call.state
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
-        key = None
+        undo = contextlib.ExitStack()
+        if record.forced_early_stop is not None:  # whatever the call or a set_checkpoint_early_stop block says
+            arguments["early_stop"] = record.forced_early_stop
+            undo.enter_context(torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop))
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"
             _METADATA_FNS[key] = lambda tensor: record.saved_print(tensor, base(tensor))
             arguments["determinism_check"] = key
-        if record.strict:
-            arguments["early_stop"] = False
-        generator = original(*bound.args, **bound.kwargs)
-        return self._drive(generator, record, key, brackets_forward)
+            undo.callback(_METADATA_FNS.pop, key, None)
+        return undo.close
 
-    def _drive(self, generator: Iterator[None], record: InvocationRecord, key: str | None, brackets_forward: bool) -> Iterator[None]:
-        """Run torch's generator, bracketing the forward (composable API, curried form)'s forward with the record."""
-        try:
-            if record.strict:
-                with torch_checkpoint.set_checkpoint_early_stop(False):
-                    next(generator)
-            else:
-                next(generator)
-        finally:
-            if key is not None:
-                _METADATA_FNS.pop(key, None)
-        if brackets_forward:
-            self._begin_forward(record, record.function)
-        try:
-            yield
-        except BaseException as exc:
-            if brackets_forward:
-                self._end_forward(record, None, False, failed=True)
+    @contextlib.contextmanager
+    def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
+                   kwargs: dict | None = None) -> Iterator[Run]:
+        run = Run()
+        record: InvocationRecord | None = call.state
+        if record is None or record.closed or record.failed:
+            yield run
+        elif phase is Phase.FORWARD:
+            self._begin_forward(record, call.function, args, kwargs)
+            # a full replay tells latent effects apart by what the forward emitted before its
+            # last saved tensor: the forward's effects are counted (and still reach the user)
+            capture = EffectCapture(passthrough=True) if record.replay_fully and not self._capturing() else None
             try:
-                generator.throw(exc)
-            except StopIteration:
-                return
-            raise RuntimeError("recheck: torch's checkpoint generator yielded more than twice") from exc
-        if brackets_forward:
-            self._end_forward(record, None, False, failed=False)
-        try:
-            next(generator)
-        except StopIteration:
-            return
-        raise RuntimeError("recheck: torch's checkpoint generator yielded more than twice")
+                if capture is not None:
+                    record.forward_effects = capture.effects
+                    with self._capture(capture):
+                        yield run
+                else:
+                    yield run
+            except BaseException:
+                self._end_forward(record, None, False, failed=True)
+                raise
+            self._end_forward(record, run.output, run.has_output, failed=False)
+        else:
+            yield from self._recompute(record, run)
 
     # -- forward and recompute -------------------------------------------------------------
 
@@ -235,9 +188,10 @@ class Dispatcher:
             for record in stack:
                 record.add_module(module)
 
-    def _begin_forward(self, record: InvocationRecord, function: Any) -> None:
+    def _begin_forward(self, record: InvocationRecord, function: Any, args: tuple | None,
+                       kwargs: dict | None) -> None:
         try:
-            record.begin_forward(reach_of(function, self._reach_cache))
+            record.begin_forward(reach_of(function, self._reach_cache), args, kwargs)
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             record.abort_forward()
             self._internal_error("recording a forward", exc)
@@ -256,47 +210,56 @@ class Dispatcher:
             record.abort_forward()
             self._internal_error("recording a forward", exc)
 
-    def run_forward(self, record: InvocationRecord, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        self._begin_forward(record, function)
-        try:
-            output = function(*args, **kwargs)
-        except BaseException:
-            self._end_forward(record, None, False, failed=True)
-            raise
-        self._end_forward(record, output, True, failed=False)
-        return output
+    def _capturing(self) -> bool:
+        """Whether an outer run on this thread is capturing effects already (captures do not nest)."""
+        return bool(getattr(self._local, "capturing", False))
 
-    def run_recompute(self, record: InvocationRecord, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    @contextlib.contextmanager
+    def _capture(self, effects: EffectCapture) -> Iterator[None]:
+        self._local.capturing = True
+        try:
+            with effects:
+                yield
+        finally:
+            self._local.capturing = False
+
+    def _recompute(self, record: InvocationRecord, run: Run) -> Iterator[Run]:
         try:
             rng_entry, state_entry = record.begin_recompute()
         except Exception as exc:  # noqa: BLE001
             self._internal_error("starting a recompute", exc)
-            return function(*args, **kwargs)
-        capturing = not getattr(self._local, "capturing", False)
+            yield run
+            return
         effects = EffectCapture(passthrough=True)
-        output, has_output = None, False
+        capturing = not self._capturing()
         try:
             if capturing:
-                self._local.capturing = True
-                with effects:
-                    output = function(*args, **kwargs)
+                with self._capture(effects):
+                    yield run
             else:
-                output = function(*args, **kwargs)
-            has_output = True
+                yield run
+        except BaseException as exc:
+            if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
+                record.recompute_raised(exc)
+            raise
         finally:
-            if capturing:
-                self._local.capturing = False
             try:
-                record.end_recompute(rng_entry, state_entry, output, has_output, effects.effects)
+                record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
-        return output
 
 
-def _labels() -> dict[str, Any]:
+_STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)
+
+
+def _ends_early(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's own early stop of a recompute (not a failure)."""
+    return _STOP is not None and isinstance(exc, _STOP)
+
+
+def _labels(tags: Mapping[str, Any]) -> dict[str, Any]:
     """The tags of a new record: ``rank`` first in a distributed process, then the user's
     and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins."""
-    tags = current_tags()
     place = current_place()
     if place is None or "rank" in tags:
         return dict(tags)

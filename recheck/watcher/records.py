@@ -20,11 +20,14 @@ import torch
 
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
+from recheck.runtime.bits import Tolerance
 from recheck.runtime.fingerprints import show
-from recheck.runtime.trees import tensors
+from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
+from recheck.runtime.naming import grad_subject
+from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import Store, TensorPrint, print_tensor
+from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["Forward", "InvocationRecord", "SavedPrint"]
@@ -52,6 +55,10 @@ class Forward:
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: those modules and their submodules, named: whose state is compared
     state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
+    inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
+    #: whether any input tensor requires grad (None: the inputs were not seen)
+    inputs_need_grad: bool | None = None
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
@@ -110,14 +117,18 @@ class InvocationRecord:
         tags: Mapping[str, Any],
         *,
         entry: str,
-        store: Store,
-        strict: bool,
         function: Any,
+        store: Store = "digest",
+        early_stop: bool | None = None,
+        tolerance: Tolerance | None = None,
     ) -> None:
         self.region, self.index, self.tags = region, index, dict(tags)
-        self.entry, self.store, self.strict = entry, store, strict
+        self.entry, self.store, self.tolerance = entry, store, tolerance
+        #: the early stop the watch imposes on the call (None: the call's own)
+        self.forced_early_stop = early_stop
+        self.replay_fully = early_stop is False
         self.function = function
-        self.reentrant = entry == "reentrant"
+        self.reentrant = entry in ("reentrant", "apply")
         self.early_stop: bool | None = None
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
         self.preserve_rng_state: bool | None = None
@@ -129,14 +140,30 @@ class InvocationRecord:
         self.closed = False
         self.findings: list[Finding] = []
         self._pass_saved: set[int] = set()
+        #: under a full replay: what the forward's state and effects were at its last saved
+        #: tensor (where early stop would end a recompute), and which keys changed after it
+        self.forward_effects: list[Any] | None = None
+        self._at_last_save: tuple[capture.ModuleState, int | None] | None = None
+        self._late_keys: frozenset[tuple[str, str]] = frozenset()
+        self._early_effects: int | None = None
+        #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
+        self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
+        self._saved_compared = 0
 
     # -- forward -------------------------------------------------------------------------
 
-    def begin_forward(self, reach: Reach) -> None:
+    def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
         self.forward = Forward(reach, entry, shown)
         for module in capture.direct_modules(self.function, reach):
             self.forward.ran.setdefault(id(module), module)
+        if args is not None:
+            # an input changed in place by the forward: its version moves (a write through
+            # ``.data`` does not; under early_stop=False the bytes are compared as well)
+            self.forward.inputs = [(path, tensor, tensor._version,
+                                    print_tensor(tensor, self.store) if self.replay_fully else None)
+                                   for path, tensor in input_tensors(args, kwargs or {})]
+            self.forward.inputs_need_grad = any(t.requires_grad for _, t, _, _ in self.forward.inputs)
 
     def add_module(self, module: torch.nn.Module) -> None:
         """A module ran inside the forward (found by the global forward pre-hook)."""
@@ -150,15 +177,55 @@ class InvocationRecord:
         if forward is None:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        forward.rng_consumed = {k for k, v in exit_state.items() if k[0] == "rng" and forward.entry.get(k) != v}
+        # a stream read only since a module found while running reached it has no entry to compare
+        forward.rng_consumed = {k for k, v in exit_state.items()
+                                if k[0] == "rng" and k in forward.entry and forward.entry[k] != v}
         forward.state_modules = capture.with_submodules(forward.reach, forward.ran.values())
-        forward.state_exit = capture.module_state(forward.state_modules, self.store)
+        forward.state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
+        if self._at_last_save is not None:
+            state, effects = self._at_last_save
+            self._late_keys = frozenset(k for k, v in forward.state_exit.items()
+                                        if k not in state or not _same(state[k], v))
+            self._early_effects = effects
+            self._at_last_save = None
+        self._check_grad_reaches()
+        self._check_inputs()
         for saved, tensor in forward.unprinted:
-            saved.print = print_tensor(tensor, self.store)
+            saved.print = print_saved(tensor, self.store)
         forward.unprinted = []
         self.forward_done = True
+
+    def _check_inputs(self) -> None:
+        forward = self.forward
+        assert forward is not None
+        for path, tensor, version, before in forward.inputs:
+            if tensor._version != version:
+                how = f"version {version} -> {tensor._version}"
+            elif before is not None and not before.same(print_tensor(tensor, self.store)):
+                how = "bytes changed without a version bump (.data or a view)"
+            else:
+                continue
+            self._add("input_mutation", f"{path} is modified in place by the region", subject=path, detail=how)
+        forward.inputs = []
+
+    def _check_grad_reaches(self) -> None:
+        """A reentrant forward runs under no_grad and its output requires grad only when an
+        input does: without one, the parameters it used never get a gradient (and nothing is
+        ever recomputed)."""
+        forward = self.forward
+        assert forward is not None
+        if not (self.reentrant and self.grad_enabled) or forward.inputs_need_grad is not False:
+            return
+        for name, module in forward.state_modules:
+            for param_name, param in module._parameters.items():
+                if param is not None and param.requires_grad:
+                    subject = grad_subject(f"{name}.{param_name}" if name else param_name)
+                    self._add("gradient", f"{subject} is never computed: the reentrant checkpoint ran the forward "
+                              "under no_grad and no input requires grad, so the output does not require grad",
+                              subject=subject,
+                              detail="use_reentrant=False, or an input with requires_grad=True, keeps the graph")
 
     def abort_forward(self) -> None:
         self.failed = True
@@ -183,8 +250,13 @@ class InvocationRecord:
             forward.unprinted.append((saved, tensor.detach()))
             if forward.is_buffer(tensor):
                 forward.saved_buffers.add(index)
+            if self.replay_fully:  # what early stop would have left behind, were this the last save
+                modules = capture.with_submodules(forward.reach, forward.ran.values())
+                effects = None if self.forward_effects is None else len(self.forward_effects)
+                self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
+                                      effects)
             return saved
-        return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
+        return SavedPrint(base, print_saved(tensor, self.store), None, -1)
 
     # -- recompute -----------------------------------------------------------------------
 
@@ -208,12 +280,13 @@ class InvocationRecord:
             elif kind == "param_version":
                 versions.append((subject, before, value))  # subject: the parameter's name
         if versions:
-            self._version_finding(versions)
-        state_entry = capture.module_state(forward.state_modules, self.store)
-        for state_key, value in state_entry.items():
-            before = forward.state_exit.get(state_key, value)
-            if not _same(before, value):
-                self._state_finding(state_key, before, value, "changed between forward and recompute")
+            subject, message, detail = param_version_message(versions)
+            self._add("param_version", message, subject=subject, detail=detail)
+        state_entry = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        # a global changed outside the region is the `global` finding above, when the region reads it
+        self._compare_state({k: v for k, v in forward.state_exit.items() if k[0] != "global"},
+                            {k: v for k, v in state_entry.items() if k[0] != "global"},
+                            "changed between forward and recompute")
         return entry, state_entry
 
     def end_recompute(self, entry: dict[tuple[str, str], Any], state_entry: capture.ModuleState,
@@ -221,30 +294,40 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and entry.get(k) != v}
+        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and k in forward.entry and entry.get(k) != v}
         for key in sorted(consumed | forward.rng_consumed):
             if entry.get(key) != forward.entry.get(key):
                 self._add("rng", f"{key[1]} state at recompute differs from the forward's; the region draws from it",
                           subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
-        state_exit = capture.module_state(forward.state_modules, self.store)
-        for state_key, value in state_exit.items():
-            before = state_entry.get(state_key, value)
-            if not _same(before, value):
-                self._state_finding(state_key, before, value, "updated again by the recompute")
+        state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        # under a full replay of a call that asked for early stop, what its forward changed only
+        # after its last saved tensor is changed again only because of the replay: latent
+        late = self._late_keys if self.replay_fully and self.early_stop is True else frozenset()
+        self._compare_state(state_entry, state_exit, "updated again by the recompute", late)
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
                 again = recomputed.get(path)
-                if again is not None and not original.same(again):
+                if again is not None and not original.matches(again, self.tolerance):
                     self._add("recompute", f"recomputed {path} differs from the forward's",
-                              subject=path, detail=original.difference(again))
+                              subject=path, detail=original.difference(again, self.tolerance))
         effects = [e for e in effects if not _torch_own(e)]
-        if effects:
-            shown = "; ".join(str(e) for e in effects[:3]) + (f"; ... ({len(effects)} in all)" if len(effects) > 3 else "")
-            self._add("side_effect", f"the recompute emitted {len(effects)} side effect(s) again: {shown}",
-                      subject="side effects")
+        # under a full replay, the effects past those the forward emitted before its last saved
+        # tensor come only from the replay: with early stop they would not happen
+        early = len(effects) if self._early_effects is None else self._early_effects
+        for latent, part in ((False, effects[:early]), (True, effects[early:])):
+            for channel, message, detail in effect_messages(part):
+                self._add("side_effect", message, subject=channel, detail=detail, latent=latent)
+
+    def recompute_raised(self, exc: BaseException) -> None:
+        """The region raised while recomputing (its forward returned): the backward fails with it."""
+        text = str(exc).strip().splitlines()
+        head = f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+        self._add("recompute", f"the region raised during recompute: {head}", subject="recompute",
+                  detail="its forward ran to the end; the recompute of the same call did not, so the "
+                         "backward raises (a recompute that differs from its forward)")
 
     def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
         if index in self._pass_saved:
@@ -252,9 +335,9 @@ class InvocationRecord:
         self._pass_saved.add(index)
         if self.forward is not None and index in self.forward.saved_buffers:
             return  # a module buffer autograd saved: the buffer comparison reports it
-        if not original.same(recomputed):
-            self._add("recompute", f"saved tensor #{index} recomputed in backward differs from the forward's",
-                      subject=f"saved tensor #{index}", detail=original.difference(recomputed))
+        self._saved_compared = max(self._saved_compared, len(self._pass_saved))
+        if not original.matches(recomputed, self.tolerance):
+            self._saved_diffs.setdefault(index, (original, recomputed))
 
     def release(self) -> None:
         """Drop what only a later recompute would need (called when torch frees the graph)."""
@@ -266,59 +349,67 @@ class InvocationRecord:
 
     # -- findings ------------------------------------------------------------------------
 
-    def _state_finding(self, key: tuple[str, str, str], before: Any, after: Any, how: str) -> None:
-        forward = self.forward
-        assert forward is not None
-        module_name, what, name = key
-        module = next((m for n, m in forward.reach.modules.values() if n == module_name), None)
-        label = f"{module_name}.{name}" if module_name else name
-        if what == "buffer":
-            batchnorm = isinstance(module, torch.nn.modules.batchnorm._NormBase)
-            message = (f"BatchNorm statistics `{label}` {how}" if batchnorm else f"buffer `{label}` {how}")
-            self._add("buffer", message, subject=f"buffer `{label}`", detail=before.difference(after))
-        else:
-            self._add("state", f"attribute `{label}` {how}: {show(before[1])} -> {show(after[1])}",
-                      subject=f"attribute `{label}`")
+    def _compare_state(self, before: capture.ModuleState, after: capture.ModuleState, how: str,
+                       latent_keys: frozenset[tuple[str, str]] = frozenset()) -> None:
+        """A finding for every buffer, attribute or written global that differs (or appeared);
+        those in ``latent_keys`` are latent."""
+        for key in after.keys() | before.keys():
+            then, now = before.get(key), after.get(key)
+            if then is not None and now is not None and _same(then, now, self.tolerance):
+                continue
+            what, subject = key
+            latent = key in latent_keys
+            if what == "buffer":
+                if then is not None and now is not None:
+                    batchnorm = explain("buffer", subject) == "RC106"
+                    message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
+                        else f"{subject} {how}"
+                    self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
+                              latent=latent)
+                continue
+            shown_then = "<absent>" if then is None else show(then[1])
+            shown_now = "<absent>" if now is None else show(now[1])
+            self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
 
-    def _version_finding(self, versions: list[tuple[str, Any, Any]]) -> None:
-        """One finding for the parameters (name, version at forward, at recompute) that changed."""
-        shown = [f"`{name}` (version {before} at forward, {after} at recompute)" for name, before, after in versions]
-        listed = ", ".join(shown[:_LISTED]) + (f" and {len(shown) - _LISTED} more" if len(shown) > _LISTED else "")
-        plural = "s" if len(versions) > 1 else ""
-        detail = "an optimizer step or another in-place update ran between this invocation's forward and its recompute"
-        if len(shown) > _LISTED:
-            detail += "\n" + "\n".join(shown)
-        self._add("param_version", f"parameter{plural} modified in place between forward and recompute: {listed}",
-                  subject=f"parameter{plural} " + ", ".join(f"`{name}`" for name, _, _ in versions),
-                  detail=detail)
-
-    def _add(self, kind: str, message: str, *, subject: str, detail: str = "") -> None:
-        # Under strict=True an invocation whose own setting was early stop replays fully: Python
-        # state and side effects after the last saved tensor only ran because of that.  (A
-        # buffer updated by a kernel, like BatchNorm's, is updated with early stop too.)
-        if any(f.message == message and f.subject == subject for f in self.findings):
-            return
-        latent = self.strict and self.early_stop is True and kind in ("state", "side_effect")
+    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
+        latent = latent and self.replay_fully and self.early_stop is True
         context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
         code = explain(kind, subject, **context)
-        finding = Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
-                          hint=hint(code) if code else None, latent=latent,
-                          invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
-        self.findings.append(finding)
+        return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
+                       hint=hint(code) if code else None, latent=latent,
+                       invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
+
+    def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
+        if any(f.message == message and f.subject == subject for f in self.findings):
+            return
+        self.findings.append(self._finding(kind, message, subject, detail, latent))
+
+    def _saved_finding(self) -> list[Finding]:
+        """One ``recompute`` finding for the saved tensors whose recomputed print differs."""
+        if not self._saved_diffs:
+            return []
+        index, (original, recomputed) = min(self._saved_diffs.items())
+        others = sorted(self._saved_diffs)[1:]
+        detail = f"saved tensor #{index}: " + original.difference(recomputed, self.tolerance)
+        if others:
+            more = f" and {len(others) - 8} more" if len(others) > 8 else ""
+            detail += "\nalso differ: saved tensor " + ", ".join(f"#{i}" for i in others[:8]) + more
+        total = max(self._saved_compared, len(self._saved_diffs))
+        message = f"{len(self._saved_diffs)} of {total} tensors saved for backward differ when recomputed"
+        return [self._finding("recompute", message, "saved tensors", detail)]
 
     def findings_of(self, calls_of_region: int) -> list[Finding]:
-        """The findings with ``call i of n`` filled in."""
+        """The findings with ``call i of n`` filled in, symptoms pointed at their likely cause."""
+        findings = with_likely_causes([*self.findings, *self._saved_finding()])
         return [replace(f, invocation=replace(f.invocation, of=calls_of_region)) if f.invocation else f
-                for f in self.findings]
+                for f in findings]
 
 
-#: parameters a ``param_version`` message names before "and N more" (the detail lists all)
-_LISTED = 4
-
-
-def _same(before: Any, after: Any) -> bool:
+def _same(before: Any, after: Any, tolerance: Tolerance | None = None) -> bool:
     if isinstance(before, TensorPrint) and isinstance(after, TensorPrint):
-        return before.same(after)
+        return before.matches(after, tolerance)
+    if isinstance(before, TensorPrint) or isinstance(after, TensorPrint):
+        return False
     return bool(before[0] == after[0])
 
 

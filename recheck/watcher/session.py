@@ -2,7 +2,7 @@
 
 ::
 
-    with recheck.watch(raise_on_finding=True, strict=False, store="digest") as w:
+    with recheck.watch(raise_on_finding=True, early_stop=None, store="digest") as w:
         train_step()
     w.report        # recheck.Report
 
@@ -28,30 +28,33 @@ from typing import Any
 from recheck.distributed.world import Place, current_place
 from recheck.findings import Finding, RecomputeMismatch, Report
 from recheck.watcher.dispatch import DISPATCHER
-from recheck.runtime.digests import STORES
+from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
-__all__ = ["COMPILE_NOTE", "Watch", "watch"]
+__all__ = ["COMPILE_NOTE", "REPLAY_NOTE", "Watch", "watch"]
 
 COMPILE_NOTE = (
     "torch.compile compiled code in this block: compiled regions run no Python at run time and "
     'were not observed; run them eagerly with torch.compiler.set_stance("force_eager") to check them'
 )
-STRICT_NOTE = (
-    "strict=True: non-reentrant recomputations were replayed fully (early stop off) to expose "
-    "latent side effects; findings marked latent may not happen with early stop on"
+REPLAY_NOTE = (
+    "early_stop=False: non-reentrant recomputations were replayed fully to expose latent side "
+    "effects; a finding marked latent happened only because of that replay: with the early stop "
+    "its call asked for, it does not happen"
 )
 
 
 class Watch:
     """A ``watch()`` block: its options, the records made while it was active, its report."""
 
-    def __init__(self, *, raise_on_finding: bool = True, strict: bool = False, store: str = "digest") -> None:
-        if store not in STORES:
-            raise ValueError(f"recheck.watch: store must be one of {', '.join(map(repr, STORES))}, got {store!r}")
-        if not isinstance(strict, bool) or not isinstance(raise_on_finding, bool):
-            raise TypeError("recheck.watch: strict and raise_on_finding must be True or False")
-        self.raise_on_finding, self.strict, self.store = raise_on_finding, strict, store
+    def __init__(self, *, raise_on_finding: bool = True, early_stop: bool | None = None,
+                 store: str | None = None, atol: float | None = None, rtol: float | None = None,
+                 max_ulp: int | None = None, strict: bool | None = None) -> None:
+        if not isinstance(raise_on_finding, bool):
+            raise TypeError("recheck.watch: raise_on_finding must be True or False")
+        self.options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol,
+                                       max_ulp=max_ulp, strict=strict)
+        self.raise_on_finding = raise_on_finding
         self.records: list[InvocationRecord] = []
         self.notes: list[str] = []
         self.compiled_calls = 0
@@ -61,6 +64,16 @@ class Watch:
         self._compilations_at_entry = 0
         #: this process's rank in a torch.distributed world (None for a single process)
         self.place: Place | None = None
+
+    @property
+    def store(self) -> str:
+        """``"digest"`` or ``"copy"``: what each forward keeps."""
+        return self.options.store
+
+    @property
+    def strict(self) -> bool:
+        """Deprecated name of ``options.replay_fully`` (``early_stop=False``)."""
+        return self.options.replay_fully
 
     # -- called by the dispatcher -------------------------------------------------------
 
@@ -140,8 +153,8 @@ class Watch:
                          "counted, not checked")
         if self.compiled_calls or _dynamo_compilations() != self._compilations_at_entry:
             notes.append(COMPILE_NOTE)
-        if self.strict:
-            notes.append(STRICT_NOTE)
+        if self.options.replay_fully:
+            notes.append(REPLAY_NOTE)
         return Report(findings, title=self._title(stats), notes=notes, stats=stats)
 
     def gather(self, dst: int = 0) -> Report | None:
@@ -175,14 +188,32 @@ def _dynamo_compilations() -> int:
     return int(sum(counters["stats"].values()))
 
 
-def watch(*, raise_on_finding: bool = True, strict: bool = False, store: str = "digest") -> Watch:
+def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, store: str | None = None,
+          atol: float | None = None, rtol: float | None = None, max_ulp: int | None = None,
+          strict: bool | None = None) -> Watch:
     """Verify every checkpoint invocation made inside the ``with`` block.
 
-    ``store="digest"`` keeps exact 128-bit digests of each forward's outputs and saved
-    tensors; ``store="copy"`` keeps full copies, so a mismatch reports its first differing
-    element.  ``strict=True`` replays each non-reentrant recomputation fully (early stop
-    off) to expose latent side effects; by default your configuration is left as it is.
-    With findings and ``raise_on_finding=True``, leaving the block raises
-    :class:`recheck.RecomputeMismatch`; the report is ``w.report`` either way.
+    Args:
+        raise_on_finding: leaving the block with findings raises
+            :class:`recheck.RecomputeMismatch` (the report is ``w.report`` either way).
+        early_stop: ``None`` (default) keeps each call's own setting; ``False`` replays every
+            non-reentrant recomputation fully to expose latent side effects (the same knob
+            as ``recheck.check(early_stop=...)``); ``True`` forces early stop.
+        store: ``"digest"`` keeps exact 128-bit digests of each forward's outputs and saved
+            tensors; ``"copy"`` keeps full copies, so a mismatch reports its first differing
+            element.  Default: ``"digest"``, or ``"copy"`` with a tolerance.
+        atol, rtol: a tolerance for floating-point values, given together (as
+            ``torch.testing.assert_close`` requires); integer state stays exact.
+        max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
+        strict: deprecated; ``strict=True`` is ``early_stop=False``.
+
+    Raises:
+        TypeError, ValueError: for an option of the wrong type or value, before anything runs.
+
+    Example:
+        >>> with recheck.watch(raise_on_finding=False) as w:   # doctest: +SKIP
+        ...     train_step()
+        >>> print(w.report)                                    # doctest: +SKIP
     """
-    return Watch(raise_on_finding=raise_on_finding, strict=strict, store=store)
+    return Watch(raise_on_finding=raise_on_finding, early_stop=early_stop, store=store, atol=atol,
+                 rtol=rtol, max_ulp=max_ulp, strict=strict)

@@ -97,7 +97,7 @@ def check_example(check: Callable[..., Any]) -> Callable[..., Any]:
 
     def run(name: str, **overrides: Any) -> Any:
         fn, args, kwargs = _build_example(name)
-        return check(fn, *args, **kwargs, **_example_options(name, **overrides))
+        return check(fn, *args, kwargs=kwargs, **_example_options(name, **overrides))
 
     return run
 

@@ -273,7 +273,7 @@ def test_nested_outputs_kwargs_partial_and_lambda():
         h = lin(x) * scale
         return {"h": h, "parts": (h.sum(), [h.mean(), "tag"]), "n": extra}
 
-    assert check(region, _x(2, 4), scale=0.5, extra=3).ok
+    assert check(region, _x(2, 4), kwargs={"scale": 0.5, "extra": 3}).ok
     assert check(functools.partial(region, scale=2.0, extra=1), _x(2, 4)).ok
     assert check(lambda x: lin(x).relu(), _x(2, 4)).ok
     assert check(Counter().lin.forward, _x(2, 4)).ok

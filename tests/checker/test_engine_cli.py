@@ -239,10 +239,11 @@ RUNS_LEAVE_A_MARK = textwrap.dedent('''
 @pytest.mark.parametrize("flags, message", [
     (["--atol", "1e-3", "--max-ulp", "4"], "pass either --max-ulp or --atol/--rtol, not both"),
     (["--rtol", "0.1", "--max-ulp", "0"], "pass either --max-ulp or --atol/--rtol, not both"),
-    (["--atol", "-1e-3"], "argument --atol: must be 0 or more, got -1e-3"),
+    (["--atol", "-1e-3", "--rtol", "0"], "argument --atol: must be 0 or more, got -1e-3"),
     (["--max-ulp", "-4"], "argument --max-ulp: must be 0 or more, got -4"),
-    (["--rtol", "nan"], "argument --rtol: must be 0 or more, got nan"),
+    (["--rtol", "nan", "--atol", "0"], "argument --rtol: must be 0 or more, got nan"),
     (["--max-ulp", "1.5"], "argument --max-ulp: not a whole number: '1.5'"),
+    (["--atol", "1e-3"], "--atol and --rtol go together, as torch.testing.assert_close takes them"),
 ])
 def test_bad_options_are_usage_errors_before_any_region_runs(tmp_path, capsys, flags, message):
     marks = tmp_path / "marks.py"
@@ -271,13 +272,24 @@ def test_a_tolerance_flag_replaces_the_files_tolerance(tmp_path, monkeypatch, ca
     (tmp_path / "marks.py").write_text(RUNS_LEAVE_A_MARK)
     (tmp_path / "pyproject.toml").write_text("[tool.recheck]\nmax-ulp = 4\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["check", "marks.py", "--atol", "1e-3"]) == 0
+    assert main(["check", "marks.py", "--atol", "1e-3", "--rtol", "0"]) == 0
     assert "checked 1 region: 0 with findings" in capsys.readouterr().out
 
 
 def test_step_options_with_region_targets_and_back_are_usage_errors(regions, capsys):
     assert main(["check", "--step", f"{regions}:region_clean", "--use-reentrant"]) == 2
-    assert "go with region TARGETs, not --step" in capsys.readouterr().err
+    assert "a --step runs its checkpoints as written" in capsys.readouterr().err
+    assert main(["check", "--step", f"{regions}:region_clean", "--strict", "--early-stop"]) == 2
+    assert "--strict is the old name of --no-early-stop" in capsys.readouterr().err
+
+
+def test_a_lone_atol_in_tool_recheck_is_a_configuration_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "marks.py").write_text(RUNS_LEAVE_A_MARK)
+    (tmp_path / "pyproject.toml").write_text("[tool.recheck]\natol = 1e-3\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "marks.py"]) == 2
+    assert "sets only one of atol and rtol" in capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()
 
 
 def test_a_broken_step_does_not_stop_the_next(tmp_path, capsys):

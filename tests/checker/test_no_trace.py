@@ -160,7 +160,7 @@ def _check_leaves_no_trace(check, fn, args, kwargs, options, raise_on, with_grad
     before = snapshot(fn, args, kwargs)
     region = _wrap_to_raise(fn, raise_on)
     try:
-        outcome = f"report kinds: {sorted(check(region, *args, **kwargs, **options).kinds)}"
+        outcome = f"report kinds: {sorted(check(region, *args, kwargs=kwargs, **options).kinds)}"
     except Exception as error:  # noqa: BLE001 - the region's error must surface, nothing else
         assert raise_on is not None and _raised_by_region(error), f"check crashed: {error!r}"
         outcome = f"raised {error!r}"
@@ -206,12 +206,11 @@ def test_check_of_every_zoo_example_leaves_no_trace(zoo_name, use_reentrant, che
     _check_leaves_no_trace(check, fn, args, kwargs, options, None, with_grads=True)
 
 
-def _plain_step(fn, *args, use_reentrant=False, preserve_rng_state=True, early_stop=True,
-                **kwargs):
+def _plain_step(fn, *args, kwargs=None, use_reentrant=False, preserve_rng_state=True, early_stop=True):
     """A "checker" that leaves every trace: one plain forward and backward."""
     from recheck.findings import Report
 
-    output = fn(*args, **kwargs)
+    output = fn(*args, **(kwargs or {}))
     output.sum().backward()
     return Report()
 

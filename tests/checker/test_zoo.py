@@ -67,7 +67,7 @@ def test_example_without_early_stop(zoo_name, zoo, check_example) -> None:
 @pytest.mark.parametrize("name", ["region_mlp", "region_nested_outputs", "region_kwargs"])
 def test_assert_recompute_equal_passes_on_safe_examples(name, build_example, example_options):
     fn, args, kwargs = build_example(name)
-    assert recheck.assert_recompute_equal(fn, *args, **kwargs, **example_options(name)) is None
+    assert recheck.assert_recompute_equal(fn, *args, kwargs=kwargs, **example_options(name)) is None
 
 
 @pytest.mark.parametrize("name", ["region_batchnorm_train", "region_dropout_rng_not_preserved",
@@ -75,7 +75,7 @@ def test_assert_recompute_equal_passes_on_safe_examples(name, build_example, exa
 def test_assert_recompute_equal_raises_on_hazards(name, zoo, build_example, example_options):
     fn, args, kwargs = build_example(name)
     with pytest.raises(recheck.RecomputeMismatch) as info:
-        recheck.assert_recompute_equal(fn, *args, **kwargs, **example_options(name))
+        recheck.assert_recompute_equal(fn, *args, kwargs=kwargs, **example_options(name))
     assert zoo.EXPECTED[name] <= info.value.report.kinds
     assert str(info.value).startswith(FIRST_LINE)
 

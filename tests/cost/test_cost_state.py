@@ -11,7 +11,7 @@ from torch import nn
 
 from recheck.cost import measure
 from recheck.cost.router import Router, routing
-from recheck.cost.state import discover_state
+from recheck.runtime.steps import discover_state
 from recheck.intercept import patches
 
 

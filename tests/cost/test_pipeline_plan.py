@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import recheck
-from recheck.cost.plan import NoStageTags, measure_plan, predict
+from recheck.cost.pipeline.plan import NoStageTags, measure_plan, predict
 
 WIDTH, HIDDEN, ROWS = 64, 256, 8
 ACT, HID = ROWS * WIDTH * 4, ROWS * HIDDEN * 4
@@ -84,8 +84,8 @@ def test_each_checkpoint_api_splits_the_observed_memory_by_stage(api):
 
 
 def test_without_node_names_the_observed_peak_is_not_predicted(monkeypatch):
-    import recheck.cost.plan as plan_module
-    from recheck.cost.stage_table import render_plan
+    import recheck.cost.pipeline.plan as plan_module
+    from recheck.cost.pipeline.stage_table import render_plan
 
     monkeypatch.setattr(plan_module, "supported", lambda: False)
     predictions = predict(measure_plan(two_stage_step("non-reentrant")), "gpipe", 4)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recheck.cost.schedules import (
+from recheck.cost.pipeline.schedules import (
     Action,
     ObservedModel,
     PeakModel,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from source_modules import load_file
 
-from recheck.cost.plan import measure_plan, predict
-from recheck.cost.schedules import Action, order_for, theoretical_bundles
-from recheck.cost.stage_table import plan_error, render_comparison, render_stages
-from recheck.cost.stages import StageReport, rank_entry
+from recheck.cost.pipeline.plan import measure_plan, predict
+from recheck.cost.pipeline.schedules import Action, order_for, theoretical_bundles
+from recheck.cost.pipeline.stage_table import plan_error, render_comparison, render_stages
+from recheck.cost.pipeline.stages import StageReport, rank_entry
 from recheck.distributed.launch import run_world
 
 #: real pipeline worlds on spawned ranks

@@ -111,10 +111,10 @@ def test_fail_fast_stops_training_at_the_first_step_with_findings(tmp_path, mess
 
 
 def test_watch_options_are_passed_through(tmp_path):
-    callback = RecheckCallback(steps=1, strict=True, store="copy")
+    callback = RecheckCallback(steps=1, early_stop=False, store="copy")
     train(tmp_path, callback, max_steps=1, accumulation=1).train()
     assert callback.report.ok, str(callback.report)
-    assert any("strict" in note for note in callback.report.notes)
+    assert any("early_stop=False" in note for note in callback.report.notes)
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

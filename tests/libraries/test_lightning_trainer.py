@@ -152,6 +152,6 @@ def test_a_module_without_checkpointing_is_said_so(tmp_path, messages):
 
 
 def test_watch_options_are_passed_through(tmp_path):
-    callback = RecheckCallback(steps=1, strict=True)
+    callback = RecheckCallback(steps=1, early_stop=False)
     fit(tmp_path, callback, Regressor(), max_steps=1)
-    assert any("strict" in note for note in callback.report.notes)
+    assert any("early_stop=False" in note for note in callback.report.notes)

@@ -179,7 +179,8 @@ def test_attribute_counter_is_a_state_finding(reentrant):
     with recheck.watch(raise_on_finding=False) as w:
         checkpoint(counter, inputs(), use_reentrant=reentrant).sum().backward()
     (finding,) = w.report.by_kind("state")
-    assert "attribute `calls` updated again by the recompute: 1 -> 2" in finding.message
+    assert "attribute `self.calls` updated again by the recompute: 1 -> 2" in finding.message
+    assert finding.subject == "attribute `self.calls`" and finding.code == "RC104"
 
 
 def test_print_in_region_is_a_side_effect(capsys):
@@ -194,19 +195,19 @@ def test_print_in_region_is_a_side_effect(capsys):
     assert capsys.readouterr().out.count("inside the region") == 2  # the user still sees both
 
 
-def test_strict_replays_fully_and_marks_latent_findings():
+def test_early_stop_off_replays_fully_and_marks_latent_findings():
     def late_print(x):
         y = x.sin().exp()
         print("after the last saved tensor")
         return y
 
     for strict in (False, True):
-        with recheck.watch(raise_on_finding=False, strict=strict) as w:
+        with recheck.watch(raise_on_finding=False, early_stop=False if strict else None) as w:
             checkpoint(late_print, inputs(), use_reentrant=False).sum().backward()
         if strict:
             (finding,) = w.report.by_kind("side_effect")
             assert finding.latent
-            assert any("strict=True" in note for note in w.report.notes)
+            assert any("early_stop=False" in note for note in w.report.notes)
         else:
             assert w.report.ok, str(w.report)  # early stop: the print never runs again
 
@@ -257,8 +258,14 @@ def test_tag_nesting_merges_and_validates():
 def test_invalid_options_are_clear_errors():
     with pytest.raises(ValueError, match="store must be one of"):
         recheck.watch(store="full")
+    with pytest.raises(TypeError, match="early_stop"):
+        recheck.watch(early_stop="yes")
     with pytest.raises(TypeError, match="strict"):
         recheck.watch(strict="yes")
+    with pytest.raises(ValueError, match="atol was given without rtol"):
+        recheck.watch(atol=1e-3)
+    with pytest.raises(ValueError, match="store='copy'"):
+        recheck.watch(atol=1e-3, rtol=0, store="digest")
 
 
 def test_report_round_trips_through_json():
@@ -287,7 +294,7 @@ def test_rrelu_noise_filled_after_saving_is_clean_under_a_full_replay():
     # forward's prints were deferred to the end of its forward).
     for _ in range(5):
         torch.manual_seed(0)
-        with recheck.watch(strict=True, raise_on_finding=False) as w:
+        with recheck.watch(early_stop=False, raise_on_finding=False) as w:
             _rrelu_step(torch.randn(32, 16, requires_grad=True))
         assert w.report.ok, str(w.report)
         assert w.report.stats["verified"] == 1
@@ -306,3 +313,76 @@ def test_rrelu_under_early_stop_is_reported_by_watch():
         if "recompute" in w.report.kinds:
             break
     assert "recompute" in reports[-1].kinds, str(reports[-1])
+
+
+def test_strict_is_the_old_name_of_early_stop_false():
+    with pytest.warns(DeprecationWarning, match="strict= is now early_stop=False"):
+        w = recheck.watch(strict=True)
+    assert w.options.early_stop is False and w.strict
+
+
+def test_a_tolerance_lets_a_tolerated_difference_pass_and_keeps_integer_state_exact():
+    global SCALE
+
+    def scaled_by_global(x):
+        return torch.tanh(x * SCALE) * 2
+
+    SCALE = 1.0
+    with recheck.watch(raise_on_finding=False, atol=1.0, rtol=1.0) as w:
+        assert w.options.store == "copy"
+        y = checkpoint(scaled_by_global, inputs(), use_reentrant=False)
+        SCALE = 1.0 + 1e-6
+        try:
+            y.sum().backward()
+        finally:
+            SCALE = 1.0
+    assert w.report.kinds == {"global"}, str(w.report)  # the value read is still a change
+
+
+def test_a_full_replay_marks_latent_only_what_happens_after_the_last_saved_tensor():
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.before = 0
+            self.after = 0
+
+        def forward(self, x):
+            self.before += 1          # runs again with early stop too: not latent
+            y = x.sin().exp()
+            self.after += 1           # past the last saved tensor: only a full replay reruns it
+            print("after the last saved tensor")
+            return y
+
+    model = Counted()
+    with recheck.watch(raise_on_finding=False, early_stop=False) as w:
+        checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    latent = {f.subject: f.latent for f in w.report}
+    assert latent == {"attribute `self.before`": False, "attribute `self.after`": True, "stdout": True}, str(w.report)
+    # and with the call's own early stop, exactly the non-latent one happens
+    model = Counted()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    assert {f.subject for f in w.report} == {"attribute `self.before`"}, str(w.report)
+
+
+def test_a_recompute_that_raises_is_a_finding_naming_the_region_and_the_error():
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.runs = 0
+
+        def forward(self, x):
+            self.runs += 1
+            if self.runs > 1:
+                raise RuntimeError("weight cache was cleared")  # as autocast's cache under SAC
+            return torch.tanh(self.fc(x))
+
+    model = Flaky()
+    with recheck.watch(raise_on_finding=False) as w:
+        with pytest.raises(RuntimeError, match="weight cache was cleared"):
+            checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    (finding,) = [f for f in w.report.by_kind("recompute") if f.subject == "recompute"]
+    assert finding.message == "the region raised during recompute: RuntimeError: weight cache was cleared"
+    assert "Flaky.forward" in finding.region
+    assert not any("never recomputed" in note for note in w.report.notes), w.report.notes

@@ -82,7 +82,7 @@ def test_recheck_fails_the_hazard_and_summarises(pytester):
     result = pytester.runpytest(*PLUGIN, "--recheck")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([
-        "*recheck: watching every test (strict=False, store=digest)*",
+        "*recheck: watching every test (early_stop=as called, store=digest)*",
         "*test_global_flipped*",
         "recheck: recomputation differs from the original forward (2 differences)",
         "*global: global `test_model.SCALE` was 1.0 at forward and 2.0 at recompute*",
@@ -125,12 +125,12 @@ def test_marker_with_unknown_option_is_a_usage_error(pytester):
     """)
     result = pytester.runpytest(*PLUGIN)
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*@pytest.mark.recheck takes only the keywords strict, store; got tolerance*"])
+    result.stdout.fnmatch_lines(["*@pytest.mark.recheck takes only the keywords early_stop, store, atol, rtol, max_ulp; got tolerance*"])
 
 
 def test_markers_are_registered(pytester):
     result = pytester.runpytest(*PLUGIN, "--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.recheck(strict=False, store='digest'):*",
+    result.stdout.fnmatch_lines(["@pytest.mark.recheck(early_stop=None, store='digest', atol=None, rtol=None, max_ulp=None):*",
                                  "@pytest.mark.no_recheck(reason=None):*"])
     result = pytester.runpytest(*PLUGIN, "--help")
     result.stdout.fnmatch_lines(["recheck: verify activation-checkpoint recomputation:", "*--recheck-store=*"])
@@ -150,7 +150,7 @@ def test_ini_and_tool_recheck_and_json_report(pytester):
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*store=copy*", "*first difference at index*"])
     document = json.loads((pytester.path / "out" / "recheck.json").read_text())
-    assert document["store"] == "copy"
+    assert document["options"]["store"] == "copy" and document["options"]["early_stop"] is None
     by_test = {test["nodeid"]: test for test in document["tests"]}
     assert set(by_test) == {f"test_model.py::test_{n}" for n in ("clean", "global_flipped", "no_checkpoint")}
     kinds = {f["kind"] for f in by_test["test_model.py::test_global_flipped"]["findings"]}
@@ -204,7 +204,7 @@ def test_checkpoint_imported_in_conftest_before_the_plugin_configured(pytester):
     """)
     result = pytester.runpytest(*PLUGIN, "--recheck")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*attribute `calls` updated again by the recompute: 1 -> 2*"])
+    result.stdout.fnmatch_lines(["*attribute `self.calls` updated again by the recompute: 1 -> 2*"])
 
 
 @pytest.mark.skipif("xdist" not in sys.modules and not __import__("importlib").util.find_spec("xdist"),
@@ -222,3 +222,44 @@ def test_xdist_summary_is_built_on_the_controller(pytester):
     ])
     document = json.loads((pytester.path / "run.json").read_text())
     assert len(document["tests"]) == 3
+
+
+LATE_PRINT = """
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+def late_print(x):
+    y = x.sin().exp()
+    print("after the last saved tensor")
+    return y
+
+def test_late_print():
+    checkpoint(late_print, torch.randn(4, requires_grad=True), use_reentrant=False).sum().backward()
+
+@pytest.mark.recheck(early_stop=False)
+def test_marked_full_replay():
+    test_late_print()
+"""
+
+
+def test_early_stop_off_from_the_command_line_the_ini_and_a_marker(pytester):
+    pytester.makepyfile(test_late=LATE_PRINT)
+    plain = pytester.runpytest(*PLUGIN, "--recheck")  # the call's own early stop: the print never reruns
+    plain.assert_outcomes(passed=1, failed=1)         # ... except in the marked test
+    plain.stdout.fnmatch_lines(["*side_effect (latent): 1 line written to stdout again during recompute*"])
+    replayed = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-early-stop=off")
+    replayed.assert_outcomes(failed=2)
+    replayed.stdout.fnmatch_lines(["*recheck: watching every test (early_stop=off, store=digest)*"])
+    pytester.makeini("[pytest]\nrecheck = true\nrecheck_early_stop = off\n")
+    pytester.runpytest(*PLUGIN).assert_outcomes(failed=2)
+
+
+def test_a_tolerance_from_the_command_line_must_be_whole(pytester):
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-atol", "1e-3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*atol was given without rtol*"])
+    ok = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-atol", "1e-3", "--recheck-rtol", "0")
+    ok.assert_outcomes(passed=1)
+    ok.stdout.fnmatch_lines(["*store=copy, tolerance: up to atol=0.001, rtol=0 allowed*"])

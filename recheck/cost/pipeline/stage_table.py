@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from recheck.cost.plan import StagePrediction
+from recheck.cost.pipeline.plan import StagePrediction
 from recheck.cost.router import MODES
-from recheck.cost.stages import StageReport
+from recheck.cost.pipeline.stages import StageReport
 from recheck.cost.units import format_bytes
 
 __all__ = ["STAGE_DEFINITIONS", "plan_error", "plan_to_dict", "render_comparison", "render_plan", "render_stages", "stages_to_dict"]

@@ -8,7 +8,7 @@ zero-argument step that runs one ``schedule.step(...)``.  Each rank then
 1. runs the step once untraced (the first step of a ``PipelineStage`` infers shapes and
    allocates its recv buffers), and finds the step's state and its schedule;
 2. runs it traced with its checkpoints as written, then bypassed (state restored before
-   each), with a :class:`~recheck.cost.bundles.BundleTracker` told of every chunk by
+   each), with a :class:`~recheck.cost.pipeline.bundles.BundleTracker` told of every chunk by
    :mod:`recheck.intercept.pipelining`;
 3. returns a :class:`StageReport` per stage it holds (plain data, picklable).
 
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.pipeline.bundles import BundleTracker, StageBundles
 from recheck.cost.ledger import storage_key
 from recheck.cost.router import MODES, ROUTER_MODE
-from recheck.cost.schedules import (
+from recheck.cost.pipeline.schedules import (
     PeakModel,
     order_of_schedule,
     predict_retained_peak,
@@ -135,7 +135,7 @@ def _buffer_bytes(buffers: list[Any]) -> int:
 def measure_rank(step: Callable[[], Any], rank: int) -> list[StageReport]:
     """Trace this rank's step in both modes; one report per stage the rank holds."""
     from recheck.cost.router import Router, routing
-    from recheck.cost.state import discover_state
+    from recheck.runtime.steps import discover_state
     from recheck.cost.trace import Tracer
     from recheck.intercept import pipelining
 

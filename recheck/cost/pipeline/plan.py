@@ -5,7 +5,7 @@ the schedule will split the batch into) forward and backward through the stages 
 each stage's forward inside ``recheck.tag(stage=s)`` (0-based), the loss after the last
 stage's block.  It is traced once with its checkpoints as written
 and once bypassed (state restored before each).  Per stage and mode the
-:class:`~recheck.cost.bundles.BundleTracker` measures
+:class:`~recheck.cost.pipeline.bundles.BundleTracker` measures
 
 * the bundle: bytes autograd holds for the microbatch when backward starts, split into
   the part made before any stage (the step's data: on a real pipeline each microbatch is
@@ -16,12 +16,12 @@ and once bypassed (state restored before each).  Per stage and mode the
   backward runs (what a checkpoint rebuilds);
 * the stage's parameters (of the modules whose forward ran inside its tag), their
   gradients and optimizer state;
-* the stage's windows (:mod:`recheck.cost.windows`): the rise of every live storage above
+* the stage's windows (:mod:`recheck.cost.pipeline.windows`): the rise of every live storage above
   what was alive when its forward / backward began, what its forward leaves kept, the
   data it reads.
 
 :func:`predict` lays the bundles out along the schedule's order for each stage
-(:mod:`recheck.cost.schedules`): ``bundles alive x bundle + shared input + backward extra``
+(:mod:`recheck.cost.pipeline.schedules`): ``bundles alive x bundle + shared input + backward extra``
 for the retained state; for the observed peak, the fixed state plus the bundles and the
 schedule's caches alive before each action, plus the action's rise, at the worst action.
 """
@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recheck.cost.bundles import BundleTracker, StageBundles
+from recheck.cost.pipeline.bundles import BundleTracker, StageBundles
 from recheck.cost.router import MODES, ROUTER_MODE
-from recheck.cost.schedules import (
+from recheck.cost.pipeline.schedules import (
     ObservedModel,
     PeakModel,
     order_for,
@@ -42,7 +42,7 @@ from recheck.cost.schedules import (
     predict_retained_peak,
     theoretical_bundles,
 )
-from recheck.cost.windows import StageWindows, WindowFigures, supported
+from recheck.cost.pipeline.windows import StageWindows, WindowFigures, supported
 
 __all__ = ["NoStageTags", "PlanMeasurement", "PlanStage", "StagePrediction", "measure_plan", "predict"]
 
@@ -148,7 +148,7 @@ def measure_plan(step: Callable[[], Any]) -> PlanMeasurement:
     import torch
 
     from recheck.cost.router import Router, routing
-    from recheck.cost.state import discover_state
+    from recheck.runtime.steps import discover_state
     from recheck.cost.trace import Tracer
     from recheck.runtime.tags import current_tags
 

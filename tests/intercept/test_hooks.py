@@ -1,0 +1,98 @@
+"""The one Interceptor base: every entry point, one CheckpointCall, forward then recompute."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointFunction, checkpoint
+
+from recheck.intercept import patches
+from recheck.intercept.hooks import Interceptor, Phase, Run
+
+
+class Recorder(Interceptor):
+    """Records every run of every region function, and bypasses when asked."""
+
+    def __init__(self, bypassing: bool = False) -> None:
+        self.bypassing = bypassing
+        self.events: list[tuple[str, str, int]] = []
+        self.released_calls = 0
+
+    def bypass(self, call):
+        return self.bypassing
+
+    @contextlib.contextmanager
+    def region_run(self, call, phase, args=None, kwargs=None):
+        try:
+            yield Run()
+        finally:  # early stop ends a non-reentrant recompute by raising through the region
+            self.events.append((call.entry, phase.value, call.runs))
+
+    def released(self, call):
+        self.released_calls += 1
+
+
+def block(x):
+    return torch.tanh(x).exp()
+
+
+@contextlib.contextmanager
+def intercepted(interceptor):
+    patches.acquire(interceptor)
+    try:
+        yield interceptor
+    finally:
+        patches.release()
+
+
+def _x():
+    return torch.randn(3, requires_grad=True)
+
+
+@pytest.mark.parametrize("entry, make", [
+    ("checkpoint", lambda x: checkpoint(block, x, use_reentrant=False)),
+    ("reentrant", lambda x: checkpoint(block, x, use_reentrant=True)),
+    ("apply", lambda x: CheckpointFunction.apply(block, True, x)),
+])
+def test_each_entry_point_is_one_call_whose_first_run_is_its_forward(entry, make):
+    with intercepted(Recorder()) as recorder:
+        make(_x()).sum().backward()
+    assert recorder.events == [(entry, "forward", 1), (entry, "recompute", 2)]
+
+
+def test_the_composable_api_brackets_a_forward_it_never_calls():
+    from torch.distributed._composable import checkpoint as composable
+
+    module = composable(torch.nn.Linear(3, 3))
+    with intercepted(Recorder()) as recorder:
+        module(_x()).sum().backward()
+    assert recorder.events == [("generator", "forward", 1), ("generator", "recompute", 2)]
+
+
+def test_bypass_calls_the_region_directly_with_its_own_keywords():
+    seen = {}
+
+    def region(x, *, scale):
+        seen["grad"] = torch.is_grad_enabled()
+        return x * scale
+
+    with intercepted(Recorder(bypassing=True)) as recorder:
+        y = checkpoint(region, _x(), use_reentrant=False, scale=2.0, preserve_rng_state=False)
+        y.sum().backward()
+    assert recorder.events == [("checkpoint", "bypass", 1)]
+    assert seen == {"grad": True} and y.grad_fn is not None and "Checkpoint" not in type(y.grad_fn).__name__
+
+
+def test_torch_dropping_the_graph_releases_the_call():
+    import gc
+
+    with intercepted(Recorder()) as recorder:
+        checkpoint(block, _x(), use_reentrant=False).sum().backward()
+        gc.collect()
+    assert recorder.released_calls == 1
+
+
+def test_the_phases_are_the_three_it_names():
+    assert {p.value for p in Phase} == {"forward", "recompute", "bypass"}
