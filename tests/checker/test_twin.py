@@ -50,6 +50,7 @@ def _same(a, b) -> bool:
             and all((x is None) == (y is None) and (x is None or torch.equal(x, y)) for x, y in zip(ga, gb)))
 
 
+@pytest.mark.slow
 def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
     module = twin("moe_router")
     step, model = module.make_step()
@@ -63,6 +64,7 @@ def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
     assert _check(fixed).ok
 
 
+@pytest.mark.slow
 def test_levit_eval_cache_filled_under_no_grad_leaves_the_biases_without_gradient():
     module = twin("levit_cache")
     report = _check(module.step)
@@ -71,12 +73,14 @@ def test_levit_eval_cache_filled_under_no_grad_leaves_the_biases_without_gradien
     assert _check(module.fixed_step).ok
 
 
+@pytest.mark.slow
 def test_aux_loss_tracker_in_another_module_is_state_of_the_step():
     report = _check(twin("moe_tracker").step)
     assert any("_TRACKER" in (f.subject or "") for f in report.by_kind("state")), str(report)
     assert _check(twin("moe_tracker").fixed_step).ok
 
 
+@pytest.mark.slow
 def test_accumulation_order_is_a_note_with_its_size_not_a_finding():
     report = _check(twin("encoder_decoder").step)
     assert report.ok, str(report)
@@ -84,6 +88,7 @@ def test_accumulation_order_is_a_note_with_its_size_not_a_finding():
     assert "ulp" in note and "rerun in float64" in note
 
 
+@pytest.mark.slow
 def test_a_compiled_step_is_compared_with_a_twin_compiled_without_recompute():
     module = twin("compiled_budget")
     report = _check(module.step)
@@ -92,6 +97,7 @@ def test_a_compiled_step_is_compared_with_a_twin_compiled_without_recompute():
     assert _check(module.fixed_step).ok
 
 
+@pytest.mark.slow
 def test_a_tolerance_is_applied_as_given_and_says_so():
     report = _check(twin("encoder_decoder").step, atol=1e-6, rtol=0)
     assert report.ok and "tolerance: up to atol=1e-06, rtol=0 allowed" in report.title
