@@ -10,6 +10,7 @@ numpy's arrays as bytes); :class:`RngRecord` restores them all.
 
 from __future__ import annotations
 
+import ctypes
 import random
 import sys
 import zlib
@@ -48,12 +49,13 @@ def rng_fingerprint(state: Any) -> Any:
 
 
 def _state_bytes(state: torch.Tensor) -> bytes:
-    """An RNG state tensor's bytes (a few kB, on the host): exact and cheap to compare."""
-    flat = state.detach().cpu().contiguous().reshape(-1)
-    try:
-        return bytes(flat.view(torch.uint8).numpy())
-    except (RuntimeError, TypeError):  # torch built without numpy
-        return bytes(flat.view(torch.uint8).tolist())
+    """An RNG state tensor's bytes (a few kB, on the host): exact and cheap to compare.
+
+    Read through the storage's address, so numpy is not needed (and the storage stays
+    resizable, which ``Tensor.numpy()`` would end).
+    """
+    flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
+    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
 
 
 #: The host streams a region's code may not reach at all (see ``Reach.host_rng``).

@@ -16,7 +16,7 @@ import torch
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, static_reach
 from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, shallow, show
-from recheck.runtime.rng import rng_states
+from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
@@ -156,14 +156,14 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
 
     The texts and the keys of globals and RNG streams are those of
     ``recheck.checker.observe.Probe.read`` (a parameter's key is its name); RNG states are
-    compared as the raw bytes :func:`_exact` takes, since every invocation is read four
-    times.  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
+    compared in the one exact encoding of :func:`recheck.runtime.rng.rng_fingerprint` (every
+    invocation reads them four times).  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
     texts (a recompute only needs the text of what differs: :func:`global_text`).
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
     for name, state in rng_states(reach.generators, frozenset(reach.host_rng)).items():
-        values[("rng", name)] = _exact(state)
+        values[("rng", name)] = rng_fingerprint(state)
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):
@@ -186,21 +186,6 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
             if subject == ref.subject:
                 return show(ref.namespace.get(ref.name, MISSING))
     return "?"
-
-
-def _exact(state: Any) -> Any:
-    """RNG state as plain comparable bytes/ints: tensors and numpy arrays become bytes.
-
-    Only the top level of a tuple is converted: Python's state is (version, 625 ints,
-    gauss) and numpy's legacy state is (name, key array, pos, has_gauss, cached).
-    """
-    if isinstance(state, torch.Tensor):
-        return bytes(state.cpu().numpy())
-    if isinstance(state, tuple):
-        return tuple(item.tobytes() if hasattr(item, "tobytes") else
-                     bytes(item.cpu().numpy()) if isinstance(item, torch.Tensor) else item
-                     for item in state)
-    return state
 
 
 def _kept(value: Any) -> Any:
