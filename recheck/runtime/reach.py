@@ -115,6 +115,10 @@ class Reach:
         #: the host RNG streams the code refers to (``"Python random"``, ``"numpy global RNG"``),
         #: following functions into other modules too
         self.host_rng: set[str] = set()
+        #: (namespace, name, identities) of the globals whose objects (modules, generators,
+        #: tensors, also inside containers) the reach took in: it describes the region only while
+        #: each name still holds those very objects
+        self.bound: list[tuple[dict, str, Any]] = []
         self._rng_scanned: set[int] = set()
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
@@ -195,6 +199,8 @@ class Reach:
                     self.walk_function(value)
                 continue
             self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+            if not isinstance(value, (int, float, str, bytes, bool, type(None))):
+                self.bound.append((namespace, name, _identities(value)))
             self.add_value(name, value)
         for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
             try:
@@ -202,6 +208,10 @@ class Reach:
             except ValueError:  # an empty cell
                 continue
             self.add_value(cell_name, contents)
+
+    def still_bound(self) -> bool:
+        """Whether every global the reach took objects from still holds the same object."""
+        return all(_identities(namespace.get(name, MISSING_VALUE)) == taken for namespace, name, taken in self.bound)
 
     def _scan_host_rng(self, function: types.FunctionType) -> None:
         """Note whether ``function`` (or a function it names, in any module) uses Python's or
@@ -277,6 +287,21 @@ class Reach:
         elif _is_plain_object(value):
             if all(o is not value for o in self.objects.values()):
                 self.objects[name] = value
+
+
+#: stands for a global that is gone (never the object a reach took in)
+MISSING_VALUE = object()
+
+
+def _identities(value: Any, depth: int = 2) -> Any:
+    """The ids of ``value`` and of what :meth:`Reach.add_value` walks into (two levels of
+    containers): equal exactly while the same objects are held at the same places."""
+    if depth > 0 and isinstance(value, (list, tuple)):
+        return (id(value), tuple(_identities(v, depth - 1) for v in value))
+    if depth > 0 and isinstance(value, dict):
+        return (id(value), tuple((k, _identities(v, depth - 1)) for k, v in dict.items(value)
+                                 if isinstance(k, (str, int))))
+    return id(value)
 
 
 def _host_stream(value: Any) -> str | None:

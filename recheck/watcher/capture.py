@@ -9,6 +9,8 @@ watching many invocations: a per-region cache of the static reach, and module st
 
 from __future__ import annotations
 
+import collections
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -30,17 +32,43 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     """The static reach of a checkpointed callable, cached by code object and bound objects.
 
     Walking a region's code is the costly part of the reach, and every invocation of a
-    region runs the same code on the same modules.  The key is made of object ids; the
-    cache entry keeps those objects alive, so an id cannot be reused by another object
-    while the entry exists (the cache lives as long as the outermost ``watch()`` block).
+    region runs the same code on the same modules.  The key is made of object ids.  Where
+    every object the key names can be weakly referenced (modules, functions), the entry is
+    kept across ``watch()`` blocks (a test suite watches each test in its own block) and is
+    valid only while those very objects are alive; otherwise ``cache`` (which lives as long
+    as the outermost block) keeps the objects alive, so an id cannot be reused meanwhile.
     """
     key, holders = _cache_key(function)
-    entry = cache.get(key) if key is not None else None
+    if key is None:
+        return static_reach(function, (), {})
+    lasting = _LASTING.get(key)
+    if lasting is not None:
+        reach, refs = lasting
+        if all(ref() is holder for ref, holder in zip(refs, holders)) and reach.still_bound():
+            _LASTING.move_to_end(key)
+            return reach
+        del _LASTING[key]
+    entry = cache.get(key)
     if entry is None:
-        entry = (static_reach(function, (), {}), holders)
-        if key is not None:
-            cache[key] = entry
+        entry = cache[key] = (static_reach(function, (), {}), holders)
+        refs = _weak(holders)
+        if refs is not None:
+            _LASTING[key] = (entry[0], refs)
+            while len(_LASTING) > _LASTING_SIZE:
+                _LASTING.popitem(last=False)
     return entry[0]
+
+
+#: reaches kept across watch() blocks, by cache key, with weak references to their objects
+_LASTING: collections.OrderedDict[Any, tuple[Reach, tuple]] = collections.OrderedDict()
+_LASTING_SIZE = 512
+
+
+def _weak(holders: tuple) -> tuple | None:
+    try:
+        return tuple(weakref.ref(holder) for holder in holders)
+    except TypeError:  # a list, a tuple or another object without weak references
+        return None
 
 
 def _cache_key(function: Any) -> tuple[Any, tuple]:
@@ -68,7 +96,11 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
             value = cell.cell_contents
             # timm's checkpoint_seq closes over a new list of the same modules each call
             holders.extend(value if isinstance(value, (list, tuple)) else (value,))
-    return (code, *map(id, holders)), tuple(holders)
+    # by identity: code objects compare equal by content, and a module imported again (a test
+    # file under pytester) has equal code over another namespace; the reach keeps that namespace
+    # alive (its globals), so its id is not reused while the entry exists
+    holders.insert(0, code)
+    return (id(function.__globals__), *map(id, holders)), tuple(holders)
 
 
 def _filled(cell: Any) -> bool:
