@@ -114,9 +114,12 @@ class Dispatcher(Interceptor):
             index = self.region_calls.get(region, 0) + 1
             self.region_calls[region] = index
             record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry,
-                                      function=call.function, **self._record_options())
+                                      function=call.function, implementation=call.implementation,
+                                      reentrant=call.reentrant, needs_input_grad=call.needs_input_grad,
+                                      **self._record_options())
             record.grad_enabled = call.grad_enabled
             record.preserve_rng_state = call.preserve_rng_state
+            record.replaced, record.during_backward = call.replaced, call.during_backward
             self.records.append(record)
             for session in self.sessions:
                 session.add_record(record)
@@ -125,6 +128,13 @@ class Dispatcher(Interceptor):
     def compiled(self) -> None:
         for session in list(self.sessions):
             session.saw_compile()
+
+    def refined(self, call: CheckpointCall) -> None:
+        record: InvocationRecord | None = call.state
+        if record is not None:
+            record.entry, record.implementation = call.entry, call.implementation
+            record.reentrant, record.needs_input_grad = bool(call.reentrant), bool(call.needs_input_grad)
+            record.preserve_rng_state = call.preserve_rng_state
 
     def released(self, call: CheckpointCall) -> None:
         # torch drops the region function with the autograd graph: no recompute can come

@@ -121,6 +121,9 @@ class InvocationRecord:
         store: Store = "digest",
         early_stop: bool | None = None,
         tolerance: Tolerance | None = None,
+        implementation: str = "torch",
+        reentrant: bool | None = None,
+        needs_input_grad: bool | None = None,
     ) -> None:
         self.region, self.index, self.tags = region, index, dict(tags)
         self.entry, self.store, self.tolerance = entry, store, tolerance
@@ -128,7 +131,15 @@ class InvocationRecord:
         self.forced_early_stop = early_stop
         self.replay_fully = early_stop is False
         self.function = function
-        self.reentrant = entry in ("reentrant", "apply")
+        self.reentrant = entry in ("reentrant", "apply") if reentrant is None else reentrant
+        #: the output requires grad only when an input does (see ``CheckpointCall``)
+        self.needs_input_grad = self.reentrant if needs_input_grad is None else needs_input_grad
+        #: ``"torch"``, or the library of another implementation (``"deepspeed"`` ...)
+        self.implementation = implementation
+        #: made inside a reentrant forward (under its no_grad): its recompute makes it again
+        self.replaced = False
+        #: made while autograd ran a backward (during another region's recompute)
+        self.during_backward = False
         self.early_stop: bool | None = None
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
         self.preserve_rng_state: bool | None = None
@@ -214,7 +225,7 @@ class InvocationRecord:
         ever recomputed)."""
         forward = self.forward
         assert forward is not None
-        if not (self.reentrant and self.grad_enabled) or forward.inputs_need_grad is not False:
+        if not (self.needs_input_grad and self.grad_enabled) or forward.inputs_need_grad is not False:
             return
         for name, module in forward.state_modules:
             for param_name, param in module._parameters.items():
@@ -363,7 +374,9 @@ class InvocationRecord:
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
         latent = latent and self.replay_fully and self.early_stop is True
-        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        context: dict[str, Any] = {"implementation": self.implementation}
+        if self.preserve_rng_state is not None:
+            context["preserve_rng_state"] = self.preserve_rng_state
         code = explain(kind, subject, **context)
         return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
                        hint=hint(code) if code else None, latent=latent,
