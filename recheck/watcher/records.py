@@ -7,8 +7,18 @@ is compared with the forward of call 3, never with another call of the same shap
 The forward keeps: RNG states at entry (and which streams it consumed), the globals the
 region's function reads, parameter versions of the modules it runs, their buffers and
 plain attributes at forward exit, prints of its outputs, and (non-reentrant) prints of
-every tensor autograd saved.  A recompute is compared against all of these; each
-difference becomes a :class:`~recheck.findings.Finding` with the kind vocabulary.
+every tensor autograd saved.  A recompute is compared against all of these; each difference
+becomes a :class:`~recheck.findings.Finding` with the kind vocabulary.
+
+Only state the region itself runs or touches is compared: the modules whose forward ran
+in it, with their submodules; the callable's own modules (``self`` of a bound method or a
+closure, a ``partial``'s arguments) for their own attributes; and any buffer of those
+modules' subtrees that the forward wrote (``F.batch_norm(x, self.bn.running_mean, ...)``).
+A BatchNorm that runs *outside* the region, after the checkpoint returned (torchvision's
+DenseNet), changes its statistics between the forward and the recompute, and that is none
+of the region's business.  A buffer the recompute updates is reported as "updated again"
+only when the forward updated it too (fairscale's patched BatchNorm updates its statistics
+in the recompute alone: once, as the uncheckpointed step does).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
 from recheck.runtime.fingerprints import show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
-from recheck.runtime.naming import grad_subject
+from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
@@ -51,14 +61,47 @@ class Forward:
     #: data pointers of the reached modules' buffers, and how many modules they cover
     buffer_pointers: frozenset[int] = frozenset()
     buffer_modules: int = -1
-    #: the modules the callable names directly, then those the forward ran, by id
+    #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
+    direct: dict[int, torch.nn.Module] = field(default_factory=dict)
+    #: the modules whose forward ran in the region, by id
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
-    #: those modules and their submodules, named: whose state is compared
+    #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
+    buffers_seen: capture.BufferVersions = field(default_factory=dict)
+    #: the modules that ran and their submodules, named: whose buffers and attributes are compared
     state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    #: the direct modules not among them: whose own attributes are compared
+    attribute_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    #: buffers of other modules the forward wrote: (module name, module, buffer name)
+    touched_buffers: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)
+    #: subjects of the buffers the forward wrote
+    written_buffers: set[str] = field(default_factory=set)
     #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
     inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
+
+    def scope(self) -> None:
+        """Settle which modules' state is compared (see the module docstring)."""
+        reach = self.reach
+        self.state_modules = capture.with_submodules(reach, self.ran.values())
+        covered = {id(module) for _, module in self.state_modules}
+        self.attribute_modules = []
+        for module in self.direct.values():
+            if id(module) not in covered:
+                capture.add_module(reach, module)
+                self.attribute_modules.append(reach.modules[id(module)])
+        self.touched_buffers, self.written_buffers = [], set()
+        for module, name in capture.changed_buffers(self.buffers_seen):
+            capture.add_module(reach, module)
+            prefix = reach.modules[id(module)][0]
+            self.written_buffers.add(buffer_subject(prefix, name))
+            if id(module) not in covered:
+                self.touched_buffers.append((prefix, module, name))
+
+    def state(self, store: Store) -> capture.ModuleState:
+        """The compared state now: buffers and attributes of the scope, the globals written."""
+        return capture.module_state(self.state_modules, store, self.reach.writes.values(),
+                                    attributes_of=self.attribute_modules, buffers=self.touched_buffers)
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
@@ -167,7 +210,8 @@ class InvocationRecord:
         entry, shown = capture.entry_state(reach)
         self.forward = Forward(reach, entry, shown)
         for module in capture.direct_modules(self.function, reach):
-            self.forward.ran.setdefault(id(module), module)
+            self.forward.direct.setdefault(id(module), module)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -179,9 +223,10 @@ class InvocationRecord:
     def add_module(self, module: torch.nn.Module) -> None:
         """A module ran inside the forward (found by the global forward pre-hook)."""
         forward = self.forward
-        if forward is not None:
+        if forward is not None and id(module) not in forward.ran:
             capture.add_module(forward.reach, module)
-            forward.ran.setdefault(id(module), module)
+            forward.ran[id(module)] = module
+            capture.buffer_versions((module,), forward.buffers_seen)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -189,8 +234,8 @@ class InvocationRecord:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
         forward.rng_consumed = {k for k, v in exit_state.items() if k[0] == "rng" and forward.entry.get(k) != v}
-        forward.state_modules = capture.with_submodules(forward.reach, forward.ran.values())
-        forward.state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        forward.scope()
+        forward.state_exit = forward.state(self.store)
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
@@ -227,7 +272,8 @@ class InvocationRecord:
         assert forward is not None
         if not (self.needs_input_grad and self.grad_enabled) or forward.inputs_need_grad is not False:
             return
-        for name, module in forward.state_modules:
+        used = capture.with_submodules(forward.reach, [*forward.direct.values(), *forward.ran.values()])
+        for name, module in used:
             for param_name, param in module._parameters.items():
                 if param is not None and param.requires_grad:
                     subject = grad_subject(f"{name}.{param_name}" if name else param_name)
@@ -260,10 +306,9 @@ class InvocationRecord:
             if forward.is_buffer(tensor):
                 forward.saved_buffers.add(index)
             if self.replay_fully:  # what early stop would have left behind, were this the last save
-                modules = capture.with_submodules(forward.reach, forward.ran.values())
+                forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)
-                self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
-                                      effects)
+                self._at_last_save = (forward.state(self.store), effects)
             return saved
         return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
 
@@ -291,7 +336,7 @@ class InvocationRecord:
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
-        state_entry = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it
         self._compare_state({k: v for k, v in forward.state_exit.items() if k[0] != "global"},
                             {k: v for k, v in state_entry.items() if k[0] != "global"},
@@ -310,11 +355,17 @@ class InvocationRecord:
                           subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
-        state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        state_exit = forward.state(self.store)
         # under a full replay of a call that asked for early stop, what its forward changed only
         # after its last saved tensor is changed again only because of the replay: latent
         late = self._late_keys if self.replay_fully and self.early_stop is True else frozenset()
-        self._compare_state(state_entry, state_exit, "updated again by the recompute", late)
+        # a buffer the forward did not write is updated by the recompute alone: once, as without
+        # checkpoint (fairscale runs BatchNorm's update in the recompute only)
+        once = {k for k in state_entry.keys() | state_exit.keys()
+                if k[0] == "buffer" and k[1] not in forward.written_buffers}
+        self._compare_state({k: v for k, v in state_entry.items() if k not in once},
+                            {k: v for k, v in state_exit.items() if k not in once},
+                            "updated again by the recompute", late)
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
@@ -346,7 +397,8 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None:
             forward.saved, forward.unprinted, forward.outputs, forward.state_exit = [], [], None, {}
-            forward.ran, forward.state_modules = {}, []
+            forward.ran, forward.direct, forward.buffers_seen = {}, {}, {}
+            forward.state_modules, forward.attribute_modules, forward.touched_buffers = [], [], []
 
     # -- findings ------------------------------------------------------------------------
 
