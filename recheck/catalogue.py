@@ -210,11 +210,17 @@ def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) ->
     return subject.endswith(_BATCHNORM_BUFFERS)
 
 
+def _global_or_default_dtype(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    # torch's default dtype is a global every factory call reads; no checkpoint restores it
+    return kind == "global" or subject == "default dtype"
+
+
 _NARROWING = {
     "RC002": _rng_not_preserved,
     "RC102": _device_stream,
     "RC105": _host_stream,
     "RC106": _batchnorm_buffer,
+    "RC101": _global_or_default_dtype,
 }
 
 #: Every rule code, with its advice and what it explains.  Order matters within a kind
@@ -229,7 +235,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute",
           ("buffer",)),
     Entry("RC101", "the region reads a global that changes between forward and recompute",
-          ("global",)),
+          ("global", "context")),
     Entry("RC103", "the region logs, prints or warns; it runs again on recompute",
           ("side_effect",)),
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",

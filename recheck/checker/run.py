@@ -37,8 +37,8 @@ from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
 from recheck.runtime.trees import input_tensors, leaves
 from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
-from recheck.runtime.snapshot import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
-                                   RngRecord, Snapshot, TensorRecord, ValueRecord)
+from recheck.runtime.snapshot import (BindingsRecord, DefaultDtypeRecord, GradRecord, NewKeysRecord,
+                                   Observed, RngRecord, Snapshot, TensorRecord, ValueRecord)
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 
@@ -80,6 +80,7 @@ class Runner:
         self.fn, self.args, self.kwargs, self.options = fn, args, kwargs, options
         self.reach: Reach = static_reach(fn, args, kwargs)
         self.snapshot = Snapshot(RngRecord(self.reach.generators))
+        self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters: dict[str, torch.Tensor] = {}
         self.upstream: list[tuple[str, torch.Tensor]] | None = None
         self.after_forward: tuple[Snapshot | None, tuple, dict] | None = None

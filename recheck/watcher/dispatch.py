@@ -68,7 +68,12 @@ class Dispatcher(Interceptor):
 
     def enter(self, session: SessionLike) -> None:
         with self._lock:
-            patches.acquire(self)
+            names = session.options.checkpoint_functions
+            installation = patches.acquire(self, extra_functions=names)
+            for name in names:
+                how = installation.declared.get(name, "")
+                if how not in ("code", "rebound"):
+                    session.add_note(f"checkpoint-functions: {how}; its calls are not intercepted")
             pipelining.acquire()
             if not self.sessions:
                 self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)

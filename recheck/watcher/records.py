@@ -4,10 +4,11 @@ A record is matched to its recomputation by identity: the record travels inside 
 function object handed to torch (``dispatch.WatchedFunction``), so the recompute of call 3
 is compared with the forward of call 3, never with another call of the same shape.
 
-The forward keeps: RNG states at entry (and which streams it consumed), the globals the
-region's function reads, parameter versions of the modules it runs, their buffers and
-plain attributes at forward exit, prints of its outputs, and (non-reentrant) prints of
-every tensor autograd saved.  A recompute is compared against all of these; each difference
+The forward keeps: RNG states at entry (and which streams it consumed), the context it
+computes in (grad mode at the call, autocast, default dtype), the globals the region's
+function reads, parameter versions of the modules it runs, their buffers and plain
+attributes at forward exit, prints of its outputs, and (non-reentrant) prints of every
+tensor autograd saved.  A recompute is compared against all of these; each difference
 becomes a :class:`~recheck.findings.Finding` with the kind vocabulary.
 
 Only state the region itself runs or touches is compared: the modules whose forward ran
@@ -31,6 +32,7 @@ import torch
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
+from recheck.runtime.context import ComputeContext, context_differences, current_context
 from recheck.runtime.fingerprints import show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
@@ -75,6 +77,8 @@ class Forward:
     touched_buffers: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)
     #: subjects of the buffers the forward wrote
     written_buffers: set[str] = field(default_factory=set)
+    #: grad mode (at the checkpoint call), autocast and default dtype of the forward
+    context: ComputeContext | None = None
     #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
     inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
     #: whether any input tensor requires grad (None: the inputs were not seen)
@@ -208,7 +212,7 @@ class InvocationRecord:
 
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
-        self.forward = Forward(reach, entry, shown)
+        self.forward = Forward(reach, entry, shown, context=current_context(self.grad_enabled))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
         capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
@@ -336,6 +340,9 @@ class InvocationRecord:
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
+        if forward.context is not None:
+            for subject, message, detail in context_differences(forward.context, current_context()):
+                self._add("context", message, subject=subject, detail=detail)
         state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it
         self._compare_state({k: v for k, v in forward.state_exit.items() if k[0] != "global"},

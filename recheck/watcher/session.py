@@ -49,11 +49,12 @@ class Watch:
 
     def __init__(self, *, raise_on_finding: bool = True, early_stop: bool | None = None,
                  store: str | None = None, atol: float | None = None, rtol: float | None = None,
-                 max_ulp: int | None = None, strict: bool | None = None) -> None:
+                 max_ulp: int | None = None, strict: bool | None = None,
+                 checkpoint_functions: Any = None) -> None:
         if not isinstance(raise_on_finding, bool):
             raise TypeError("recheck.watch: raise_on_finding must be True or False")
         self.options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol,
-                                       max_ulp=max_ulp, strict=strict)
+                                       max_ulp=max_ulp, strict=strict, checkpoint_functions=checkpoint_functions)
         self.raise_on_finding = raise_on_finding
         self.records: list[InvocationRecord] = []
         self.notes: list[str] = []
@@ -190,7 +191,7 @@ def _dynamo_compilations() -> int:
 
 def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, store: str | None = None,
           atol: float | None = None, rtol: float | None = None, max_ulp: int | None = None,
-          strict: bool | None = None) -> Watch:
+          strict: bool | None = None, checkpoint_functions: Any = None) -> Watch:
     """Verify every checkpoint invocation made inside the ``with`` block.
 
     Args:
@@ -206,6 +207,10 @@ def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, stor
             ``torch.testing.assert_close`` requires); integer state stays exact.
         max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
         strict: deprecated; ``strict=True`` is ``early_stop=False``.
+        checkpoint_functions: dotted names of the project's own functions that checkpoint
+            their first argument (``checkpoint-functions`` in ``[tool.recheck]``); their calls
+            are verified too when their module is imported.  A name that cannot be patched
+            becomes a report note.
 
     Raises:
         TypeError, ValueError: for an option of the wrong type or value, before anything runs.
@@ -216,4 +221,4 @@ def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, stor
         >>> print(w.report)                                    # doctest: +SKIP
     """
     return Watch(raise_on_finding=raise_on_finding, early_stop=early_stop, store=store, atol=atol,
-                 rtol=rtol, max_ulp=max_ulp, strict=strict)
+                 rtol=rtol, max_ulp=max_ulp, strict=strict, checkpoint_functions=checkpoint_functions)
