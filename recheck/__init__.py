@@ -26,6 +26,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "check": "recheck.checker",
     "assert_recompute_equal": "recheck.checker",
+    "check_step": "recheck.checker",
+    "assert_step_equal": "recheck.checker",
     "watch": "recheck.watcher",
     "tag": "recheck.watcher",
     "measure": "recheck.cost",
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.checker import assert_recompute_equal, check
+    from recheck.checker import assert_recompute_equal, assert_step_equal, check, check_step
     from recheck.cost import measure
     from recheck.distributed.reports import gather_report
     from recheck.watcher import tag, watch

@@ -7,7 +7,7 @@ output, warnings), :mod:`.saved` (bitwise determinism check), :mod:`.observe`,
 :mod:`.api` and :mod:`.targets`.
 """
 
-from recheck.checker.api import assert_recompute_equal, check
+from recheck.checker.api import assert_recompute_equal, assert_step_equal, check, check_step
 from recheck.checker.run import RegionError
 
-__all__ = ["RegionError", "assert_recompute_equal", "check"]
+__all__ = ["RegionError", "assert_recompute_equal", "assert_step_equal", "check", "check_step"]

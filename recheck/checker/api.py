@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from recheck.runtime.bits import Tolerance
 from recheck.checker.compare import Context
@@ -13,7 +13,7 @@ from recheck.findings import Invocation, RecomputeMismatch, Report
 from recheck.runtime.naming import region_name
 from recheck.runtime.trees import leaves
 
-__all__ = ["assert_recompute_equal", "check"]
+__all__ = ["assert_recompute_equal", "assert_step_equal", "check", "check_step"]
 
 
 def _validate(plain: RunResult) -> None:
@@ -127,5 +127,75 @@ def assert_recompute_equal(fn: Callable[..., Any], /, *args: Any, **options: Any
     """
     __tracebackhide__ = True
     report = check(fn, *args, **options)
+    if not report.ok:
+        raise RecomputeMismatch(report)
+
+
+def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool | None = None,
+               store: str | None = None, atol: float | None = None, rtol: float | None = None,
+               max_ulp: int | None = None, modules: Sequence[Any] = (),
+               optimizers: Sequence[Any] = ()) -> Report:
+    """Check a whole training step against its uncheckpointed twin, bit for bit.
+
+    Snapshots everything the step can touch (parameters, gradients, buffers, module
+    attributes, optimizer, scheduler and scaler state, every RNG stream, the globals and plain
+    objects it reaches), runs the step **as written** inside :func:`recheck.watch` (every
+    recompute verified against its own forward), restores, runs it with **every checkpoint
+    bypassed** (each region called directly, nothing else changed), restores, and compares
+    the two end states: the step's return value, every gradient, parameters, buffers and
+    optimizer state after the step, RNG states, Python state.  A difference that is only
+    rounding (gradients summed in another order) is told apart by rerunning both twins in
+    float64 and reported as a note with its size.  The check leaves no trace.
+
+    Args:
+        step: a zero-argument callable: forward, backward and optionally the optimizer step
+            (the contract of ``recheck cost FILE.py:STEP``).
+        repeats: runs of the step as written; with more than one, what differs between them
+            (non-deterministic kernels) is not attributed to checkpointing.
+        early_stop, store: the options of the :func:`recheck.watch` around the step as written.
+        atol, rtol: a tolerance for floating-point values, given together (as
+            ``torch.testing.assert_close`` requires); max_ulp instead, in units in the last place.
+        modules, optimizers: state the step uses that cannot be found from it (its closure,
+            globals, bound objects and ``functools.partial`` arguments are searched).
+
+    Returns:
+        A :class:`~recheck.findings.Report`: the watch's findings and the twins' differences
+        (``gradient``, ``state``, ``buffer``, ``rng``, ``output`` ... "from the uncheckpointed step").
+
+    Raises:
+        TypeError, ValueError: for a bad option, before the step runs.
+        RuntimeError: inside another interception (``watch()``, ``measure()``).
+        Exception: whatever the step raises, after the state is restored.
+
+    Example:
+        >>> report = recheck.check_step(train_step)     # doctest: +SKIP
+        >>> assert report.ok, report                      # doctest: +SKIP
+    """
+    __tracebackhide__ = True
+    if not callable(step):
+        raise TypeError(f"recheck.check_step() needs a zero-argument callable step, got {type(step).__name__}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"recheck.check_step(): repeats must be a whole number of 1 or more, got {repeats!r}")
+    from recheck.checker.twin import check_step_report
+    from recheck.intercept import patches
+    from recheck.watcher.options import WatchOptions
+
+    options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
+                              where="recheck.check_step")
+    if patches.installed() is not None:
+        raise RuntimeError("recheck.check_step() cannot run while checkpoint calls are already intercepted "
+                           "(inside recheck.watch(), recheck.measure() or another check); run it outside that block")
+    return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
+                             watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
+
+
+def assert_step_equal(step: Callable[[], Any], /, **options: Any) -> None:
+    """Like :func:`check_step`, but raise :class:`~recheck.findings.RecomputeMismatch` on a finding.
+
+    Raises:
+        RecomputeMismatch: with the full report, when anything differs.
+    """
+    __tracebackhide__ = True
+    report = check_step(step, **options)
     if not report.ok:
         raise RecomputeMismatch(report)

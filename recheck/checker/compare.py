@@ -31,10 +31,11 @@ class Context:
     """What every finding of one check shares."""
 
     region: str
-    invocation: Invocation
+    invocation: Invocation | None
     tolerance: Tolerance | None
     use_reentrant: bool
-    preserve_rng_state: bool
+    #: None where one call's setting does not apply (a whole step)
+    preserve_rng_state: bool | None
 
     def finding(self, kind: str, subject: str, message: str, detail: str = "",
                 code: str | None = None, latent: bool = False) -> Finding:
@@ -45,7 +46,10 @@ class Context:
 
     def explain(self, kind: str, subject: str) -> str | None:
         """The rule code the registry gives a finding of ``kind`` about ``subject``."""
-        return explain(kind, subject, preserve_rng_state=self.preserve_rng_state, implementation="torch")
+        context: dict[str, object] = {"implementation": "torch"}
+        if self.preserve_rng_state is not None:
+            context["preserve_rng_state"] = self.preserve_rng_state
+        return explain(kind, subject, **context)
 
 
 def _tensor_finding(ctx: Context, kind: str, subject: str, original: torch.Tensor,
@@ -99,8 +103,13 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
 
 
 def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
-                  other: Mapping[str, torch.Tensor | None]) -> list[Finding]:
-    """Gradients by name (``grad of `layer1.weight```), including None against a tensor."""
+                  other: Mapping[str, torch.Tensor | None], *,
+                  labels: tuple[str, str] = ("plain run", "checkpointed run"),
+                  reference: str = "the uncheckpointed run") -> list[Finding]:
+    """Gradients by name (``grad of `layer1.weight```), including None against a tensor.
+
+    ``labels`` name the two runs in the detail, ``reference`` the original in the message.
+    """
     findings: list[Finding] = []
     for name, a in original.items():
         b = other.get(name)
@@ -110,13 +119,13 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
         if a is None or b is None:
             detail = value_detail("None" if a is None else describe_tensor(a),
                                   "None" if b is None else describe_tensor(b),
-                                  ("plain run", "checkpointed run"))
+                                  labels)
+            state, there = ("missing", "a tensor") if b is None else ("extra", "None")
             findings.append(ctx.finding("gradient", subject,
-                                        f"{subject} is {'missing' if b is None else 'extra'} "
-                                        "under checkpoint", detail))
+                                        f"{subject} is {state} under checkpoint ({there} in {reference})", detail))
             continue
         findings += _tensor_finding(ctx, "gradient", subject, a, b,
-                                    f"{subject} differs from the uncheckpointed run's",
+                                    f"{subject} differs from {reference}'s",
                                     check_requires_grad=False)
     return findings
 

@@ -32,8 +32,6 @@ import torch
 from recheck.runtime.bits import Tolerance, bits_equal
 from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
 from recheck.checker.observe import CallRecord, Observer, Probe
-from recheck.runtime.fingerprints import is_module_state
-from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
 from recheck.runtime.trees import input_tensors, leaves
 from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
@@ -94,52 +92,11 @@ class Runner:
     # -- snapshot bookkeeping --------------------------------------------------------------------
     def _sync(self) -> None:
         """Add records for everything the reach knows and the snapshot does not yet."""
-        add = self.snapshot.add
-        for name, generator in self.reach.generators.items():
-            self.snapshot.rng.add_generator(name, generator)
-        for prefix, module in list(self.reach.modules.values()):
-            self._add_module(prefix, module)
-        for key, ref in list(self.reach.writes.items()) + list(self.reach.reads.items()):
-            add(("global", key), functools.partial(
-                ValueRecord, "state", ref.subject, ref.namespace, ref.name))
-        for name, tensor in list(self.reach.tensors.items()):
-            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
-                if add(("param", id(tensor)), functools.partial(
-                        TensorRecord, "param_version", f"parameter `{name}`", tensor)):
-                    self.parameters[name] = tensor
-                    add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
-            else:
-                add(("tensor", id(tensor)), functools.partial(
-                    TensorRecord, "state", f"tensor `{name}`", tensor))
+        self.parameters.update(self.snapshot.track(self.reach))
         for path, tensor in input_tensors(self.args, self.kwargs):
-            if add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
-                                                            tensor)):
+            if self.snapshot.add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path,
+                                                                          tensor)):
                 self._inputs[path] = self.snapshot.records[-1]
-
-    def _add_module(self, prefix: str, module: torch.nn.Module) -> None:
-        add = self.snapshot.add
-        if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
-            return
-        add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
-        add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
-        add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
-        dotted = (prefix + ".") if prefix else ""
-        for name, param in module._parameters.items():
-            if param is None:
-                continue
-            full = dotted + name
-            if add(("param", id(param)), functools.partial(
-                    TensorRecord, "param_version", f"parameter `{full}`", param)):
-                self.parameters[full] = param
-                add(("grad", id(param)), functools.partial(GradRecord, full, param))
-        for name, buffer in module._buffers.items():
-            if buffer is not None:
-                add(("buffer", id(buffer)), functools.partial(
-                    TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
-        for key in list(vars(module)):
-            if is_module_state(key):
-                add(("attr", id(module), key), functools.partial(
-                    ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
 
     def _on_module(self, module: torch.nn.Module) -> None:
         if id(module) not in self.reach.modules:

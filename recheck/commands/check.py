@@ -43,8 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="TARGET",
                         help="file.py, file.py:name or pkg.module:name")
     parser.add_argument("--step", action="append", default=[], metavar="FILE.py:FN",
-                        help="run a zero-argument training step under recheck.watch() and report "
-                             "every checkpoint call it makes (repeatable)")
+                        help="check a zero-argument training step against its uncheckpointed twin "
+                             "(recheck.check_step: run as written under recheck.watch(), then with every "
+                             "checkpoint bypassed, end states compared bit for bit; repeatable)")
+    parser.add_argument("--watch-only", action="store_true",
+                        help="with --step: only verify each recomputation against its own forward "
+                             "(recheck.watch()), without the uncheckpointed twin")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="with --step: runs of the step as written (what differs between them is "
+                             "not blamed on checkpointing; default 1)")
     parser.add_argument("--strict", action="store_true", default=None,
                         help="with --step: the old name of --no-early-stop")
     parser.add_argument("--store", choices=("digest", "copy"), default=None,
@@ -112,8 +119,10 @@ def _usage_problem(ns: argparse.Namespace) -> str | None:
         return "give region TARGETs or --step, not both"
     if not ns.step and not ns.targets:
         return "nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN"
-    if ns.targets and (ns.strict is not None or ns.store is not None):
-        return "--strict and --store go with --step"
+    if ns.targets and (ns.strict is not None or ns.store is not None or ns.watch_only or ns.repeats is not None):
+        return "--strict, --store, --watch-only and --repeats go with --step"
+    if ns.repeats is not None and (ns.repeats < 1 or ns.watch_only):
+        return "--repeats takes a whole number of 1 or more, and runs the twin (not with --watch-only)"
     if ns.step and any(getattr(ns, n) is not None for n in ("use_reentrant", "preserve_rng_state")):
         return ("--use-reentrant and --preserve-rng-state choose the checkpoint a region TARGET is checked "
                 "under; a --step runs its checkpoints as written")
@@ -153,7 +162,7 @@ def _counted(count: int, noun: str) -> str:
 def _run_steps(ns: argparse.Namespace) -> int:
     """``--step``: each training step once under watch(); one report each, then a summary."""
     from recheck.config import load_config
-    from recheck.watcher.step import StepError, run_step
+    from recheck.watcher.step import StepError, load_step, run_step
 
     config = load_config()
     options = _watch_options(ns, config)
@@ -165,7 +174,12 @@ def _run_steps(ns: argparse.Namespace) -> int:
             bar.describe(target)
             try:
                 with bar.redirected():  # the step's prints stay off stdout
-                    outcome: Any = run_step(target, **options)
+                    if ns.watch_only:
+                        outcome: Any = run_step(target, **options)
+                    else:
+                        from recheck.checker.api import check_step
+
+                        outcome = check_step(load_step(target), repeats=ns.repeats or 1, **options)
             except StepError as exc:
                 outcome = _Broken(str(exc), exc.user_traceback)
             except Exception as exc:  # the step's own error

@@ -17,19 +17,25 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from recheck.catalogue import hint
+from recheck.catalogue import TRAINING_STATE, hint
 from recheck.runtime.naming import parameter_subject
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Finding
     from recheck.runtime.effects import Effect
 
-__all__ = ["CAUSES", "SYMPTOMS", "effect_messages", "param_version_message", "with_likely_causes"]
+__all__ = ["CAUSES", "SYMPTOMS", "effect_messages", "is_symptom", "param_version_message", "with_likely_causes"]
 
 #: Kinds that explain a value difference, most specific first.
 CAUSES = ("rng", "context", "global", "param_version", "input_mutation", "buffer", "state", "side_effect")
 #: Kinds that are the consequence of a cause: values that came out different.
 SYMPTOMS = ("output", "recompute", "gradient")
+
+
+def is_symptom(finding: Finding) -> bool:
+    """A value that came out different: an output, a recompute, a gradient, or the parameters
+    and optimizer state a training step updates from its gradients."""
+    return finding.kind in SYMPTOMS or (finding.kind == "state" and (finding.subject or "").startswith(TRAINING_STATE))
 
 
 def with_likely_causes(findings: Sequence[Finding]) -> list[Finding]:
@@ -38,13 +44,13 @@ def with_likely_causes(findings: Sequence[Finding]) -> list[Finding]:
     The likeliest cause is the most specific cause kind (see :data:`CAUSES`), a finding that
     happened (not latent) first; the symptom takes its rule code and a ``likely cause:`` hint.
     """
-    causes = [f for f in findings if f.kind in CAUSES and f.code]
+    causes = [f for f in findings if f.kind in CAUSES and f.code and not is_symptom(f)]
     if not causes:
         return list(findings)
     cause = min(causes, key=lambda f: (f.latent, CAUSES.index(f.kind)))
     text = f"likely cause: {cause.message}"
     return [dataclasses.replace(f, code=cause.code, hint=hint(str(cause.code), text))
-            if f.hint is None and f.kind in SYMPTOMS else f for f in findings]
+            if f.hint is None and is_symptom(f) else f for f in findings]
 
 
 def _plural(count: int, noun: str) -> str:

@@ -26,16 +26,32 @@ _MAX_DEPTH = 3
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """``repr`` truncated to ``limit`` characters (tensors as ``float32[4] on cpu``)."""
+    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
+    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    try:
+        text = _brief(value, 3)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _brief(value: Any, depth: int) -> str:
     if isinstance(value, torch.Tensor):
         from recheck.runtime.bits import describe_tensor
 
         return describe_tensor(value)
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if depth > 0 and type(value) in (list, tuple) and _holds_tensors(value):
+        items = [_brief(v, depth - 1) for v in value[:8]] + (["..."] if len(value) > 8 else [])
+        inner = ", ".join(items) + ("," if type(value) is tuple and len(value) == 1 else "")
+        return f"[{inner}]" if type(value) is list else f"({inner})"
+    if depth > 0 and type(value) is dict and _holds_tensors(value.values()):
+        items = [f"{k!r}: {_brief(v, depth - 1)}" for k, v in list(value.items())[:8]]
+        return "{" + ", ".join(items + (["..."] if len(value) > 8 else [])) + "}"
+    return repr(value)
+
+
+def _holds_tensors(items: Any) -> bool:
+    return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
@@ -75,7 +91,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         return (type(value).__name__, len(value), items)
     if isinstance(value, dict):
         items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
-                      for k, v in list(value.items())[:_MAX_ITEMS])
+                      for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if isinstance(value, (set, frozenset)):
         items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
@@ -127,7 +143,7 @@ def shallow(value: Any, depth: int = 2) -> Any:
         return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
     if isinstance(value, dict):
         return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
-                                          for k, v in list(value.items())[:_MAX_ITEMS]))
+                                          for k, v in list(dict.items(value))[:_MAX_ITEMS]))
     if isinstance(value, (set, frozenset)):
         return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
     if isinstance(value, _LOGGERS):

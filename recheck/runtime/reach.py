@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dis
 import functools
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -49,6 +50,25 @@ class GlobalRef:
 
 
 @functools.lru_cache(maxsize=8192)
+def code_module_attributes(code: types.CodeType) -> frozenset[tuple[str, str]]:
+    """``(global, attribute)`` pairs a code object (and the code nested in it) reads as
+    ``name.attr`` on a global: state kept in another module (``parallel_state._TRACKER``,
+    ``config.SCALE``) is reached this way.  Which globals are modules is decided by the caller.
+    """
+    pairs: set[tuple[str, str]] = set()
+    previous = None
+    for instruction in dis.get_instructions(code):
+        if (instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR") and previous is not None
+                and previous.opname == "LOAD_GLOBAL"):
+            pairs.add((str(previous.argval), str(instruction.argval)))
+        previous = instruction
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            pairs |= code_module_attributes(const)
+    return frozenset(pairs)
+
+
+@functools.lru_cache(maxsize=8192)
 def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     """Global names a code object (and the code nested in it) reads and writes.
 
@@ -71,9 +91,14 @@ def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(reads), frozenset(writes)
 
 
+#: The standard library's top-level modules: their globals (``sys.modules``, ``os.environ``) are
+#: the interpreter's, not state a region keeps.
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
 def _is_library(module_name: str | None) -> bool:
     top = (module_name or "").split(".")[0]
-    return top in _LIBRARY_PREFIXES
+    return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
 
 
 class Reach:
@@ -83,6 +108,10 @@ class Reach:
         self.modules: dict[int, tuple[str, torch.nn.Module]] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # outside modules: closures, partials, globals
+        #: plain Python objects whose attributes a region can change (a cache passed in, a tracker)
+        self.objects: dict[str, Any] = {}
+        #: callables and modules made by ``torch.compile`` that the region or step reaches
+        self.compiled: list[str] = []
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -99,6 +128,9 @@ class Reach:
             if id(sub) in self.modules:
                 continue
             name = ".".join(p for p in (prefix, sub_name) if p)
+            if type(sub).__name__ == "OptimizedModule" and type(sub).__module__.startswith("torch._dynamo"):
+                self.compiled.append(f"{name or type(sub._orig_mod).__name__} (torch.compile of "
+                                     f"{type(sub._orig_mod).__qualname__})")
             self.modules[id(sub)] = (name, sub)
             added.append((name, sub))
             self._walk_class(type(sub))
@@ -143,6 +175,10 @@ class Reach:
         reads, writes = code_globals(function.__code__)
         for name in writes:
             self.writes.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+        for name, attr in code_module_attributes(function.__code__):
+            module = namespace.get(name)
+            if isinstance(module, types.ModuleType) and not _is_library(module.__name__):
+                self._add_module_attribute(module, attr)
         for name in reads:
             if name not in namespace:
                 continue  # a builtin
@@ -162,6 +198,20 @@ class Reach:
                 continue
             self.add_value(cell_name, contents)
 
+    def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
+        """``module.attr`` read by the region: a global of another module (its functions are walked)."""
+        namespace = vars(module)
+        if attr not in namespace:
+            return
+        value = namespace[attr]
+        if isinstance(value, types.FunctionType):
+            self.walk_function(value)  # a helper there may keep state in its own module
+            return
+        if isinstance(value, (types.ModuleType, type)) or callable(value) and not hasattr(value, "__dict__"):
+            return
+        self.reads.setdefault((id(namespace), attr), GlobalRef(namespace, module.__name__, attr))
+        self.add_value(f"{module.__name__}.{attr}", value)
+
     def add_value(self, name: str, value: Any, depth: int = 2) -> None:
         """Take modules, generators and functions out of a value (closure cell, argument)."""
         if isinstance(value, torch.nn.Module):
@@ -173,6 +223,11 @@ class Reach:
             if all(t is not value for t in self.tensors.values()):
                 self.tensors[name] = value
         elif isinstance(value, types.FunctionType):
+            original = getattr(value, "_torchdynamo_orig_callable", None)
+            if original is not None:
+                self.compiled.append(f"{name} (torch.compile of {getattr(original, '__qualname__', original)!s})")
+                self.add_value(name, original, depth)
+                return
             self.walk_function(value)
         elif isinstance(value, types.MethodType):
             self.add_value(name, value.__self__, depth)
@@ -189,6 +244,16 @@ class Reach:
         elif depth > 0 and isinstance(value, dict):
             for key, item in value.items():
                 self.add_value(f"{name}[{key!r}]", item, depth - 1)
+        elif _is_plain_object(value):
+            if all(o is not value for o in self.objects.values()):
+                self.objects[name] = value
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
+    attrs = getattr(value, "__dict__", None)
+    return (isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, torch.nn.Module))
+            and not callable(value) and not _is_library(type(value).__module__))
 
 
 def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:

@@ -23,15 +23,19 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+import functools
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show)
-from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject
+from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.runtime.reach import Reach
 
 __all__ = [
     "BindingsRecord",
@@ -102,7 +106,9 @@ class TensorRecord:
         if t._version == self.version and (verified or self.same_bytes()):
             return
         with torch.no_grad():
-            if t.shape != self.copy.shape or t.dtype != self.copy.dtype:
+            if t.dtype != self.copy.dtype:
+                t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
+            elif t.shape != self.copy.shape:
                 t.set_(self.copy.clone())
             else:
                 t.copy_(self.copy)
@@ -134,6 +140,10 @@ class GradRecord:
     def clear(self) -> None:
         self.parameter.grad = None
 
+    def fresh(self) -> None:
+        """A copy of the gradient as captured (a step accumulates into it; the original stays)."""
+        self.parameter.grad = None if self.grad is None else self.grad.detach().clone()
+
     def unchanged(self) -> bool:
         """Always True: gradients are compared as gradients, not as state."""
         return True
@@ -155,8 +165,8 @@ class _Content:
         self.obj = obj
         if isinstance(obj, list):
             self.items: Any = list(obj)
-        elif isinstance(obj, dict):
-            self.items = dict(obj)
+        elif isinstance(obj, dict):  # dict's own methods: a subclass may instantiate on __getitem__
+            self.items = dict(dict.items(obj))
         elif isinstance(obj, set):
             self.items = set(obj)
         elif isinstance(obj, bytearray):
@@ -165,7 +175,7 @@ class _Content:
             self.items = (obj._version, obj.detach().clone())
         else:
             self.items = None
-        values = (obj.values() if isinstance(obj, dict) else obj
+        values = (dict.values(obj) if isinstance(obj, dict) else obj
                   if isinstance(obj, (list, tuple, set)) else ())
         self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
                          if depth > 0 and _is_container(v)]
@@ -174,13 +184,13 @@ class _Content:
         for child in self.children:
             child.restore()
         obj, items = self.obj, self.items
-        if isinstance(obj, list) and obj != items:
+        if isinstance(obj, list) and not _same_items(obj, items):
             obj[:] = items
         elif isinstance(obj, dict):
-            if obj.keys() != items.keys() or any(obj[k] is not v for k, v in items.items()):
-                obj.clear()
-                obj.update(items)
-        elif isinstance(obj, set) and obj != items:
+            if dict.keys(obj) != items.keys() or any(dict.__getitem__(obj, k) is not v for k, v in items.items()):
+                dict.clear(obj)
+                dict.update(obj, items)
+        elif isinstance(obj, set) and not (len(obj) == len(items) and all(any(x is y for y in items) for x in obj)):
             obj.clear()
             obj.update(items)
         elif isinstance(obj, bytearray):
@@ -191,6 +201,11 @@ class _Content:
                 with torch.no_grad():
                     obj.copy_(copy)
                 _set_version(obj, version)
+
+
+def _same_items(now: list, then: list) -> bool:
+    """The same objects in the same order (by identity: ``==`` on tensors is elementwise)."""
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 def _is_container(value: Any) -> bool:
@@ -331,6 +346,59 @@ class Snapshot:
             again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
             again._makers[-1] = (key, make)
         return again
+
+    def track(self, reach: Reach, param_kind: str = "param_version") -> dict[str, torch.Tensor]:
+        """Add records for everything ``reach`` knows that the snapshot does not hold yet.
+
+        Modules (parameters with their grads, buffers, every attribute, the bindings of their
+        parameter, buffer and submodule dicts, attributes created later), globals read and
+        written, tensors held outside modules, plain objects' attributes, explicit generators.
+        Parameters are recorded as ``param_kind`` (``param_version`` for a region, whose
+        parameters must not change; ``state`` for a step, whose optimizer changes them).
+        Returns the parameters newly tracked, by dotted name.
+        """
+        add = self.add
+        found: dict[str, torch.Tensor] = {}
+        for name, generator in reach.generators.items():
+            self.rng.add_generator(name, generator)
+
+        def parameter(name: str, tensor: torch.Tensor) -> None:
+            if add(("param", id(tensor)), functools.partial(TensorRecord, param_kind, f"parameter `{name}`", tensor)):
+                found[name] = tensor
+                add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
+
+        for prefix, module in list(reach.modules.values()):
+            if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
+                continue
+            add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
+            add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
+            add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
+            dotted = (prefix + ".") if prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    parameter(dotted + name, param)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    add(("buffer", id(buffer)), functools.partial(
+                        TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
+            for key in list(vars(module)):
+                if is_module_state(key):
+                    add(("attr", id(module), key), functools.partial(
+                        ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
+        for key, ref in list(reach.writes.items()) + list(reach.reads.items()):
+            add(("global", key), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+        for name, tensor in list(reach.tensors.items()):
+            if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
+                parameter(name, tensor)
+            else:
+                add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", f"tensor `{name}`", tensor))
+        for name, obj in list(reach.objects.items()):
+            if add(("object", id(obj)), functools.partial(NewKeysRecord, obj.__dict__, name)):
+                for key in list(vars(obj)):
+                    if is_module_state(key):
+                        add(("object-attr", id(obj), key), functools.partial(
+                            ValueRecord, "state", attribute_subject(name, key), obj.__dict__, key))
+        return found
 
     def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
         """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""

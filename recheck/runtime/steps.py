@@ -85,10 +85,9 @@ class StepState:
         buffer_values = [_host_copy(b) for b in buffers]
         tensors = list(self.tensors)
         tensor_values = [_host_copy(t) for t in tensors]
-        optimizer_states = [tree_map(_host_copy_if_tensor, opt.state_dict()) for opt in self.optimizers]
+        restore_loop = self.loop_snapshot()
         _import_numpy()  # so a step that first imports numpy still sees the same numpy RNG in every run
         rng = RngRecord({f"#{i}": g for i, g in enumerate(self.generators)})
-        stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
 
         def restore() -> None:
             with torch.no_grad():
@@ -99,10 +98,21 @@ class StepState:
                     b.copy_(value)
                 for t, value in zip(tensors, tensor_values):
                     t.copy_(value)
+            restore_loop()
+            rng.restore()
+
+        return restore
+
+    def loop_snapshot(self) -> Callable[[], None]:
+        """Copy the training loop's own state now (optimizers, schedulers, gradient scalers,
+        through their ``state_dict``); the returned function puts that copy back."""
+        optimizer_states = [tree_map(_host_copy_if_tensor, opt.state_dict()) for opt in self.optimizers]
+        stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
+
+        def restore() -> None:
             for opt, state in zip(self.optimizers, optimizer_states):
                 opt.state.clear()
                 opt.load_state_dict(copy.deepcopy(state))
-            rng.restore()
             for obj, obj_state in zip(self.stateful, stateful_states):
                 obj.load_state_dict(copy.deepcopy(obj_state))
 

@@ -253,11 +253,23 @@ class Dispatcher(Interceptor):
                     yield run
             else:
                 yield run
+        except BaseException as exc:
+            if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
+                record.recompute_raised(exc)
+            raise
         finally:
             try:
                 record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
+
+
+_STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)
+
+
+def _ends_early(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's own early stop of a recompute (not a failure)."""
+    return _STOP is not None and isinstance(exc, _STOP)
 
 
 def _labels(tags: Mapping[str, Any]) -> dict[str, Any]:

@@ -388,6 +388,14 @@ class InvocationRecord:
             for channel, message, detail in effect_messages(part):
                 self._add("side_effect", message, subject=channel, detail=detail, latent=latent)
 
+    def recompute_raised(self, exc: BaseException) -> None:
+        """The region raised while recomputing (its forward returned): the backward fails with it."""
+        text = str(exc).strip().splitlines()
+        head = f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+        self._add("recompute", f"the region raised during recompute: {head}", subject="recompute",
+                  detail="its forward ran to the end; the recompute of the same call did not, so the "
+                         "backward raises (a recompute that differs from its forward)")
+
     def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
         if index in self._pass_saved:
             return

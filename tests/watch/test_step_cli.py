@@ -19,16 +19,20 @@ def run(*args, cwd=ROOT):
                           text=True, timeout=300, cwd=cwd)
 
 
-@pytest.mark.parametrize("step, kinds", [
-    ("clean_step", set()),
-    ("global_flipped_step", {"global", "recompute"}),
-    ("optimizer_before_backward_step", {"param_version", "recompute"}),
+@pytest.mark.parametrize("step, kinds, twin", [
+    ("clean_step", set(), set()),
+    # the recompute against its forward (watch), and the gradients against the uncheckpointed twin
+    ("global_flipped_step", {"global", "recompute"}, {"gradient"}),
+    # the step zeroes the gradients at its end and its parameters are updated before the hazard
+    # reaches them: the twins end alike
+    ("optimizer_before_backward_step", {"param_version", "recompute"}, set()),
 ])
-def test_steps_report_their_hazards(step, kinds):
-    out = run("--step", f"{STEPS}:{step}", "--format", "json")
+@pytest.mark.parametrize("mode", ["twin", "watch-only"])
+def test_steps_report_their_hazards(step, kinds, twin, mode):
+    out = run("--step", f"{STEPS}:{step}", "--format", "json", *(["--watch-only"] if mode == "watch-only" else []))
     assert out.returncode == (1 if kinds else 0), out.stderr
     (report,) = json.loads(out.stdout)["steps"]
-    assert {f["kind"] for f in report["findings"]} == kinds
+    assert {f["kind"] for f in report["findings"]} == (kinds | twin if mode == "twin" else kinds)
 
 
 def test_text_output_names_region_callsite_and_rule():
@@ -54,7 +58,8 @@ def test_early_stop_and_store_come_from_tool_recheck(tmp_path, table):
     (("--step", "nope.py:f"), "no such file: nope.py"),
     (("--step", "no-colon"), "expected FILE.py:FUNCTION"),
     ((f"{STEPS}:clean_step", "--step", f"{STEPS}:clean_step"), "not both"),
-    ((f"{ROOT}/fixtures/models/zoo.py:region_mlp", "--strict"), "--strict and --store go with --step"),
+    ((f"{ROOT}/fixtures/models/zoo.py:region_mlp", "--strict"), "--strict, --store, --watch-only and --repeats go with --step"),
+    (("--step", f"{STEPS}:clean_step", "--watch-only", "--repeats", "2"), "not with --watch-only"),
 ])
 def test_usage_errors_exit_2(args, message):
     out = run(*args)

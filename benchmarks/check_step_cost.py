@@ -1,0 +1,74 @@
+"""Cost of ``recheck.check_step()`` as a ratio to one plain training step.
+
+``check_step`` runs the step as written under ``watch()``, then its uncheckpointed twin, and
+snapshots, observes and restores the state around both; the floor is two plain steps plus
+``watch()``'s own overhead.  Models are those of ``benchmarks/watch_overhead.py`` (a plain-torch
+MLP always; a tiny transformers Llama and timm ResNet and ViT where those libraries import).
+Each figure is the best of ``--repeats`` rounds after one warm-up step, both measured in the
+same process in turn, so load from other processes affects them alike.
+
+    python benchmarks/check_step_cost.py [--repeats 5] [--device cpu]
+
+Target (issue 12): check_step <= 3.5x a plain step.  Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _watch_overhead():
+    spec = importlib.util.spec_from_file_location("recheck_bench_watch_overhead", os.path.join(HERE, "watch_overhead.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def best(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", default="mlp,llama,resnet,vit")
+    ns = parser.parse_args(argv)
+    import torch
+
+    import recheck
+
+    torch.set_num_threads(1)
+    bench = _watch_overhead()
+    print(f"{'model':<8} {'plain step':>12} {'check_step':>12} {'ratio':>7}  verdict")
+    for name in ns.models.split(","):
+        try:
+            _, step = bench.build(name, ns.device)
+        except ImportError as exc:
+            print(f"{name:<8} skipped: {exc}")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step()  # warm-up (lazy imports, allocator)
+            report = recheck.check_step(step)
+            plain = best(step, ns.repeats)
+            checked = best(lambda: recheck.check_step(step), ns.repeats)
+        verdict = "ok" if report.ok else f"{len(report)} finding(s)"
+        print(f"{name:<8} {plain * 1e3:>10.1f}ms {checked * 1e3:>10.1f}ms {checked / plain:>6.2f}x  {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""``recheck.check_step()``: a whole training step against its uncheckpointed twin.
+
+Comparing each recomputation with its own forward (``watch()``) is necessary and not
+enough: many hazards make the *checkpointed forward itself* compute something else (a
+reentrant forward under ``no_grad`` records router logits without a graph; an eval cache is
+filled without grad), and the recompute then agrees with a forward that was already wrong.
+The twin compares what matters in the end, at the same model, data, precision, update
+boundary and randomness:
+
+1. everything the step can touch is snapshot: parameters with their gradients, buffers,
+   every module attribute, the optimizers', schedulers' and gradient scalers' state, every
+   RNG stream (explicit generators too), the globals its code reaches (also as
+   ``module.attr``), plain objects it holds (caches, trackers);
+2. the step runs **as written**, inside ``watch()`` (every recompute verified against its own
+   forward); its end state is observed and the snapshot restored;
+3. the step runs with **every checkpoint bypassed** (:mod:`recheck.intercept.bypass`: each
+   region called directly, under grad, nothing else changed); its end state is observed and
+   the snapshot restored;
+4. the two end states are compared bit for bit: the step's return value, every gradient
+   (None against a tensor), parameters and buffers after the step, optimizer state, RNG
+   states, Python state.
+
+**Accumulation order is not a hazard.**  Reentrant checkpointing sums a shared weight's
+gradient contributions in another order, which moves last bits.  When the twins differ only
+in floating-point values and nothing explains it (no RNG stream, no Python state, no
+recompute difference), both twins run again with every floating-point tensor of the step in
+float64: a difference that is rounding shrinks with the precision (measured: 0.47 float64
+epsilons of the largest gradient, against 10^13 and more for real hazards), so a difference
+below :data:`ROUNDING_BOUND` of the quantity's largest magnitude in float64 is reported as a
+note with its size in ulp, never as a finding and never hidden.
+
+**Compiled steps.**  When compiled code ran in the step as written, the twin also runs with
+``torch._functorch.config.activation_memory_budget = 1.0`` and fresh compilation (the
+partitioner then recomputes nothing), so compiler-driven recomputation is compared too.
+
+The check leaves no trace: the snapshot is restored after every run, also when the step
+raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
+from recheck.findings import Finding, Report
+from recheck.intercept.bypass import bypassing
+from recheck.runtime.bits import Tolerance, bit_view
+from recheck.runtime.explaining import with_likely_causes
+from recheck.runtime.naming import region_name
+from recheck.runtime.reach import Reach, static_reach
+from recheck.runtime.rng import RngRecord
+from recheck.runtime.snapshot import GradRecord, Observed, Snapshot
+from recheck.runtime.steps import StepState, discover_state
+from recheck.runtime.trees import leaves
+
+__all__ = ["ROUNDING_BOUND", "StepRun", "Twin", "check_step_report"]
+
+#: In the float64 rerun, a difference at most this fraction of the quantity's largest magnitude
+#: (the model's largest gradient, parameter, output ...) is rounding: accumulation order.  Measured
+#: on the fixtures: rounding 1e-16, hazards 1e-3 and more.
+ROUNDING_BOUND = 2.0**-40
+#: Kinds whose difference rounding may explain (values computed in floating point).
+_VALUE_KINDS = ("output", "gradient", "state")
+#: Kinds that point at a cause: with one of them, a value difference is no rounding.
+_CAUSE_KINDS = ("rng", "global", "param_version", "input_mutation", "side_effect", "recompute", "buffer")
+_LABELS = ("uncheckpointed step", "step as written")
+
+
+@dataclass
+class StepRun:
+    """What one run of the step left behind."""
+
+    mode: str
+    result: Any = None
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    post: dict[tuple[str, str], Observed] = field(default_factory=dict)
+    error: BaseException | None = None
+    report: Report | None = None
+    compiled: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class Twin:
+    """One step, its state, and the runs that compare it with its uncheckpointed twin."""
+
+    def __init__(self, step: Callable[[], Any], modules: Sequence[torch.nn.Module] = (),
+                 optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+        self.step = step
+        self.state: StepState = discover_state(step, modules, optimizers)
+        self.reach: Reach = static_reach(step, (), {})
+        for module in self.state.modules:
+            if id(module) not in self.reach.modules:
+                self.reach.add_module(self.reach.name_unknown(module), module)
+        for tensor in self.state.tensors + self.state.leaves:
+            if all(t is not tensor for t in self.reach.tensors.values()):
+                self.reach.tensors[f"tensor#{len(self.reach.tensors) + 1}"] = tensor
+        generators = {**self.reach.generators, **{f"#{i}": g for i, g in enumerate(self.state.generators)}}
+        self.snapshot = Snapshot(RngRecord(generators))
+        self.parameters = self.snapshot.track(self.reach, param_kind="state")
+        self._restore_loop = self.state.loop_snapshot()
+        self._grads = {r.name: r for r in self.snapshot.grads()}
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Put everything back as it was before the first run."""
+        try:
+            self.snapshot.restore()
+        finally:
+            self._restore_loop()
+
+    def _observe(self, run: StepRun) -> None:
+        """The end state of a run (gradients, every tracked value, optimizer state), then restore."""
+        run.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        run.post = self.snapshot.observe()
+        for index, optimizer in enumerate(self.state.optimizers):
+            names = {id(p): name for name, p in self.parameters.items()}
+            for param, values in optimizer.state.items():
+                label = names.get(id(param), f"#{id(param)}")
+                for key, value in values.items():
+                    subject = f"optimizer state `{label}.{key}`"
+                    if isinstance(value, torch.Tensor):
+                        run.post[("state", subject)] = Observed("state", subject, value.detach().clone())
+        self.restore()
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def run(self, mode: str, watch_options: Mapping[str, Any], *, compiled: bool = False,
+            before: Callable[[Twin], None] | None = None) -> StepRun:
+        """Run the step once, ``"as written"`` (under watch()) or ``"bypassed"``, and restore.
+
+        ``before(twin)`` changes the state the run starts from (the float64 rerun).
+        """
+        run = StepRun(mode)
+        for record in self._grads.values():
+            record.fresh()
+        try:
+            if before is not None:
+                before(self)
+            with self._mode(run, watch_options, compiled):
+                try:
+                    run.result = _detached(self.step())
+                except Exception as exc:  # the step's own error: the caller decides
+                    run.error = exc
+        finally:
+            self._observe(run)
+        return run
+
+    @contextlib.contextmanager
+    def _mode(self, run: StepRun, watch_options: Mapping[str, Any], compiled: bool) -> Iterator[None]:
+        if run.mode == "as written":
+            from recheck.watcher.session import watch
+
+            watcher = watch(raise_on_finding=False, **watch_options)
+            compilations = _dynamo_compilations()
+            try:
+                with watcher:
+                    yield
+            finally:
+                run.report = watcher.report
+                run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
+            return
+        with _full_memory_budget(compiled) as budget_notes, bypassing() as bypass:
+            yield
+        run.notes.extend(bypass.notes + budget_notes)
+        if not bypass.bypassed and not compiled:
+            run.notes.append("the step made no checkpoint call recheck could bypass: its twin is the step itself")
+
+
+def _detached(value: Any) -> Any:
+    return [(path, leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf)
+            for path, leaf in leaves(value)]
+
+
+def _dynamo_compilations() -> int:
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    return 0 if counters is None else int(sum(counters["stats"].values()))
+
+
+@contextlib.contextmanager
+def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
+    """For a step that compiled code: the twin compiles anew with no partitioner recompute."""
+    notes: list[str] = []
+    if not compiled:
+        yield notes
+        return
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    budget = getattr(functorch_config, "activation_memory_budget", None)
+    torch._dynamo.reset()
+    if budget is not None:
+        functorch_config.activation_memory_budget = 1.0
+    try:
+        yield notes
+    finally:
+        if budget is not None:
+            functorch_config.activation_memory_budget = budget
+        torch._dynamo.reset()  # later calls compile again under the user's own settings
+    notes.append(
+        "compiled code: the uncheckpointed twin was compiled anew with activation_memory_budget=1.0, so "
+        "the recomputation the compiler chose for the step as written (graphs keep the budget they were "
+        f"compiled under; the setting is {budget!r} now) is compared too; torch._dynamo was reset before "
+        "and after the twin, so compiled graphs compile again on their next call")
+
+
+# -- comparing the twins ------------------------------------------------------------------------
+
+
+def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Finding]:
+    findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True,
+                               check_requires_grad=False)
+    findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,
+                              reference="the uncheckpointed step")
+    findings += compare_observed(ctx, bypassed.post, written.post, when="from the uncheckpointed step",
+                                 labels=_LABELS)
+    return findings
+
+
+def _magnitudes(run: StepRun) -> dict[str, float]:
+    """The largest magnitude of each kind of value in a run: the scale a difference is measured on."""
+    def largest(tensors: Any) -> float:
+        values = [t.detach().abs().max().item() for t in tensors
+                  if isinstance(t, torch.Tensor) and t.numel() and t.is_floating_point()]
+        finite = [v for v in values if math.isfinite(v)]
+        return max(finite, default=0.0)
+
+    return {"gradient": largest(run.grads.values()),
+            "state": largest(o.value for o in run.post.values()),
+            "output": largest(leaf for _, leaf in run.result if isinstance(leaf, torch.Tensor))}
+
+
+def _difference(finding: Finding, a: StepRun, b: StepRun) -> tuple[float, int] | None:
+    """The greatest absolute difference and the greatest ulp distance behind a value finding."""
+    pair = _tensors_of(finding, a, b)
+    if pair is None:
+        return None
+    x, y = pair
+    if x.shape != y.shape or x.dtype != y.dtype or not x.is_floating_point():
+        return None
+    delta = (x.double() - y.double()).abs()
+    if not bool(torch.isfinite(delta).all()):
+        return None
+    ulp = _ulp_distance(x, y)
+    return float(delta.max()) if delta.numel() else 0.0, ulp
+
+
+def _ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
+    bits_x, bits_y = bit_view(x).to(torch.int64), bit_view(y).to(torch.int64)
+    size = x.element_size()
+    if size < 8:
+        mask = (1 << (8 * size)) - 1
+        sign = 1 << (8 * size - 1)
+        bits_x, bits_y = bits_x & mask, bits_y & mask
+        bits_x = torch.where(bits_x >= sign, -(bits_x & (sign - 1)), bits_x)
+        bits_y = torch.where(bits_y >= sign, -(bits_y & (sign - 1)), bits_y)
+    else:
+        top = torch.iinfo(torch.int64).max
+        bits_x = torch.where(bits_x < 0, -(bits_x & top), bits_x)
+        bits_y = torch.where(bits_y < 0, -(bits_y & top), bits_y)
+    return int((bits_x - bits_y).abs().max()) if bits_x.numel() else 0
+
+
+def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
+    subject = finding.subject or ""
+    if finding.kind == "gradient":
+        name = subject.removeprefix("grad of ")
+        x, y = a.grads.get(name), b.grads.get(name)
+    elif finding.kind == "output":
+        x, y = dict(a.result).get(subject), dict(b.result).get(subject)
+    else:
+        x = a.post.get((finding.kind, subject))
+        y = b.post.get((finding.kind, subject))
+        x, y = (x.value if x is not None else None), (y.value if y is not None else None)
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        return x, y
+    return None
+
+
+def _to_float64(twin: Twin) -> None:
+    """Every floating-point tensor the step holds in float64 (before one run of the rerun).
+
+    Parameters, buffers, loose tensors (the data), optimizer state and the gradients a run
+    starts from change dtype in place; the twin's snapshot puts every one of them back (dtype,
+    bytes and version) when the run ends.
+    """
+    tensors = list(twin.parameters.values())
+    tensors += [b for _, m in twin.reach.modules.values() for b in m._buffers.values() if b is not None]
+    tensors += list(twin.reach.tensors.values())
+    tensors += [v for opt in twin.state.optimizers for st in opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor)]
+    with torch.no_grad():
+        for tensor in {id(t): t for t in tensors}.values():
+            if tensor.is_floating_point() and tensor.dtype != torch.float64:
+                tensor.data = tensor.data.to(torch.float64)
+    for record in twin._grads.values():
+        if record.parameter.grad is not None and record.parameter.grad.is_floating_point():
+            record.parameter.grad = record.parameter.grad.to(torch.float64)
+
+
+@contextlib.contextmanager
+def _float64_default() -> Iterator[None]:
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # tensors the step makes itself are float64 too
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,
+                       bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
+    """Findings that are rounding (accumulation order) become notes with their size; the rest stay."""
+    values = [f for f in findings if f.kind in _VALUE_KINDS and _tensors_of(f, written, bypassed) is not None]
+    if not values or any(f.kind in _CAUSE_KINDS for f in findings) or len(values) != len(findings):
+        return findings, []
+    try:
+        with _float64_default():
+            written64 = twin.run("as written", {**watch_options, "store": "digest", "atol": None,
+                                                "rtol": None, "max_ulp": None}, before=_to_float64)
+            bypassed64 = twin.run("bypassed", {}, before=_to_float64)
+    except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
+        return findings, [f"the differences were not rerun in float64 to tell rounding from a hazard "
+                          f"({type(exc).__name__}: {exc}); they are shown as findings"]
+    finally:
+        twin.restore()
+    if written64.error is not None or bypassed64.error is not None:
+        error = written64.error or bypassed64.error
+        return findings, [f"the float64 rerun of the step raised ({type(error).__name__}: {error}); "
+                          "the differences are shown as findings"]
+    scale32, scale64 = _magnitudes(bypassed), _magnitudes(bypassed64)
+    kept: list[Finding] = []
+    rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, epsilons in it, in float64
+    for finding in findings:
+        pair = _tensors_of(finding, written, bypassed)
+        size32 = _difference(finding, written, bypassed)
+        size64 = _difference(finding, written64, bypassed64)
+        scale = scale64.get(finding.kind, 0.0)
+        if pair is None or size32 is None or size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
+            kept.append(finding)
+            continue
+        dtype = pair[0].dtype
+        ulps = size32[0] / (torch.finfo(dtype).eps * scale32[finding.kind]) if scale32.get(finding.kind) else math.inf
+        rounding.append((str(finding.subject), str(dtype).replace("torch.", ""), ulps,
+                         size64[0] / (torch.finfo(torch.float64).eps * scale)))
+    if not rounding:
+        return kept, []
+    shown = ", ".join(s for s, *_ in rounding[:4]) + (f" and {len(rounding) - 4} more" if len(rounding) > 4 else "")
+    dtypes = "/".join(sorted({r[1] for r in rounding}))
+    note = (f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): at most "
+            f"{max(r[2] for r in rounding):.2g} ulp of the largest value of their kind in {dtypes}, and "
+            f"{max(r[3] for r in rounding):.2g} ulp in float64 when both twins are rerun in float64 (a hazard "
+            f"stays above {ROUNDING_BOUND / torch.finfo(torch.float64).eps:.3g} ulp there): the checkpointed step "
+            "sums contributions in another order, which is not a hazard")
+    return kept, [note]
+
+
+def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
+                      watch_options: Mapping[str, Any] | None = None,
+                      modules: Sequence[torch.nn.Module] = (),
+                      optimizers: Sequence[torch.optim.Optimizer] = ()) -> Report:
+    """The report of :func:`recheck.check_step` (see there for the arguments)."""
+    watch_options = dict(watch_options or {})
+    name = region_name(step)
+    twin = Twin(step, modules, optimizers)
+    ctx = Context(region=f"step {name}", invocation=None, tolerance=tolerance, use_reentrant=False,
+                  preserve_rng_state=None)
+    notes: list[str] = []
+    try:
+        written = twin.run("as written", watch_options)
+        if written.error is not None:
+            raise written.error
+        unsteady: set[tuple[str, str | None]] = set()
+        for _ in range(repeats - 1):
+            again = twin.run("as written", watch_options)
+            unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
+        compiled = written.compiled or bool(twin.reach.compiled)
+        if twin.reach.compiled:
+            notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
+        bypassed = twin.run("bypassed", {}, compiled=compiled)
+        if bypassed.error is not None:
+            raise bypassed.error
+        findings = _twin_findings(ctx, written, bypassed)
+        if unsteady:
+            shown = ", ".join(sorted(str(s) for _, s in unsteady))
+            notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): "
+                         f"{shown} differ between its own runs, so their differences from the "
+                         "uncheckpointed step are not attributed to checkpointing")
+            findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
+        if tolerance is None:
+            findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
+            notes += rounding
+    finally:
+        twin.restore()
+    watched = written.report if written.report is not None else Report()
+    notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
+    stats = {"runs": 2 + max(repeats - 1, 0), "parameters": len(twin.parameters),
+             "watch": dict(watched.stats)}
+    title = (f"step           {name}\n"
+             f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"
+             + (f", tolerance: {tolerance}" if tolerance else "")
+             + f"\nwatched        {watched.title or 'nothing'}")
+    return Report(with_likely_causes([*watched.findings, *findings]), title=title, notes=notes, stats=stats)

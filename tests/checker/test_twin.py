@@ -1,0 +1,155 @@
+"""``recheck.check_step()``: a whole step against its uncheckpointed twin (fixtures/twins/)."""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+from source_modules import load_file
+
+from conftest import ROOT
+
+TWINS = ROOT / "fixtures" / "twins"
+
+
+@functools.lru_cache(maxsize=None)
+def twin(name: str):
+    """A fixture module of fixtures/twins/, imported once (its folder importable while it loads)."""
+    import sys
+
+    sys.path.insert(0, str(TWINS))
+    try:
+        return load_file(TWINS / f"{name}.py", f"recheck_twin_{name}")
+    finally:
+        sys.path.remove(str(TWINS))
+
+
+def _check(step, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return recheck.check_step(step, **options)
+
+
+def _state(model: nn.Module, optimizer=None):
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    values = [t.detach().clone() for t in model.state_dict().values()]
+    versions = [p._version for p in model.parameters()]
+    return grads, values, versions, torch.get_rng_state(), optimizer.state_dict() if optimizer else None
+
+
+def _same(a, b) -> bool:
+    (ga, va, na, ra, _), (gb, vb, nb, rb, _) = a, b
+    return (na == nb and torch.equal(ra, rb) and all(torch.equal(x, y) for x, y in zip(va, vb))
+            and all((x is None) == (y is None) and (x is None or torch.equal(x, y)) for x, y in zip(ga, gb)))
+
+
+def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
+    module = twin("moe_router")
+    step, model = module.make_step()
+    before = _state(model)
+    report = _check(step)
+    gates = [f for f in report.by_kind("gradient") if f.subject.endswith("block_sparse_moe.gate.weight`")]
+    assert len(gates) == 2, str(report)
+    assert "differs from the uncheckpointed step's" in gates[0].message
+    assert _same(before, _state(model))  # a check leaves no trace
+    fixed, _ = module.make_step(fixed=True)
+    assert _check(fixed).ok
+
+
+def test_levit_eval_cache_filled_under_no_grad_leaves_the_biases_without_gradient():
+    module = twin("levit_cache")
+    report = _check(module.step)
+    missing = [f for f in report.by_kind("gradient") if "is missing under checkpoint" in f.message]
+    assert missing and all("attention_biases" in f.subject for f in missing), str(report)
+    assert _check(module.fixed_step).ok
+
+
+def test_aux_loss_tracker_in_another_module_is_state_of_the_step():
+    report = _check(twin("moe_tracker").step)
+    assert any("_TRACKER" in (f.subject or "") for f in report.by_kind("state")), str(report)
+    assert _check(twin("moe_tracker").fixed_step).ok
+
+
+def test_accumulation_order_is_a_note_with_its_size_not_a_finding():
+    report = _check(twin("encoder_decoder").step)
+    assert report.ok, str(report)
+    (note,) = [n for n in report.notes if "only by rounding" in n]
+    assert "ulp" in note and "rerun in float64" in note
+
+
+def test_a_compiled_step_is_compared_with_a_twin_compiled_without_recompute():
+    module = twin("compiled_budget")
+    report = _check(module.step)
+    assert report.by_kind("gradient"), str(report)
+    assert any("activation_memory_budget=1.0" in n for n in report.notes)
+    assert _check(module.fixed_step).ok
+
+
+def test_a_tolerance_is_applied_as_given_and_says_so():
+    report = _check(twin("encoder_decoder").step, atol=1e-6, rtol=0)
+    assert report.ok and "tolerance: up to atol=1e-06, rtol=0 allowed" in report.title
+
+
+class _block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+def test_the_step_raising_restores_everything_and_propagates():
+    torch.manual_seed(0)
+    model = _block()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def step():
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+        optimizer.step()
+        raise ValueError("boom")
+
+    before = _state(model)
+    with pytest.raises(ValueError, match="boom"):
+        _check(step)
+    assert _same(before, _state(model))
+
+
+def test_a_step_that_differs_from_run_to_run_is_not_blamed_on_checkpointing():
+    torch.manual_seed(0)
+    model = _block()
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def step():
+        jitter = (time.perf_counter_ns() % 97) / 97.0  # a clock: another value in every run
+        return (checkpoint(model, x, use_reentrant=False).sum() * jitter).detach()
+
+    report = _check(step, repeats=2)
+    assert report.ok, str(report)
+    assert any("not deterministic from run to run" in n for n in report.notes)
+
+
+def test_bad_options_and_nesting_are_refused():
+    with pytest.raises(TypeError, match="zero-argument callable"):
+        recheck.check_step(3)
+    with pytest.raises(ValueError, match="repeats"):
+        recheck.check_step(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="atol was given without rtol"):
+        recheck.check_step(lambda: None, atol=1e-3)
+    with recheck.watch():
+        with pytest.raises(RuntimeError, match="already intercepted"):
+            recheck.check_step(lambda: None)
+
+
+def test_assert_step_equal_raises_with_the_report():
+    with pytest.raises(recheck.RecomputeMismatch) as info:
+        recheck.assert_step_equal(twin("levit_cache").step)
+    assert "is missing under checkpoint" in str(info.value)
