@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import threading
 import weakref
@@ -82,11 +83,18 @@ class CheckpointCall:
     reentrant variant and every ``autograd.Function``-style implementation).
     ``needs_input_grad``: the output requires grad only when an input tensor does (torch's
     reentrant variant, DeepSpeed, Megatron; not fairscale, which adds a dummy input that does).
-    ``grad_enabled`` is the grad mode at the checkpoint call: the one the region is meant to
-    compute in.  ``replaced``: the call was made inside the forward of a reentrant call (under
-    its ``no_grad``); that call's recompute makes it again, and it is that call which is
-    verified.  ``during_backward``: the call was made while autograd ran a backward (inside a
-    recompute of another region).
+    ``grad_enabled`` is the grad mode at the checkpoint call.
+
+    Nested checkpoints (timm's MetaFormer checkpoints each stage's blocks and the stages):
+    ``outer`` is the call whose region was running when this call was made, ``nested`` the
+    calls made during this call's forward, in order.  ``replaced``: the call was made inside
+    the forward of a reentrant call, under its ``no_grad``; it is never recomputed itself, the
+    outer call's recompute makes it again.  ``replays``: the call was made during a recompute
+    of ``outer``, at the place where its forward made ``replays`` (same region): it is that
+    call made again, and its run can be compared with that call's forward.
+    ``intended_grad`` is the grad mode the region is meant to compute in: the call's own, or
+    for a replaced call its outer call's.  ``during_backward``: the call was made while
+    autograd ran a backward.
     """
 
     function: Any
@@ -102,12 +110,21 @@ class CheckpointCall:
     needs_input_grad: bool | None = None
     replaced: bool = False
     during_backward: bool = False
+    outer: CheckpointCall | None = field(default=None, repr=False)
+    nested: list[CheckpointCall] = field(default_factory=list, repr=False)
+    replays: CheckpointCall | None = field(default=None, repr=False)
+    intended_grad: bool | None = None
+    #: torch dropped the region function; ``released`` waits for the outer call's release
+    dropped: bool = False
+    released: bool = False
 
     def __post_init__(self) -> None:
         if self.reentrant is None:
             self.reentrant = self.entry in ("reentrant", "apply")
         if self.needs_input_grad is None:
             self.needs_input_grad = bool(self.reentrant)
+        if self.intended_grad is None:
+            self.intended_grad = self.grad_enabled
 
     @property
     def preserve_rng_state(self) -> bool | None:
@@ -125,18 +142,20 @@ class Run:
     has_output: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass
 class ActiveRun:
     """A run of a region function in progress on this thread (see :func:`active_runs`).
 
     ``graph_task`` is ``torch._C._current_graph_task_id()`` when the run started: -1 outside
     backward.  A backward started inside the run (a reentrant recompute's own
-    ``torch.autograd.backward``) has another id.
+    ``torch.autograd.backward``) has another id.  ``made`` counts the checkpoint calls made
+    inside the run so far.
     """
 
     call: CheckpointCall
     phase: Phase
     graph_task: int
+    made: int = 0
 
 
 _local = threading.local()
@@ -280,16 +299,48 @@ class Interceptor:
             call.__post_init__()
         runs = active_runs()
         if runs:
-            outer = runs[-1]
-            call.replaced = bool(outer.phase is Phase.FORWARD and outer.call.reentrant)
+            self._nest(call, runs[-1])
         call.during_backward = torch._C._current_graph_task_id() != -1
         self.started(call)
         return call
 
+    @staticmethod
+    def _nest(call: CheckpointCall, outer_run: ActiveRun) -> None:
+        """Place a call made inside another region's run: made by its forward, or again by a
+        recompute at the place its forward made the same region's call."""
+        outer, position = outer_run.call, outer_run.made
+        outer_run.made += 1
+        call.outer = outer
+        if outer_run.phase is Phase.FORWARD:
+            outer.nested.append(call)
+            if outer.reentrant:
+                call.replaced = True
+                call.intended_grad = outer.intended_grad
+        elif outer_run.phase is Phase.RECOMPUTE and position < len(outer.nested):
+            earlier = outer.nested[position]
+            if earlier.region == call.region and _same_callable(earlier.function, call.function):
+                call.replays = earlier
+
     def _wrap(self, function: Callable[..., Any], call: CheckpointCall) -> RegionFunction:
         wrapped = RegionFunction(function, call, self)
-        weakref.finalize(wrapped, self.released, call)
+        weakref.finalize(wrapped, self._dropped, call)
         return wrapped
+
+    def _dropped(self, call: CheckpointCall) -> None:
+        """torch dropped a region function.  A call made inside another region's forward is
+        released with that region (whose recompute makes it again, to be compared with it)."""
+        call.dropped = True
+        if call.outer is not None and not call.outer.released:
+            return
+        self._release(call)
+
+    def _release(self, call: CheckpointCall) -> None:
+        call.released = True
+        self.released(call)
+        nested, call.nested = call.nested, []
+        for inner in nested:
+            if inner.dropped and not inner.released:
+                self._release(inner)
 
     # -- the Hooks protocol --------------------------------------------------------------
 
@@ -421,3 +472,36 @@ class Interceptor:
 
 
 _DONE = object()
+
+
+def _same_callable(a: Any, b: Any, depth: int = 0) -> bool:
+    """Whether two region callables run the same code on the same objects: the same object, or
+    closures made anew by the same code over the same cells' contents (timm's ``checkpoint_seq``
+    makes a closure per segment and call), bound methods and partials of such."""
+    if a is b:
+        return True
+    if depth > 4 or type(a) is not type(b):
+        return False
+    if isinstance(a, functools.partial):
+        return (_same_callable(a.func, b.func, depth + 1) and len(a.args) == len(b.args)
+                and all(x is y for x, y in zip(a.args, b.args)) and a.keywords.keys() == b.keywords.keys()
+                and all(a.keywords[k] is b.keywords[k] for k in a.keywords))
+    if inspect.ismethod(a):
+        return a.__self__ is b.__self__ and _same_callable(a.__func__, b.__func__, depth + 1)
+    if inspect.isfunction(a):
+        if a.__code__ is not b.__code__:
+            return False
+        cells = zip(a.__closure__ or (), b.__closure__ or ())
+        try:
+            return all(x.cell_contents is y.cell_contents or _same_contents(x.cell_contents, y.cell_contents)
+                       for x, y in cells)
+        except ValueError:  # an empty cell
+            return False
+    return False
+
+
+def _same_contents(a: Any, b: Any) -> bool:
+    """Lists or tuples of the same objects (the module list a closure holds), or equal numbers."""
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return type(a) in (int, float, bool, str) and type(a) is type(b) and a == b

@@ -187,6 +187,11 @@ class InvocationRecord:
         self.replaced = False
         #: made while autograd ran a backward (during another region's recompute)
         self.during_backward = False
+        #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
+        self.intended_grad: bool | None = None
+        #: made again by another region's recompute: the record of the call it makes again, to
+        #: whose forward its run was compared (a recompute of that record)
+        self.replay_of: InvocationRecord | None = None
         self.early_stop: bool | None = None
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
         self.preserve_rng_state: bool | None = None
@@ -212,7 +217,8 @@ class InvocationRecord:
 
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
-        self.forward = Forward(reach, entry, shown, context=current_context(self.grad_enabled))
+        intended = self.grad_enabled if self.intended_grad is None else self.intended_grad
+        self.forward = Forward(reach, entry, shown, context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
         capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
@@ -318,8 +324,13 @@ class InvocationRecord:
 
     # -- recompute -----------------------------------------------------------------------
 
-    def begin_recompute(self) -> tuple[dict[tuple[str, str], Any], capture.ModuleState]:
-        """Compare what the recompute starts from with the forward; return the entry snapshot."""
+    def begin_recompute(self, grad_enabled: bool | None = None) -> tuple[dict[tuple[str, str], Any],
+                                                                         capture.ModuleState]:
+        """Compare what the recompute starts from with the forward; return the entry snapshot.
+
+        ``grad_enabled`` stands for the recompute's grad mode when it runs as the forward of a
+        reentrant call (another region's recompute making this call again).
+        """
         self.recomputes += 1
         self._pass_saved = set()
         forward = self.forward
@@ -341,7 +352,7 @@ class InvocationRecord:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
         if forward.context is not None:
-            for subject, message, detail in context_differences(forward.context, current_context()):
+            for subject, message, detail in context_differences(forward.context, current_context(grad_enabled)):
                 self._add("context", message, subject=subject, detail=detail)
         state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it

@@ -133,16 +133,22 @@ class Watch:
         findings: list[Finding] = []
         for record in ran:
             findings.extend(record.findings_of(calls[record.region]))
-        with_grad = [r for r in ran if r.grad_enabled and not r.failed]
-        recomputed = [r for r in with_grad if r.recomputes]
-        never = len(with_grad) - len(recomputed)
+        # a call made inside a reentrant forward runs under its no_grad and is never recomputed
+        # itself: the outer recompute makes it again, and that run is compared with it
+        replaced = [r for r in ran if r.replaced]
+        again = [r for r in ran if r.replay_of is not None]
+        intended = [r for r in ran if (r.grad_enabled or r.replaced) and not r.failed]
+        verified = [r for r in intended if r.recomputes or r.replay_of is not None]
+        never = len(intended) - len(verified)
         stats = {
             "regions": len(calls),
             "invocations": len(ran),
             "recomputations": sum(r.recomputes for r in ran),
-            "verified": len(recomputed),
+            "verified": len(verified),
             "never_recomputed": never,
-            "without_grad": sum(1 for r in ran if not r.grad_enabled),
+            "without_grad": sum(1 for r in ran if not r.grad_enabled and not r.replaced),
+            "replaced": len(replaced),
+            "made_again": len(again),
             "compiled_calls": self.compiled_calls,
             "findings": len(findings),
         }
@@ -152,6 +158,15 @@ class Watch:
         if never:
             notes.append(f"{never} checkpointed forward(s) were never recomputed (no backward reached them); "
                          "counted, not checked")
+        if replaced:
+            checked = sum(1 for r in replaced if r.recomputes)
+            notes.append(f"{len(replaced)} checkpoint call(s) were made inside a reentrant checkpoint's forward "
+                         f"(under its no_grad) and made again by its recompute; {checked} verified against the "
+                         "call made again")
+        again = [r for r in again if not r.replay_of.replaced]  # those are the note above
+        if again:
+            notes.append(f"{len(again)} checkpoint call(s) made during another region's recompute were compared "
+                         "with the call its forward made at the same place")
         if self.compiled_calls or _dynamo_compilations() != self._compilations_at_entry:
             notes.append(COMPILE_NOTE)
         if self.options.replay_fully:
