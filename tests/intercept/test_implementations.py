@@ -284,5 +284,20 @@ def test_a_declared_wrapper_of_a_known_implementation_is_one_call():
             grads_of(lambda b, h: holder.project_ckpt(b, h))
     finally:
         del holder.project_ckpt
-    assert [(e, p) for e, p, _ in installation.hooks.events] == [("project_checkpointing.project_ckpt", "forward")] * 2 \
-        + [("project_checkpointing.project_ckpt", "recompute")] * 2
+    entry = "project_checkpointing.project_ckpt"
+    assert [(e, p) for e, p, _ in installation.hooks.events] == [(entry, "forward")] * 2 + [(entry, "recompute")] * 2
+
+
+def test_rebinding_misses_references_made_before_and_the_code_swap_does_not():
+    # measured: what each way of patching a declared function covers
+    module = project()
+    early_object = functools.partial(module.checkpoint_fn)      # a callable object: rebound
+    early_function = functools.partial(module.checkpoint_block)  # a plain function: code swapped
+    names = ["project_checkpointing.checkpoint_fn", "project_checkpointing.checkpoint_block"]
+    with intercepted(Recorder(), extra_functions=names) as installation:
+        grads_of(lambda b, h: early_object(b, h))
+        missed = list(installation.hooks.events)
+        grads_of(lambda b, h: early_function(b, h))
+    assert installation.declared == dict(zip(names, ["rebound", "code"]))
+    assert missed == []
+    assert [phase for _, phase, _ in installation.hooks.events] == ["forward", "forward", "recompute", "recompute"]
