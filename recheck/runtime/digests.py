@@ -15,6 +15,7 @@ its first differing element with both bit patterns.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -143,18 +144,20 @@ def _plan(dtype: torch.dtype) -> tuple[str, torch.dtype | None]:
 def _cpu_digest(tensor: torch.Tensor) -> int:
     """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
-    A contiguous real tensor is hashed in place through an integer view of its storage;
-    anything else (non-contiguous, complex, negative views) goes through ``bit_view``,
-    which makes the same row-major bytes.
+    A contiguous real tensor is hashed in place, its memory read through a ``ctypes`` array
+    (not ``Tensor.numpy()``, which marks the storage as not resizable for good: Megatron's
+    ``CheckpointWithoutOutput`` and FSDP free storages with ``resize_(0)``); anything else
+    (non-contiguous, complex, negative views) goes through ``bit_view``, which makes the same
+    row-major bytes in a new tensor.
     """
     name, same_width = _plan(tensor.dtype)
     hasher = _HASHER(f"{name}{tuple(tensor.shape)}\0".encode())
     if tensor.numel():
         if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
-            bits = tensor.view(same_width)
+            bits = tensor
         else:
             bits = bit_view(tensor)
-        hasher.update(bits.numpy().data)
+        hasher.update((ctypes.c_char * (bits.numel() * bits.element_size())).from_address(bits.data_ptr()))
     return int.from_bytes(hasher.digest()[:16], "little")
 
 

@@ -21,8 +21,8 @@ from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, 
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
-__all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
-           "parameters_of", "reach_of", "with_submodules"]
+__all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
+           "entry_state", "global_text", "module_state", "parameters_of", "reach_of", "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
@@ -172,6 +172,37 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     return list(selected.values())
 
 
+#: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
+#: each buffer slot held and what it held when first seen in a forward
+BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
+
+
+def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions) -> None:
+    """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
+
+    The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
+    updates ``running_mean`` and ``running_var`` in place without bumping their versions.
+    """
+    for top in modules:
+        for module in top.modules():
+            for name, buffer in module._buffers.items():
+                key = (id(module), name)
+                if buffer is not None and key not in into:
+                    into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
+
+
+def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str]]:
+    """The buffers written (in place, or rebound to another tensor) since ``versions`` saw them."""
+    changed = []
+    for (_, name), (module, tensor_id, version, before) in versions.items():
+        buffer = module._buffers.get(name)
+        if buffer is None:
+            continue
+        if id(buffer) != tensor_id or buffer._version != version or not before.same(print_tensor(buffer, "digest")):
+            changed.append((module, name))
+    return changed
+
+
 def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
     """Own parameters of every reached module, by dotted name."""
     found: dict[str, torch.Tensor] = {}
@@ -227,9 +258,15 @@ def _kept(value: Any) -> Any:
 
 
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
-                 written: Iterable[GlobalRef] = ()) -> ModuleState:
+                 written: Iterable[GlobalRef] = (), *,
+                 attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
+                 buffers: Iterable[tuple[str, torch.nn.Module, str]] = ()) -> ModuleState:
     """Every buffer (printed) and attribute (shallow print and value) of each module, and the
-    globals the region writes, keyed by (what, subject) with the subjects findings use."""
+    globals the region writes, keyed by (what, subject) with the subjects findings use.
+
+    ``attributes_of`` adds modules whose own attributes only are compared (not their buffers
+    or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.
+    """
     state: ModuleState = {}
     for name, module in modules:
         for buffer_name, buffer in module._buffers.items():
@@ -238,6 +275,14 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         for attr, value in vars(module).items():
             if is_module_state(attr):
                 state[("attribute", attribute_subject(name, attr))] = (shallow(value), _kept(value))
+    for name, module in attributes_of:
+        for attr, value in vars(module).items():
+            if is_module_state(attr):
+                state.setdefault(("attribute", attribute_subject(name, attr)), (shallow(value), _kept(value)))
+    for name, module, buffer_name in buffers:
+        buffer = module._buffers.get(buffer_name)
+        if buffer is not None:
+            state.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
         state[("global", ref.subject)] = (shallow(value), _kept(value))

@@ -1,4 +1,5 @@
-"""Digests are exact: every byte in order counts, for every hash recheck may use."""
+"""Digests are exact (every byte in order counts, for every hash recheck may use) and read a
+tensor's bytes in place, leaving the tensor as it was."""
 
 from __future__ import annotations
 
@@ -73,3 +74,20 @@ def test_position_shape_and_dtype_count(hasher):
 
 def test_the_digest_in_use_is_named():
     assert digests.DIGEST_NAME in ("xxh3-128", "sha256")
+
+
+def test_a_digest_leaves_the_storage_resizable():
+    # Tensor.numpy() would mark the storage as not resizable for good; Megatron's
+    # CheckpointWithoutOutput frees an output's storage with resize_(0) after it was digested
+    tensor = torch.randn(4, 8)
+    print_tensor(tensor, "digest")
+    print_tensor(tensor[:, ::2], "digest")
+    tensor.untyped_storage().resize_(0)
+    assert tensor.untyped_storage().size() == 0
+
+
+def test_the_digest_is_of_the_row_major_bytes():
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert print_tensor(tensor.t(), "digest").same(print_tensor(tensor.t().contiguous(), "digest"))
+    assert not print_tensor(tensor, "digest").same(print_tensor(tensor.t().contiguous(), "digest"))
+    assert print_tensor(-tensor, "digest").same(print_tensor(tensor.neg().resolve_neg(), "digest"))
