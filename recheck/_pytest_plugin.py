@@ -154,6 +154,7 @@ def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
         "early_stop": _early_stop(config, table),
         "store": _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store")),
         **tolerance,
+        "checkpoint_functions": table.get("checkpoint_functions"),
     }
     settings.options = _validated(settings.watch_options, "recheck")
     settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),

@@ -96,6 +96,8 @@ class WatchOptions:
         """The options as ``watch()`` keyword arguments (what a JSON report records)."""
         tolerance = self.tolerance
         values: dict[str, Any] = {"early_stop": self.early_stop, "store": self.store}
+        if self.checkpoint_functions:
+            values["checkpoint_functions"] = list(self.checkpoint_functions)
         if tolerance is not None:
             values.update({"max_ulp": tolerance.max_ulp} if tolerance.max_ulp is not None
                           else {"atol": tolerance.atol, "rtol": tolerance.rtol})

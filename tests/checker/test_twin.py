@@ -159,3 +159,43 @@ def test_assert_step_equal_raises_with_the_report():
     with pytest.raises(recheck.RecomputeMismatch) as info:
         recheck.assert_step_equal(twin("levit_cache").step)
     assert "is missing under checkpoint" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "kinds"), [("diffusion_checkpoint", {"rng", "recompute"}),
+                                              ("amp_checkpoint", {"context", "recompute"})])
+def test_a_hand_written_checkpoint_nothing_names_is_still_seen(name, kinds):
+    module = twin(name)
+    report = _check(module.step)
+    assert kinds <= report.kinds, str(report)
+    assert any("recomputed by CheckpointFunction" in (f.region or "") for f in report), str(report)
+    assert _check(module.fixed_step).ok
+
+
+def test_declared_checkpoint_functions_are_bypassed_in_the_twin():
+    calls = []
+
+    def my_checkpoint(function, *args):  # a project's own checkpoint, declared by name
+        calls.append(function)
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=True)
+
+    import sys
+    import types
+
+    holder = types.ModuleType("recheck_test_declared")
+    holder.my_checkpoint = my_checkpoint
+    sys.modules["recheck_test_declared"] = holder
+    torch.manual_seed(0)
+    model = _block()
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def step():
+        out = holder.my_checkpoint(model, x)
+        out.sum().backward()
+        return out.detach()
+
+    try:
+        report = _check(step, checkpoint_functions=["recheck_test_declared.my_checkpoint"])
+    finally:
+        del sys.modules["recheck_test_declared"]
+    assert report.ok, str(report)
+    assert not any("not bypassed" in n or "not intercepted" in n for n in report.notes), report.notes
