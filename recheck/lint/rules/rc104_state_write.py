@@ -101,7 +101,7 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST 
         if target.id in ctx.declared_global and augmented is None and target.id in ctx.module.lazy_globals:
             return None  # a lazily created singleton or a setup flag: set once, the same again
         if target.id in ctx.declared_global:
-            kind = "global"
+            kind: str | None = "global"
         elif target.id in ctx.declared_nonlocal:
             kind = "closure variable"
         else:
@@ -156,7 +156,7 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
                          "recomputation modifies the module's state again")
 
 
-def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
+def check(node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign, ctx: FunctionContext) -> Iterator[Hazard]:
     if isinstance(node, ast.Call):
         yield from _call(node, ctx)
         return

@@ -37,7 +37,7 @@ def _argument(node: ast.AST, line: int, ctx: FunctionContext) -> str | None:
     return None
 
 
-def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
+def check(node: ast.Call | ast.AugAssign | ast.Assign, ctx: FunctionContext) -> Iterator[Hazard]:
     line = node.lineno
     if isinstance(node, ast.Call):
         func = node.func
