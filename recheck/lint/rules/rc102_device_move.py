@@ -62,3 +62,18 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
         ):
             yield Hazard(CODE, ctx.span(keyword.value),
                          f"`{ctx.source(keyword.value)}` creates a tensor on an explicit device", THEN)
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return x.cuda()", [(1, 16, "`x.cuda()` moves a tensor to another device")]),
+    ("return x.to('cuda:1')", [(1, 16, "`x.to('cuda:1')` moves a tensor to another device")]),
+    ("return torch.zeros(4, device='cuda')", [(1, 38, "`'cuda'` creates a tensor on an explicit device")]),
+]
+VALID = [
+    "return x.cpu()",  # the CPU's RNG state is always preserved
+    "return x.to(x.device)",
+    "return x.to(self.lin.weight.device)",
+    "return x.to(torch.float64)",
+]
