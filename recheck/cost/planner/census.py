@@ -33,7 +33,8 @@ from recheck.cost.work import Work
 from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
 
-__all__ = ["MODES", "Config", "RunFigures", "configured", "measure_config", "mode_config"]
+__all__ = ["MODES", "Config", "RunFigures", "configured", "measure_config", "mode_config", "time_configs",
+           "trace_config"]
 
 #: The modes a plan mixes, in the order they are measured.
 MODES = ("none", "full", "selective", "written")
@@ -117,49 +118,66 @@ def _module_hooks(router: CensusRouter) -> list[Any]:
             register.register_module_forward_hook(router.module_post)]
 
 
-def measure_config(step: Callable[[], Any], state: StepState, restore: Callable[[], None],
-                   candidates: Candidates, config: Config, repeats: int, *, traced: bool = True,
-                   ops: tuple[str, ...] = SELECTIVE_OPS) -> RunFigures:
-    """One traced run (when ``traced``) and ``repeats`` timed runs of ``step`` under ``config``."""
+def trace_config(step: Callable[[], Any], state: StepState, restore: Callable[[], None],
+                 candidates: Candidates, config: Config, ops: tuple[str, ...] = SELECTIVE_OPS) -> RunFigures:
+    """One traced run of ``step`` under ``config``: windows, holds, work, the observed peak."""
     router = CensusRouter(candidates)
     figures = RunFigures(config)
-    selective = frozenset(selective_context(ops).packets) if any(v == "selective" for _, v in config.wraps) else frozenset()  # type: ignore[attr-defined]
-    per_run: list[dict[int, float]] = []
+    selective = frozenset(selective_context(ops).packets) if any(v == "selective" for _, v in config.wraps) \
+        else frozenset()  # type: ignore[attr-defined]
     with routing(router):
-        if traced:
-            restore()
-            router.reset("checkpoint")
-            handles = _module_hooks(router)
-            started = time.perf_counter()
-            try:
-                with configured(config, candidates, router, ops) as record, \
-                        CensusTracer(state, router, selective) as tracer:
-                    step()
-            finally:
-                for handle in handles:
-                    handle.remove()
-                router.tracer = None
-            figures.traced_seconds = time.perf_counter() - started
-            ledger = tracer.trace.ledger
-            figures.observed_peak = ledger.observed_peak
-            figures.windows, figures.order = tracer.windows, tracer.order
-            figures.sizes, figures.holds_made = tracer.sizes, tracer.holds_made
-            figures.forward_work, figures.recompute_work = tracer.forward_work, tracer.recompute_work
-            if record is not None:
-                figures.dropped = sum(record.calls.values())
-                figures.undroppable = record.undroppable
-        for index in range(repeats):
-            restore()
-            router.reset("checkpoint")
-            with configured(config, candidates, router, ops), cuda_peak(state) as peak:
-                started = time.perf_counter()
+        restore()
+        handles = _module_hooks(router)
+        started = time.perf_counter()
+        try:
+            with configured(config, candidates, router, ops) as record, \
+                    CensusTracer(state, router, selective) as tracer:
                 step()
-                peak.synchronize()
-                figures.seconds.append(time.perf_counter() - started)
-            if index == 0 and peak.result is not None:
-                figures.cuda = peak.result.to_dict()
-            per_run.append(dict(router.recompute_seconds))
-    restore()
-    indices = {i for run in per_run for i in run}
-    figures.recompute_seconds = {i: statistics.median(run.get(i, 0.0) for run in per_run) for i in indices}
+        finally:
+            for handle in handles:
+                handle.remove()
+            router.tracer = None
+            restore()
+    figures.traced_seconds = time.perf_counter() - started
+    figures.observed_peak = tracer.trace.ledger.observed_peak
+    figures.windows, figures.order = tracer.windows, tracer.order
+    figures.sizes, figures.holds_made = tracer.sizes, tracer.holds_made
+    figures.forward_work, figures.recompute_work = tracer.forward_work, tracer.recompute_work
+    if record is not None:
+        figures.dropped = sum(record.calls.values())
+        figures.undroppable = record.undroppable
+    return figures
+
+
+def time_configs(step: Callable[[], Any], state: StepState, restore: Callable[[], None], candidates: Candidates,
+                 runs: list[RunFigures], repeats: int, ops: tuple[str, ...] = SELECTIVE_OPS) -> None:
+    """Time every configuration of ``runs`` ``repeats`` times, taking turns (so that a machine whose
+    load drifts slows them alike); fills ``seconds``, ``recompute_seconds`` and ``cuda``."""
+    router = CensusRouter(candidates)
+    per_run: list[list[dict[int, float]]] = [[] for _ in runs]
+    with routing(router):
+        for index in range(repeats):
+            for figures, recomputes in zip(runs, per_run):
+                restore()
+                router.reset("checkpoint")
+                with configured(figures.config, candidates, router, ops), cuda_peak(state) as peak:
+                    started = time.perf_counter()
+                    step()
+                    peak.synchronize()
+                    figures.seconds.append(time.perf_counter() - started)
+                if index == 0 and peak.result is not None:
+                    figures.cuda = peak.result.to_dict()
+                recomputes.append(dict(router.recompute_seconds))
+        restore()
+    for figures, recomputes in zip(runs, per_run):
+        indices = {i for run in recomputes for i in run}
+        figures.recompute_seconds = {i: statistics.median(run.get(i, 0.0) for run in recomputes) for i in indices}
+
+
+def measure_config(step: Callable[[], Any], state: StepState, restore: Callable[[], None],
+                   candidates: Candidates, config: Config, repeats: int,
+                   ops: tuple[str, ...] = SELECTIVE_OPS) -> RunFigures:
+    """One traced run and ``repeats`` timed runs of ``step`` under ``config``."""
+    figures = trace_config(step, state, restore, candidates, config, ops)
+    time_configs(step, state, restore, candidates, [figures], repeats, ops)
     return figures

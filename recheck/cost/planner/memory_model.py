@@ -20,8 +20,9 @@ For every window *w* of the step (:mod:`~recheck.cost.planner.attribution`), in 
   in the run of the owner's variant.
 
 The peak of a plan is the largest window.  Step time is the time of the run that checkpoints
-nothing plus each checkpointed candidate's recompute time (measured in the run of its mode,
-scaled so the four modes' own totals are what was measured).  The same terms make the linear
+nothing plus each checkpointed candidate's recompute time, measured in the run of its mode and
+scaled up so that a mode's candidates together cost what the mode was measured to cost beyond
+the run without checkpoints (never less than their recomputes).  The same terms make the linear
 program :class:`Problem` the solver minimises.
 """
 
@@ -42,8 +43,6 @@ MODE_OF = {
     "region": {"none": "none", "full": "full"},
     "outer": {"none": "none", "full": "written"},
 }
-#: How far a mode's measured extra time may rescale its regions' recompute seconds.
-_SCALE_LIMITS = (0.5, 2.0)
 
 
 def mode_of(candidate: Candidate, variant: str) -> str:
@@ -126,8 +125,10 @@ class Model:
         for mode, run in self.runs.items():
             measured = sum(run.recompute_seconds.values())
             extra = run.median_seconds - base
-            low, high = _SCALE_LIMITS
-            scales[mode] = min(max(extra / measured, low), high) if measured > 0 else 1.0
+            # a recompute is extra work, so a mode costs at least its recomputes; what it costs
+            # beyond them (torch's checkpoint code, the selective policy's caching in forward) is
+            # shared out in proportion to each candidate's recompute
+            scales[mode] = max(1.0, extra / measured) if measured > 0 else 1.0
         seconds = {}
         for c in self.candidates.items:
             for variant in c.variants:

@@ -50,6 +50,15 @@ class Solution:
     method: str
 
 
+def _require_scipy() -> None:
+    if not have_scipy():
+        from recheck.dependencies import MissingDependency
+
+        raise MissingDependency("the milp solver needs scipy (scipy.optimize.milp), which is not installed: "
+                                "pip install 'recheck[plan]', or use the exact branch and bound "
+                                "(solver=\"branch-and-bound\")", name="scipy")
+
+
 def have_scipy() -> bool:
     try:
         import scipy.optimize  # noqa: F401
@@ -65,6 +74,7 @@ def solve(problem: Problem, budget: int, *, method: str | None = None) -> Soluti
     """
     method = method or ("milp" if have_scipy() else "branch-and-bound")
     if method == "milp":
+        _require_scipy()
         choice = _milp(problem, budget, peak=False)
     elif method == "branch-and-bound":
         choice = _branch_and_bound(problem, budget, peak=False)
@@ -78,6 +88,8 @@ def solve(problem: Problem, budget: int, *, method: str | None = None) -> Soluti
 def smallest_peak(problem: Problem, *, method: str | None = None) -> int:
     """The least peak any plan reaches."""
     method = method or ("milp" if have_scipy() else "branch-and-bound")
+    if method == "milp":
+        _require_scipy()
     choice = _milp(problem, 0, peak=True) if method == "milp" else _branch_and_bound(problem, math.inf, peak=True)
     assert choice is not None
     return max(problem.memory(choice), default=0)
