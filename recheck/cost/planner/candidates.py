@@ -102,14 +102,28 @@ class Candidates:
 @dataclass
 class _Region:
     key: RegionKey
-    #: per invocation: the object its function is bound to, and the modules it calls first
-    invocations: list[tuple[Any, list[torch.nn.Module]]] = field(default_factory=list)
+    #: per invocation: the object its function is bound to, the modules it calls first, and the
+    #: module whose forward was running when it began
+    invocations: list[tuple[Any, list[torch.nn.Module], Any]] = field(default_factory=list)
     modules_inside: set[int] = field(default_factory=set)
     order: int = 0
 
-    @property
-    def first_modules(self) -> list[torch.nn.Module]:
-        return [m for _, firsts in self.invocations for m in firsts]
+    @staticmethod
+    def wrapped(invocation: tuple[Any, list[torch.nn.Module], Any]) -> torch.nn.Module | None:
+        """The module whose forward the invocation checkpoints: ``checkpoint(layer, x)``, or a
+        checkpoint of ``partial(forward, self)`` made inside the layer's own forward (transformers)."""
+        owner, firsts, enclosing = invocation
+        if isinstance(owner, torch.nn.Module) and (firsts == [owner] or (enclosing is owner and owner not in firsts)):
+            return owner
+        return None
+
+    def reached(self) -> list[torch.nn.Module]:
+        """The modules the region's invocations go over: the one each wraps, or the ones it calls first."""
+        found = []
+        for invocation in self.invocations:
+            module = self.wrapped(invocation)
+            found += [module] if module is not None else invocation[1]
+        return found
 
 
 class _Recorder(Router):
@@ -130,7 +144,7 @@ class _Recorder(Router):
         region = self.found.get(call.region)
         if region is None:
             region = self.found[call.region] = _Region(call.region, order=self.counter)
-        region.invocations.append((unwrap(call.function)[1], []))
+        region.invocations.append((unwrap(call.function)[1], [], self.module_stack[-1] if self.module_stack else None))
         self.open.append((region, len(self.module_stack)))
         try:
             with super().region_run(call, phase, args, kwargs) as run:
@@ -209,8 +223,7 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
     # containers whose elements are the first module a region calls, two at least
     picked: dict[int, tuple[Any, set[int], bool]] = {}
     for region in recorder.found.values():
-        firsts = region.first_modules if region.first_modules else []
-        for module in firsts:
+        for module in region.reached():
             if isinstance(module, _CONTAINERS):  # checkpoint(self.layers, x) on a Sequential
                 inside = [m for m, _, _ in recorder.calls.values() if id(m) in {id(c) for c in module.children()}]
                 targets = [(module, m) for m in inside]
@@ -252,10 +265,10 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
     unit_keys: set[RegionKey] = set()
     regions: list[tuple[int, Candidate]] = []
     for region in sorted(recorder.found.values(), key=lambda r: r.order):
-        if all(isinstance(owner, torch.nn.Module) and id(owner) in unit_ids and firsts == [owner]
-               for owner, firsts in region.invocations):
-            for owner, _ in region.invocations:
-                module_candidate[id(owner)].written = True
+        wrapped = [region.wrapped(invocation) for invocation in region.invocations]
+        if all(module is not None and id(module) in unit_ids for module in wrapped):
+            for module in wrapped:
+                module_candidate[id(module)].written = True
             unit_keys.add(region.key)
             continue
         inside = [module_candidate[i] for i in region.modules_inside if i in module_candidate]
