@@ -108,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     planner.add_argument("--objective", choices=("time", "throughput"),
                          help="with --suggest: least step time (default), or most samples per second over the "
                          "batch sizes that fit (the step takes a batch_size argument)")
+    planner.add_argument("--clock", choices=("wall", "cpu"),
+                         help="with --suggest: time runs by wall time (default) or by the process's CPU time "
+                         "(steadier on a shared CPU machine with the step on one thread)")
     planner.add_argument("--save-plan", metavar="PATH",
                          help="with --suggest: write the plan as JSON (recheck.apply_plan(model, PATH) applies it)")
     pipeline = parser.add_argument_group("pipelines (torch.distributed.pipelining)")
@@ -134,7 +137,8 @@ def _target_spec(target: str) -> str:
 
 
 def _usage_problem(ns: argparse.Namespace) -> str | None:
-    suggesting = [flag for flag, value in (("--objective", ns.objective), ("--save-plan", ns.save_plan)) if value]
+    suggesting = [flag for flag, value in (("--objective", ns.objective), ("--save-plan", ns.save_plan),
+                                           ("--clock", ns.clock)) if value]
     if suggesting and not ns.suggest:
         return f"{suggesting[0]} needs --suggest"
     if ns.suggest:
@@ -285,7 +289,7 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
 
             with bar.redirected():  # the step's prints stay off stdout (JSON)
                 suggestion = suggest(step, budget=ns.budget, objective=ns.objective or "time", repeats=ns.repeats,
-                                     progress=tell)
+                                     clock=ns.clock or "wall", progress=tell)
     except (NoRepeatedUnit, NothingFits, SolverLimit) as exc:
         return _error(f"{label}: {exc}")
     except ValueError as exc:

@@ -24,7 +24,7 @@ import contextlib
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +68,9 @@ class Window:
 class CensusRouter(Router):
     """The router of a census run: frames per candidate, recompute time per candidate."""
 
-    def __init__(self, candidates: Candidates) -> None:
+    def __init__(self, candidates: Candidates, clock: Callable[[], float] = time.perf_counter) -> None:
         super().__init__()
+        self.clock = clock
         self.reset("checkpoint")
         self.units = candidates.by_module()
         self.region_candidates = {c.key: c for c in candidates.regions}
@@ -102,12 +103,12 @@ class CensusRouter(Router):
         if self.tracer is not None and not recompute:
             self.tracer.label(inputs, self.running())
         self.frames.append((index, recompute))
-        started = time.perf_counter()
+        started = self.clock()
         try:
             yield
         finally:
             if recompute:
-                self.recompute_seconds[index] += time.perf_counter() - started
+                self.recompute_seconds[index] += self.clock() - started
             if (index, recompute) in self.frames:
                 del self.frames[len(self.frames) - 1 - self.frames[::-1].index((index, recompute)):]
 

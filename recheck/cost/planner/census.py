@@ -14,6 +14,7 @@ measured the same way.
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -33,11 +34,14 @@ from recheck.cost.work import Work
 from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
 
-__all__ = ["MODES", "Config", "RunFigures", "configured", "measure_config", "mode_config", "time_configs",
+__all__ = ["CLOCKS", "MODES", "Config", "RunFigures", "configured", "measure_config", "mode_config", "time_configs",
            "trace_config"]
 
 #: The modes a plan mixes, in the order they are measured.
 MODES = ("none", "full", "selective", "written")
+#: How a run is timed: wall time, or the process's CPU time (steady on a shared CPU machine when
+#: the step runs on one thread; it does not see time spent on a GPU).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,19 @@ def configured(config: Config, candidates: Candidates, router: CensusRouter | No
         handle.remove()
 
 
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """A collection first, none during the block (as ``timeit`` times): the traced runs leave garbage."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _module_hooks(router: CensusRouter) -> list[Any]:
     register = torch.nn.modules.module
     return [register.register_module_forward_pre_hook(router.module_pre),
@@ -150,21 +167,27 @@ def trace_config(step: Callable[[], Any], state: StepState, restore: Callable[[]
 
 
 def time_configs(step: Callable[[], Any], state: StepState, restore: Callable[[], None], candidates: Candidates,
-                 runs: list[RunFigures], repeats: int, ops: tuple[str, ...] = SELECTIVE_OPS) -> None:
+                 runs: list[RunFigures], repeats: int, ops: tuple[str, ...] = SELECTIVE_OPS,
+                 clock: str = "wall") -> None:
     """Time every configuration of ``runs`` ``repeats`` times, taking turns (so that a machine whose
-    load drifts slows them alike); fills ``seconds``, ``recompute_seconds`` and ``cuda``."""
-    router = CensusRouter(candidates)
+    load drifts slows them alike) after one untimed round; fills ``seconds``, ``recompute_seconds``
+    and ``cuda``."""
+    now = CLOCKS[clock]
+    router = CensusRouter(candidates, now)
     per_run: list[list[dict[int, float]]] = [[] for _ in runs]
     with routing(router):
-        for index in range(repeats):
+        for index in range(-1, repeats):  # a first round untimed: allocator and caches warm up
             for figures, recomputes in zip(runs, per_run):
                 restore()
                 router.reset("checkpoint")
-                with configured(figures.config, candidates, router, ops), cuda_peak(state) as peak:
-                    started = time.perf_counter()
+                with configured(figures.config, candidates, router, ops), cuda_peak(state) as peak, _no_gc():
+                    started = now()
                     step()
                     peak.synchronize()
-                    figures.seconds.append(time.perf_counter() - started)
+                    elapsed = now() - started
+                if index < 0:
+                    continue
+                figures.seconds.append(elapsed)
                 if index == 0 and peak.result is not None:
                     figures.cuda = peak.result.to_dict()
                 recomputes.append(dict(router.recompute_seconds))
@@ -176,8 +199,8 @@ def time_configs(step: Callable[[], Any], state: StepState, restore: Callable[[]
 
 def measure_config(step: Callable[[], Any], state: StepState, restore: Callable[[], None],
                    candidates: Candidates, config: Config, repeats: int,
-                   ops: tuple[str, ...] = SELECTIVE_OPS) -> RunFigures:
+                   ops: tuple[str, ...] = SELECTIVE_OPS, clock: str = "wall") -> RunFigures:
     """One traced run and ``repeats`` timed runs of ``step`` under ``config``."""
     figures = trace_config(step, state, restore, candidates, config, ops)
-    time_configs(step, state, restore, candidates, [figures], repeats, ops)
+    time_configs(step, state, restore, candidates, [figures], repeats, ops, clock)
     return figures

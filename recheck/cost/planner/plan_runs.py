@@ -180,10 +180,10 @@ def trace_plan(step: Callable[[], Any], state: StepState, restore: Callable[[], 
 
 def finish_runs(step: Callable[[], Any], state: StepState, restore: Callable[[], None], candidates: Candidates,
             pending: list[PendingRun], repeats: int, label: str, ops: tuple[str, ...],
-            tell: Callable[[str], None]) -> None:
+            tell: Callable[[str], None], clock: str = "wall") -> None:
     """Time every traced plan (taking turns), then run check_step on each."""
     tell(f"timing {len(pending)} plan(s), {repeats} run(s) each")
-    time_configs(step, state, restore, candidates, [p.figures for p in pending], repeats, ops)
+    time_configs(step, state, restore, candidates, [p.figures for p in pending], repeats, ops, clock)
     for item in pending:
         item.run.measured_seconds, item.run.cuda = item.figures.median_seconds, item.figures.cuda
         tell(f"check_step: {item.run.name}")

@@ -98,7 +98,8 @@ def render_suggestion(s: Suggestion) -> str:
     if s.throughput:
         lines += ["", f"throughput: {s.throughput['samples_per_second']:.1f} samples/s predicted at batch size "
                       f"{s.throughput['batch_size']} (measured {s.throughput.get('measured_samples_per_second', 0):.1f})"]
-    lines += ["", f"candidates (one traced run per mode, {s.repeats} timed run(s) each):"]
+    clock = "CPU time of the process" if s.clock == "cpu" else "wall time"
+    lines += ["", f"candidates (one traced run per mode, {s.repeats} timed run(s) each, {clock}):"]
     rows = []
     for c in s.candidates:
         recompute = " / ".join(f"{_ms(c.recompute_seconds.get(m))}, {format_count(c.recompute_flops.get(m, 0), 'FLOP')}"
@@ -150,6 +151,7 @@ def suggestion_to_dict(s: Suggestion) -> dict[str, Any]:
         "objective": s.objective,
         "solver": s.solver,
         "repeats": s.repeats,
+        "clock": s.clock,
         "plan": s.plan.to_dict(),
         "suggested": _run_dict(s.suggested, s.budget),
         "anchors": [_run_dict(a, s.budget) for a in s.anchors],

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from recheck.cost.planner.candidates import Candidates, find_candidates
-from recheck.cost.planner.census import RunFigures, mode_config, time_configs, trace_config
+from recheck.cost.planner.census import CLOCKS, RunFigures, mode_config, time_configs, trace_config
 from recheck.cost.planner.memory_model import Model
 from recheck.cost.planner.plan_runs import (
     ANCHORS,
@@ -69,6 +69,7 @@ class Suggestion:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     throughput: dict[str, Any] | None = None
+    clock: str = "wall"
 
     def best_anchor(self) -> PlanRun | None:
         """The fastest anchor measured within the budget."""
@@ -101,7 +102,7 @@ def _budget(budget: int | str | None) -> int:
 
 def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective: str = "time", repeats: int = 3,
             anchors: bool = True, modules: Iterable[torch.nn.Module] = (),
-            optimizers: Iterable[torch.optim.Optimizer] = (), solver: str | None = None,
+            optimizers: Iterable[torch.optim.Optimizer] = (), solver: str | None = None, clock: str = "wall",
             progress: Progress | None = None) -> Suggestion:
     """The fastest plan whose observed peak is within ``budget``, run and verified with ``check_step``.
 
@@ -116,6 +117,8 @@ def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective:
         anchors: also run and verify the folklore plans and the step as written.
         modules, optimizers: state the step uses that cannot be found from it.
         solver: ``"milp"`` (scipy), ``"branch-and-bound"``, or None (milp when scipy is installed).
+        clock: ``"wall"`` (wall time) or ``"cpu"`` (the process's CPU time: steadier on a shared
+            CPU machine with the step on one thread; blind to time on a GPU).
         progress: called as ``progress(what, done, total)`` before each run.
 
     Raises:
@@ -129,21 +132,23 @@ def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective:
         raise ValueError(f"objective must be \"time\" or \"throughput\", got {objective!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive whole number, got {repeats!r}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be \"wall\" or \"cpu\", got {clock!r}")
     if objective == "throughput":
         from recheck.cost.planner.throughput import suggest_throughput
 
         return suggest_throughput(step, limit, repeats=repeats, anchors=anchors, modules=modules,
-                                  optimizers=optimizers, solver=solver, progress=progress)
+                                  optimizers=optimizers, solver=solver, clock=clock, progress=progress)
     state = discover_state(step, modules, optimizers)
     restore = state.snapshot()
     try:
-        return _suggest(step, state, restore, limit, repeats, anchors, solver, progress, region_name(step))
+        return _suggest(step, state, restore, limit, repeats, anchors, solver, clock, progress, region_name(step))
     finally:
         restore()
 
 
 def census(step: Callable[[], Any], state: StepState, restore: Callable[[], None], repeats: int,
-           tell: Callable[[str], None]) -> tuple[Candidates, dict[str, RunFigures], Model]:
+           tell: Callable[[str], None], clock: str = "wall") -> tuple[Candidates, dict[str, RunFigures], Model]:
     """Find the candidates, trace and time every mode, build the model."""
     tell("finding the candidates")
     candidates = find_candidates(step, state, restore)
@@ -153,12 +158,12 @@ def census(step: Callable[[], Any], state: StepState, restore: Callable[[], None
         tell(f"tracing every candidate: {mode}")
         runs[mode] = trace_config(step, state, restore, candidates, mode_config(mode, candidates))
     tell(f"timing the {len(modes)} modes, {repeats} run(s) each")
-    time_configs(step, state, restore, candidates, list(runs.values()), repeats)
+    time_configs(step, state, restore, candidates, list(runs.values()), repeats, clock=clock)
     return candidates, runs, Model(candidates, runs)
 
 
 def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], None], budget: int, repeats: int,
-             anchors: bool, solver: str | None, progress: Progress | None, label: str) -> Suggestion:
+             anchors: bool, solver: str | None, clock: str, progress: Progress | None, label: str) -> Suggestion:
     plans = 1 + (len(ANCHORS) + 1 if anchors else 0)
     total = 6 + 2 * plans  # finding, three modes, timing them; each plan traced and checked; timing the plans
     done = [0]
@@ -168,7 +173,7 @@ def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], No
             progress(what, done[0], max(total, done[0] + 1))
         done[0] += 1
 
-    candidates, runs, model = census(step, state, restore, repeats, tell)
+    candidates, runs, model = census(step, state, restore, repeats, tell, clock)
     total += len(runs) - 3
     problem = model.problem()
     notes = candidates.notes + model.notes
@@ -201,10 +206,10 @@ def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], No
                                        anchor_variants(candidates, name), SELECTIVE_OPS))
         tell("tracing the step as written")
         pending.append(trace_plan(step, state, restore, candidates, model, "as written", None, SELECTIVE_OPS))
-    finish_runs(step, state, restore, candidates, pending, repeats, label, SELECTIVE_OPS, tell)
+    finish_runs(step, state, restore, candidates, pending, repeats, label, SELECTIVE_OPS, tell, clock)
     method = solver_name(solver, notes)
     return Suggestion(label, budget, "time", suggested.run.plan or Plan(), suggested.run, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes)
+                      candidate_figures(candidates, runs), method, repeats, attempts, notes, clock=clock)
 
 
 def solver_name(solver: str | None, notes: list[str]) -> str:

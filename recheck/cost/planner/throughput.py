@@ -89,7 +89,7 @@ def _largest(fits: Callable[[int], bool], start: int) -> int:
 
 def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, anchors: bool,
                        modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer],
-                       solver: str | None, progress: Progress | None) -> Suggestion:
+                       solver: str | None, clock: str, progress: Progress | None) -> Suggestion:
     """:func:`recheck.suggest` with ``objective="throughput"`` (see the module docstring)."""
     base = default_batch_size(step)
     if base is None or not accepts_batch_size(step):
@@ -111,7 +111,8 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
         models = []
         for size in sizes:
             sized = functools.partial(step, batch_size=size)
-            models.append(census(sized, state, restore, repeats, lambda what, s=size: tell(f"{what} (batch {s})")))
+            models.append(census(sized, state, restore, repeats, lambda what, s=size: tell(f"{what} (batch {s})"),
+                                 clock))
         (candidates, runs, model0), (_, _, model1) = models
         p0, p1 = model0.problem(), model1.problem()
         base0, base1 = model0.base_seconds, model1.base_seconds
@@ -179,7 +180,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                 pending.append(anchor)
         for item in pending:
             sized = functools.partial(step, batch_size=item.run.batch_size)
-            finish_runs(sized, state, restore, candidates, [item], repeats, label, SELECTIVE_OPS, tell)
+            finish_runs(sized, state, restore, candidates, [item], repeats, label, SELECTIVE_OPS, tell, clock)
     finally:
         restore()
     suggested = pending[0].run
@@ -191,4 +192,4 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                           f"{sizes[1]}; the plans were then run at the batch size shown"}
     method = solver_name(solver, notes)
     return Suggestion(label, budget, "throughput", suggested.plan or Plan(), suggested, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes, throughput)
+                      candidate_figures(candidates, runs), method, repeats, attempts, notes, throughput, clock)
