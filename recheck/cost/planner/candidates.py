@@ -39,8 +39,10 @@ _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
 
 
 def region_label(key: RegionKey) -> str:
-    """How a plan names one of the step's own checkpoint calls: ``tanh at model.py:104``."""
-    return f"{key} at {key.callsite}" if key.callsite else str(key)
+    """How a plan names one of the step's own checkpoint calls: its callable and call site,
+    ``_VariableFunctionsClass.tanh at model.py:104`` (where the callable is defined is left out:
+    a closure of torch's ``checkpoint_sequential`` is defined in torch)."""
+    return f"{key.qualname} at {key.callsite}" if key.callsite else str(key)
 
 
 class NoRepeatedUnit(ValueError):

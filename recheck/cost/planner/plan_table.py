@@ -21,8 +21,8 @@ DEFINITIONS = {
                       "memory built from the runs of every candidate's variant",
     "measured peak": "the observed peak of a traced run of the step with exactly that plan (every live storage; "
                      "on CUDA also max_memory_allocated of the timed runs)",
-    "step time": "median wall time of the timed runs (predicted: the run without checkpoints plus each "
-                 "checkpointed candidate's recompute time)",
+    "step time": "median time of the timed runs, by the clock named above the candidates (predicted: the run "
+                 "without checkpoints plus each checkpointed candidate's recompute time)",
     "check_step": "recheck.check_step on the step with that plan against the uncheckpointed step, bit for bit",
     "kept if not checkpointed": "bytes of the storages the candidate's operators save for backward",
     "inputs kept if checkpointed": "bytes its checkpoint keeps (its inputs; for an outer region as written, "

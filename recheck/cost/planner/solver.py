@@ -24,8 +24,10 @@ __all__ = ["NODE_LIMIT", "Infeasible", "Solution", "SolverLimit", "have_scipy", 
 
 #: Nodes the branch and bound visits before it gives up (a few seconds of Python).
 NODE_LIMIT = 2_000_000
-#: Added per checkpointed candidate so that, of plans equally fast, the one checkpointing less wins.
-_TIE = 1e-9
+#: Added per checkpointed candidate (relative to the dearest variant) so that, of plans equally
+#: fast, the one checkpointing less wins.
+_TIE = 1e-7
+_KNIFE_EDGE: list[int] = []
 
 
 class Infeasible(ValueError):
@@ -76,6 +78,8 @@ def solve(problem: Problem, budget: int, *, method: str | None = None) -> Soluti
     if method == "milp":
         _require_scipy()
         choice = _milp(problem, budget, peak=False)
+        if choice is _KNIFE_EDGE:  # HiGHS' tolerance let a row exceed the budget by a hair
+            choice, method = _branch_and_bound(problem, budget, peak=False), "branch-and-bound"
     elif method == "branch-and-bound":
         choice = _branch_and_bound(problem, budget, peak=False)
     else:
@@ -99,6 +103,8 @@ def smallest_peak(problem: Problem, *, method: str | None = None) -> int:
 
 
 def _milp(problem: Problem, budget: float, *, peak: bool) -> list[int] | None:
+    """The optimum by HiGHS; None when infeasible, :data:`_KNIFE_EDGE` when its answer breaks a row
+    by less than HiGHS' tolerance (the caller then asks the exact branch and bound)."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import lil_array
@@ -121,45 +127,50 @@ def _milp(problem: Problem, budget: float, *, peak: bool) -> list[int] | None:
                 if c == d:
                     coefficients[offsets[c] + v] = -1.0
             rows.append((coefficients, 0.0, math.inf))
+    scale = float(budget) if not peak and budget > 0 else float(max(
+        (row.constant + sum(row.terms.values()) + sum(row.groups.values()) for row in problem.rows), default=1) or 1)
     for row in problem.rows:
         coefficients: dict[int, float] = {}
         for (c, v), k in row.terms.items():
-            coefficients[offsets[c] + v] = coefficients.get(offsets[c] + v, 0.0) + k
+            coefficients[offsets[c] + v] = coefficients.get(offsets[c] + v, 0.0) + k / scale
         for g, k in row.groups.items():
-            coefficients[x_count + g] = coefficients.get(x_count + g, 0.0) + k
+            coefficients[x_count + g] = coefficients.get(x_count + g, 0.0) + k / scale
         if peak:
             coefficients[total - 1] = -1.0
-            rows.append((coefficients, -math.inf, -float(row.constant)))
+            rows.append((coefficients, -math.inf, -row.constant / scale))
         else:
-            rows.append((coefficients, -math.inf, float(budget - row.constant)))
+            rows.append((coefficients, -math.inf, (budget - row.constant) / scale))
     matrix = lil_array((len(rows), total))
     lower, upper = np.empty(len(rows)), np.empty(len(rows))
     for i, (coefficients, lo, hi) in enumerate(rows):
         for j, k in coefficients.items():
             matrix[i, j] = k
         lower[i], upper[i] = lo, hi
+    # both sides scaled to about 1 (seconds by the dearest variant, bytes by the budget or the
+    # largest row), so that HiGHS' absolute tolerances mean the same on any step
     objective = np.zeros(total)
     if peak:
         objective[total - 1] = 1.0
     else:
+        dearest = max((s for seconds in problem.seconds for s in seconds), default=0.0) or 1.0
         for c, seconds in enumerate(problem.seconds):
             for v, s in enumerate(seconds):
-                objective[offsets[c] + v] = s + (_TIE if problem.variants[c][v] != "none" else 0.0)
+                objective[offsets[c] + v] = s / dearest + (_TIE if problem.variants[c][v] != "none" else 0.0)
     integrality = np.zeros(total)
     integrality[:x_count] = 1
     high = np.ones(total)
     if peak:
         high[total - 1] = np.inf
     result = milp(objective, constraints=LinearConstraint(matrix.tocsr(), lower, upper),
-                  integrality=integrality, bounds=Bounds(np.zeros(total), high))
+                  integrality=integrality, bounds=Bounds(np.zeros(total), high), options={"mip_rel_gap": 0.0})
     if result.x is None:
         return None
     choice = []
     for c, variants in enumerate(problem.variants):
         values = result.x[offsets[c]:offsets[c] + len(variants)]
         choice.append(int(np.argmax(values)))
-    if not problem.consistent(choice) or (not peak and max(problem.memory(choice), default=0) > budget):
-        return None  # pragma: no cover - HiGHS' tolerance on a knife-edge row
+    if not peak and (not problem.consistent(choice) or max(problem.memory(choice), default=0) > budget):
+        return _KNIFE_EDGE
     return choice
 
 
@@ -187,7 +198,12 @@ def _branch_and_bound(problem: Problem, budget: float, *, peak: bool) -> list[in
         for c in range(n - 1, -1, -1):
             least = min(row.terms.get((c, v), 0) for v in range(len(problem.variants[c])))
             rest[r][c] = rest[r][c + 1] + least
-    fastest = [min(s) for s in problem.seconds]
+    dearest = max((s for seconds in problem.seconds for s in seconds), default=0.0) or 1.0
+
+    def cost(c: int, v: int) -> float:
+        return problem.seconds[c][v] / dearest + (_TIE if problem.variants[c][v] != "none" else 0.0)
+
+    fastest = [min(cost(c, v) for v in range(len(problem.variants[c]))) for c in range(n)]
     rest_time = [0.0] * (n + 1)
     for c in range(n - 1, -1, -1):
         rest_time[c] = rest_time[c + 1] + fastest[c]
@@ -196,9 +212,6 @@ def _branch_and_bound(problem: Problem, budget: float, *, peak: bool) -> list[in
     choice = [0] * n
     best: list[float | list[int] | None] = [math.inf, None]
     nodes = [0]
-
-    def cost(c: int, v: int) -> float:
-        return problem.seconds[c][v] + (_TIE if problem.variants[c][v] != "none" else 0.0)
 
     def visit(c: int, spent: float) -> None:
         nodes[0] += 1
