@@ -48,7 +48,7 @@ def _verdict(run: PlanRun) -> str:
     if run.verdict.ok:
         return "ok"
     first = run.verdict.findings[0]
-    return f"{len(run.verdict.findings)} finding(s): {first.kind} {first.subject or ''}".rstrip()
+    return f"{len(run.verdict.findings)} finding(s): {first.subject or first.kind}"
 
 
 def _row(run: PlanRun, budget: int) -> list[str]:

@@ -13,6 +13,10 @@ from types import ModuleType
 import pytest
 from source_modules import load_file
 
+from recheck.cost.planner.candidates import find_candidates
+from recheck.cost.planner.census import mode_config, trace_config
+from recheck.runtime.steps import discover_state
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -32,3 +36,17 @@ def small_demo(demo):
     step, model, optimizer = demo.make_step(blocks=3, mlp_layers=2, seq=16, dim=32, hidden=64, default_batch=4)
     step()
     return step, model, optimizer
+
+
+def unit_peaks(step) -> tuple[int, int]:
+    """Observed peaks of ``step`` with every unit checkpointed and with nothing checkpointed."""
+    state = discover_state(step)
+    restore = state.snapshot()
+    candidates = find_candidates(step, state, restore)
+    return tuple(trace_config(step, state, restore, candidates, mode_config(m, candidates)).observed_peak
+                 for m in ("full", "none"))
+
+
+@pytest.fixture
+def peaks():
+    return unit_peaks
