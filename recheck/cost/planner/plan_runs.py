@@ -45,6 +45,18 @@ class PlanRun:
     verdict: Report | None = None
     verdict_error: str | None = None
     batch_size: int | None = None
+    #: every timed run's seconds
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def timing_spread(self) -> float:
+        """Interquartile range of the timed runs over their median (nan with fewer than 4 runs)."""
+        import statistics
+
+        if len(self.samples) < 4:
+            return float("nan")
+        q = statistics.quantiles(self.samples, n=4)
+        return (q[2] - q[0]) / statistics.median(self.samples)
 
     @property
     def verified(self) -> bool:
@@ -186,6 +198,7 @@ def finish_runs(step: Callable[[], Any], state: StepState, restore: Callable[[],
     time_configs(step, state, restore, candidates, [p.figures for p in pending], repeats, ops, clock)
     for item in pending:
         item.run.measured_seconds, item.run.cuda = item.figures.median_seconds, item.figures.cuda
+        item.run.samples = list(item.figures.seconds)
         tell(f"check_step: {item.run.name}")
         plan = item.run.plan.describe() if item.run.plan is not None else "as written"
         item.run.verdict, item.run.verdict_error = _verdict(step, candidates, item.config, state, label, plan)
