@@ -114,7 +114,11 @@ class Model:
                                   "makes them, so sharing between candidates may be counted twice there")
             for name, size in run.sizes.items():
                 self.sizes.setdefault(name, size)
-        self.windows = [k for k in none.order]
+        # the windows of the run without checkpoints, then any only another run has (an outer
+        # region's recompute, whose operators run nowhere else)
+        self.windows = list(none.order)
+        for run in self.runs.values():
+            self.windows += [k for k in run.order if k not in none.windows and k not in self.windows]
         self.base_seconds = none.median_seconds
         self.seconds = self._seconds()
 
@@ -146,7 +150,7 @@ class Model:
         return None if run is None else run.windows.get(key)
 
     def _terms(self, key: tuple[str, int, int]):  # noqa: ANN202 - the row's parts, see rows()
-        none = self.runs["none"].windows[key]
+        none = self._base(key)
         referenced: set[Name] = set()
         for run in self.runs.values():
             window = run.windows.get(key)
@@ -166,9 +170,19 @@ class Model:
         return fixed, referenced, holders
 
     def _rise(self, key: tuple[str, int, int], c: Candidate | None, variant: str) -> int:
-        mode = "none" if c is None else mode_of(c, variant)
-        window = self._window(mode, key) or self.runs["none"].windows[key]
-        return window.rise
+        if c is None:  # code outside every candidate: the same in every plan
+            return self._base(key).rise
+        window = self._window(mode_of(c, variant), key)
+        if window is None:  # a window this variant's run does not have: none's, or no rise at all
+            window = self.runs["none"].windows.get(key)
+        return window.rise if window is not None else 0
+
+    def _base(self, key: tuple[str, int, int]):  # noqa: ANN202 - the Window fixed(w) is measured in
+        """The window in the run without checkpoints, else in the first run that has it."""
+        window = self.runs["none"].windows.get(key)
+        if window is None:
+            window = next(run.windows[key] for run in self.runs.values() if key in run.windows)
+        return window
 
     def problem(self) -> Problem:
         """The linear program over every candidate's variants (the budget is the solver's)."""

@@ -49,6 +49,13 @@ class PlanRun:
     samples: list[float] = field(default_factory=list)
 
     @property
+    def samples_per_second(self) -> float:
+        """Batch size over measured step time (0 without a batch size or a time)."""
+        if not self.batch_size or not self.measured_seconds or self.measured_seconds != self.measured_seconds:
+            return 0.0
+        return self.batch_size / self.measured_seconds
+
+    @property
     def timing_spread(self) -> float:
         """Interquartile range of the timed runs over their median (nan with fewer than 4 runs)."""
         import statistics

@@ -89,15 +89,21 @@ def render_suggestion(s: Suggestion) -> str:
     lines += _table(["plan", "predicted peak", "measured peak", "error", "step time (predicted / measured)",
                      "fits", "check_step"], [_row(r, s.budget) for r in runs])
     best = s.best_anchor()
-    if best is not None and s.suggested.fits(s.budget):
+    if best is None:
+        lines += ["", "no anchor plan fits the budget"]
+    elif s.objective == "throughput":
+        rate, theirs = s.suggested.samples_per_second, best.samples_per_second
+        lines += ["", f"suggested against the anchor with the most samples per second within the budget "
+                      f"({best.name} at batch size {best.batch_size}): {rate:.1f} against {theirs:.1f} samples/s "
+                      f"({rate / theirs if theirs else math.nan:.2f}x)"]
+    elif s.suggested.fits(s.budget):
         ratio = best.measured_seconds / s.suggested.measured_seconds if s.suggested.measured_seconds else math.nan
         lines += ["", f"suggested against the fastest anchor within the budget ({best.name}): "
                       f"{_ms(s.suggested.measured_seconds)} against {_ms(best.measured_seconds)} ({ratio:.2f}x)"]
-    elif best is None:
-        lines += ["", "no anchor plan fits the budget"]
     if s.throughput:
-        lines += ["", f"throughput: {s.throughput['samples_per_second']:.1f} samples/s predicted at batch size "
-                      f"{s.throughput['batch_size']} (measured {s.throughput.get('measured_samples_per_second', 0):.1f})"]
+        lines += [f"throughput: {s.throughput['samples_per_second']:.1f} samples/s predicted at batch size "
+                  f"{s.throughput['batch_size']}, {s.suggested.samples_per_second:.1f} measured; "
+                  f"{s.throughput['note']}"]
     clock = "CPU time of the process" if s.clock == "cpu" else "wall time"
     lines += ["", f"candidates (one traced run per mode, {s.repeats} timed run(s) each, {clock}):"]
     rows = []
@@ -134,6 +140,8 @@ def _run_dict(run: PlanRun, budget: int) -> dict[str, Any]:
         "peak_error": run.peak_error,
         "predicted_seconds": run.predicted_seconds,
         "measured_seconds": None if math.isnan(run.measured_seconds) else run.measured_seconds,
+        "timed_seconds": run.samples,
+        "samples_per_second": run.samples_per_second or None,
         "cuda": run.cuda,
         "fits": run.fits(budget),
         "check_step": (None if run.verdict is None else

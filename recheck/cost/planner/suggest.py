@@ -72,8 +72,11 @@ class Suggestion:
     clock: str = "wall"
 
     def best_anchor(self) -> PlanRun | None:
-        """The fastest anchor measured within the budget."""
+        """The fastest anchor measured within the budget (with the throughput objective: the one
+        with the most samples per second, each at its own batch size)."""
         fitting = [a for a in self.anchors if a.name in ANCHORS and a.fits(self.budget)]
+        if self.objective == "throughput":
+            return max(fitting, key=lambda a: a.samples_per_second, default=None)
         return min(fitting, key=lambda a: a.measured_seconds, default=None)
 
     def __str__(self) -> str:

@@ -184,9 +184,9 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
     finally:
         restore()
     suggested = pending[0].run
-    measured_rate = suggested.batch_size / suggested.measured_seconds if suggested.measured_seconds else 0.0
-    throughput = {"batch_size": suggested.batch_size, "samples_per_second": suggested.batch_size / suggested.predicted_seconds,
-                  "measured_samples_per_second": measured_rate, "largest_batch_size": largest,
+    throughput = {"batch_size": suggested.batch_size,
+                  "samples_per_second": suggested.batch_size / suggested.predicted_seconds,
+                  "measured_samples_per_second": suggested.samples_per_second, "largest_batch_size": largest,
                   "measured_at": list(sizes), "budget": format_bytes(budget),
                   "note": f"every term fitted as a straight line in the batch size from batch sizes {sizes[0]} and "
                           f"{sizes[1]}; the plans were then run at the batch size shown"}

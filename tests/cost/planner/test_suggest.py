@@ -93,23 +93,3 @@ def test_a_step_without_a_checkpointed_loop_has_nothing_to_plan():
     net = torch.nn.Linear(4, 4)
     with pytest.raises(NoRepeatedUnit, match="made no checkpoint call"):
         suggest(lambda: net(torch.randn(2, 4)).sum().backward(), budget="1GiB", repeats=1)
-
-
-@pytest.mark.slow
-def test_throughput_buys_a_larger_batch_with_checkpointing(small_demo, peaks):
-    step = small_demo[0]
-    low, high = peaks(step)  # at the default batch of 4
-    s = suggest(step, budget=high, objective="throughput", repeats=1, anchors=True)
-    assert s.objective == "throughput" and s.throughput["measured_at"] == [4, 8]
-    run = s.suggested
-    assert run.batch_size and run.fits(s.budget) and run.verified, str(s)
-    none = next(a for a in s.anchors if a.name == "no checkpointing")
-    every = next(a for a in s.anchors if a.name == "every layer")
-    assert every.batch_size > none.batch_size  # the memory checkpointing saves buys a larger microbatch
-    assert all(a.fits(s.budget) for a in s.anchors)
-
-
-def test_throughput_needs_a_batch_size_argument(small_demo):
-    step = small_demo[0]
-    with pytest.raises(ValueError, match="needs a step with a batch_size argument"):
-        suggest(lambda: step(), budget="1GiB", objective="throughput")
