@@ -1,4 +1,4 @@
-"""Time ``recheck lint`` on real code: transformers (latest and 4.46.3) and timm.
+"""Time ``recheck lint`` on real code: transformers (latest, 5.24.0 and 4.46.3) and timm.
 
 Downloads the wheels with ``pip download --no-deps`` into a temporary folder (or
 ``--workdir``), unpacks them, and runs ``recheck lint --format json`` on each package,
@@ -28,6 +28,7 @@ from pathlib import Path
 
 CORPORA = {
     "transformers-latest": ("transformers", "transformers"),
+    "transformers-5.24.0": ("transformers==5.24.0", "transformers"),  # issue 17's before/after corpus
     "transformers-4.46.3": ("transformers==4.46.3", "transformers"),
     "timm-latest": ("timm", "timm"),
 }

@@ -25,6 +25,7 @@ from recheck.findings import DYNAMIC_KINDS
 EXPECTED = {
     "RC001": "missing-use-reentrant",
     "RC002": "rng-not-preserved",
+    "RC003": "handwritten-checkpoint-state",
     "RC101": "mutable-global-read",
     "RC102": "device-move-in-region",
     "RC103": "side-effect-in-region",
@@ -32,6 +33,7 @@ EXPECTED = {
     "RC105": "unrestored-rng",
     "RC106": "batchnorm-in-region",
     "RC107": "input-mutated-in-place",
+    "RC108": "nondeterministic-call",
     "RC201": "parameter-changed-before-recompute",
 }
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to report")
     parser.add_argument("--ignore", type=_codes, metavar="CODES", help="comma-separated rule codes or prefixes to skip")
     parser.add_argument("--extend-select", type=_codes, metavar="CODES", help="rules to add to the selection")
-    parser.add_argument("--statistics", action="store_true", help="print a count per rule instead of each finding")
+    parser.add_argument("--statistics", action="store_true",
+                        help="print a count per rule, what was analysed and every unresolved checkpoint call")
+    parser.add_argument("--show-regions", metavar="PATH",
+                        help="print every checkpoint call under PATH with the regions it resolved to")
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     parser.add_argument("--fix", action="store_true", help="add use_reentrant=False where RC001 flags it")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
@@ -52,9 +55,14 @@ def run(ns: argparse.Namespace) -> int:
             print(f"recheck lint: error: {path}: no such file or directory", file=sys.stderr)
         return 2
     config = load_config(paths[0], path=ns.config)
-    values = config.merged({"select": ns.select, "ignore": ns.ignore, "extend_select": ns.extend_select}).values
+    flags = {"select": ns.select, "ignore": ns.ignore, "extend_select": ns.extend_select}
+    values = config.merged(flags).values
+    table = f"{_shown(config.path)}: [tool.recheck]" if config.path else "[tool.recheck]"
+    origins = {key: f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{table} {key.replace('_', '-')}"
+               for key in (*flags, "per_file_ignores")}
     try:
-        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0))
+        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0),
+                                          origins=origins)
     except SelectorError as exc:
         print(f"recheck lint: error: {exc}", file=sys.stderr)
         return 2
@@ -70,11 +78,20 @@ def run(ns: argparse.Namespace) -> int:
         done = fix_use_reentrant(findings, result.sources)
         fixed = len(done)
         findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
+    for line in result.warnings:
+        print(line, file=sys.stderr)
     if ns.format != "github":  # github gets them as ::error annotations on stdout
         for error in result.errors:
             print(error, file=sys.stderr)
+    if ns.show_regions is not None:
+        from recheck.lint.statistics import show_regions
+
+        print(show_regions(result, _shown(Path(ns.show_regions))))
+        return 0 if ns.exit_zero or not (findings or result.errors) else 1
     if ns.statistics:
-        _print_statistics(ns.format, findings)
+        _print_statistics(ns.format, findings, result)
+        if ns.format != "text":
+            return 0 if ns.exit_zero or not (findings or result.errors) else 1
     else:
         text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
         if text:
@@ -86,14 +103,26 @@ def run(ns: argparse.Namespace) -> int:
     return 1 if findings or result.errors else 0
 
 
-def _print_statistics(fmt: str, findings: list) -> None:
-    """``--statistics``: a count per rule, as a table or (``--format json``) ruff's JSON list."""
+def _print_statistics(fmt: str, findings: list, result) -> None:
+    """``--statistics``: a count per rule (ruff's table or rows), then what the run read and
+    resolved (:mod:`recheck.lint.statistics`); with ``--format json`` one object holding both."""
     from recheck.catalogue import FIXABLE, all_rules
+    from recheck.lint.statistics import run_statistics, run_statistics_text
     from recheck.output.json import dumps, statistics_list
     from recheck.output.text import lint_statistics
 
     names = {rule.code: rule.name for rule in all_rules()}
     if fmt == "json":
-        print(dumps(statistics_list(findings, names, FIXABLE)))
-    elif findings:
+        print(dumps({"rules": statistics_list(findings, names, FIXABLE), **run_statistics(result)}))
+        return
+    if findings:
         print(lint_statistics(findings, names, FIXABLE))
+    print(run_statistics_text(result))
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current folder when it is below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -7,33 +7,41 @@ round by round, until every reference the tree can answer is answered.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import multiprocessing
 import os
 import re
+import symtable
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
-from recheck.lint.extract import extract
+from recheck.lint.extract import extract, parse
 from recheck.lint.facts import FileFacts
 from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.options import LintOptions
-from recheck.lint.regions import Hit, find_regions, region_hits
+from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
-from recheck.lint.targets import CHECKPOINTING_BASES
+from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
 
 __all__ = ["LintResult", "lint_paths", "lint_sources"]
 
-#: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func.
+#: A call of checkpoint, checkpoint_seq/_sequential/_wrapper or _gradient_checkpointing_func,
+#: or an import of one under another name (``import checkpoint as ckpt``).
 #: It starts with a literal so that the regex engine scans for it quickly.
-PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?\s*\("
+PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
+#: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
+HANDWRITTEN = r"enable_grad\s*\(\s*\)"
+#: A line that may carry a suppression comment (``# noqa``, ``# recheck: ignore``).
+MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
-MAX_ROUNDS = 8
+MAX_ROUNDS = 12
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
 
 
@@ -45,6 +53,18 @@ class LintResult:
     errors: list[FileError] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict, repr=False)  # display path -> text
+    warnings: list[str] = field(default_factory=list)  # e.g. a cache file that was ignored
+    sites: list[SiteReport] = field(default_factory=list)  # every checkpoint call site and its regions
+
+
+@dataclass
+class _StoredResult:
+    """What the cache keeps of a run, to reuse when not one file of the tree changed."""
+
+    hits: list[Hit]
+    errors: list[FileError]
+    stats: dict[str, int]
+    sites: list[SiteReport]
 
 
 @dataclass
@@ -75,25 +95,54 @@ def _display(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
-def _phase_one(job: tuple[str, str, str, bool, frozenset[str]]) -> tuple[str, FileFacts | FileError]:
+def _unparsable(display: str, exc: BaseException) -> FileError:
+    if isinstance(exc, SyntaxError):
+        where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
+        return FileError(display, f"does not parse: {exc.msg}{where}")
+    return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+
+
+def _phase_one(job: tuple[str, str, str, bool, dict[str, tuple[int, str]]]) -> tuple[str, FileFacts | FileError]:
     display, text, module, is_package, extra = job
     try:
         return display, extract(text, display, module, is_package, extra)
-    except SyntaxError as exc:
-        where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
-        return display, FileError(display, f"does not parse: {exc.msg}{where}")
-    except (RecursionError, ValueError, MemoryError) as exc:
-        return display, FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+    except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+        return display, _unparsable(display, exc)
 
 
-def _run_phase_one(jobs: list[tuple], workers: int) -> Iterable[tuple[str, FileFacts | FileError]]:
-    """Each job's facts as it is done (the caller consumes them all)."""
-    if workers <= 1 or len(jobs) < POOL_THRESHOLD:
-        yield from map(_phase_one, jobs)
-        return
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    with multiprocessing.get_context(method).Pool(workers) as pool:
-        yield from pool.imap_unordered(_phase_one, jobs, chunksize=4)
+def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
+    """Does a file that holds no region and nothing a region reaches parse?  The compiler's
+    symbol table pass parses it without building Python AST objects (about a quarter
+    cheaper than ``ast.parse``); only a file it rejects is parsed with ``ast`` to decide."""
+    display, text = job
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symtable.symtable(text, display, "exec")
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
+        try:  # the same verdict as phase one's: a symbol-table error alone (nonlocal at module level) parses
+            parse(text, display)
+        except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+            return display, _unparsable(display, exc)
+    return display, None
+
+
+def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
+    """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
+    a fork pool when there are enough; the cyclic garbage collector is off meanwhile (syntax
+    trees and facts hold no cycles, and each collection would walk every fact built)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if workers <= 1 or len(jobs) < POOL_THRESHOLD:
+            yield from map(work, jobs)
+            return
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        with multiprocessing.get_context(method).Pool(workers) as pool:
+            yield from pool.imap_unordered(work, jobs, chunksize=8)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 #: ``progress(parsed, to_parse)``: files parsed so far of those known to need parsing (the
@@ -105,10 +154,13 @@ class _Run:
     def __init__(self, options: LintOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
         self.progress = progress
-        extra = frozenset(options.checkpoint_functions)
-        self.extra = extra
-        self.patterns = [re.compile(PREFILTER)] + [re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in extra]
-        self.cache = FactsCache(options.cache_dir, ",".join(sorted(extra)))
+        #: entry points beyond the known ones: configured, then found in the tree (wrappers),
+        #: each with the position of its region argument
+        self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
+        self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN)] + [
+            re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
+        self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)))
+        self.salt = ""  # the discovered entry points the facts were extracted with
         self.workers = options.jobs or os.cpu_count() or 1
         self.sources: dict[str, _Source] = {}
         self.facts: dict[str, FileFacts] = {}
@@ -118,17 +170,17 @@ class _Run:
     def parse(self, sources: list[_Source]) -> None:
         jobs = []
         for source in sources:
-            key = self.cache.key(source.data, source.module)
+            key = self.cache.key(source.data, source.module, self.salt)
             cached = self.cache.get(key)
             if cached is not None:
                 cached.path = source.display
                 self.facts[source.display] = cached
             else:
-                jobs.append((source.display, source.text, source.module, source.is_package, self.extra))
+                jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra)))
         done, self.parsed = self.parsed, self.parsed + len(jobs)
         if self.progress is not None and jobs:
             self.progress(done, self.parsed)
-        for display, result in _run_phase_one(jobs, self.workers):
+        for display, result in _pooled(_phase_one, jobs, self.workers):
             if self.progress is not None:
                 done += 1
                 self.progress(done, self.parsed)
@@ -138,7 +190,48 @@ class _Run:
             else:
                 self.facts[display] = result
                 source = self.sources[display]
-                self.cache.put(self.cache.key(source.data, source.module), result)
+                self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
+
+    def discover(self, index: Index) -> list[_Source]:
+        """Add the entry points the tree defines (wrappers, attributes holding one); return
+        the files that mention a new one by name, to extract again with it known."""
+        new = {name: position for name, position in discovered_entries(index).items()
+               if name not in ENTRY_POINTS and self.extra.get(name) != position}
+        if not new:
+            return []
+        self.extra.update(new)
+        self.salt = hashlib.sha256(repr(sorted(self.extra.items())).encode()).hexdigest()[:16]
+        defined = {f"{facts.module}.{qualname}": (facts, qualname) for facts in index.files
+                   for qualname in facts.functions}
+        again: dict[str, _Source] = {}
+        names = set()
+        for name in new:
+            facts, qualname = defined.get(name, (None, ""))
+            if facts is not None and qualname.rpartition(".")[0] in facts.functions:
+                again[facts.path] = self.sources[facts.path]  # a nested function: called in its own file only
+            elif name.rsplit(".", 1)[-1] not in ENTRY_ATTRIBUTES:
+                names.add(name.rsplit(".", 1)[-1])
+        if names:
+            mention = re.compile(r"\b(?:" + "|".join(re.escape(n) for n in sorted(names)) + r")\s*\(")
+            self.patterns.append(mention)
+            again.update((s.display, s) for s in self.sources.values() if mention.search(s.text))
+        return list(again.values())
+
+    def check_syntax(self, sources: list[_Source]) -> int:
+        """Parse-check files phase one never read, so a broken file is never silently passed."""
+        jobs = []
+        for source in sources:
+            verdict = self.cache.get_checked(self.cache.key(source.data, source.module))
+            if verdict is None:
+                jobs.append((source.display, source.text))
+            elif verdict:
+                self.errors.append(FileError(source.display, verdict))
+        for display, error in _pooled(_syntax_check, jobs, self.workers):
+            if error is not None:
+                self.errors.append(error)
+            source = self.sources[display]
+            self.cache.put_checked(self.cache.key(source.data, source.module), error.reason if error else "")
+        return len(jobs)
 
     def wanted(self, index: Index, by_module: dict[str, _Source]) -> list[_Source]:
         """Unparsed files that define what the regions reference, or subclass region classes."""
@@ -167,10 +260,12 @@ class _Run:
 
 def _read(paths: list[Path], run: _Run) -> None:
     packages: dict[Path, str] = {}  # folder -> its dotted package ("" outside packages)
+    seen: set[str] = set()
     for path in paths:
         display = _display(path)
-        if display in run.sources:
+        if display in seen:  # named twice, or named and found in a folder named too
             continue
+        seen.add(display)
         result = read_source(path, display, run.options.max_file_size)
         if isinstance(result, FileError):
             run.errors.append(result)
@@ -196,7 +291,7 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
 
 def lint_sources(sources: dict[str, str], options: LintOptions | None = None) -> LintResult:
     """Lint in-memory sources keyed by a display path (module name = file stem)."""
-    run = _Run(options or LintOptions(cache_dir=None))
+    run = _Run(options or LintOptions(cache_dir=None, jobs=1))
     for display, text in sources.items():
         stem = Path(display).stem
         run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
@@ -206,15 +301,16 @@ def lint_sources(sources: dict[str, str], options: LintOptions | None = None) ->
 def _lint(run: _Run) -> LintResult:
     tree_key = hashlib.sha256("\0".join(
         f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
-    stored = run.cache.get_result(tree_key)
+    stored = run.cache.get_result(tree_key, _StoredResult)
     if stored is not None:  # not one file changed since the last run: reuse its regions
-        hits, errors, stats = stored
-        run.errors.extend(errors)
-        stats = {**stats, "parsed": 0, "cached": stats["indexed"]}
+        hits, sites = stored.hits, stored.sites
+        run.errors.extend(stored.errors)
+        stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
-        hits, stats = _analyse(run)
-        run.cache.put_result(tree_key, (hits, [e for e in run.errors if e.path in run.sources], stats))
-    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path))
+        hits, sites, stats = _analyse(run)
+        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors if e.path in run.sources], stats, sites))
+    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path), warnings=run.cache.warnings,
+                        sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
     unread = sum(error.path not in run.sources for error in run.errors)  # files that failed to parse are sources
@@ -222,7 +318,7 @@ def _lint(run: _Run) -> LintResult:
     return result
 
 
-def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
+def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
     """Phase one for the candidates and what their regions reach, then phase two."""
     by_module: dict[str, _Source] = {}
     for source in run.sources.values():
@@ -231,34 +327,66 @@ def _analyse(run: _Run) -> tuple[list[Hit], dict[str, int]]:
     candidates = len(pending)
     hits: list[Hit] = []
     regions: list = []
+    reports: list[SiteReport] = []
+    walked: set[tuple[str, str]] = set()
+    index = Index(())
+    analysed = False
     for _ in range(MAX_ROUNDS):
         run.parse(pending)
         index = Index(run.facts.values())
-        regions = find_regions(index)
-        hits = region_hits(index, regions)
+        analysed = False
+        pending = run.discover(index)
+        if pending:  # wrappers found: their callers are call sites, extract them again first
+            continue
+        reports, walked = [], set()
+        regions = find_regions(index, reports)
+        hits = region_hits(index, regions, walked)
+        analysed = True
         pending = run.wanted(index, by_module) if regions or index.misses else []
         if not pending:
             break
+    if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
+        reports, walked = [], set()
+        regions = find_regions(index, reports)
+        hits = region_hits(index, regions, walked)
+    checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
-    return hits, {"candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
-                  "cached": run.cache.hits, "regions": len(regions)}
+    sites = [r for r in reports if r.kind == "site"]
+    return hits, reports, {
+        "candidates": candidates, "indexed": len(run.facts), "parsed": run.parsed,
+        "cached": run.cache.hits, "regions": len(regions), "syntax_checked": checked,
+        "syntax_only": len(run.sources) - len(run.facts), "call_sites": len(sites),
+        "resolved_sites": sum(1 for r in sites if r.regions), "wrapper_sites": len(reports) - len(sites),
+        "functions_walked": len(walked),
+    }
 
 
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:
     tables: dict[str, dict[int, set[str]]] = {}
     ignored_files: dict[str, bool] = {}
+    lines: dict[str, list[str]] = {}
+    relative: dict[str, str] = {}
+    root = run.options.root.resolve()
     for hit in hits:
         code, span = hit.hazard.code, hit.hazard.span
         source = run.sources.get(hit.path)
-        relative = os.path.relpath(source.path.resolve(), run.options.root.resolve()) if source else hit.path
-        if not run.options.enabled(code, relative):
+        if hit.path not in relative:
+            relative[hit.path] = os.path.relpath(source.path.resolve(), root) if source else hit.path
+        if not run.options.enabled(code, relative[hit.path]):
             continue
         if source is not None:
-            if hit.path not in tables:
+            if hit.path not in ignored_files:
                 ignored_files[hit.path] = file_ignored(source.text)
-                tables[hit.path] = line_suppressions(source.text)
-            if ignored_files[hit.path] or suppressed(code, (span.line, span.end_line), tables[hit.path]):
+                lines[hit.path] = source.text.splitlines()
+            if ignored_files[hit.path]:
                 continue
+            text = lines[hit.path]
+            marked = any(0 < n <= len(text) and MARKER.search(text[n - 1]) for n in (span.line, span.end_line))
+            if marked:  # tokenize the file (once) only where a comment may suppress the finding
+                if hit.path not in tables:
+                    tables[hit.path] = line_suppressions(source.text)
+                if suppressed(code, (span.line, span.end_line), tables[hit.path]):
+                    continue
         where = f" inside checkpointed region `{hit.region}` ({hit.origin})" if hit.origin else ""
         yield Finding(
             kind=LINT, code=code, message=f"{hit.hazard.what}{where}; {hit.hazard.then}",

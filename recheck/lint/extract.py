@@ -9,16 +9,39 @@ rule, without knowing yet whether it is checkpointed.
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+import warnings
+from typing import Iterator, Mapping
 
-from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref
+from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
-from recheck.lint.rules import BODY_RULES
+from recheck.lint.reachability import guards, optional_params
+from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint
 from recheck.lint.rules.rc002_preserve_rng import random_draw
-from recheck.lint.scope import FUNCTION_NODES, FunctionContext, ModuleContext, bound_names, memo_targets, partition_scopes, written_names
-from recheck.lint.targets import CONTAINERS, PARTIALS, callee_refs, entry_point, lambda_name, target_refs
+from recheck.lint.scope import (
+    FUNCTION_NODES,
+    FunctionContext,
+    ModuleContext,
+    bound_names,
+    constant_names,
+    memo_targets,
+    partition_scopes,
+    tested_attributes,
+    written_names,
+)
+from recheck.lint.targets import (
+    CHECKPOINTING_CLASSES,
+    CONTAINERS,
+    ENTRY_POINTS,
+    ITERATION_METHODS,
+    PARTIALS,
+    REGION_KEYWORDS,
+    callee_refs,
+    entry_point,
+    lambda_name,
+    target_refs,
+)
 
-__all__ = ["extract"]
+__all__ = ["extract", "parse"]
 
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
 _DISPATCH: dict[type, list] = {}
@@ -27,26 +50,39 @@ for _rule in BODY_RULES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
 
 
+def parse(source: str, path: str) -> ast.Module:
+    """``ast.parse`` without the warnings CPython's compiler prints about the code it
+    reads (``SyntaxWarning: invalid escape sequence``): they are not the linter's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, filename=path)
+
+
 def extract(source: str, path: str, module: str, is_package: bool = False,
-            extra_entries: frozenset[str] = frozenset()) -> FileFacts:
-    """Parse ``source`` and collect its facts.  Raises :class:`SyntaxError` if it does not parse."""
-    tree = ast.parse(source, filename=path)
+            extra_entries: Mapping[str, tuple[int, str]] | frozenset[str] = frozenset()) -> FileFacts:
+    """Parse ``source`` and collect its facts.  Raises :class:`SyntaxError` if it does not parse.
+
+    ``extra_entries``: qualified names (or ``self.<attr>``) of further entry points, each
+    with the position and keyword of the call argument that is its region.
+    """
+    tree = parse(source, path)
+    extra = dict.fromkeys(extra_entries, (0, "")) if not isinstance(extra_entries, Mapping) else dict(extra_entries)
     scopes = partition_scopes(tree)
     imports = import_aliases((n for nodes in scopes.values() for n in nodes), module, is_package)
     facts = FileFacts(path=path, module=module, imports=imports)
     context = ModuleContext.build(tree, scopes, module, source.splitlines(), imports)
     top = _function_context(context, "<module>", [], {}, None, None)
-    extractor = _Extractor(facts, context, extra_entries, scopes)
+    extractor = _Extractor(facts, context, extra, scopes)
     nodes = scopes[id(tree)]
     for node in nodes:  # module-level instances: `BLOCK = Block()`, later `checkpoint(BLOCK, x)`
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             refs = _instance_refs(node.value, top)
             if refs:
-                top.local_refs[node.targets[0].id] = refs
+                top.bind(node.targets[0].id, refs)
     extractor.block(nodes, "", top, None)
     for node in nodes:  # scripts checkpoint at module level too
         if isinstance(node, ast.Call):
-            entry = entry_point(node, top, extra_entries)
+            entry = entry_point(node, top, extra)
             if entry is not None:
                 facts.call_sites.append(_call_site(node, entry, top))
     return facts
@@ -54,33 +90,59 @@ def extract(source: str, path: str, module: str, is_package: bool = False,
 
 def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST],
                       args: dict[str, ast.arg], self_name: str | None,
-                      parent: FunctionContext | None, defaults: dict | None = None) -> FunctionContext:
-    declared_global = {n for s in nodes if isinstance(s, ast.Global) for n in s.names}
-    declared_nonlocal = {n for s in nodes if isinstance(s, ast.Nonlocal) for n in s.names}
+                      parent: FunctionContext | None, defaults: dict | None = None,
+                      positions: dict[str, int] | None = None,
+                      entry_attributes: frozenset[str] = frozenset(),
+                      fresh: frozenset[str] | None = None) -> FunctionContext:
+    declared_global: set[str] = set()
+    declared_nonlocal: set[str] = set()
+    imported: set[str] = set()
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.Global:
+            declared_global.update(node.names)
+        elif kind is ast.Nonlocal:
+            declared_nonlocal.update(node.names)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            imported.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    bound = list(bound_names(nodes))
     local_names, rebound_at = set(), {}
-    for name, line, plain in bound_names(nodes):
+    for name, line, plain in bound:
         local_names.add(name)
         if plain and name in args and name not in rebound_at:
             rebound_at[name] = line
     closure = set()
     if parent is not None and parent.qualname != "<module>":
         closure = parent.local_names | set(parent.params) | parent.closure_names
+    inherited = {k: list(v) for k, v in parent.bindings.items()} if parent is not None else {}
+    param_positions = dict(parent.param_positions) if parent is not None and parent.qualname != "<module>" else {}
+    for name in local_names - set(args):
+        param_positions.pop(name, None)
+    param_positions.update({name: (qualname, index) for name, index in (positions or {}).items()})
+    if parent is not None:
+        imported |= parent.imported
     context = FunctionContext(
         module, qualname, self_name, args, local_names - declared_global - declared_nonlocal,
         closure, declared_global, declared_nonlocal, rebound_at,
-        dict(parent.local_refs) if parent is not None else {}, defaults or {}, written_names(nodes),
-        memo_targets(nodes, self_name),
+        inherited, defaults or {}, written_names(nodes),
+        memo_targets(nodes, self_name, frozenset(a for a in args if a != self_name)), param_positions,
+        constant_names(nodes, bound),
+        entry_attributes or (parent.entry_attributes if parent is not None else frozenset()),
+        tested_attributes(nodes, self_name),
+        fresh or frozenset(),
+        frozenset(imported),
     )
     return context
 
 
 class _Extractor:
-    def __init__(self, facts: FileFacts, module: ModuleContext, extra_entries: frozenset[str],
+    def __init__(self, facts: FileFacts, module: ModuleContext, extra_entries: dict[str, tuple[int, str]],
                  scopes: dict[int, list[ast.AST]]) -> None:
         self.scopes = scopes
         self.facts = facts
         self.module = module
         self.extra_entries = extra_entries
+        self.class_entries: dict[str, frozenset[str]] = {}
 
     def block(self, nodes: list[ast.AST], prefix: str, context: FunctionContext, owner: str | None) -> None:
         """Visit the functions and classes among one scope's ``nodes``."""
@@ -89,17 +151,60 @@ class _Extractor:
                 self.klass(node, prefix + node.name, context)
             elif isinstance(node, FUNCTION_NODES):
                 name = lambda_name(node, context.qualname) if isinstance(node, ast.Lambda) else prefix + node.name
+                self.module.function_nodes[name] = node
                 self.function(node, name, context, owner)
 
     def klass(self, node: ast.ClassDef, qualname: str, context: FunctionContext) -> None:
         bases = [q for q in (context.qualify(b) for b in node.bases) if q]
         facts = ClassFacts(qualname, context.span(node), bases)
+        handwritten = rc003_handwritten_checkpoint.check_class(node, bases, context)
+        if handwritten is not None:
+            self.facts.file_hazards.append(handwritten)
         self.facts.classes[qualname] = facts
         nodes = self.scopes[id(node)]
         for child in nodes:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 facts.methods[child.name] = f"{qualname}.{child.name}"
+        attributes = self._entry_attributes(nodes, context)
+        self.class_entries[qualname] = attributes
+        self.facts.entry_attributes.extend(f"{qualname}.{a}" for a in sorted(attributes))
         self.block(nodes, qualname + ".", context, qualname)
+
+    def _entry_attributes(self, class_nodes: list[ast.AST], context: FunctionContext) -> frozenset[str]:
+        """``self.<attr> = checkpoint`` (a partial of one, a parameter defaulting to one, or
+        ``CheckpointWithoutOutput()``) in the class's methods: calling it checkpoints."""
+        found: set[str] = set()
+        for method in class_nodes:
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+                continue
+            self_name = method.args.args[0].arg
+            positional = [*method.args.posonlyargs, *method.args.args]
+            defaults = dict(zip([a.arg for a in positional][::-1], method.args.defaults[::-1]))
+            defaults.update({a.arg: d for a, d in zip(method.args.kwonlyargs, method.args.kw_defaults) if d is not None})
+            for node in self.scopes[id(method)]:
+                if not isinstance(node, ast.Assign):
+                    continue
+                for target in node.targets:
+                    if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                            and target.value.id == self_name and self._holds_entry(node.value, context, defaults)):
+                        found.add(target.attr)
+        return frozenset(found)
+
+    def _holds_entry(self, value: ast.AST, context: FunctionContext, defaults: dict[str, ast.AST]) -> bool:
+        if isinstance(value, ast.IfExp):
+            return self._holds_entry(value.body, context, defaults) or self._holds_entry(value.orelse, context, defaults)
+        if isinstance(value, ast.Name) and value.id in defaults:
+            value = defaults[value.id]
+        if isinstance(value, ast.Call):
+            qualified = context.module.qualify_parts(dotted(value.func) or ["?"])
+            if qualified in PARTIALS and value.args:
+                return self._holds_entry(value.args[0], context, defaults)
+            return qualified.rsplit(".", 1)[-1] in CHECKPOINTING_CLASSES
+        parts = dotted(value)
+        if not parts:
+            return False
+        qualified = context.module.qualify_parts(parts)
+        return qualified in ENTRY_POINTS or qualified in self.extra_entries
 
     def function(self, node: ast.AST, qualname: str, parent: FunctionContext, owner: str | None) -> None:
         arguments = node.args
@@ -107,38 +212,84 @@ class _Extractor:
         args = {a.arg: a for a in [*positional, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg] if a}
         defaults = dict(zip([a.arg for a in positional][::-1], arguments.defaults[::-1]))
         defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
-        static = any(dotted(d) == ["staticmethod"] for d in getattr(node, "decorator_list", []))
-        if owner is not None and positional and not static and not isinstance(node, ast.Lambda):
+        decorators = getattr(node, "decorator_list", [])
+        static = any(dotted(d) == ["staticmethod"] for d in decorators)
+        bound = owner is not None and positional and not static and not isinstance(node, ast.Lambda)
+        if bound:
             self_name, self_class = positional[0].arg, owner
         else:
             self_name, self_class = parent.self_name, self.facts.functions.get(parent.qualname, None)
             self_class = self_class.self_class if self_class else None
             if self_name in args:
                 self_name, self_class = None, None
+        call_order = [a.arg for a in positional][1 if bound else 0:]
+        positions = {name: index for index, name in enumerate(call_order)}
+        positions.update({a.arg: -1 for a in arguments.kwonlyargs})
         nodes = self.scopes[id(node)]
-        context = _function_context(self.module, qualname, nodes, args, self_name, parent, defaults)
+        entries = self.class_entries.get(owner, frozenset()) if owner is not None else frozenset()
+        fresh = frozenset(a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None)
+        context = _function_context(self.module, qualname, nodes, args, self_name, parent, defaults, positions, entries,
+                                    fresh)
         facts = FunctionFacts(qualname, context.span(node), self_class)
-        decorators = [context.qualify(d.func if isinstance(d, ast.Call) else d) for d in getattr(node, "decorator_list", [])]
-        facts.memoized = any(d in MEMOIZING for d in decorators)
+        facts.params = call_order
+        facts.annotations = {a.arg: q for a in positional if a.annotation is not None
+                             for q in [context.qualify(a.annotation)] if q}
+        decorated = [context.qualify(d.func if isinstance(d, ast.Call) else d) for d in decorators]
+        facts.memoized = any(d in MEMOIZING for d in decorated)
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
-        if owner is not None and self_name is not None:
-            self._attributes(nodes, context, self.facts.classes[owner])
+        if self_name is not None and bound:
+            facts.self_reads, facts.self_writes = _self_data(nodes, context)
+            if node.name == "__init__":
+                owner_facts = self.facts.classes[owner]
+                if any(b.rsplit(".", 1)[-1] in TORCH_WRAPPER_BASES for b in owner_facts.bases):
+                    for statement in nodes:  # torch's ActivationWrapper keeps its first argument
+                        if (type(statement) is ast.Call and isinstance(statement.func, ast.Attribute)
+                                and statement.func.attr == "__init__" and statement.args
+                                and isinstance(statement.args[0], ast.Name) and statement.args[0].id in positions):
+                            name = statement.args[0].id
+                            owner_facts.param_attributes["_checkpoint_wrapped_module"] = (name, positions[name])
+                for statement in nodes:
+                    if type(statement) is ast.Assign and isinstance(statement.value, ast.Name) \
+                            and statement.value.id in positions:
+                        for target in statement.targets:
+                            if isinstance(target, ast.Attribute) and context.is_self(target.value):
+                                owner_facts.param_attributes[target.attr] = (statement.value.id, positions[statement.value.id])
+        if not isinstance(node, ast.Lambda):
+            facts.optional = sorted(optional_params(arguments))
+            facts.star = [a.arg if a is not None else "" for a in (arguments.vararg, arguments.kwarg)]
+            facts.keyword_only = [a.arg for a in arguments.kwonlyargs]
+            if facts.optional:  # branches that cannot run hide their side effects and their calls
+                facts.guards = guards(nodes, arguments)
+        self._attributes(nodes, context, self.facts.classes[owner] if owner is not None and self_name is not None else None, facts)
         self.block(nodes, qualname + ".", context, None)
 
     def _bind_locals(self, nodes: list[ast.AST], context: FunctionContext, qualname: str) -> None:
-        """Loop variables over ``self.layers``, nested defs and aliases of submodules."""
+        """Loop variables, aliases, nested defs, ``isinstance`` branches (see ``refs_of``)."""
+        iterables: dict[str, ast.AST] = {}
         for node in nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                context.local_refs[node.name] = [Ref("local", f"{qualname}.{node.name}", context.span(node))]
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                for name, refs in _loop_bindings(node.target, node.iter, context):
-                    context.local_refs[name] = refs
+            kind = type(node)
+            if kind not in _BINDING_NODES:
+                continue
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef or kind is ast.ClassDef:
+                context.bind(node.name, [Ref("local", f"{qualname}.{node.name}", context.span(node))], node.lineno)
+            elif kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
+                start, end = (node.lineno, node.end_lineno or node.lineno) if hasattr(node, "lineno") else (0, None)
+                for name, refs in _loop_bindings(node.target, node.iter, context, iterables, 0):
+                    context.bind(name, refs, start, end)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                refs = _alias_refs(node.value, context)
-                if refs:
-                    context.local_refs[node.targets[0].id] = refs
+                name = node.targets[0].id
+                context.values[name] = node.value
+                if _is_iterable(node.value):
+                    iterables[name] = node.value
+                refs = _alias_refs(node.value, context, iterables)
+                if refs:  # from the next line on: `block = wrap(block)` reads the old value
+                    context.bind(name, refs, (node.end_lineno or node.lineno) + 1)
+            elif isinstance(node, ast.If) and node.body:
+                for name, classes in _isinstance_tests(node.test, context):
+                    context.bind(name, [Ref("instance", c, context.span(node.test)) for c in classes],
+                                 node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno)
 
     def _scan(self, nodes: list[ast.AST], context: FunctionContext, facts: FunctionFacts) -> None:
         seen_once: set[tuple[str, str]] = set()
@@ -152,8 +303,10 @@ class _Extractor:
                     facts.hazards.append(hazard)
             if isinstance(node, ast.Call):
                 self._call(node, context, facts)
-            elif isinstance(node, ast.Return) and isinstance(node.value, ast.Name):
-                facts.returns_local += [r.name for r in context.local_refs.get(node.value.id, []) if r.kind == "local"]
+            elif isinstance(node, ast.Return) and isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript)):
+                held = callee_refs(node.value, context)
+                facts.returns_local += [r.name for r in held if r.kind == "local"]
+                facts.returns_refs += [r for r in held if r.kind != "local"]
 
     def _call(self, node: ast.Call, context: FunctionContext, facts: FunctionFacts) -> None:
         drawn = random_draw(node, context)
@@ -163,41 +316,132 @@ class _Extractor:
         if entry is not None:
             self.facts.call_sites.append(_call_site(node, entry, context))
         else:
-            facts.calls.extend(callee_refs(node.func, context))
+            refs = callee_refs(node.func, context)
+            if refs:
+                positional = -1 if any(isinstance(a, ast.Starred) for a in node.args) else len(node.args)
+                splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
+                keywords = tuple(f"{k.arg}={k.value.id}" if isinstance(k.value, ast.Name) else k.arg
+                                 for k in node.keywords if k.arg is not None)
+                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats, node.lineno))
+            facts.calls.extend(refs)
 
-    def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts) -> None:
-        """Record the submodule classes assigned to ``self.<attr>`` in a method."""
+    def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,
+                    facts: FunctionFacts) -> None:
+        """The modules a body builds: into ``self.<path>`` (``owner``'s submodules), into
+        local lists and plain local objects (``down = nn.Module(); down.block = ...``), and
+        what it returns (a factory)."""
         local_lists: dict[str, list[str]] = {}
+        local_objects: dict[str, dict[str, list[str]]] = {}
+
+        def store(target: ast.AST, classes: list[str], value: ast.AST | None) -> None:
+            if isinstance(target, ast.Name):
+                local_lists.setdefault(target.id, []).extend(classes)
+                if isinstance(value, ast.Name) and value.id in local_objects:
+                    local_objects[target.id] = local_objects[value.id]
+                return
+            path = _self_path(target, context)
+            if path is not None and owner is not None:
+                if classes:
+                    owner.attributes.setdefault(path, []).extend(classes)
+                if isinstance(value, ast.Name):  # self.act = act_fn, a nested or module function
+                    held = context.refs_of(value.id, value.lineno) or []
+                    named = [r.name for r in held if r.kind == "local"]
+                    if not held and value.id in context.module.defined:
+                        named = [value.id]
+                    owner.function_attributes.setdefault(path, []).extend(named)
+                if isinstance(value, ast.Name) and value.id in local_objects:
+                    for attribute, held in local_objects[value.id].items():
+                        owner.attributes.setdefault(f"{path}.{attribute}", []).extend(held)
+                return
+            base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
+            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
+                local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
+
         for node in nodes:
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert"):
-                classes = [c for a in node.args for c in _module_classes(a, context, local_lists)]
-                holder = node.func.value
-                if isinstance(holder, ast.Name):
-                    local_lists.setdefault(holder.id, []).extend(classes)
-                elif isinstance(holder, ast.Attribute) and context.is_self(holder.value):
-                    owner.attributes.setdefault(holder.attr, []).extend(classes)
+            kind = type(node)
+            if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return:
+                continue
+            if kind is ast.Call and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert", "add_module"):
+                values = node.args[1:] if node.func.attr in ("insert", "add_module") else node.args
+                for value in values:
+                    store(node.func.value, _module_classes(value, context, local_lists), value)
             elif isinstance(node, ast.Assign):
                 classes = _module_classes(node.value, context, local_lists)
                 for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        local_lists.setdefault(target.id, []).extend(classes)
-                    elif isinstance(target, ast.Attribute) and context.is_self(target.value) and classes:
-                        owner.attributes.setdefault(target.attr, []).extend(classes)
+                    store(target, classes, node.value)
+            elif isinstance(node, ast.Return) and node.value is not None:
+                facts.returns_built.extend(_module_classes(node.value, context, local_lists))
 
 
-def _alias_refs(value: ast.AST, context: FunctionContext) -> list[Ref]:
-    """``layer = self.layers[i]``, ``fn = partial(...)``, ``fn = create_custom_forward(m)``."""
+def _self_data(nodes: list[ast.AST], context: FunctionContext) -> tuple[list[tuple[str, Span]], list[str]]:
+    """What a method reads of ``self`` as data, and what it rebinds (see FunctionFacts)."""
+    called = {id(n.func) for n in nodes if type(n) is ast.Call}
+    reads: dict[str, Span] = {}
+    writes: list[str] = []
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.Attribute and type(node.ctx) is ast.Load and id(node) not in called \
+                and context.is_self(node.value) and node.attr not in reads:
+            reads[node.attr] = context.span(node)
+        elif kind is ast.Assign or kind is ast.AnnAssign:
+            for target in node.targets if kind is ast.Assign else [node.target]:
+                if isinstance(target, ast.Attribute):
+                    path = _self_path(target, context)
+                    if path is not None:
+                        writes.append(path)
+    return list(reads.items()), writes
+
+
+def _self_path(node: ast.AST, context: FunctionContext) -> str | None:
+    """``self.a[i].b`` as ``"a.b"`` (subscripts dropped); None unless it starts at ``self``."""
+    parts: list[str] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+        node = node.value
+    if not parts or not context.is_self(node):
+        return None
+    return ".".join(reversed(parts))
+
+
+_ITERATION_WRAPPERS = frozenset({"list", "tuple", "reversed", "sorted", "iter"})
+#: torch's wrapper bases, whose ``__init__(module)`` keeps ``self._checkpoint_wrapped_module``
+TORCH_WRAPPER_BASES = frozenset({"ActivationWrapper", "CheckpointWrapper", "OffloadWrapper"})
+_BINDING_NODES = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.AsyncFor,
+                            ast.comprehension, ast.Assign, ast.If})
+
+
+def _is_iterable(value: ast.AST) -> bool:
+    """An expression a later ``for`` may loop over: ``list(zip(...))``, ``self.blocks[:k]``."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        return value.func.id in _ITERATION_WRAPPERS | {"zip", "enumerate"}
+    return isinstance(value, (ast.Attribute, ast.Subscript, ast.List, ast.Tuple))
+
+
+def _alias_refs(value: ast.AST, context: FunctionContext, iterables: dict[str, ast.AST]) -> list[Ref]:
+    """``layer = self.layers[i]``, ``fn = partial(...)``, ``fn = create_custom_forward(m)``,
+    ``blocks = list(self.blocks)``."""
     if isinstance(value, (ast.Attribute, ast.Subscript, ast.Name)):
         return callee_refs(value, context)
     if isinstance(value, ast.Call):
-        return target_refs(value, context) if _is_factory_like(value, context) else _instance_refs(value, context)
+        if isinstance(value.func, ast.Name) and value.func.id in _ITERATION_WRAPPERS and value.args:
+            return _alias_refs(value.args[0], context, iterables)
+        if isinstance(value.func, ast.Attribute) and context.is_self(value.func.value):
+            return [Ref("result", value.func.attr, context.span(value))]  # layer = self._get_layer(i)
+        if context.qualify(value.func) in PARTIALS or _is_factory_like(value, context):
+            return target_refs(value, context)
+        return _instance_refs(value, context)
+    if isinstance(value, (ast.List, ast.Tuple)):
+        return [r for e in value.elts for r in _alias_refs(e, context, iterables)]
     return []
 
 
 def _instance_refs(value: ast.AST, context: FunctionContext) -> list[Ref]:
     """``block = Block(...)``: what the name holds is an instance of the class (or what a
     factory function returns), resolved in phase two; any other value binds nothing."""
-    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+    if not (isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute))):
+        return []
+    if isinstance(value.func, ast.Attribute) and not context.qualify(value.func):
         return []
     return [r for r in target_refs(value, context) if r.kind == "returned"]
 
@@ -208,45 +452,93 @@ def _is_factory_like(call: ast.Call, context: FunctionContext) -> bool:
     return any(r.kind == "local" for r in callee_refs(call.func, context))
 
 
-def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext) -> Iterator[tuple[str, list[Ref]]]:
-    """``for i, layer in enumerate(self.layers)`` binds ``layer`` to the elements of ``self.layers``."""
+def _isinstance_tests(test: ast.AST, context: FunctionContext) -> Iterator[tuple[str, list[str]]]:
+    """``isinstance(x, (A, B))`` (also inside ``and``) narrows ``x`` to classes A and B."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        for value in test.values:
+            yield from _isinstance_tests(value, context)
+        return
+    if (isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "isinstance"
+            and len(test.args) == 2 and isinstance(test.args[0], ast.Name)):
+        kinds = test.args[1].elts if isinstance(test.args[1], ast.Tuple) else [test.args[1]]
+        classes = [q for q in (context.qualify(k) for k in kinds) if q]
+        if classes:
+            yield test.args[0].id, classes
+
+
+def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext,
+                   iterables: dict[str, ast.AST], depth: int) -> Iterator[tuple[str, list[Ref]]]:
+    """``for i, (a, b) in enumerate(zip(self.xs, self.ys))`` binds ``a`` and ``b`` to the
+    elements of ``self.xs`` and ``self.ys`` (through local aliases, slices, ``list()``,
+    ``.items()``, ``.named_children()``, ``.values()``)."""
+    if depth > 6:
+        return
+    if isinstance(iterable, ast.Name) and iterable.id in iterables and depth < 6:
+        yield from _loop_bindings(target, iterables[iterable.id], context, iterables, depth + 1)
+        return
+    if isinstance(iterable, ast.Subscript) and isinstance(iterable.slice, ast.Slice):
+        yield from _loop_bindings(target, iterable.value, context, iterables, depth + 1)
+        return
     if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.args:
-        if iterable.func.id == "enumerate" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
-            yield from _loop_bindings(target.elts[1], iterable.args[0], context)
+        name, first = iterable.func.id, iterable.args[0]
+        if name == "enumerate" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            yield from _loop_bindings(target.elts[1], first, context, iterables, depth + 1)
             return
-        if iterable.func.id == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(iterable.args):
+        if name == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(iterable.args):
             for element, source in zip(target.elts, iterable.args):
-                yield from _loop_bindings(element, source, context)
+                yield from _loop_bindings(element, source, context, iterables, depth + 1)
             return
-        if iterable.func.id == "reversed":
-            yield from _loop_bindings(target, iterable.args[0], context)
+        if name in _ITERATION_WRAPPERS:
+            yield from _loop_bindings(target, first, context, iterables, depth + 1)
             return
-    if isinstance(target, ast.Name):
-        source = iterable.value if isinstance(iterable, ast.Subscript) else iterable
-        parts = dotted(source)
-        if parts and len(parts) == 2 and context.self_name == parts[0]:
-            yield target.id, [Ref("elements", parts[1], context.span(source))]
-        elif isinstance(source, ast.Attribute) and source.attr in ("values", "children", "modules") and parts is None:
-            yield from _loop_bindings(target, source.value, context)
-        elif isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and source.func.attr in ("values", "children"):
-            yield from _loop_bindings(target, source.func.value, context)
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr in ITERATION_METHODS:
+        pairs = iterable.func.attr in ("items", "named_children", "named_modules")
+        if context.is_self(iterable.func.value) and iterable.func.attr in ("children", "named_children", "modules",
+                                                                            "named_modules"):
+            element = target.elts[1] if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2 else target
+            if isinstance(element, ast.Name):  # every submodule of this module
+                yield element.id, [Ref("children", "", context.span(iterable))]
+            return
+        if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            yield from _loop_bindings(target.elts[1], iterable.func.value, context, iterables, depth + 1)
+        elif not pairs:
+            yield from _loop_bindings(target, iterable.func.value, context, iterables, depth + 1)
+        return
+    if not isinstance(target, ast.Name):
+        return
+    if isinstance(iterable, (ast.List, ast.Tuple)):
+        refs = [r for e in iterable.elts for r in callee_refs(e, context)]
+    else:
+        refs = callee_refs(iterable, context)
+    if refs:
+        yield target.id, refs
 
 
 def _module_classes(value: ast.AST, context: FunctionContext, local_lists: dict[str, list[str]]) -> list[str]:
-    """Qualified class names of the modules an expression builds (containers: their elements)."""
+    """Qualified names of what an expression builds: classes, or factory functions whose
+    returns phase two follows (a class is a module because of its bases, so every call of a
+    name the file can qualify counts; containers give their elements)."""
     if isinstance(value, ast.Call):
         qualified = context.qualify(value.func)
         if qualified is None and isinstance(value.func, ast.Name) and value.func.id in context.defaults:
             qualified = context.qualify(context.defaults[value.func.id])  # norm_layer=nn.BatchNorm2d
-        if qualified and qualified.rsplit(".", 1)[-1] in CONTAINERS:
+        if qualified is None and isinstance(value.func, ast.Name):  # a nested factory: def build_layer(i)
+            local = [r.name for r in context.refs_of(value.func.id, value.lineno) or () if r.kind == "local"]
+            qualified = f"{context.module.module}.{local[0]}" if local else None
+        if qualified is None and isinstance(value.func, ast.Attribute) and context.is_self(value.func.value):
+            owner = context.qualname.rsplit(".", 1)[0] if "." in context.qualname else ""
+            qualified = f"{context.module.module}.{owner}.{value.func.attr}" if owner else None  # self._make_layer(...)
+        last = (qualified or "").rsplit(".", 1)[-1]
+        if last in CONTAINERS or last in ("list", "tuple"):
             parts = [*value.args, *(k.value for k in value.keywords)]
             return [c for p in parts for c in _module_classes(p, context, local_lists)]
-        last = (qualified or "").rsplit(".", 1)[-1]
-        return [qualified] if last[:1].isupper() else []
+        return [qualified] if qualified and qualified not in _NOT_MODULES else []
     if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
         return [c for e in value.elts for c in _module_classes(e, context, local_lists)]
-    if isinstance(value, (ast.ListComp, ast.GeneratorExp)):
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
         return _module_classes(value.elt, context, local_lists)
+    if isinstance(value, ast.DictComp):
+        return _module_classes(value.value, context, local_lists)
     if isinstance(value, ast.Dict):
         return [c for e in value.values for c in _module_classes(e, context, local_lists)]
     if isinstance(value, ast.Starred):
@@ -260,12 +552,32 @@ def _module_classes(value: ast.AST, context: FunctionContext, local_lists: dict[
     return []
 
 
-def _call_site(node: ast.Call, entry: str, context: FunctionContext) -> CallSite:
+#: Calls that never build a module (kept out of attribute facts to keep them small).
+_NOT_MODULES = frozenset({"range", "len", "int", "float", "str", "bool", "dict", "set", "getattr", "isinstance",
+                          "super", "print", "min", "max", "sum", "zip", "enumerate", "sorted", "type"})
+
+
+def _constant(value: ast.AST, context: FunctionContext) -> tuple[bool, object]:
+    """``(known, value)`` of a literal, or of a name assigned once to one (locally or in the module)."""
+    if isinstance(value, ast.Constant):
+        return True, value.value
+    if isinstance(value, ast.Name) and value.id not in context.params:
+        if value.id in context.constants:
+            return True, context.constants[value.id]
+        if not context.is_local(value.id) and value.id in context.module.constants:
+            return True, context.module.constants[value.id]
+    return False, None
+
+
+def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionContext) -> CallSite:
+    name, position, region_keyword = entry
     keywords = {k.arg: k for k in node.keywords}
-    region = node.args[0] if node.args and not isinstance(node.args[0], ast.Starred) else None
-    for name in ("function", "functions", "run_function", "module"):
-        if region is None and name in keywords:
-            region = keywords[name].value
+    region = None
+    if position >= 0 and len(node.args) > position and not any(isinstance(a, ast.Starred) for a in node.args[:position + 1]):
+        region = node.args[position]
+    for keyword in (region_keyword, *REGION_KEYWORDS) if region_keyword else REGION_KEYWORDS:
+        if region is None and keyword in keywords:
+            region = keywords[keyword].value
     if "use_reentrant" in keywords:
         reentrant = "given"
     elif None in keywords:
@@ -274,13 +586,90 @@ def _call_site(node: ast.Call, entry: str, context: FunctionContext) -> CallSite
         reentrant = "missing"
     preserve = keywords.get("preserve_rng_state")
     preserve_false = None
-    if preserve is not None and isinstance(preserve.value, ast.Constant) and preserve.value.value is False:
-        preserve_false = context.span(preserve)
+    if preserve is not None:
+        known, value = _constant(preserve.value, context)
+        if known and value is False:
+            preserve_false = context.span(preserve)
+    targets = tuple(target_refs(region, context)) if region is not None else ()
+    if ENTRY_POINTS.get(name) is not None and ENTRY_POINTS[name].policy:
+        targets = tuple(_policy_refs(node, context))
+    forwards = None
+    params = [r for r in targets if r.kind == "param"]
+    if params and len(params) == len(targets):
+        owner, index = context.param_positions.get(params[0].name, (context.qualname, -1))
+        forwards = (owner, index, params[0].name)
+    passed = None
+    if name in FORWARDING_ENTRIES and region is not None and node.args and node.args[0] is region \
+            and not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords:
+        passed = (len(node.args) - 1, tuple(k for k in keywords if k not in CHECKPOINT_KEYWORDS))
     return CallSite(
+        passed=passed,
         span=context.span(node),
-        entry=entry,
+        entry=name,
         caller=context.qualname,
-        targets=tuple(target_refs(region, context)) if region is not None else (),
+        targets=targets,
         use_reentrant=reentrant,
         preserve_rng_false=preserve_false,
+        forwards=forwards,
+        region_source=context.source(region) if region is not None else "",
     )
+
+
+#: Entry points that call their region with exactly the call's other arguments
+#: (``checkpoint(fn, *args, **kwargs)`` less the checkpoint's own keywords).
+FORWARDING_ENTRIES = frozenset({"torch.utils.checkpoint.checkpoint", "self._gradient_checkpointing_func",
+                                "_gradient_checkpointing_func", "timm.models._manipulate.checkpoint",
+                                "timm.models.checkpoint", "timm.models.helpers.checkpoint"})
+CHECKPOINT_KEYWORDS = frozenset({"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check",
+                                 "debug", "early_stop"})
+
+
+def _policy_refs(node: ast.Call, context: FunctionContext) -> list[Ref]:
+    """``apply_activation_checkpointing(model, check_fn=..., auto_wrap_policy=...)``: the
+    classes the policy picks (``isinstance`` tests in ``check_fn``; the class sets of
+    ``ModuleWrapPolicy``/``transformer_auto_wrap_policy``), whatever ``model`` is."""
+    classes: list[str] = []
+    for keyword in node.keywords:
+        if keyword.arg == "check_fn":
+            classes += _check_fn_classes(keyword.value, context)
+        elif keyword.arg == "auto_wrap_policy":
+            classes += _policy_classes(keyword.value, context)
+    span = context.span(node)
+    if not classes:
+        return []
+    return [Ref("policy", ",".join(dict.fromkeys(classes)), span)]
+
+
+def _check_fn_classes(value: ast.AST, context: FunctionContext) -> list[str]:
+    body: ast.AST | None = None
+    if isinstance(value, ast.Lambda):
+        body = value.body
+    elif isinstance(value, ast.Name):
+        held = context.refs_of(value.id, value.lineno) or []
+        qualname = next((r.name for r in held if r.kind == "local"), None)
+        if qualname is None and value.id in context.module.defined:
+            qualname = value.id
+        body = context.module.function_nodes.get(qualname) if qualname else None
+    elif isinstance(value, ast.Call) and context.qualify(value.func) in PARTIALS and value.args:
+        return _check_fn_classes(value.args[0], context)
+    if body is None:
+        return []
+    found = []
+    for node in ast.walk(body):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], (ast.Tuple, ast.List, ast.Set)) else [node.args[1]]
+            found += [q for q in (context.qualify(k) for k in kinds) if q]
+    return found
+
+
+def _policy_classes(value: ast.AST, context: FunctionContext) -> list[str]:
+    if isinstance(value, ast.Name) and value.id in context.values:  # policy = partial(...)
+        value = context.values[value.id]
+    found = []
+    for node in ast.walk(value):
+        if isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            found += [q for q in (context.qualify(e) for e in node.elts) if q]
+        elif isinstance(node, ast.keyword) and node.arg in ("transformer_layer_cls", "module_classes"):
+            if isinstance(node.value, (ast.Name, ast.Attribute)):
+                found += [q for q in [context.qualify(node.value)] if q]
+    return found

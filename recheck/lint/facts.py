@@ -56,7 +56,20 @@ class Ref(NamedTuple):
     - ``"member"``: method ``member`` of the submodule(s) ``self.<name>``;
     - ``"super"``: method ``name`` of the enclosing class's bases;
     - ``"returned"``: the nested functions that function ``name`` (a ``name``/``local``
-      reference in ``member``) returns, as with ``create_custom_forward(layer)``.
+      reference in ``member``) returns, as with ``create_custom_forward(layer)``;
+    - ``"path"``: the submodule(s) at ``self.<name>`` where ``name`` is a dotted path with
+      subscripts dropped (``self.down[i].block[j]`` is ``down.block``, ``self.mid.block_1``
+      is ``mid.block_1``);
+    - ``"param"``: parameter ``name`` of the enclosing function, ``member`` its position
+      among the call's arguments (``"-1"`` keyword-only): resolved from what callers pass;
+    - ``"result"``: what method ``self.<name>(...)`` returns (``layer = self._get_layer(i)``);
+    - ``"param_path"``: ``name`` is a dotted path from a parameter (``model.layers``), its
+      first component the parameter: resolved through the parameter's annotation;
+    - ``"children"``: every submodule of ``self`` (``for child in self.named_children()``);
+    - ``"instance"``: an instance of class ``name`` (an ``isinstance`` branch, an annotation):
+      calling it runs its ``forward``;
+    - ``"policy"``: a wrapping policy or ``check_fn`` that picks the classes named in
+      ``member`` (comma-separated qualified names), whatever module it is applied to.
     """
 
     kind: str
@@ -76,7 +89,29 @@ class FunctionFacts:
     calls: list[Ref] = field(default_factory=list)
     random_draws: list[tuple[Span, str]] = field(default_factory=list)
     returns_local: list[str] = field(default_factory=list)
+    returns_refs: list[Ref] = field(default_factory=list)  # ``return self.layers[i]``
     memoized: bool = False  # @lru_cache/@cache: the body runs once per arguments, not per call
+    #: qualified names called in ``return`` statements: a factory's products (``get_down_block``)
+    returns_built: list[str] = field(default_factory=list)
+    #: parameter names in call order (``self`` of a method dropped) and their annotations
+    params: list[str] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    #: ``(first line, last line, parameters)``: an ``if`` body that cannot run when none of
+    #: the parameters is passed (see :mod:`recheck.lint.reachability`)
+    guards: list[tuple[int, int, tuple[str, ...]]] = field(default_factory=list)
+    #: parameters that are None or empty when a caller leaves them out (incl. ``*args``, ``**kwargs``)
+    optional: list[str] = field(default_factory=list)
+    #: the names of ``*args`` and ``**kwargs`` ("" when absent), and of keyword-only parameters
+    star: list[str] = field(default_factory=list)
+    keyword_only: list[str] = field(default_factory=list)
+    #: attributes of ``self`` this method reads as data (first read of each), and the ones it
+    #: rebinds (``self.mask = m``; ``self.layers[i].kv = kv`` as ``layers.kv``): RC101
+    self_reads: list[tuple[str, Span]] = field(default_factory=list)
+    self_writes: list[str] = field(default_factory=list)
+    #: for each call in ``calls``: (index of its first ref, number of refs, positional
+    #: arguments or -1 with a ``*`` splat, keywords as ``name`` or ``name=passed_name``,
+    #: names splatted with ``**``, the call's line)
+    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...], int]] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +123,10 @@ class ClassFacts:
     bases: list[str] = field(default_factory=list)
     methods: dict[str, str] = field(default_factory=dict)  # name -> function qualname
     attributes: dict[str, list[str]] = field(default_factory=dict)  # attr -> class names
+    #: ``self.<attr> = some_function``: attr -> qualnames (in the class's file) of the functions
+    function_attributes: dict[str, list[str]] = field(default_factory=dict)
+    #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
+    param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +139,12 @@ class CallSite:
     targets: tuple[Ref, ...]
     use_reentrant: str  # "given", "splat" (may travel in **kwargs) or "missing"
     preserve_rng_false: Span | None = None
+    #: ``checkpoint(fn, ...)`` where ``fn`` is a parameter: the caller is a wrapper of ``entry``
+    #: and its own callers name the region (position, name of that parameter)
+    forwards: tuple[str, int, str] | None = None  # (wrapper function's qualname, position, parameter)
+    region_source: str = ""  # the region argument as written, for --statistics and --show-regions
+    #: what the call passes to the region: (positional count, keyword names); None if unknown
+    passed: tuple[int, tuple[str, ...]] | None = None
 
 
 @dataclass
@@ -112,3 +157,7 @@ class FileFacts:
     classes: dict[str, ClassFacts] = field(default_factory=dict)  # qualname -> facts
     functions: dict[str, FunctionFacts] = field(default_factory=dict)  # qualname -> facts
     call_sites: list[CallSite] = field(default_factory=list)
+    #: hazards of the file itself, reported whether or not a region reaches them (RC003)
+    file_hazards: list[Hazard] = field(default_factory=list)
+    #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
+    entry_attributes: list[str] = field(default_factory=list)

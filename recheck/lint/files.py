@@ -11,6 +11,7 @@ import fnmatch
 import io
 import os
 import re
+import stat
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,7 +121,7 @@ def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> 
     exclude = list(exclude)
     root = root.resolve()
     for start in paths:
-        if start.is_file():
+        if not start.is_dir():  # a file named explicitly, also a FIFO or device: read_source judges it
             yield start
             continue
         ignore = GitIgnore()
@@ -146,15 +147,40 @@ def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> 
                     yield here / name
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def read_source(path: Path, display: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> tuple[str, bytes] | FileError:
-    """``(text, raw bytes)``, or the reason the file cannot be linted."""
+    """``(text, raw bytes)``, or the reason the file cannot be linted.
+
+    Only regular files are read: the file is opened without blocking (a FIFO would
+    otherwise wait for a writer forever) and checked on the open descriptor.
+    """
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            return FileError(display, f"file is {size} bytes, larger than the {max_bytes}-byte limit (max-file-size); skipped")
-        data = path.read_bytes()
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         return FileError(display, f"cannot read file: {exc.strerror or exc}")
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            return FileError(display, f"is {_kind(info.st_mode)}, not a regular file; skipped")
+        if info.st_size > max_bytes:
+            return FileError(display, f"file is {info.st_size} bytes, larger than the {max_bytes}-byte limit (max-file-size); skipped")
+        with os.fdopen(descriptor, "rb", buffering=0, closefd=False) as handle:
+            data = handle.read(info.st_size + 1)
+            if len(data) > info.st_size:  # it grew since fstat (or says size 0, as /proc files do)
+                data += handle.read(max_bytes + 1 - len(data))
+        if len(data) > max_bytes:
+            return FileError(display, f"file is over the {max_bytes}-byte limit (max-file-size); skipped")
+    except OSError as exc:
+        return FileError(display, f"cannot read file: {exc.strerror or exc}")
+    finally:
+        os.close(descriptor)
     nul = data.find(b"\x00")
     if nul >= 0:
         return FileError(display, f"contains a NUL byte at offset {nul}; not Python source")

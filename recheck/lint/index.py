@@ -27,6 +27,10 @@ class Index:
         self.modules: dict[str, FileFacts] = {}
         for facts in self.files:
             self.modules.setdefault(facts.module, facts)
+        #: first components of the tree's module names: a name whose first component is
+        #: not one may come from a namespace package linted from inside (``megatron/core``
+        #: without ``megatron/__init__.py`` gives modules ``core.*``)
+        self.roots = {name.split(".", 1)[0] for name in self.modules}
         self.misses: set[str] = set()
         self._found: dict[str, Symbol | None] = {}
         self._bases: dict[int, set[str]] = {}
@@ -51,6 +55,10 @@ class Index:
 
     def _lookup(self, qualified: str, hops: int) -> Symbol | None:
         parts = qualified.split(".")
+        if len(parts) > 2 and parts[0] not in self.roots and parts[1] in self.roots:
+            found = self._lookup(".".join(parts[1:]), hops + 1)
+            if found is not None:
+                return found
         for cut in range(len(parts) - 1, 0, -1):
             facts = self.modules.get(".".join(parts[:cut]))
             if facts is None:

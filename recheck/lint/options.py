@@ -47,11 +47,21 @@ class LintOptions:
     jobs: int = 0  # 0: one per CPU
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any], root: Path, *, use_cache: bool = True, jobs: int = 0) -> LintOptions:
-        """Build options from snake_case ``[tool.recheck]`` values (already merged with flags)."""
-        select = _check_selectors(values.get("select") or ["ALL"], "select")
-        select += _check_selectors(values.get("extend_select") or [], "extend-select")
-        per_file = {glob: _check_selectors(codes, f"per-file-ignores[{glob!r}]")
+    def from_values(cls, values: Mapping[str, Any], root: Path, *, use_cache: bool = True, jobs: int = 0,
+                    origins: Mapping[str, str] | None = None) -> LintOptions:
+        """Build options from snake_case ``[tool.recheck]`` values (already merged with flags).
+
+        ``origins`` names where each key's value came from (``pyproject.toml: [tool.recheck]
+        ignore``, ``--ignore``), for the error an unknown rule selector raises.
+        """
+        origins = origins or {}
+
+        def where(key: str) -> str:
+            return origins.get(key, key.replace("_", "-"))
+
+        select = _check_selectors(values.get("select") or ["ALL"], where("select"))
+        select += _check_selectors(values.get("extend_select") or [], where("extend_select"))
+        per_file = {glob: _check_selectors(codes, f"{where('per_file_ignores')}[{glob!r}]")
                     for glob, codes in (values.get("per_file_ignores") or {}).items()}
         cache_dir = None
         if use_cache:
@@ -60,7 +70,7 @@ class LintOptions:
         return cls(
             root=root,
             select=select,
-            ignore=_check_selectors(values.get("ignore") or [], "ignore"),
+            ignore=_check_selectors(values.get("ignore") or [], where("ignore")),
             per_file_ignores=per_file,
             exclude=list(values.get("exclude") or []),
             checkpoint_functions=list(values.get("checkpoint_functions") or []),

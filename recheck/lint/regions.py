@@ -9,14 +9,15 @@ become findings only here, named after the region and where it is checkpointed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
-from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc106_batchnorm
-from recheck.lint.targets import CHECKPOINTING_BASES
+from recheck.lint.reachability import empty_params, passes_on, unreachable
+from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc104_state_write, rc106_batchnorm
+from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 
-__all__ = ["Hit", "Region", "find_regions", "region_hits"]
+__all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
 MAX_FUNCTIONS_PER_REGION = 400
 
@@ -42,8 +43,29 @@ class Hit:
     origin: str | None
 
 
+class SiteReport(NamedTuple):
+    """One checkpoint call site and what it resolved to (``--statistics``, ``--show-regions``).
+
+    ``kind`` is ``"site"`` (it names a region), or ``"wrapper"``: the region is a parameter
+    of the function that makes the call, which is itself an entry point for its callers.
+    """
+
+    path: str
+    line: int
+    column: int
+    entry: str
+    caller: str
+    region_source: str
+    kind: str
+    regions: list[str]  # "Block.forward (model.py:12)"
+    reason: str  # why no region was found ("" when one was), or what a wrapper passes on
+
+
 def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
+
+
+MAX_FACTORY_DEPTH = 4
 
 
 class _Resolver:
@@ -63,6 +85,27 @@ class _Resolver:
             if ref.name in file.functions:
                 yield file, file.functions[ref.name]
             return
+        if ref.kind in ("instance", "policy"):
+            for qualified in ref.name.split(","):
+                yield from self._built(qualified, file, 0)
+            return
+        if ref.kind == "param":
+            if func is not None and ref.name in func.annotations:
+                yield from self._built(func.annotations[ref.name], file, 0)
+            return
+        if ref.kind == "param_path":
+            head, _, rest = ref.name.partition(".")
+            annotated = self.index.lookup_class(func.annotations[head], file) if func and head in func.annotations else None
+            if annotated is not None:
+                yield from self._path(annotated[0], annotated[1], rest)
+            return
+        if ref.kind == "result":
+            owner = file.classes.get(func.self_class) if func is not None and func.self_class else None
+            method = index.find_method(file, owner, ref.name) if owner is not None else None
+            if method is not None and method[1] is not func:
+                for returned in method[1].returns_refs:
+                    yield from self.resolve(returned, method[0], method[1], as_target)
+            return
         if ref.kind in ("name", "returned"):
             found = index.lookup(ref.name, file) if ref.member != "local" else (
                 (file, file.functions[ref.name]) if ref.name in file.functions else None)
@@ -74,6 +117,8 @@ class _Resolver:
                     yield from self._module(ref.name, found_file, symbol)
             elif ref.kind == "returned":
                 yield from ((found_file, found_file.functions[q]) for q in symbol.returns_local if q in found_file.functions)
+                for built in symbol.returns_built:  # a factory: get_block(...) returns a module
+                    yield from self._built(built, found_file, 1)
             else:
                 yield found_file, symbol
             return
@@ -90,16 +135,55 @@ class _Resolver:
             if method:
                 yield method
                 return
+            held = [(f, q) for f, k in index.lineage(file, owner) for q in k.function_attributes.get(ref.name, ())]
+            if held:
+                yield from ((f, f.functions[q]) for f, q in held if q in f.functions)
+                return
+        if ref.kind == "children":  # for child in self.children(): every submodule attribute
+            for _, klass in index.lineage(file, owner):
+                for attribute in klass.attributes.values():
+                    for qualified in attribute:
+                        yield from self._built(qualified, file, 0)
+            return
+        if ref.kind == "member":  # caches written before "path" existed
+            ref = Ref("path", f"{ref.name}.{ref.member}", ref.span)
+        if ref.kind == "path":
+            yield from self._path(file, owner, ref.name)
+            return
         for qualified in index.attribute_classes(file, owner, ref.name):
-            found = index.lookup_class(qualified, file)
+            yield from self._built(qualified, file, 0)
+
+    def _path(self, file: FileFacts, owner: ClassFacts, path: str) -> Iterator[tuple]:
+        """``self.a.b``: the modules recorded under ``a.b``, or ``b`` of each module in ``a``
+        (a method ``b`` of ``a``'s class when there is one)."""
+        direct = self.index.attribute_classes(file, owner, path)
+        if direct:
+            for qualified in direct:
+                yield from self._built(qualified, file, 0)
+            return
+        head, _, rest = path.partition(".")
+        for qualified in self.index.attribute_classes(file, owner, head):
+            found = self.index.lookup_class(qualified, file)
             if found is None:
-                yield None, qualified
-            elif ref.kind == "member":
-                method = index.find_method(found[0], found[1], ref.member)
-                if method:
+                continue
+            if "." not in rest:
+                method = self.index.find_method(found[0], found[1], rest)
+                if method is not None:
                     yield method
-            else:
-                yield from self._module(qualified, *found)
+                    continue
+            yield from self._path(found[0], found[1], rest)
+
+    def _built(self, qualified: str, origin: FileFacts, depth: int) -> Iterator[tuple]:
+        """What calling an instance of ``qualified`` runs: a class's ``forward`` (plus its
+        outside bases), a factory function's products, or the name itself when outside."""
+        found = self.index.lookup(qualified, origin)
+        if found is None:
+            yield None, qualified
+        elif isinstance(found[1], ClassFacts):
+            yield from self._module(qualified, found[0], found[1])
+        elif depth < MAX_FACTORY_DEPTH:
+            for built in found[1].returns_built:
+                yield from self._built(built, found[0], depth + 1)
 
     def _module(self, qualified: str, file: FileFacts, cls: ClassFacts) -> Iterator[tuple]:
         """A submodule class of the tree: its ``forward``, plus its external bases' names."""
@@ -110,19 +194,92 @@ class _Resolver:
             if self.index.lookup_class(base) is None:
                 yield None, base
 
+    def why_not(self, site: CallSite, file: FileFacts, caller: FunctionFacts | None) -> str:
+        """Why a call site resolved to no region, in words."""
+        shown = f"`{site.region_source}`" if site.region_source else "the region argument"
+        entry = ENTRY_POINTS.get(site.entry)
+        if not site.targets and entry is not None and entry.policy:
+            return (f"`{site.entry.rsplit('.', 1)[-1]}` picks the modules of {shown} by a `check_fn` or "
+                    "`auto_wrap_policy` whose classes are not written where it is called (computed at run time)")
+        if not site.targets:
+            if site.region_source:
+                return f"{shown} is not a function, method, module or container the linter can follow"
+            return "the call passes no region argument the linter can see (a `*args` splat?)"
+        reasons = []
+        for ref in site.targets:
+            items = list(self.resolve(ref, file, caller, as_target=True))
+            outside = sorted({q for f, q in items if f is None})
+            factory = self._opaque_factory(ref, file, caller)
+            if factory:
+                reasons.append(f"{shown} is built by `{factory}(...)`, whose product the linter cannot see "
+                               "(chosen at run time)")
+            elif outside:
+                reasons.append(f"{shown} is a `{outside[0]}`, defined outside the linted tree")
+            elif ref.kind in ("name", "returned") and self.index.lookup(ref.name, file) is None:
+                reasons.append(f"`{ref.name}` is defined outside the linted tree")
+            elif ref.kind in ("self", "path", "elements"):
+                reasons.append(f"`self.{ref.name}` is never assigned a module the linter can see in "
+                               f"`{caller.self_class if caller and caller.self_class else 'its class'}`")
+            elif ref.kind == "param":
+                reasons.append(f"{shown} is parameter `{ref.name}` and no caller in the tree passes it")
+            elif ref.kind == "param_path":
+                head = ref.name.partition(".")[0]
+                annotation = caller.annotations.get(head) if caller else None
+                reasons.append(f"{shown} comes from `{ref.name}`, parameter `{head}` of `{site.caller}`"
+                               + (f" (annotated `{annotation}`, not a class of the linted tree)" if annotation else
+                                  ", which has no annotation"))
+            elif ref.kind == "result":
+                reasons.append(f"{shown} is what `self.{ref.name}()` returns, which the linter cannot see")
+            elif ref.kind == "policy":
+                reasons.append("the policy's classes are not defined in the linted tree")
+            else:
+                reasons.append(f"{shown} resolves to nothing in the linted tree")
+        return reasons[0] if reasons else f"{shown} resolves to nothing in the linted tree"
 
-def find_regions(index: Index) -> list[Region]:
-    """Every region of the tree, in a stable order (by file, then line)."""
+
+    def _opaque_factory(self, ref: Ref, file: FileFacts, caller: FunctionFacts | None) -> str | None:
+        """A function of the tree that builds ``self.<attr>`` but returns nothing visible."""
+        owner = file.classes.get(caller.self_class) if caller is not None and caller.self_class else None
+        if owner is None or ref.kind not in ("self", "path", "elements"):
+            return None
+        for qualified in self.index.attribute_classes(file, owner, ref.name.partition(".")[0]):
+            found = self.index.lookup(qualified, file)
+            if found is not None and isinstance(found[1], FunctionFacts) and not list(self._built(qualified, file, 0)):
+                return qualified.rsplit(".", 1)[-1]
+        return None
+
+
+def _where(file: FileFacts, function: FunctionFacts) -> str:
+    return f"{function.qualname} ({file.path}:{function.span.line})"
+
+
+def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[Region]:
+    """Every region of the tree, in a stable order (by file, then line).
+
+    With ``reports``, also append one :class:`SiteReport` per checkpoint call site.
+    """
     resolver = _Resolver(index)
     regions: list[Region] = []
     seen: set[tuple[str, str]] = set()
     for file in index.files:
         for site in file.call_sites:
             caller = file.functions.get(site.caller)
+            found: dict[tuple[str, str], tuple[FileFacts, FunctionFacts]] = {}
             for ref in site.targets:
                 for target_file, function in resolver.functions(ref, file, caller, as_target=True):
-                    regions.append(Region(function.qualname, f"checkpointed at {file.path}:{site.span.line}",
-                                          target_file, function, site))
+                    found.setdefault((target_file.path, function.qualname), (target_file, function))
+            for target_file, function in found.values():
+                regions.append(Region(function.qualname, f"checkpointed at {file.path}:{site.span.line}",
+                                      target_file, function, site))
+            if reports is not None:
+                forwarded = site.forwards or (constructor_forward(file, site) if not found else None)
+                kind = "wrapper" if forwarded is not None else "site"
+                if forwarded is not None:
+                    reason = f"`{forwarded[0]}` passes its parameter `{forwarded[2]}` on: its callers name the region"
+                else:
+                    reason = "" if found else resolver.why_not(site, file, caller)
+                reports.append(SiteReport(file.path, site.span.line, site.span.column, site.entry, site.caller,
+                                          site.region_source, kind, [_where(*f) for f in found.values()], reason))
         for cls in file.classes.values():
             if _short(cls.qualname) in CHECKPOINTING_BASES:
                 continue
@@ -140,35 +297,151 @@ def find_regions(index: Index) -> list[Region]:
     return regions
 
 
-def _walk(resolver: _Resolver, region: Region) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
-    """Each function reached from the region, with the outside module classes it calls."""
+def constructor_forward(file: FileFacts, site: CallSite) -> tuple[str, int, str] | None:
+    """``checkpoint(self._wrapped, *args)`` in a class whose ``__init__`` did ``self._wrapped
+    = module``: the class is a wrapper, and ``Wrapper(block)`` names the region (class
+    qualname, position of that parameter, its name)."""
+    caller = file.functions.get(site.caller)
+    owner = file.classes.get(caller.self_class) if caller is not None and caller.self_class else None
+    if owner is None or not site.targets or site.forwards is not None:
+        return None
+    if all(ref.kind == "self" and ref.name in owner.param_attributes for ref in site.targets):
+        parameter, position = owner.param_attributes[site.targets[0].name]
+        return owner.qualname, position, parameter
+    return None
+
+
+def discovered_entries(index: Index) -> dict[str, tuple[int, str]]:
+    """Entry points the tree defines, with the position and name of their region parameter:
+    functions and methods that pass a parameter to an entry point as its region (``def
+    maybe_checkpoint(fn, *a): return checkpoint(fn, *a)``; methods as ``module.Class.m``,
+    nested functions as ``module.outer.inner``), and ``self.<attr>`` for attributes that
+    hold an entry point (``self.ckpt = partial(checkpoint, ...)``)."""
+    found: dict[str, tuple[int, str]] = {}
+    for file in index.files:
+        for site in file.call_sites:
+            forwarded = site.forwards or constructor_forward(file, site)
+            if forwarded is not None:
+                owner, position, parameter = forwarded
+                found[f"{file.module}.{owner}"] = (position, parameter)
+        for attribute in file.entry_attributes:
+            found[f"self.{attribute.rsplit('.', 1)[-1]}"] = (0, "")
+    return found
+
+
+Key = tuple[str, str]
+Passes = dict[Key, list]
+Edge = tuple[Key, object, Key]  # caller, its call record (or None), callee
+
+
+def _walk(resolver: _Resolver, region: Region, edges: list[Edge]) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
+    """Each function reached from the region, with the outside module classes it calls.
+
+    ``edges`` collects the region's calls between functions of the tree, with the call
+    record of each (see :func:`_passes`)."""
     stack = [(region.file, region.function)]
-    visited: set[tuple[str, str]] = set()
+    visited: set[Key] = set()
     while stack and len(visited) < MAX_FUNCTIONS_PER_REGION:
         file, function = stack.pop()
         key = (file.path, function.qualname)
         if key in visited or (function.memoized and visited):
             continue
         visited.add(key)
+        calls = iter(function.call_passes)
+        call = next(calls, None)
         external: list[tuple[Ref, str]] = []
-        for ref in function.calls:
+        for position, ref in enumerate(function.calls):
+            while call is not None and position >= call[0] + call[1]:
+                call = next(calls, None)
+            record = call if call is not None and call[0] <= position else None
             for found_file, found in resolver.resolve(ref, file, function, as_target=False):
                 if found_file is None:
                     external.append((ref, found))
                 else:
+                    edges.append((key, record, (found_file.path, found.qualname)))
                     stack.append((found_file, found))
         yield file, function, external
 
 
-def region_hits(index: Index, regions: list[Region]) -> list[Hit]:
-    """The findings of every region and every checkpoint call site, deduplicated by place."""
+def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]) -> Passes:
+    """What every call in the region passes to each function it reaches: the checkpoint
+    call's arguments into the root, then, round by round, what each function passes on of
+    the optional parameters none of its calls gave it (bounded: a few rounds settle it)."""
+    root = (region.file.path, region.function.qualname)
+    passes: Passes = {}
+    for _ in range(4):
+        empty: dict[Key, set[str] | None] = {}
+        for key, function in reached.items():
+            incoming = [region.site.passed if region.site is not None else None] if key == root else passes.get(key, [])
+            if not incoming or any(p is None for p in incoming):
+                empty[key] = None
+            else:
+                sets = [empty_params(function, p) for p in incoming]
+                empty[key] = set.intersection(*sets)
+        updated: Passes = {root: [region.site.passed if region.site is not None else None]}
+        for caller, record, callee in edges:
+            if caller not in reached or record is None:
+                updated.setdefault(callee, []).append(None)
+                continue
+            incoming = updated.get(caller) if caller == root else passes.get(caller, [])
+            if caller != root and not incoming and passes:
+                continue  # the caller is itself only called from branches that cannot run
+            if unreachable(reached[caller], incoming or [], record[5]):  # type: ignore[index]
+                continue  # a call in a branch none of the caller's calls takes
+            updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
+        if updated == passes:
+            break
+        passes = updated
+    return passes
+
+
+FORWARDS = ("forward", "__call__")
+
+
+def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, list]], region: Region) -> Iterator[Hit]:
+    """RC101 for attributes: ``self.<attr>`` read in the region and rebound by the class's
+    ``forward`` outside the region (the forward that calls ``checkpoint(self._inner, x)``
+    after setting ``self.mask = mask``): the next forward rebinds it before backward."""
+    walked = {(file.path, function.qualname) for file, function, _ in reached}
+    for file, function, _ in reached:
+        cls = file.classes.get(function.self_class) if function.self_reads and function.self_class else None
+        if cls is None:
+            continue
+        writers: dict[str, str] = {}
+        for owner_file, klass in index.lineage(file, cls):
+            for name in FORWARDS:
+                qualname = klass.methods.get(name)
+                writer = owner_file.functions.get(qualname) if qualname else None
+                if writer is not None and (owner_file.path, qualname) not in walked:
+                    for attribute in writer.self_writes:
+                        writers.setdefault(attribute, qualname)
+        for attribute, span in function.self_reads:
+            if attribute in writers:
+                yield Hit(file.path, rc101_global_read.rebound_attribute(attribute, writers[attribute], span),
+                          region.name, region.origin)
+
+
+def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
+    """The findings of every region and every checkpoint call site, deduplicated by place.
+
+    ``walked`` collects ``(path, qualname)`` of every function a region reached."""
     resolver = _Resolver(index)
     hits: list[Hit] = []
     draws: dict[int, tuple[str, Span, str]] = {}
     for region in regions:
         found: list[Hit] = []
-        for file, function, external in _walk(resolver, region):
+        edges: list[Edge] = []
+        reached = list(_walk(resolver, region, edges))
+        passes = _passes(region, {(f.path, fn.qualname): fn for f, fn, _ in reached}, edges)
+        root = (region.file.path, region.function.qualname)
+        reached = [r for r in reached if (r[0].path, r[1].qualname) in passes or (r[0].path, r[1].qualname) == root]
+        for file, function, external in reached:
+            if walked is not None:
+                walked.add((file.path, function.qualname))
             for hazard in function.hazards:
+                if hazard.code == "RC103" and unreachable(function, passes.get((file.path, function.qualname), []),
+                                                          hazard.span.line):
+                    continue  # in a branch none of this region's calls takes
                 if hazard.tag != "root" or function is region.function:
                     found.append(Hit(file.path, hazard, region.name, region.origin))
             for span, what in function.random_draws:
@@ -179,6 +452,13 @@ def region_hits(index: Index, regions: list[Region]) -> list[Hit]:
                     found.append(Hit(file.path, rc106_batchnorm.module_call(qualified, ref.name, ref.span), region.name, region.origin))
                 if name in rc002_preserve_rng.RANDOM_MODULES:
                     draws.setdefault(id(region), (file.path, ref.span, f"self.{ref.name}"))
+        found += _rebound_reads(index, reached, region)
+        stacks = rc104_state_write.balanced([h.hazard.tag for h in found if h.hazard.code == "RC104"])
+        if stacks:  # pushed and popped in the region: it holds the same at recompute as at forward
+            found = [h for h in found if not (
+                (h.hazard.tag.startswith(rc104_state_write.MUTATE)
+                 and h.hazard.tag[len(rc104_state_write.MUTATE):].rsplit(":", 1)[0] in stacks)
+                or (h.hazard.tag.startswith("read:") and h.hazard.tag[5:] in stacks))]
         seeded = {h.hazard.tag[5:] for h in found if h.hazard.tag.startswith("seed:")}
         hits.extend(h for h in found if not (h.hazard.tag.startswith("draw:") and h.hazard.tag[5:] in seeded))
     by_site: dict[int, list[Region]] = {}
@@ -186,6 +466,8 @@ def region_hits(index: Index, regions: list[Region]) -> list[Hit]:
         if region.site is not None:
             by_site.setdefault(id(region.site), []).append(region)
     for file in index.files:
+        for hazard in file.file_hazards:
+            hits.append(Hit(file.path, hazard, None, None))
         for site in file.call_sites:
             targets = by_site.get(id(site), [])
             name = targets[0].name if targets else None

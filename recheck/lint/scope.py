@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
 
-__all__ = ["FunctionContext", "ModuleContext", "bound_names", "partition_scopes"]
+__all__ = ["Binding", "FunctionContext", "constant_names", "tested_attributes", "ModuleContext", "bound_names", "partition_scopes"]
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
@@ -24,6 +24,9 @@ MUTATING_METHODS = frozenset(
      "clear", "remove", "discard", "__setitem__"}
 )
 LOGGER_FACTORIES = ("getLogger", "get_logger")
+#: What one local name may hold is cut at this many references: ``x = f(x)`` repeated down
+#: a long function would otherwise double the list at every line.
+MAX_REFS = 32
 
 
 def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
@@ -35,22 +38,33 @@ def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
     """
     lists: dict[int, list[ast.AST]] = {id(tree): []}
     stack: list[tuple[ast.AST, list[ast.AST]]] = [(n, lists[id(tree)]) for n in reversed(tree.body)]
+    node_type, scope_types = ast.AST, frozenset(SCOPE_NODES)
+    fields = _CHILD_FIELDS
     while stack:
         node, out = stack.pop()
         out.append(node)
-        children: list[tuple[ast.AST, list[ast.AST]]] = []
+        kind = type(node)
+        names = fields.get(kind)
+        if names is None:  # the fields that can hold nodes (never ``ctx``: Load/Store carry nothing)
+            names = fields[kind] = tuple(f for f in kind._fields if f != "ctx")
+        if not names:
+            continue
         own = None
-        if isinstance(node, SCOPE_NODES):
+        if kind in scope_types:
             own = lists[id(node)] = []
-        for name in node._fields:
+        children: list[tuple[ast.AST, list[ast.AST]]] = []
+        for name in names:
             value = getattr(node, name, None)
             target = own if own is not None and name == "body" else out
-            if isinstance(value, ast.AST):
+            if type(value) is list:
+                children.extend((v, target) for v in value if isinstance(v, node_type))
+            elif isinstance(value, node_type):
                 children.append((value, target))
-            elif isinstance(value, list):
-                children.extend((v, target) for v in value if isinstance(v, ast.AST))
         stack.extend(reversed(children))
     return lists
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 _BINDERS = frozenset({
@@ -77,6 +91,24 @@ def written_names(nodes: list[ast.AST]) -> set[int]:
     return written
 
 
+def tested_attributes(nodes: list[ast.AST], self_name: str | None) -> frozenset[str]:
+    """Attributes of ``self`` whose being set a test among ``nodes`` checks (``if self.prev
+    is None``, ``if not self.cache``, also inside ``and``/``or``)."""
+    if self_name is None:
+        return frozenset()
+    found: set[str] = set()
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.If or kind is ast.While or kind is ast.IfExp:
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]
+            for test in tests:
+                if _first_use_test(test, self_name):
+                    inner = test.operand if isinstance(test, ast.UnaryOp) else test
+                    inner = inner.left if isinstance(inner, ast.Compare) else inner
+                    found.add(inner.attr)
+    return frozenset(found)
+
+
 def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
     return {
         n.attr for n in ast.walk(node)
@@ -84,22 +116,41 @@ def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
     }
 
 
-def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
+def _first_use_test(test: ast.AST, self_name: str) -> bool:
+    """``self.x is None``, ``self.x is not None``, ``not self.x``, ``self.x``: a test of
+    whether state was filled yet (not of a cache key)."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        test = test.left
+    return isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == self_name
+
+
+def memo_targets(nodes: list[ast.AST], self_name: str | None, inputs: frozenset[str] = frozenset()) -> set[int]:
     """``id()`` of assignment targets that fill a cache the guarding ``if`` tests.
 
     ``if key not in self.cache: self.cache[key] = ...`` and ``if n != self._len_cached:
     self._len_cached = n; self._cos_cached = ...`` fill a cache once: the block writes an
-    attribute its own test reads (the cache key).  A recomputation finds it filled.
+    attribute its own test reads (the cache key).  A recomputation finds it filled and
+    computes the same values.  Not so a first-use fill of an input (``if self.prev is
+    None: self.prev = x``, ``x`` one of ``inputs``): the recomputation finds it filled
+    and takes the other branch, so that write is not hidden.
     """
     found: set[int] = set()
     if self_name is None:
         return found
     for node in nodes:
-        if not isinstance(node, ast.If):
+        if type(node) is not ast.If:
             continue
         guarded = _self_attributes(node.test, self_name)
         if not guarded:
             continue
+        if inputs and _first_use_test(node.test, self_name) and any(
+                isinstance(n, ast.Name) and n.id in inputs
+                for statement in node.body if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value
+                for n in ast.walk(statement.value)):
+            continue  # a branch-changing cache: reported
         writes: list[tuple[ast.AST, str]] = []
         for statement in node.body:
             if not isinstance(statement, (ast.Assign, ast.AnnAssign)):
@@ -113,6 +164,22 @@ def memo_targets(nodes: list[ast.AST], self_name: str | None) -> set[int]:
         if guarded & {attribute for _, attribute in writes}:
             found.update(id(element) for element, _ in writes)
     return found
+
+
+def constant_names(nodes: list[ast.AST], bound: list[tuple[str, int, bool]] | None = None) -> dict[str, object]:
+    """Names that one scope's ``nodes`` bind exactly once, to a literal constant
+    (``bound``: the scope's :func:`bound_names`, when already computed)."""
+    counts: dict[str, int] = {}
+    for name, _, _ in bound if bound is not None else bound_names(nodes):
+        counts[name] = counts.get(name, 0) + 1
+    values: dict[str, object] = {}
+    for node in nodes:
+        kind = type(node)
+        if (kind is ast.Assign or kind is ast.AnnAssign) and type(node.value) is ast.Constant:
+            for target in node.targets if kind is ast.Assign else [node.target]:
+                if type(target) is ast.Name and counts.get(target.id) == 1:
+                    values[target.id] = node.value.value
+    return values
 
 
 def _target_names(target: ast.AST) -> Iterator[str]:
@@ -162,7 +229,10 @@ class ModuleContext:
     defined: dict[str, str] = field(default_factory=dict)  # def/class name -> qualname
     assigned: set[str] = field(default_factory=set)  # module-level variables
     mutated_globals: set[str] = field(default_factory=set)
+    lazy_globals: set[str] = field(default_factory=set)  # see lazy_globals()
     loggers: set[str] = field(default_factory=set)
+    constants: dict[str, object] = field(default_factory=dict)  # module names assigned once, to a constant
+    function_nodes: dict[str, ast.AST] = field(default_factory=dict)  # qualname -> def/lambda node
 
     @classmethod
     def build(cls, tree: ast.Module, scopes: dict[int, list[ast.AST]], module: str, lines: list[str],
@@ -180,7 +250,9 @@ class ModuleContext:
                 callee = dotted(node.value.func)
                 if callee and callee[-1] in LOGGER_FACTORIES:
                     context.loggers.update(n for t in node.targets for n in _target_names(t))
-        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned)
+        context.lazy_globals = lazy_globals(tree, scopes)
+        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned, context.lazy_globals)
+        context.constants = constant_names(top_level)
         return context
 
     def qualify_parts(self, parts: list[str]) -> str:
@@ -204,30 +276,46 @@ class ModuleContext:
         return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "replace"))
 
 
-def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str]) -> set[str]:
-    """Module variables that functions rebind (``global``) or mutate in place at run time.
-
-    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and a global
-    initialised to ``None`` that functions only rebind is a lazily loaded singleton (a
-    kernel, a cache handle): neither changes between a forward and its recomputation.
-    """
-    none_initialised = {
+def lazy_globals(tree: ast.Module, scopes: dict[int, list[ast.AST]]) -> set[str]:
+    """Module variables initialised to ``None`` or ``False`` that some function rebinds under
+    ``global``: a lazily created singleton (a kernel, an RNG tracker, a cached version) or a
+    flag a setup function turns on.  Neither changes between a forward and its recomputation."""
+    initialised = {
         name for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-        and isinstance(node.value, ast.Constant) and node.value.value is None
+        and isinstance(node.value, ast.Constant) and (node.value.value is None or node.value.value is False)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         for name in _target_names(target)
     }
+    declared = {name for scope, nodes in scopes.items() if scope != id(tree)
+                for node in nodes if isinstance(node, ast.Global) for name in node.names}
+    return initialised & declared
+
+
+def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str],
+                     lazy: set[str]) -> set[str]:
+    """Module variables that functions rebind (``global``) or mutate in place at run time.
+
+    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and ``lazy``
+    globals (see :func:`lazy_globals`) are set up once, also through their methods
+    (``_TRACKER.add(name, seed)``): neither changes between a forward and its recomputation.
+    """
     rebound: set[str] = set()
     mutated: set[str] = set()
     for scope, nodes in scopes.items():
         if scope == id(tree):
             continue
-        declared = {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
-        rebound |= declared
-        loading = declared & none_initialised  # the loader may set up what it loads
+        rebound |= {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
         written = written_names(nodes)
-        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in loading)
-    return ((rebound - none_initialised) | mutated) & candidates
+        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in lazy)
+    return ((rebound - lazy) | mutated) & candidates
+
+
+class Binding(NamedTuple):
+    """A local name holds ``refs`` from ``start`` (to ``end`` for a block-scoped binding)."""
+
+    start: int
+    end: int | None
+    refs: list[Ref]
 
 
 @dataclass
@@ -243,17 +331,59 @@ class FunctionContext:
     declared_global: set[str]
     declared_nonlocal: set[str]
     rebound_at: dict[str, int]  # parameter -> first line that rebinds it
-    local_refs: dict[str, list[Ref]]  # loop variables over self.layers, nested defs, ...
+    #: what local names hold: loop variables over ``self.layers``, aliases, nested defs,
+    #: names narrowed by ``isinstance`` (see :meth:`refs_of`)
+    bindings: dict[str, list[Binding]]
     defaults: dict[str, ast.AST] = field(default_factory=dict)  # parameter -> default value
     written: set[int] = field(default_factory=set)  # ids of names written through (x[k] = v, x.append)
     memo_targets: set[int] = field(default_factory=set)  # ids of cache-fill targets (see memo_targets)
+    #: parameter (own or of an enclosing function) -> (that function's qualname, its position
+    #: among a call's arguments, -1 for keyword-only)
+    param_positions: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: local names assigned once, to a constant: ``flag = False``
+    constants: dict[str, object] = field(default_factory=dict)
+    #: attributes of ``self`` that hold a checkpoint entry point (``self.ckpt = checkpoint``)
+    entry_attributes: frozenset[str] = frozenset()
+    #: attributes of ``self`` whose being set a test of this function checks (``is None``)
+    tested: frozenset[str] = frozenset()
+    #: ``*args`` and ``**kwargs``: fresh objects on every call, never the caller's
+    fresh_params: frozenset[str] = frozenset()
+    #: names this function (or an enclosing one) binds by ``import``: qualified like globals
+    imported: frozenset[str] = frozenset()
+    #: the last value assigned to each local name (``policy = partial(...)``)
+    values: dict[str, ast.AST] = field(default_factory=dict)
+
+    def bind(self, name: str, refs: list[Ref], start: int = 0, end: int | None = None) -> None:
+        """``name`` holds ``refs`` from line ``start`` on; with ``end``, only inside the block
+        ``start..end`` (a loop body, an ``isinstance`` branch), where it overrides the rest."""
+        self.bindings.setdefault(name, []).append(Binding(start, end, list(dict.fromkeys(refs))[:MAX_REFS]))
+
+    def refs_of(self, name: str, line: int) -> list[Ref] | None:
+        """What ``name`` may hold at ``line`` (None: nothing known).
+
+        Inside a loop body or an ``isinstance`` branch that binds it, the innermost such
+        block decides (two loops reusing one variable name each see their own container);
+        elsewhere every binding made before the line counts (an alias assigned in both
+        branches of an ``if`` holds either value), loop bindings only after their loop.
+        """
+        bindings = self.bindings.get(name)
+        if not bindings:
+            return None
+        scoped = [b for b in bindings if b.end is not None and b.start <= line <= b.end]
+        if scoped:
+            return list(max(scoped, key=lambda b: b.start).refs)
+        before = [r for b in bindings if (b.end is None and b.start <= line) or (b.end is not None and b.end < line)
+                  for r in b.refs]
+        if before:
+            return list(dict.fromkeys(before))[:MAX_REFS]
+        return list(dict.fromkeys(r for b in bindings for r in b.refs))[:MAX_REFS] or None
 
     def is_self(self, node: ast.AST) -> bool:
         return self.self_name is not None and isinstance(node, ast.Name) and node.id == self.self_name
 
     def is_live_param(self, name: str, line: int) -> bool:
         """True when ``name`` is an argument still bound to the caller's object at ``line``."""
-        if name not in self.params or name == self.self_name:
+        if name not in self.params or name == self.self_name or name in self.fresh_params:
             return False
         return self.rebound_at.get(name, 1 << 30) >= line
 
@@ -271,7 +401,11 @@ class FunctionContext:
     def qualify(self, node: ast.AST) -> str | None:
         """The dotted qualified name of a name chain whose head is not a local variable."""
         parts = dotted(node)
-        if parts is None or self.is_local(parts[0]) or parts[0] in self.closure_names:
+        if parts is None:
+            return None
+        if parts[0] in self.imported and parts[0] in self.module.imports:  # a function-local import
+            return self.module.qualify_parts(parts)
+        if self.is_local(parts[0]) or parts[0] in self.closure_names:
             return None
         return self.module.qualify_parts(parts)
 

@@ -9,36 +9,84 @@ values: ``layer.__call__``, ``self._inner``, ``partial(f, ...)``, ``lambda t: f(
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
+from typing import Mapping
 
 from recheck.lint.facts import Ref
 from recheck.lint.imports import dotted
 from recheck.lint.scope import FunctionContext
 
-__all__ = ["CONTAINERS", "ENTRY_POINTS", "callee_refs", "entry_point", "lambda_name", "target_refs"]
+__all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "entry_point", "lambda_name", "target_refs"]
 
-#: Qualified names of the functions that checkpoint their first argument.
-ENTRY_POINTS = frozenset({
-    "torch.utils.checkpoint.checkpoint",
-    "torch.utils.checkpoint.checkpoint_sequential",
-    "timm.models._manipulate.checkpoint",
-    "timm.models._manipulate.checkpoint_seq",
-    "timm.models.helpers.checkpoint_seq",
-    "timm.models.checkpoint_seq",
-    "timm.models.checkpoint",
-    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.checkpoint_wrapper",
-    "torch.distributed._composable.checkpoint",
-    "torch.distributed._composable.checkpoint_activation.checkpoint",
-    "deepspeed.checkpointing.checkpoint",
-    "deepspeed.runtime.activation_checkpointing.checkpointing.checkpoint",
-    "fairscale.nn.checkpoint_wrapper",
-    "fairscale.nn.checkpoint.checkpoint_activations.checkpoint_wrapper",
-})
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """A function that checkpoints a callable (or wraps a module so that its forward is).
+
+    ``reentrant_default``: leaving ``use_reentrant`` out runs a reentrant implementation
+    (RC001); ``rng_keyword``: the keyword that can turn RNG restoring off (RC002; None when
+    the implementation always restores it); ``library``: whose it is, for messages.
+    """
+
+    name: str
+    library: str = "torch"
+    reentrant_default: bool = False
+    rng_keyword: str | None = "preserve_rng_state"
+    position: int = 0  # the call argument that is the region
+    policy: bool = False  # apply_activation_checkpointing: the region is picked by check_fn/auto_wrap_policy
+
+
+def _entries(*entries: EntryPoint) -> dict[str, EntryPoint]:
+    return {e.name: e for e in entries}
+
+
+_TORCH_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+#: Known entry points by qualified name, with each one's reentrant and RNG semantics.
+ENTRY_POINTS: dict[str, EntryPoint] = _entries(
+    EntryPoint("torch.utils.checkpoint.checkpoint", reentrant_default=True),
+    EntryPoint("torch.utils.checkpoint.checkpoint_sequential", reentrant_default=True),
+    EntryPoint(f"{_TORCH_WRAPPER}.checkpoint_wrapper"),  # CheckpointImpl.NO_REENTRANT by default
+    EntryPoint(f"{_TORCH_WRAPPER}.apply_activation_checkpointing", policy=True),
+    EntryPoint("torch.distributed._composable.checkpoint"),
+    EntryPoint("torch.distributed._composable.checkpoint_activation.checkpoint"),
+    *(EntryPoint(f"timm.models.{m}{f}", "timm") for m in ("_manipulate.", "helpers.", "")
+      for f in ("checkpoint", "checkpoint_seq")),
+    # DeepSpeed: its own autograd.Function (reentrant), always restores CPU/CUDA RNG
+    *(EntryPoint(f"deepspeed.{m}.{f}", "DeepSpeed", rng_keyword=None)
+      for m in ("checkpointing", "runtime.activation_checkpointing.checkpointing")
+      for f in ("checkpoint", "non_reentrant_checkpoint")),
+    # Megatron: checkpoint(function, distribute_saved_activations, *args), RNG tracker restored
+    *(EntryPoint(f"megatron.core.tensor_parallel.{m}checkpoint", "Megatron", rng_keyword=None)
+      for m in ("", "random.")),
+    EntryPoint("megatron.core.tensor_parallel.random.CheckpointWithoutOutput.checkpoint", "Megatron", rng_keyword=None),
+    EntryPoint("megatron.core.tensor_parallel.CheckpointWithoutOutput.checkpoint", "Megatron", rng_keyword=None),
+    EntryPoint("megatron.core.extensions.transformer_engine.te_checkpoint", "Megatron", rng_keyword=None),
+    # Transformer Engine: use_reentrant defaults to True
+    *(EntryPoint(f"transformer_engine.pytorch.{m}checkpoint", "Transformer Engine", reentrant_default=True,
+                 rng_keyword=None) for m in ("", "distributed.")),
+    # xformers: torch's non-reentrant checkpoint underneath
+    EntryPoint("xformers.checkpoint.checkpoint", "xformers"),
+    EntryPoint("xformers.checkpoint", "xformers"),
+    EntryPoint("xformers.checkpoint.selective_checkpoint_wrapper", "xformers"),
+    # fairscale: its own autograd.Function, RNG state saved and restored
+    *(EntryPoint(f"fairscale.nn.{m}checkpoint_wrapper", "fairscale", rng_keyword=None)
+      for m in ("", "checkpoint.", "checkpoint.checkpoint_activations.")),
+    EntryPoint("fairscale.nn.model_parallel.random.checkpoint", "fairscale", rng_keyword=None),
+    # colossalai: checkpoint(function, activation_offload, *args, use_reentrant=True)
+    *(EntryPoint(f"colossalai.{m}checkpoint", "colossalai", reentrant_default=True, rng_keyword=None)
+      for m in ("legacy.utils.", "legacy.utils.activation_checkpoint.", "utils.", "utils.activation_checkpoint.")),
+)
 #: Attribute names that are a checkpoint function wherever they are looked up.
 ENTRY_ATTRIBUTES = frozenset({"_gradient_checkpointing_func"})
+#: Classes whose ``checkpoint`` method checkpoints its first argument (Megatron).
+CHECKPOINTING_CLASSES = frozenset({"CheckpointWithoutOutput"})
+#: Keywords that name the region when it is not the first positional argument.
+REGION_KEYWORDS = ("function", "functions", "run_function", "module", "forward_func", "fn")
 CONTAINERS = frozenset({"ModuleList", "Sequential", "ModuleDict"})
 PARTIALS = frozenset({"functools.partial", "partial"})
 #: Base classes (last component) whose subclasses' ``forward`` is checkpointed implicitly.
 CHECKPOINTING_BASES = frozenset({"GradientCheckpointingLayer"})
+ITERATION_METHODS = frozenset({"values", "children", "modules", "named_children", "named_modules", "items"})
 
 
 def lambda_name(node: ast.Lambda, parent: str) -> str:
@@ -47,18 +95,68 @@ def lambda_name(node: ast.Lambda, parent: str) -> str:
     return f"{owner}<lambda:{node.lineno}:{node.col_offset}>"
 
 
-def entry_point(node: ast.Call, context: FunctionContext, extra: frozenset[str]) -> str | None:
-    """The entry point a call goes to (a qualified name), or None if it does not checkpoint."""
+def entry_point(node: ast.Call, context: FunctionContext,
+                extra: Mapping[str, tuple[int, str]]) -> tuple[str, int, str] | None:
+    """The entry point a call goes to, with the position and keyword of its region
+    argument, or None.
+
+    Known entry points and ``extra`` (qualified names, ``module.Class.method``,
+    ``module.outer.inner`` for a nested function, or ``self.<attr>`` for an attribute of
+    any class) match by value: through import aliases, function-local imports, a local
+    name bound to one, ``self.<attr>`` holding one, and Megatron's ``CheckpointWithoutOutput``.
+    """
     func = node.func
-    if isinstance(func, ast.Attribute) and func.attr in ENTRY_ATTRIBUTES:
-        return f"self.{func.attr}" if context.is_self(func.value) else func.attr
+    if isinstance(func, ast.Attribute):
+        if func.attr in ENTRY_ATTRIBUTES:
+            return (f"self.{func.attr}" if context.is_self(func.value) else func.attr), 0, ""
+        if context.is_self(func.value):
+            if func.attr in context.entry_attributes:
+                return f"self.{func.attr}", 0, ""
+            owner = context.qualname.rsplit(".", 1)[0] if "." in context.qualname else ""
+            for name in (f"self.{func.attr}", f"{context.module.module}.{owner}.{func.attr}"):
+                if name in extra:
+                    return (name, *extra[name])
+        if func.attr == "checkpoint" and _is_checkpointer(func.value, context):
+            return "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.checkpoint", 0, ""
+    if isinstance(func, ast.Name) and extra:
+        for ref in context.refs_of(func.id, func.lineno) or ():
+            name = f"{context.module.module}.{ref.name}"
+            if ref.kind == "local" and name in extra:  # a nested wrapper: def checkpoint_handler(fn)
+                return (name, *extra[name])
     qualified = context.qualify(func)
     if qualified is None:
         return None
-    if qualified in ENTRY_POINTS or qualified in extra:
-        return qualified
+    known = ENTRY_POINTS.get(qualified)
+    if known is not None:
+        return qualified, known.position, ""
+    if qualified in extra:
+        return (qualified, *extra[qualified])
     raw = ".".join(dotted(func) or ())
-    return raw if raw in extra else None
+    return (raw, *extra[raw]) if raw in extra else None
+
+
+def _is_checkpointer(node: ast.AST, context: FunctionContext) -> bool:
+    """``self.x`` or a local bound to ``CheckpointWithoutOutput(...)``."""
+    if isinstance(node, ast.Attribute) and context.is_self(node.value):
+        return node.attr in context.entry_attributes
+    if isinstance(node, ast.Call):
+        return (context.qualify(node.func) or "").rsplit(".", 1)[-1] in CHECKPOINTING_CLASSES
+    if isinstance(node, ast.Name):
+        held = context.refs_of(node.id, node.lineno) or []
+        return any(r.name.rsplit(".", 1)[-1] in CHECKPOINTING_CLASSES for r in held)
+    return False
+
+
+def _self_path(node: ast.AST, self_name: str | None) -> str | None:
+    """``self.a[i].b`` as ``"a.b"`` (subscripts dropped); None unless it starts at ``self``."""
+    parts: list[str] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+        node = node.value
+    if not parts or self_name is None or not (isinstance(node, ast.Name) and node.id == self_name):
+        return None
+    return ".".join(reversed(parts))
 
 
 def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
@@ -69,30 +167,38 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
         if inner:
             return inner
     if isinstance(func, ast.Name):
-        if func.id in context.local_refs:
-            return list(context.local_refs[func.id])
+        held = context.refs_of(func.id, func.lineno)
+        if held is not None:
+            return held
+        if func.id in context.param_positions and func.id != context.self_name \
+                and context.rebound_at.get(func.id) is None:
+            return [Ref("param", func.id, span, str(context.param_positions[func.id][1]))]
         if context.is_local(func.id) or func.id in context.closure_names:
             return []
         if func.id in context.module.imports or func.id in context.module.defined:
             return [Ref("name", context.module.qualify_parts([func.id]), span)]
         return []
     if isinstance(func, ast.Subscript):
-        parts = dotted(func.value)
-        if parts and len(parts) == 2 and parts[0] == context.self_name:
-            return [Ref("elements", parts[1], span)]
-        return []
+        if isinstance(func.value, ast.Name):  # blocks[i], a local list or a loop variable's container
+            held = context.refs_of(func.value.id, func.lineno)
+            return list(held) if held else []
+        path = _self_path(func, context.self_name)
+        if path:
+            return [Ref("path", path, span)]
+        return callee_refs(func.value, context) if isinstance(func.value, ast.Attribute) else []
     if not isinstance(func, ast.Attribute):
         return []
     value = func.value
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
         return [Ref("super", func.attr, span)]
+    path = _self_path(func, context.self_name)
+    if path is not None:
+        return [Ref("self", path, span)] if "." not in path else [Ref("path", path, span)]
     parts = dotted(func)
     if not parts:
         return []
-    if parts[0] == context.self_name:
-        if len(parts) == 2:
-            return [Ref("self", parts[1], span)]
-        return [Ref("member", parts[1], span, parts[2])] if len(parts) == 3 else []
+    if parts[0] in context.param_positions and parts[0] != context.self_name:
+        return [Ref("param_path", ".".join(parts), span)]  # model.layers: through its annotation
     qualified = context.qualify(func)
     if qualified and parts[0] in context.module.imports:
         return [Ref("name", qualified, span)]

@@ -94,8 +94,8 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                       for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if isinstance(value, (set, frozenset)):
-        items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
-        return (type(value).__name__, len(value), items)
+        members = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
+        return (type(value).__name__, len(value), members)
     if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
         return ("ndarray", getattr(value, "shape", ()), str(getattr(value, "dtype", "")),
                 value.tobytes())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -24,11 +25,40 @@ def test_syntax_error(lint, write, tree):
     _check(lint(), "broken.py", "does not parse: invalid syntax (line 2, column 7)")
 
 
-def test_syntax_error_without_checkpoint_text_is_not_parsed(lint, write, tree):
-    # The pre-filter rules the file out: it can hold no region, so it is not parsed at all.
+def test_syntax_error_without_checkpoint_text_is_still_reported(lint, write, tree):
+    # The pre-filter rules the file out of analysis, but every file is parse-checked (issue 14).
     write("broken.py", "def f(:\n")
-    run = lint()
-    assert run.code == 1 and run.err == ""
+    _check(lint(), "broken.py", "does not parse: invalid syntax (line 1, column 7)")
+
+
+def test_syntax_check_verdicts_are_cached(lint, write, tree):
+    write("broken.py", "def f(:\n")
+    write("fine.py", "x = 1\n")
+    lint(cache=True)
+    again = lint("--statistics", "--format", "json", cache=True)
+    assert "broken.py: error: does not parse" in again.err and again.code == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+@pytest.mark.parametrize("jobs", ["0", "1"])
+def test_a_fifo_in_a_folder_is_an_error_not_a_hang(lint, write, tree, tmp_path, jobs):
+    os.mkfifo(tmp_path / "pipe.py")
+    _check(lint("-j", jobs), "pipe.py", "is a FIFO, not a regular file; skipped")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_named_directly_is_an_error(lint, write, tree, tmp_path):
+    os.mkfifo(tmp_path / "pipe.py")
+    _check(lint(".", "pipe.py"), "pipe.py", "is a FIFO, not a regular file; skipped")
+    alone = lint("pipe.py")
+    assert alone.code == 1 and "pipe.py: error: is a FIFO" in alone.err
+
+
+def test_a_device_named_directly_is_an_error(lint, tree):
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    run = lint("/dev/null")
+    assert run.code == 1 and "/dev/null: error: is a character device, not a regular file; skipped" in run.err
 
 
 def test_not_utf8(lint, write, tree):
@@ -66,3 +96,12 @@ def test_errors_and_json_keep_stdout_parseable(lint, write, tree):
     assert run.code == 1
     assert {r["path"] for r in json.loads(run.out)} == {"good.py"}
     assert "broken.py: error: does not parse" in run.err
+
+
+def test_warnings_about_the_linted_code_are_not_printed(lint, write, tree):
+    write("odd.py", 'from torch.utils.checkpoint import checkpoint\ncheckpoint(f, x)\nx = "\\d"\nz = 1 is 1\n')
+    write("plain.py", 'y = "s"()\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = lint("-j", "1")
+    assert "Warning" not in run.err and [str(w.message) for w in caught] == []

@@ -33,10 +33,15 @@ def test_corrupt_cache_entry_is_ignored(write, region_source, tmp_path, monkeypa
     write("m.py", region_source)
     options = LintOptions(root=tmp_path, cache_dir=tmp_path / "cache", jobs=1)
     cold = lint_paths([Path(".")], options)
-    for entry in (tmp_path / "cache" / f"lint-v{FORMAT_VERSION}").rglob("*.pickle"):
-        entry.write_bytes(b"not a pickle")
+    entries = list((tmp_path / "cache" / f"lint-v{FORMAT_VERSION}").glob("*.json"))
+    assert len(entries) == 2
+    for entry in entries:
+        entry.write_bytes(b"not json")
     again = lint_paths([Path(".")], options)
     assert again.stats["parsed"] == 1 and _findings(again) == _findings(cold)
+    assert len(again.warnings) == 1 and "it will be rewritten" in again.warnings[0]
+    third = lint_paths([Path(".")], options)  # rewritten: read again without a warning
+    assert third.stats["parsed"] == 0 and third.warnings == [] and _findings(third) == _findings(cold)
 
 
 def test_pool_gives_the_same_findings(write, region_source, tmp_path, monkeypatch):
@@ -72,7 +77,7 @@ def test_a_cache_holding_only_a_result_is_tagged_and_ignored_by_git(write, tmp_p
     write("a.py", "x = 1\n")
     options = LintOptions(root=tmp_path, cache_dir=tmp_path / "cache", jobs=1)
     assert lint_paths([Path(".")], options).stats["parsed"] == 0
-    assert (tmp_path / "cache" / f"lint-v{FORMAT_VERSION}" / "results.pickle").exists()
+    assert (tmp_path / "cache" / f"lint-v{FORMAT_VERSION}" / "result.json").exists()
     assert (tmp_path / "cache" / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
     assert (tmp_path / "cache" / ".gitignore").read_text() == "*\n"
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from recheck.catalogue import all_rules
 from recheck.findings import Finding
 from recheck.lint.rules import ALL_CODES
@@ -82,7 +84,7 @@ def test_github_format_gives_file_errors_as_error_annotations(lint, write):
 def test_statistics_as_json(lint, write, region_source):
     write("m.py", region_source)
     run = lint("--statistics", "--format", "json")
-    rows = json.loads(run.out)
+    rows = json.loads(run.out)["rules"]  # ruff's rows, beside what the run read and resolved
     assert rows == [{"code": "RC103", "name": "side-effect-in-region", "count": 1, "fixable": False},
                     {"code": "RC104", "name": "external-state-mutation", "count": 1, "fixable": False}]
 
@@ -92,6 +94,18 @@ def test_statistics(lint, write, region_source):
     run = lint("--statistics")
     assert run.lines[0].split("\t") == ["    1", "RC103", "   ", "side-effect-in-region"]
     assert run.lines[-1] == "Found 2 findings."
+
+
+def test_statistics_count_the_files_only_parse_checked(lint, write, region_source):
+    write("m.py", region_source)
+    write("plain.py", "def f():\n    return 1\n")
+    text = lint("--statistics")
+    assert "files: 2 linted; 1 analysed, 1 only parse-checked" in text.out
+    run = lint("--statistics", "--format", "json")
+    document = json.loads(run.out)  # JSON only: no text table, no summary line
+    assert run.code == 1
+    assert document["rules"][0] == {"code": "RC103", "name": "side-effect-in-region", "count": 1, "fixable": False}
+    assert (document["files"], document["files_analysed"], document["files_parse_checked_only"]) == (2, 1, 1)
 
 
 def test_select_and_ignore(lint, write, region_source):
@@ -106,6 +120,24 @@ def test_unknown_selector_is_a_usage_error(lint, write, region_source):
     write("m.py", region_source)
     run = lint("--select", "XY1")
     assert run.code == 2 and "unknown rule selector 'XY1'" in run.err
+
+
+def test_unknown_selector_on_the_command_line_names_the_flag(lint, write, region_source):
+    write("m.py", region_source)
+    run = lint("--ignore", "RC999")
+    assert run.code == 2 and "recheck lint: error: --ignore: unknown rule selector 'RC999'" in run.err
+
+
+@pytest.mark.parametrize("line, where", [
+    ('ignore = ["RC999"]', "pyproject.toml: [tool.recheck] ignore"),
+    ('extend-select = ["RC999"]', "pyproject.toml: [tool.recheck] extend-select"),
+    ('per-file-ignores = { "tests/*" = ["RC999"] }', "pyproject.toml: [tool.recheck] per-file-ignores['tests/*']"),
+])
+def test_unknown_selector_in_pyproject_names_the_file_and_key(lint, write, region_source, line, where):
+    write("m.py", region_source)
+    write("pyproject.toml", f"[tool.recheck]\n{line}\n")
+    run = lint()
+    assert run.code == 2 and f"recheck lint: error: {where}: unknown rule selector 'RC999'" in run.err, run.err
 
 
 def test_missing_path_is_a_usage_error(lint):

@@ -363,3 +363,26 @@ def test_a_full_replay_marks_latent_only_what_happens_after_the_last_saved_tenso
     with recheck.watch(raise_on_finding=False) as w:
         checkpoint(model, inputs(), use_reentrant=False).sum().backward()
     assert {f.subject for f in w.report} == {"attribute `self.before`"}, str(w.report)
+
+
+def test_a_recompute_that_raises_is_a_finding_naming_the_region_and_the_error():
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.runs = 0
+
+        def forward(self, x):
+            self.runs += 1
+            if self.runs > 1:
+                raise RuntimeError("weight cache was cleared")  # as autocast's cache under SAC
+            return torch.tanh(self.fc(x))
+
+    model = Flaky()
+    with recheck.watch(raise_on_finding=False) as w:
+        with pytest.raises(RuntimeError, match="weight cache was cleared"):
+            checkpoint(model, inputs(), use_reentrant=False).sum().backward()
+    (finding,) = [f for f in w.report.by_kind("recompute") if f.subject == "recompute"]
+    assert finding.message == "the region raised during recompute: RuntimeError: weight cache was cleared"
+    assert "Flaky.forward" in finding.region
+    assert not any("never recomputed" in note for note in w.report.notes), w.report.notes

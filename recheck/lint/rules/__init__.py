@@ -1,9 +1,10 @@
 """The rules, one module each.
 
-Body rules (RC101-RC107) expose ``CODE``, ``NODES`` and ``check(node, ctx)``, which
+Body rules (RC101-RC108) expose ``CODE``, ``NODES`` and ``check(node, ctx)``, which
 yields :class:`~recheck.lint.facts.Hazard` for one AST node of a function body; the
 hazards count only if the function turns out to be checkpointed.  Call-site rules
-(RC001, RC002) expose ``check_site``; RC106 also judges submodule calls in phase two.
+(RC001, RC002) expose ``check_site``; RC106 also judges submodule calls in phase two;
+RC003 judges ``autograd.Function`` classes wherever they are (``check_class``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from recheck.lint.rules import (
     rc105_host_rng,
     rc106_batchnorm,
     rc107_input_mutation,
+    rc003_handwritten_checkpoint,
+    rc108_nondeterministic_call,
 )
 
 __all__ = ["ALL_CODES", "BODY_RULES", "FIXABLE"]
@@ -34,5 +37,7 @@ BODY_RULES: tuple[ModuleType, ...] = (
     rc105_host_rng,
     rc106_batchnorm,
     rc107_input_mutation,
+    rc108_nondeterministic_call,
 )
-ALL_CODES: tuple[str, ...] = (rc001_use_reentrant.CODE, rc002_preserve_rng.CODE, *(r.CODE for r in BODY_RULES))
+ALL_CODES: tuple[str, ...] = tuple(sorted((rc001_use_reentrant.CODE, rc002_preserve_rng.CODE,
+                                           rc003_handwritten_checkpoint.CODE, *(r.CODE for r in BODY_RULES))))

@@ -1,22 +1,23 @@
-"""RC001: torch's ``checkpoint``/``checkpoint_sequential`` called without ``use_reentrant``."""
+"""RC001: a checkpoint entry point whose default is reentrant, called without ``use_reentrant``."""
 
 from __future__ import annotations
 
 from recheck.lint.facts import CallSite, Hazard
+from recheck.lint.targets import ENTRY_POINTS
 
 CODE = "RC001"
-#: Entry points whose ``use_reentrant`` default is unsafe (wrappers such as timm's are not).
-ENTRIES = frozenset({"torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential"})
 
 
 def check_site(site: CallSite) -> Hazard | None:
-    """A hazard when the call leaves ``use_reentrant`` out (a ``**`` splat may carry it: no)."""
-    if site.entry not in ENTRIES or site.use_reentrant != "missing":
+    """A hazard when the call leaves ``use_reentrant`` out of an entry point that then runs
+    its reentrant implementation (torch's, Transformer Engine's, colossalai's; timm's and
+    xformers' default to non-reentrant).  A ``**`` splat may carry the keyword: no hazard."""
+    entry = ENTRY_POINTS.get(site.entry)
+    if entry is None or not entry.reentrant_default or site.use_reentrant != "missing":
         return None
     name = site.entry.rsplit(".", 1)[-1]
-    return Hazard(
-        CODE,
-        site.span,
-        f"`{name}` is called without an explicit `use_reentrant`",
-        "torch 2.x warns and falls back to the reentrant implementation; pass `use_reentrant=False`",
-    )
+    if entry.library == "torch":
+        then = "torch 2.x warns and falls back to the reentrant implementation; pass `use_reentrant=False`"
+    else:
+        then = f"{entry.library}'s `{name}` defaults to the reentrant implementation; pass `use_reentrant=False`"
+    return Hazard(CODE, site.span, f"`{name}` is called without an explicit `use_reentrant`", then)

@@ -1,11 +1,12 @@
-"""RC101: a checkpointed region reads a module global that the module rebinds or mutates."""
+"""RC101: a checkpointed region reads a module global that the module rebinds or mutates,
+or an attribute of its module that the module's ``forward`` rebinds outside the region."""
 
 from __future__ import annotations
 
 import ast
 from typing import Iterator
 
-from recheck.lint.facts import Hazard
+from recheck.lint.facts import Hazard, Span
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC101"
@@ -24,4 +25,16 @@ def check(node: ast.Name, ctx: FunctionContext) -> Iterator[Hazard]:
             ctx.span(node),
             f"module global `{node.id}` (rebound or mutated elsewhere in the module) is read",
             "recomputation reads the value it holds at backward time, not at forward time",
+            f"read:{node.id}",
         )
+
+
+def rebound_attribute(attribute: str, writer: str, span: Span) -> Hazard:
+    """``self.<attribute>`` read in a region, rebound by ``writer`` (a forward outside it)."""
+    return Hazard(
+        CODE,
+        span,
+        f"attribute `self.{attribute}` (rebound by `{writer}` outside the region) is read",
+        "a forward that runs before backward (the next microbatch, a shared module) rebinds it, "
+        "and recomputation reads that value",
+    )

@@ -32,9 +32,9 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
     for model parallelism.  Module-level device globals are moves.
     """
     if _is_device_string(node):
-        return True
+        return node.value.split(":")[0] != "cpu"  # the CPU's RNG state is always preserved
     if isinstance(node, ast.Call) and ctx.qualify(node.func) == "torch.device":
-        return True
+        return not (node.args and _is_device_string(node.args[0]) and node.args[0].value.split(":")[0] == "cpu")
     if isinstance(node, ast.Name) and "device" in node.id.lower():
         return not ctx.is_local(node.id) and node.id not in ctx.closure_names
     return False
@@ -42,7 +42,7 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
 
 def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
     func = node.func
-    if isinstance(func, ast.Attribute) and func.attr in ("cuda", "cpu") and not node.args:
+    if isinstance(func, ast.Attribute) and func.attr == "cuda" and not node.args:  # .cpu(): its RNG is preserved
         if ctx.qualify(func) is None or not ctx.qualify(func).startswith("torch."):
             yield Hazard(CODE, ctx.span(node), f"`{ctx.source(func)}()` moves a tensor to another device", THEN)
         return

@@ -1,4 +1,14 @@
-"""RC104: a checkpointed region writes state that outlives it (attributes, globals, closures)."""
+"""RC104: a checkpointed region writes state that outlives it and that the recomputation sees.
+
+Flagged: counters and accumulations (``self.n += 1``, ``self.total = self.total + x``),
+growing containers (``self.aux.append(loss)``, ``CACHE[k] = v``), in-place tensor methods on
+module state (``self.tokens_per_expert.add_(counts)``), a first-use cache that changes the
+branch the recomputation takes (``if self.prev is None: self.prev = x``), ``global`` and
+``nonlocal`` rebinding, and mutation of a non-tensor argument (``cache.update(...)``,
+``past_key_value.update(...)``).  A plain ``self.x = value`` that nothing in the function
+tests and that is not computed from ``self.x`` is not: the recomputation assigns the same
+value again (scratch state such as a dispatcher's ``self.routing_map``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,24 @@ from recheck.lint.scope import MUTATING_METHODS, FunctionContext
 CODE = "RC104"
 PRESENT = {"incremented": "increments", "updated": "updates", "assigned": "assigns"}
 NODES = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call)
+#: In-place methods that change no data (``requires_grad_``) are not writes.
+NOT_DATA_MUTATION = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "record_stream_"})
+#: Argument names and annotations that say "a cache object" (mutated through methods).
+CACHE_WORDS = ("cache", "past_key_value", "layer_past", "memory_state")
+#: Only the region's own arguments are its inputs (see RC107); a cache is one anywhere.
+ROOT = "root"
+#: Tag of a container mutation, ``mutate:<container>:<method>``: a region that pushes and
+#: pops the same stack (``_messages.append(m)`` ... ``_messages.pop()``) leaves it as it was.
+MUTATE = "mutate:"
+GROWS = frozenset({"append", "extend", "insert", "add", "setdefault"})
+SHRINKS = frozenset({"pop", "remove", "discard", "popitem"})
+
+
+def balanced(tags: list[str]) -> set[str]:
+    """Containers that the same region both grows and shrinks (a push/pop stack)."""
+    grown = {t[len(MUTATE):].rsplit(":", 1)[0] for t in tags if t.startswith(MUTATE) and t.rsplit(":", 1)[1] in GROWS}
+    shrunk = {t[len(MUTATE):].rsplit(":", 1)[0] for t in tags if t.startswith(MUTATE) and t.rsplit(":", 1)[1] in SHRINKS}
+    return grown & shrunk
 
 
 def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
@@ -29,11 +57,49 @@ def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
     return None
 
 
-def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionContext) -> Hazard | None:
+def _state_base(node: ast.AST) -> ast.AST:
+    """``self.counts[i]`` -> ``self.counts``: the state an item or slice belongs to."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
+
+
+CONCATENATIONS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+
+
+def _is_attribute(node: ast.AST, attr: str, ctx: FunctionContext) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr and ctx.is_self(node.value)
+
+
+def _accumulates(value: ast.AST, attr: str, ctx: FunctionContext) -> bool:
+    """``self.x + v`` (any arithmetic with ``self.x`` an operand) or ``torch.cat([self.x, v])``:
+    the new value grows from the old one.  A call that transforms it (``pad(self.x)``) does not
+    count: run again from the same start, it gives the same value."""
+    if isinstance(value, ast.BinOp):
+        return any(_is_attribute(side, attr, ctx) or _accumulates(side, attr, ctx) for side in (value.left, value.right))
+    if isinstance(value, ast.Call) and isinstance(value.func, (ast.Attribute, ast.Name)):
+        name = value.func.attr if isinstance(value.func, ast.Attribute) else value.func.id
+        if name in CONCATENATIONS and value.args and isinstance(value.args[0], (ast.List, ast.Tuple)):
+            return any(_is_attribute(e, attr, ctx) for e in value.args[0].elts)
+    return False
+
+
+def _branch_or_accumulation(target: ast.Attribute, value: ast.AST | None, ctx: FunctionContext) -> bool:
+    """A plain ``self.x = value`` matters when the function tests whether ``self.x`` is set
+    (the recomputation finds it set and takes another branch) or the value grows from it."""
+    if target.attr in ctx.tested:
+        return True
+    return value is not None and _accumulates(value, target.attr, ctx)
+
+
+def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST | None,
+                ctx: FunctionContext) -> Hazard | None:
     if id(target) in ctx.memo_targets:  # a cache filled once, under a guard that tests it
         return None
     verb = "incremented" if isinstance(augmented, ast.Add) else "updated" if augmented else "assigned"
     if isinstance(target, ast.Name):
+        if target.id in ctx.declared_global and augmented is None and target.id in ctx.module.lazy_globals:
+            return None  # a lazily created singleton or a setup flag: set once, the same again
         if target.id in ctx.declared_global:
             kind = "global"
         elif target.id in ctx.declared_nonlocal:
@@ -43,6 +109,11 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionCo
         return Hazard(CODE, ctx.span(target), f"{kind} `{target.id}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Attribute) and _outside_state(target, ctx) == "attribute":
+        if augmented is None and not (isinstance(target.value, ast.Name) and _branch_or_accumulation(target, value, ctx)):
+            return None
+        if augmented is None and target.attr in ctx.tested:
+            return Hazard(CODE, ctx.span(target), f"`{ctx.source(target)}` is assigned and tested in the region",
+                          "recomputation finds it already set and can take another branch")
         return Hazard(CODE, ctx.span(target), f"`{ctx.source(target)}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Subscript):
@@ -53,19 +124,46 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, ctx: FunctionCo
     return None
 
 
+def _is_cache_argument(name: str, ctx: FunctionContext) -> bool:
+    arg = ctx.params.get(name)
+    annotation = ast.unparse(arg.annotation) if arg is not None and arg.annotation is not None else ""
+    return any(word in name.lower() for word in CACHE_WORDS) or "Cache" in annotation
+
+
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__") and not name.startswith("_") and name not in NOT_DATA_MUTATION
+
+
+def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    func = node.func
+    if not isinstance(func, ast.Attribute):
+        return
+    if func.attr in MUTATING_METHODS:
+        kind = _outside_state(func.value, ctx)
+        if kind:
+            yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
+                         "recomputation mutates it again", f"{MUTATE}{ctx.source(func.value)}:{func.attr}")
+        elif isinstance(func.value, ast.Name) and ctx.is_live_param(func.value.id, node.lineno):
+            name = func.value.id
+            cache = _is_cache_argument(name, ctx)
+            yield Hazard(CODE, ctx.span(node), f"argument `{name}` is mutated by `.{func.attr}()`",
+                         "recomputation mutates the caller's object again", "" if cache else ROOT)
+        return
+    if _in_place(func.attr):
+        base = _state_base(func.value)
+        if _outside_state(base, ctx) == "attribute" and len(dotted(base) or ()) >= 2:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(base)}` is modified in place by `.{func.attr}()`",
+                         "recomputation modifies the module's state again")
+
+
 def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
     if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in MUTATING_METHODS:
-            kind = _outside_state(func.value, ctx)
-            if kind:
-                yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
-                             "recomputation mutates it again")
+        yield from _call(node, ctx)
         return
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     augmented = node.op if isinstance(node, ast.AugAssign) else None
     for target in targets:
         for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-            hazard = _assignment(element, augmented, ctx)
+            hazard = _assignment(element, augmented, node.value, ctx)
             if hazard:
                 yield hazard

@@ -1,0 +1,181 @@
+"""Which branches of a region's function cannot run, given what its checkpoint call passes.
+
+``if len(unused_kwargs) > 0: logger.warning(...)`` in a ``forward(self, x, **kwargs)`` that
+is checkpointed as ``checkpoint(block, x)`` never runs: ``kwargs`` is empty for that
+caller.  Phase one records, for each ``if`` whose test is false whenever some optional
+parameters are not passed (left ``None`` or empty), which parameters those are
+(:func:`guards`); phase two drops a hazard in that branch from a region whose checkpoint
+call passes none of them (:func:`unreachable`).
+
+The test forms understood are the ones that are false for ``None`` and empty values:
+truthiness, ``is not None``, ``len(x) > 0``, ``x.get(k)``, ``k in x``, and ``and``/``or``
+of those, through locals derived from the parameters (``kw = kw if kw is not None else
+{}``, ``unused = [k for k in kw if ...]``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from recheck.lint.facts import CallSite, FunctionFacts
+
+__all__ = ["empty_params", "guards", "optional_params", "passes_on", "unreachable"]
+
+NONE, EMPTY = "none", "empty"
+_EMPTY_LITERALS = (ast.Dict, ast.List, ast.Tuple, ast.Set)
+
+
+def optional_params(arguments: ast.arguments) -> dict[str, str]:
+    """Parameters that are ``None`` or empty when a caller leaves them out."""
+    found: dict[str, str] = {}
+    positional = [*arguments.posonlyargs, *arguments.args]
+    pairs = list(zip(positional[len(positional) - len(arguments.defaults):], arguments.defaults))
+    pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
+    for arg, default in pairs:
+        state = _literal_state(default)
+        if state:
+            found[arg.arg] = state
+    if arguments.kwarg is not None:
+        found[arguments.kwarg.arg] = EMPTY
+    if arguments.vararg is not None:
+        found[arguments.vararg.arg] = EMPTY
+    return found
+
+
+def _literal_state(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and node.value is None:
+        return NONE
+    if isinstance(node, ast.Constant) and node.value in (False, 0, ""):
+        return EMPTY
+    if isinstance(node, _EMPTY_LITERALS) and not getattr(node, "elts", getattr(node, "keys", None)):
+        return EMPTY
+    return None
+
+
+def _state(node: ast.AST, known: dict[str, str]) -> str | None:
+    """``NONE``/``EMPTY`` when ``node`` is None or empty given ``known`` names' states."""
+    literal = _literal_state(node)
+    if literal:
+        return literal
+    if isinstance(node, ast.Name):
+        return known.get(node.id)
+    if isinstance(node, ast.IfExp):  # kw if kw is not None else {}: empty either way
+        body, other = _state(node.body, known), _state(node.orelse, known)
+        return (NONE if body == other == NONE else EMPTY) if body and other else None
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):  # kw or {}
+        states = [_state(v, known) for v in node.values]
+        return EMPTY if all(states) else None
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return EMPTY if _state(node.generators[0].iter, known) else None
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("items", "keys", "values", "copy") and not node.args:
+            return EMPTY if _state(func.value, known) else None
+        if isinstance(func, ast.Attribute) and func.attr == "get" and _state(func.value, known):
+            default = node.args[1] if len(node.args) > 1 else None
+            return NONE if default is None or _literal_state(default) else None
+        if isinstance(func, ast.Name) and func.id in ("list", "dict", "set", "tuple", "sorted") and len(node.args) == 1:
+            return EMPTY if _state(node.args[0], known) else None
+    return None
+
+
+def _false(test: ast.AST, known: dict[str, str]) -> bool:
+    """Whether ``test`` is false given ``known`` names' states."""
+    if _state(test, known):
+        return True
+    if isinstance(test, ast.BoolOp):
+        results = [_false(v, known) for v in test.values]
+        return any(results) if isinstance(test.op, ast.And) else all(results)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
+        if isinstance(op, ast.IsNot) and isinstance(right, ast.Constant) and right.value is None:
+            return _state(left, known) == NONE
+        if isinstance(op, ast.In):
+            return _state(right, known) is not None
+        if isinstance(left, ast.Call) and isinstance(left.func, ast.Name) and left.func.id == "len" and left.args \
+                and _state(left.args[0], known) and isinstance(right, ast.Constant) and isinstance(right.value, int):
+            return (isinstance(op, ast.Gt) and right.value >= 0) or (isinstance(op, ast.GtE) and right.value >= 1) \
+                or (isinstance(op, ast.NotEq) and right.value == 0)
+    return False
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def guards(nodes: list[ast.AST], arguments: ast.arguments) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(first line, last line, parameters)`` of each ``if`` body that cannot run when none
+    of ``parameters`` is passed: the test is false with them ``None`` or empty."""
+    optional = optional_params(arguments)
+    if not optional:
+        return []
+    derived: dict[str, set[str]] = {}  # local -> the optional parameters it is computed from
+    states: dict[str, str] = dict(optional)  # every optional parameter left out
+    found = []
+    for node in nodes:
+        if type(node) is ast.Assign and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            target = node.targets[0].id
+            sources: set[str] = set()
+            for name in _names(node.value):
+                sources |= derived.get(name, {name} if name in optional else set())
+            derived[target] = sources
+            state = _state(node.value, states) if sources else None
+            if state:
+                states[target] = state
+            else:
+                states.pop(target, None)
+        elif type(node) is ast.If and node.body:
+            params: set[str] = set()
+            for name in _names(node.test):
+                params |= derived.get(name, {name} if name in optional else set())
+            if params and _false(node.test, states):
+                end = node.body[-1].end_lineno or node.body[-1].lineno
+                found.append((node.body[0].lineno, end, tuple(sorted(params))))
+    return found
+
+
+def unreachable(function: FunctionFacts, passes: list[tuple[int, tuple[str, ...]] | None], line: int) -> bool:
+    """Whether ``line`` of ``function`` is in a branch that cannot run for any of the ways
+    the region calls it (``passes``: positional count and keyword names of each call; None
+    for a call whose arguments are not known)."""
+    if not passes or not function.guards or any(p is None for p in passes):
+        return False
+    for passed in passes:
+        given = _given(function, passed)  # type: ignore[arg-type]
+        if not any(first <= line <= last and not (set(params) & given) for first, last, params in function.guards):
+            return False
+    return True
+
+
+def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[str]:
+    """The parameters a call that passes ``passed`` gives a value: named ones, and ``*args``
+    or ``**kwargs`` when positional arguments or keywords are left over for them."""
+    positional, keywords = passed
+    given = set(function.params[:positional]) | set(keywords)
+    vararg, kwarg = function.star if len(function.star) == 2 else ("", "")
+    if vararg and positional > len(function.params):
+        given.add(vararg)
+    named = set(function.params) | set(function.keyword_only)
+    if kwarg and any(k not in named for k in keywords):
+        given.add(kwarg)
+    return given
+
+
+def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int],
+              empty: set[str] | None) -> tuple[int, tuple[str, ...]] | None:
+    """What one call of ``caller`` passes on to its callee, when known: no ``*`` splat, and
+    every ``**`` splat of a name in ``empty`` (parameters the caller got none of)."""
+    _, _, positional, keywords, splats, _ = call
+    if positional < 0 or any(name not in (empty or ()) for name in splats):
+        return None
+    # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
+    passed = tuple(name for name, _, value in (k.partition("=") for k in keywords) if value not in (empty or ()))
+    return positional, passed
+
+
+def empty_params(function: FunctionFacts, passed: tuple[int, tuple[str, ...]] | None) -> set[str]:
+    """The optional parameters of ``function`` a call that passes ``passed`` leaves out."""
+    if passed is None:
+        return set()
+    given = _given(function, passed)
+    return {name for name in function.optional if name not in given}

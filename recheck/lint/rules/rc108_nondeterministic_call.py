@@ -1,0 +1,32 @@
+"""RC108: a checkpointed region calls a clock, a UUID or the OS entropy source."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from recheck.lint.facts import Hazard
+from recheck.lint.scope import FunctionContext
+
+CODE = "RC108"
+NODES = (ast.Call,)
+ONCE_PER_FUNCTION = True
+SOURCES = {
+    **dict.fromkeys(("time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
+                     "time.monotonic_ns", "time.process_time", "time.process_time_ns", "time.thread_time"),
+                    "reads a clock"),
+    **dict.fromkeys(("datetime.datetime.now", "datetime.datetime.utcnow", "datetime.datetime.today",
+                     "datetime.date.today", "datetime.now", "datetime.utcnow"), "reads the date and time"),
+    **dict.fromkeys(("uuid.uuid1", "uuid.uuid4"), "makes a new UUID"),
+    **dict.fromkeys(("os.urandom", "os.getrandom", "random.SystemRandom"), "reads the OS entropy source"),
+}
+
+
+def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
+    qualified = ctx.qualify(node.func) or ""
+    what = SOURCES.get(qualified)
+    if what is None and qualified.startswith("secrets.") and qualified.count(".") == 1:
+        what = "draws from `secrets`"
+    if what:
+        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` {what}",
+                     "recomputation gets another value; if it reaches a tensor or a branch, it computes something else")
