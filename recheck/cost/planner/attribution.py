@@ -26,7 +26,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -48,6 +48,11 @@ OUTSIDE, OPTIMIZER = -1, -2
 _NODE_KEY = "recheck_candidate"
 #: A storage's name: ("op", n) for the forward's n-th new storage, ("data", i) for the step's i-th tensor.
 Name = tuple[str, int]
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    """An autograd node's metadata dict (a property at run time; torch's stubs call it a method)."""
+    return cast("dict[str, Any]", node.metadata)
 
 
 @dataclass
@@ -75,13 +80,13 @@ class CensusRouter(Router):
         self.units = candidates.by_module()
         self.region_candidates = {c.key: c for c in candidates.regions}
         self.frames: list[tuple[int, bool]] = []
-        self.recompute_seconds: Counter[int] = Counter()
+        self.recompute_seconds: dict[int, float] = {}
         self.tracer: CensusTracer | None = None
 
     def reset(self, mode: str) -> None:
         super().reset(mode)
         self.frames = []
-        self.recompute_seconds = Counter()
+        self.recompute_seconds = {}
 
     def candidate_of(self, function: Any, key: RegionKey | None) -> int | None:
         """The candidate a checkpointed (or dropped) callable is: a unit's forward, or a region."""
@@ -108,7 +113,7 @@ class CensusRouter(Router):
             yield
         finally:
             if recompute:
-                self.recompute_seconds[index] += self.clock() - started
+                self.recompute_seconds[index] = self.recompute_seconds.get(index, 0.0) + self.clock() - started
             if (index, recompute) in self.frames:
                 del self.frames[len(self.frames) - 1 - self.frames[::-1].index((index, recompute)):]
 
@@ -260,7 +265,7 @@ class CensusTracer(Tracer):
             node = todo.pop()
             if node is None:
                 continue
-            metadata = node.metadata
+            metadata = _metadata(node)
             if _NODE_KEY in metadata:
                 continue
             metadata[_NODE_KEY] = owner
@@ -276,7 +281,7 @@ class CensusTracer(Tracer):
             return phase, self.census.running()
         recomputing = self.census.recomputing()
         node = torch._C._current_autograd_node()
-        owner = node.metadata.get(_NODE_KEY) if node is not None else None
+        owner = _metadata(node).get(_NODE_KEY) if node is not None else None
         if recomputing is not None and (owner is None or owner == OUTSIDE):
             owner = recomputing
         if owner is None:

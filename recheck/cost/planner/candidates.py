@@ -94,6 +94,10 @@ class Candidates:
     def by_module(self) -> dict[int, Candidate]:
         return {id(c.module): c for c in self.units}
 
+    def unit_modules(self) -> dict[int, torch.nn.Module]:
+        """``{candidate index: module}`` of every unit."""
+        return {c.index: c.module for c in self.units if c.module is not None}
+
     def by_key(self) -> dict[RegionKey, Candidate]:
         return {c.key: c for c in self.regions if c.key is not None}
 
@@ -137,7 +141,7 @@ class _Recorder(Router):
         self.open: list[tuple[_Region, int]] = []
         self.found: dict[RegionKey, _Region] = {}
         self.module_stack: list[torch.nn.Module] = []
-        self.calls: dict[int, tuple[torch.nn.Module, int, int]] = {}  # id -> (module, count, order)
+        self.module_calls: dict[int, tuple[torch.nn.Module, int, int]] = {}  # id -> (module, count, order)
         self.counter = 0
 
     @contextlib.contextmanager
@@ -158,8 +162,8 @@ class _Recorder(Router):
         if torch._C._current_graph_task_id() != -1:
             return
         self.counter += 1
-        known = self.calls.get(id(module))
-        self.calls[id(module)] = (module, (known[1] if known else 0) + 1, known[2] if known else self.counter)
+        known = self.module_calls.get(id(module))
+        self.module_calls[id(module)] = (module, (known[1] if known else 0) + 1, known[2] if known else self.counter)
         for region, depth in self.open:
             region.modules_inside.add(id(module))
         if self.open:
@@ -227,8 +231,9 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
     for region in recorder.found.values():
         for module in region.reached():
             if isinstance(module, _CONTAINERS):  # checkpoint(self.layers, x) on a Sequential
-                inside = [m for m, _, _ in recorder.calls.values() if id(m) in {id(c) for c in module.children()}]
-                targets = [(module, m) for m in inside]
+                children = {id(child) for child in module.children()}
+                called = [m for m, _, _ in recorder.module_calls.values() if id(m) in children]
+                targets = [(module, m) for m in called]
             else:
                 container, element = _element(module, parents)
                 targets = [(container, element)] if container is not None else []
@@ -245,7 +250,7 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
         cpath = paths.get(id(container), (0, type(container).__name__))[1]
         for name, element in container.named_children():
             unit = _unit_of(element, inner)
-            call = recorder.calls.get(id(unit))
+            call = recorder.module_calls.get(id(unit))
             if call is None:
                 continue
             path = paths.get(id(unit), (0, f"{cpath}.{name}"))[1]
@@ -268,18 +273,18 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
     regions: list[tuple[int, Candidate]] = []
     for region in sorted(recorder.found.values(), key=lambda r: r.order):
         wrapped = [region.wrapped(invocation) for invocation in region.invocations]
-        if all(module is not None and id(module) in unit_ids for module in wrapped):
-            for module in wrapped:
-                module_candidate[id(module)].written = True
+        if all(layer is not None and id(layer) in unit_ids for layer in wrapped):
+            for layer in wrapped:
+                module_candidate[id(layer)].written = True
             unit_keys.add(region.key)
             continue
-        inside = [module_candidate[i] for i in region.modules_inside if i in module_candidate]
-        candidate = Candidate(0, region_label(region.key), "outer" if inside else "region", key=region.key,
+        members = [module_candidate[i] for i in region.modules_inside if i in module_candidate]
+        candidate = Candidate(0, region_label(region.key), "outer" if members else "region", key=region.key,
                               written=True)
-        for unit in sorted(inside, key=lambda c: items.index(c)):
-            if unit.outer is None:
-                unit.outer, unit.written = candidate, True
-                candidate.inner.append(unit)
+        for member in sorted(members, key=lambda c: items.index(c)):
+            if member.outer is None:
+                member.outer, member.written = candidate, True
+                candidate.inner.append(member)
         regions.append((region.order, candidate))
     ordered = _forward_order(items, regions, recorder)
     for index, candidate in enumerate(ordered):
@@ -291,7 +296,7 @@ def _forward_order(units: list[Candidate], regions: list[tuple[int, Candidate]],
     """Units by their first call; each region just before its first unit, or where it first ran."""
     placed = []
     for candidate in units:
-        module, _, order = recorder.calls[id(candidate.module)]
+        module, _, order = recorder.module_calls[id(candidate.module)]
         placed.append((order, 1, candidate))
     for order, candidate in regions:
         placed.append((order, 0, candidate))

@@ -98,7 +98,7 @@ def configured(config: Config, candidates: Candidates, router: CensusRouter | No
 
     Yields the overlay's record of dropped calls (None for the step as written).
     """
-    modules = {c.index: c.module for c in candidates.units}
+    modules = candidates.unit_modules()
     handle = wrap_modules([(modules[i], variant) for i, variant in config.wraps], ops)
     try:
         if config.kept is None:
@@ -109,8 +109,7 @@ def configured(config: Config, candidates: Candidates, router: CensusRouter | No
         def drop(function: Any, key: RegionKey) -> bool:
             return planned_module(function) is None and key not in kept
 
-        around = router.dropped if router is not None else (lambda f, k, a: contextlib.nullcontext([]))
-        with dropping(drop, around) as record:
+        with dropping(drop, router.dropped if router is not None else None) as record:
             yield record
     finally:
         handle.remove()
@@ -140,8 +139,7 @@ def trace_config(step: Callable[[], Any], state: StepState, restore: Callable[[]
     """One traced run of ``step`` under ``config``: windows, holds, work, the observed peak."""
     router = CensusRouter(candidates)
     figures = RunFigures(config)
-    selective = frozenset(selective_context(ops).packets) if any(v == "selective" for _, v in config.wraps) \
-        else frozenset()  # type: ignore[attr-defined]
+    selective = selective_context(ops).packets if any(v == "selective" for _, v in config.wraps) else frozenset()
     with routing(router):
         restore()
         handles = _module_hooks(router)

@@ -137,11 +137,11 @@ class Model:
         for c in self.candidates.items:
             for variant in c.variants:
                 mode = mode_of(c, variant)
-                run = self.runs.get(mode)
-                if variant == "none" or run is None:
+                figures = self.runs.get(mode)
+                if variant == "none" or figures is None:
                     seconds[(c.index, variant)] = 0.0
                 else:
-                    seconds[(c.index, variant)] = run.recompute_seconds.get(c.index, 0.0) * scales[mode]
+                    seconds[(c.index, variant)] = figures.recompute_seconds.get(c.index, 0.0) * scales[mode]
         return seconds
 
     # -- memory --------------------------------------------------------------------------------

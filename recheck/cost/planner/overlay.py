@@ -9,8 +9,10 @@ verified (under ``check_step``'s ``watch()`` and its bypassed twin), so the drop
 front of whichever :class:`~recheck.intercept.hooks.Interceptor` is installed: inside
 ``with dropping(drop):`` its entry points ``checkpoint`` and ``generator`` first ask
 ``drop(function, key)`` and call a dropped region directly; every other call reaches the
-interceptor unchanged.  When nothing is installed, a pass-through interceptor is installed
-for the block.
+interceptor unchanged.  Another implementation's calls (DeepSpeed, Megatron, fairscale, the
+declared ``checkpoint-functions``; the interceptor's ``foreign`` entry point) are dropped the same
+way, through the implementation's own direct call.  When nothing is installed, a pass-through
+interceptor is installed for the block.
 
 A direct ``CheckpointFunction.apply`` cannot be dropped (it is torch's own autograd
 Function); it is counted in :attr:`Dropped.undroppable`.  The block affects every thread's
@@ -38,7 +40,7 @@ Drop = Callable[[Any, RegionKey], bool]
 #: in it); it yields a list, to which the call's output is appended when it returns.
 Around = Callable[[Any, RegionKey, tuple], contextlib.AbstractContextManager[list]]
 
-_ENTRY_POINTS = ("checkpoint", "generator", "reentrant_forward")
+_ENTRY_POINTS = ("checkpoint", "generator", "reentrant_forward", "foreign")
 _SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
@@ -63,9 +65,10 @@ def _nothing(_function: Any, _key: RegionKey, _args: tuple) -> contextlib.Abstra
 
 
 @contextlib.contextmanager
-def dropping(drop: Drop, around: Around = _nothing) -> Iterator[Dropped]:
+def dropping(drop: Drop, around: Around | None = None) -> Iterator[Dropped]:
     """Inside the block, every checkpoint call ``drop`` names runs its region directly
-    (inside ``around(function, key, args)``)."""
+    (inside ``around(function, key, args)`` when given)."""
+    around = around if around is not None else _nothing
     own = patches.installed() is None
     installation = patches.acquire(Interceptor()) if own else patches.installed()
     assert installation is not None
@@ -105,8 +108,24 @@ def dropping(drop: Drop, around: Around = _nothing) -> Iterator[Dropped]:
             record.undroppable += 1
         return originals["reentrant_forward"](real, ctx, run_function, preserve, args)
 
+    def foreign(implementation: Any, real: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        function, named = implementation.region(args, kwargs)
+        if callable(function) and not isinstance(function, RegionFunction):
+            key = describe(named, call_site(2, implementation.skip_dirs))
+            if drop(named, key):
+                record.add(key)
+
+                def run(region: Callable[..., Any], region_args: tuple, region_kwargs: dict) -> Any:
+                    with around(named, key, region_args) as outcome:
+                        output = region(*region_args, **region_kwargs)
+                        outcome.append(output)
+                    return output
+
+                return implementation.direct(run, args, kwargs)
+        return originals["foreign"](implementation, real, args, kwargs)
+
     for name, function in (("checkpoint", checkpoint), ("generator", generator),
-                           ("reentrant_forward", reentrant_forward)):
+                           ("reentrant_forward", reentrant_forward), ("foreign", foreign)):
         setattr(hooks, name, function)
     try:
         yield record

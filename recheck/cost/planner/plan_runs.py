@@ -158,7 +158,7 @@ def _verdict(step: Callable[[], Any], candidates: Candidates, config: Config, st
     """check_step on the step run as ``config`` says."""
     from recheck.checker import check_step
 
-    modules = {c.index: c.module for c in candidates.units}
+    modules = candidates.unit_modules()
     try:
         if config.written:
             report = check_step(step, modules=state.modules, optimizers=state.optimizers)

@@ -116,21 +116,22 @@ def _milp(problem: Problem, budget: float, *, peak: bool) -> list[int] | None:
     x_count, z_count = n, len(problem.groups)
     total = x_count + z_count + (1 if peak else 0)
     rows: list[tuple[dict[int, float], float, float]] = []
+    coefficients: dict[int, float]
     for c, variants in enumerate(problem.variants):
         rows.append(({offsets[c] + v: 1.0 for v in range(len(variants))}, 1.0, 1.0))
     for (a, va), (b, vb) in problem.tied:
         rows.append(({offsets[a] + va: 1.0, offsets[b] + vb: -1.0}, 0.0, 0.0))
     for g, group in enumerate(problem.groups):
         for d in sorted({c for c, _ in group}):
-            coefficients = {x_count + g: 1.0}
+            covers: dict[int, float] = {x_count + g: 1.0}
             for c, v in group:
                 if c == d:
-                    coefficients[offsets[c] + v] = -1.0
-            rows.append((coefficients, 0.0, math.inf))
+                    covers[offsets[c] + v] = -1.0
+            rows.append((covers, 0.0, math.inf))
     scale = float(budget) if not peak and budget > 0 else float(max(
         (row.constant + sum(row.terms.values()) + sum(row.groups.values()) for row in problem.rows), default=1) or 1)
     for row in problem.rows:
-        coefficients: dict[int, float] = {}
+        coefficients = {}
         for (c, v), k in row.terms.items():
             coefficients[offsets[c] + v] = coefficients.get(offsets[c] + v, 0.0) + k / scale
         for g, k in row.groups.items():
@@ -142,9 +143,9 @@ def _milp(problem: Problem, budget: float, *, peak: bool) -> list[int] | None:
             rows.append((coefficients, -math.inf, (budget - row.constant) / scale))
     matrix = lil_array((len(rows), total))
     lower, upper = np.empty(len(rows)), np.empty(len(rows))
-    for i, (coefficients, lo, hi) in enumerate(rows):
-        for j, k in coefficients.items():
-            matrix[i, j] = k
+    for i, (entries, lo, hi) in enumerate(rows):
+        for j, value in entries.items():
+            matrix[i, j] = value
         lower[i], upper[i] = lo, hi
     # both sides scaled to about 1 (seconds by the dearest variant, bytes by the budget or the
     # largest row), so that HiGHS' absolute tolerances mean the same on any step

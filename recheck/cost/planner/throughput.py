@@ -87,6 +87,10 @@ def _largest(fits: Callable[[int], bool], start: int) -> int:
     return low
 
 
+def _at_size(tell: Callable[[str], None], size: int, what: str) -> None:
+    tell(f"{what} (batch {size})")
+
+
 def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, anchors: bool,
                        modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer],
                        solver: str | None, clock: str, progress: Progress | None) -> Suggestion:
@@ -111,8 +115,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
         models = []
         for size in sizes:
             sized = functools.partial(step, batch_size=size)
-            models.append(census(sized, state, restore, repeats, lambda what, s=size: tell(f"{what} (batch {s})"),
-                                 clock))
+            models.append(census(sized, state, restore, repeats, functools.partial(_at_size, tell, size), clock))
         (candidates, runs, model0), (_, _, model1) = models
         p0, p1 = model0.problem(), model1.problem()
         base0, base1 = model0.base_seconds, model1.base_seconds
@@ -184,6 +187,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
     finally:
         restore()
     suggested = pending[0].run
+    assert suggested.batch_size is not None and suggested.predicted_seconds
     throughput = {"batch_size": suggested.batch_size,
                   "samples_per_second": suggested.batch_size / suggested.predicted_seconds,
                   "measured_samples_per_second": suggested.samples_per_second, "largest_batch_size": largest,

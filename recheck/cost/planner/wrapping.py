@@ -29,7 +29,8 @@ import torch
 
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan, PlanError, load_plan
 
-__all__ = ["PlanHandle", "PlannedForward", "PlannedRegion", "apply_plan", "planned_module", "selective_context",
+__all__ = ["PlanHandle", "PlannedForward", "PlannedRegion", "SelectiveContext", "apply_plan", "planned_module",
+           "selective_context",
            "wrap_modules"]
 
 _MISSING = object()
@@ -60,21 +61,28 @@ def _resolve_ops(names: Iterable[str]) -> frozenset[Any]:
     return frozenset(packets)
 
 
-def selective_context(ops: Iterable[str] = SELECTIVE_OPS) -> Callable[[], Any]:
-    """A ``context_fn`` for ``checkpoint``: save the outputs of ``ops``, recompute the rest."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+class SelectiveContext:
+    """A ``context_fn`` for ``checkpoint``: save the outputs of ``packets``, recompute the rest."""
 
-    packets = _resolve_ops(ops)
+    def __init__(self, ops: Iterable[str] = SELECTIVE_OPS) -> None:
+        #: the operator packets whose outputs are saved
+        self.packets = _resolve_ops(ops)
 
-    def policy(_ctx: Any, func: Any, *_args: Any, **_kwargs: Any) -> Any:
-        saved = getattr(func, "overloadpacket", func) in packets
+    def policy(self, _ctx: Any, func: Any, *_args: Any, **_kwargs: Any) -> Any:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        saved = getattr(func, "overloadpacket", func) in self.packets
         return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
-    def context_fn() -> Any:
-        return create_selective_checkpoint_contexts(policy)
+    def __call__(self) -> Any:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    context_fn.packets = packets  # type: ignore[attr-defined]
-    return context_fn
+        return create_selective_checkpoint_contexts(self.policy)
+
+
+def selective_context(ops: Iterable[str] = SELECTIVE_OPS) -> SelectiveContext:
+    """The ``context_fn`` of the selective variant for ``ops``."""
+    return SelectiveContext(ops)
 
 
 class PlannedForward:
