@@ -80,7 +80,12 @@ def render_suggestion(s: Suggestion) -> str:
     else:
         lines.append("  checkpoint no module")
     for region in s.plan.regions:
-        action = "keep this checkpoint call as written" if region.keep else "remove this checkpoint call"
+        if region.keep:
+            action = "keep this checkpoint call as written"
+        elif "site-packages" in region.region or "dist-packages" in region.region:
+            action = "drop this checkpoint call (it is an installed library's: turn that library's checkpointing off)"
+        else:
+            action = "remove this checkpoint call"
         lines.append(f"  {region.region}: {action}")
     if s.suggested.batch_size:
         lines.append(f"  at batch size {s.suggested.batch_size}")

@@ -146,8 +146,9 @@ def apply_plan(model: torch.nn.Module, plan: Plan | dict[str, Any] | str, /) -> 
 
     ``plan`` is a :class:`Plan`, its dict, its JSON text or the path of a JSON file written by
     ``recheck cost --suggest --format json``.  Turn the model's own checkpointing of those
-    modules off first (``model.gradient_checkpointing_disable()`` in transformers), or they
-    are checkpointed twice.
+    modules off first (``model.gradient_checkpointing_disable()`` in transformers, which also
+    turns the KV cache back on: set ``model.config.use_cache = False`` to run the step that was
+    measured), or they are checkpointed twice.
 
     Raises:
         PlanError: a path that is not a module of ``model``, an unknown variant or operator, a
