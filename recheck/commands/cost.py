@@ -277,7 +277,8 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
     """``--suggest``: the plan, its runs beside the anchors', the candidates."""
     from recheck.cost.planner.candidates import NoRepeatedUnit
     from recheck.cost.planner.solver import SolverLimit
-    from recheck.cost.planner.suggest import NothingFits, suggest
+    from recheck.cost.planner.suggest import suggest
+    from recheck.cost.planner.suggestion import NothingFits
     from recheck.progress import progress
 
     try:

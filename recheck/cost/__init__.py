@@ -20,7 +20,7 @@ _LAZY = {
     "Comparison": "recheck.cost.compare",
     "measure": "recheck.cost.compare",
     "suggest": "recheck.cost.planner.suggest",
-    "Suggestion": "recheck.cost.planner.suggest",
+    "Suggestion": "recheck.cost.planner.suggestion",
     "apply_plan": "recheck.cost.planner.wrapping",
     "Plan": "recheck.cost.planner.plans",
 }
@@ -28,7 +28,8 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.cost.compare import Comparison, measure
     from recheck.cost.planner.plans import Plan
-    from recheck.cost.planner.suggest import Suggestion, suggest
+    from recheck.cost.planner.suggest import suggest
+    from recheck.cost.planner.suggestion import Suggestion
     from recheck.cost.planner.wrapping import apply_plan
 
 

@@ -6,8 +6,9 @@ Modules, bottom to top: ``plans`` (the plan a user keeps and applies; no torch),
 interception), ``candidates`` (the units and regions found by running the step), ``attribution``
 and ``census`` (one traced run per mode: windows, holds, work; timed runs), ``memory_model``
 (peak and time of any plan, as a 0-1 program), ``solver`` (milp or an exact branch and bound),
-``plan_runs`` (a plan traced, timed and verified with ``check_step``; the anchors), ``suggest``
-and ``throughput`` (:func:`suggest`), ``plan_table`` (text and JSON).
+``plan_runs`` (a plan traced, timed and verified with ``check_step``; the anchors),
+``suggestion`` (the outcome, and the census every suggestion starts from), ``throughput`` and
+``suggest`` (:func:`suggest`), ``plan_table`` (text and JSON).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ __all__ = ["Plan", "PlanError", "Suggestion", "apply_plan", "suggest"]
 _LAZY = {
     "Plan": "recheck.cost.planner.plans",
     "PlanError": "recheck.cost.planner.plans",
-    "Suggestion": "recheck.cost.planner.suggest",
+    "Suggestion": "recheck.cost.planner.suggestion",
     "suggest": "recheck.cost.planner.suggest",
     "apply_plan": "recheck.cost.planner.wrapping",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.cost.planner.plans import Plan, PlanError
-    from recheck.cost.planner.suggest import Suggestion, suggest
+    from recheck.cost.planner.suggest import suggest
+    from recheck.cost.planner.suggestion import Suggestion
     from recheck.cost.planner.wrapping import apply_plan
 
 

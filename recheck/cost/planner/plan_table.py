@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from recheck.cost.units import format_bytes, format_count
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.cost.planner.suggest import PlanRun, Suggestion
+    from recheck.cost.planner.plan_runs import PlanRun
+    from recheck.cost.planner.suggestion import Suggestion
 
 __all__ = ["DEFINITIONS", "render_suggestion", "suggestion_to_dict"]
 

@@ -24,7 +24,7 @@ from recheck.cost.planner.memory_model import Problem, Row
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan
 from recheck.cost.planner.solver import Infeasible, smallest_peak, solve
 from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, candidate_figures, finish_runs, trace_plan
-from recheck.cost.planner.suggest import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
+from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
 from recheck.cost.units import format_bytes
 from recheck.runtime.naming import region_name
 from recheck.runtime.steps import discover_state

@@ -7,7 +7,7 @@ import random
 from recheck.cost.planner.census import Config, measure_config, mode_config, trace_config
 from recheck.cost.planner.memory_model import Model, mode_of
 from recheck.cost.planner.plan_runs import config_of
-from recheck.cost.planner.suggest import census
+from recheck.cost.planner.suggestion import census
 from recheck.runtime.steps import discover_state
 
 

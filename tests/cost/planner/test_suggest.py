@@ -11,7 +11,8 @@ import recheck
 from recheck.cost.planner.candidates import NoRepeatedUnit
 from recheck.cost.planner.plan_runs import ANCHORS
 from recheck.cost.planner.plans import load_plan
-from recheck.cost.planner.suggest import NothingFits, suggest
+from recheck.cost.planner.suggest import suggest
+from recheck.cost.planner.suggestion import NothingFits
 
 
 def snapshot(model, optimizer):
