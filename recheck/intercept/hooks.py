@@ -52,7 +52,58 @@ CHECKPOINT_OPTIONS = frozenset(
     {"use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop"}
 )
 
-_SIGNATURES: dict[Any, inspect.Signature] = {}
+class _Arguments:
+    """The arguments of a call by parameter name, and the call they make again.
+
+    What ``inspect.Signature.bind`` and ``apply_defaults`` give, for the non-reentrant
+    generator's signatures, at a fraction of the cost (it runs for every checkpoint call):
+    named parameters (positional or keyword, then keyword-only) in ``arguments``, the rest of
+    ``*args`` and ``**kwargs`` kept aside.
+    """
+
+    __slots__ = ("layout", "arguments", "extra_args", "extra_kwargs")
+
+    def __init__(self, layout: _Layout, args: tuple, kwargs: dict) -> None:
+        positional, keyword_only, defaults, has_var = layout
+        if len(args) > len(positional) and not has_var:
+            raise TypeError(f"too many positional arguments ({len(args)})")
+        kwargs = dict(kwargs)
+        arguments: dict[str, Any] = {}
+        given = min(len(args), len(positional))
+        for index, name in enumerate(positional + keyword_only):
+            if index < given:
+                arguments[name] = args[index]
+            elif name in kwargs:
+                arguments[name] = kwargs.pop(name)
+            elif name in defaults:
+                arguments[name] = defaults[name]
+            else:
+                raise TypeError(f"missing argument {name!r}")
+        self.layout, self.arguments = layout, arguments
+        self.extra_args, self.extra_kwargs = tuple(args[len(positional):]), kwargs
+
+    def call(self, function: Callable[..., Any]) -> Any:
+        positional, keyword_only, _, _ = self.layout
+        return function(*[self.arguments[n] for n in positional], *self.extra_args,
+                        **{n: self.arguments[n] for n in keyword_only}, **self.extra_kwargs)
+
+
+#: (positional names, keyword-only names, defaults, whether *args is taken)
+_Layout = tuple[tuple[str, ...], tuple[str, ...], dict[str, Any], bool]
+_LAYOUTS: dict[Any, _Layout] = {}
+
+
+def _layout(function: Any) -> _Layout:
+    layout = _LAYOUTS.get(function)
+    if layout is None:
+        parameters = list(inspect.signature(function).parameters.values())
+        kinds = inspect.Parameter
+        layout = _LAYOUTS[function] = (
+            tuple(p.name for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)),
+            tuple(p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY),
+            {p.name: p.default for p in parameters if p.default is not kinds.empty},
+            any(p.kind is kinds.VAR_POSITIONAL for p in parameters))
+    return layout
 
 
 class Phase(enum.Enum):
@@ -408,11 +459,7 @@ class Interceptor:
     def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
         """The non-reentrant generator: from ``checkpoint()`` (already wrapped), the composable
         API or the curried form (whose forward runs between the generator's two steps)."""
-        signature = _SIGNATURES.get(original)
-        if signature is None:
-            signature = _SIGNATURES[original] = inspect.signature(original)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+        bound = _Arguments(_layout(original), args, kwargs)
         arguments = bound.arguments
         function = arguments["fn"]
         if isinstance(function, RegionFunction):
@@ -430,7 +477,7 @@ class Interceptor:
             return original(*args, **kwargs)
         undo = self.configure_generator(call, arguments)
         try:
-            generator = original(*bound.args, **bound.kwargs)
+            generator = bound.call(original)
         except BaseException:
             if undo is not None:
                 undo()

@@ -10,6 +10,7 @@ These are re-exported by :mod:`recheck.runtime.snapshot`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -111,6 +112,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
 MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def is_module_state(name: str) -> bool:
     """Whether a module attribute is state a region may change (not torch's bookkeeping).
 

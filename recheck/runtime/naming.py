@@ -137,11 +137,13 @@ def region_name(function: Any) -> str:
 # -- subjects: what a finding says differs, the same words in every face ------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every attribute at every invocation
 def attribute_subject(module: str, name: str) -> str:
     """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
     return f"attribute `{module or 'self'}.{name}`"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def buffer_subject(module: str, name: str) -> str:
     """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
     return f"buffer `{module + '.' if module else ''}{name}`"

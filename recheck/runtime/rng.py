@@ -54,7 +54,10 @@ def _state_bytes(state: torch.Tensor) -> bytes:
     Read through the storage's address, so numpy is not needed (and the storage stays
     resizable, which ``Tensor.numpy()`` would end).
     """
-    flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
+    if state.device.type == "cpu" and state.dtype == torch.uint8 and state.is_contiguous():
+        flat = state  # what get_state() returns: read as it is (it is read four times a call)
+    else:
+        flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
 
 

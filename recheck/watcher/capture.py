@@ -91,16 +91,20 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     code = getattr(function, "__code__", None)
     if code is None:
         return None, ()
+    scalars: list[Any] = []
     for cell in function.__closure__ or ():
         if _filled(cell):
             value = cell.cell_contents
+            if value is None or isinstance(value, (bool, int, float, str, bytes)):
+                scalars.append((type(value).__name__, value))  # by value: nothing to reach in it
+                continue
             # timm's checkpoint_seq closes over a new list of the same modules each call
             holders.extend(value if isinstance(value, (list, tuple)) else (value,))
     # by identity: code objects compare equal by content, and a module imported again (a test
     # file under pytester) has equal code over another namespace; the reach keeps that namespace
     # alive (its globals), so its id is not reused while the entry exists
     holders.insert(0, code)
-    return (id(function.__globals__), *map(id, holders)), tuple(holders)
+    return (id(function.__globals__), *map(id, holders), *scalars), tuple(holders)
 
 
 def _filled(cell: Any) -> bool:
@@ -232,7 +236,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = ("global", ref.subject)
-        values[key] = fingerprint(value)
+        values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show(value)
     for name, parameter in parameters_of(reach).items():
@@ -268,17 +272,28 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.
     """
     state: ModuleState = {}
+    # one object held by many modules (a transformers config on every layer) is printed once
+    printed: dict[int, Any] = {}
+
+    def entry(value: Any) -> tuple[Any, Any]:
+        if value is None or isinstance(value, (bool, int, str)):
+            return (value if not isinstance(value, bool) else ("bool", value)), value
+        key = id(value)
+        if key not in printed:
+            printed[key] = shallow(value)
+        return printed[key], _kept(value)
+
     for name, module in modules:
         for buffer_name, buffer in module._buffers.items():
             if buffer is not None:
                 state[("buffer", buffer_subject(name, buffer_name))] = print_tensor(buffer, store)
         for attr, value in vars(module).items():
             if is_module_state(attr):
-                state[("attribute", attribute_subject(name, attr))] = (shallow(value), _kept(value))
+                state[("attribute", attribute_subject(name, attr))] = entry(value)
     for name, module in attributes_of:
         for attr, value in vars(module).items():
             if is_module_state(attr):
-                state.setdefault(("attribute", attribute_subject(name, attr)), (shallow(value), _kept(value)))
+                state.setdefault(("attribute", attribute_subject(name, attr)), entry(value))
     for name, module, buffer_name in buffers:
         buffer = module._buffers.get(buffer_name)
         if buffer is not None:
