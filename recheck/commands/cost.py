@@ -196,7 +196,7 @@ def run(ns: argparse.Namespace) -> int:
         return _run_plan(ns, target.factory, target.label)
     if ns.suggest:
         return _run_suggest(ns, target.factory, target.label)
-    from recheck.cost.compare import measure
+    from recheck.cost.measurement import measure
     from recheck.cost.plot import PlotError
 
     try:

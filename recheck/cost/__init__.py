@@ -17,8 +17,8 @@ __all__ = ["Comparison", "Plan", "Suggestion", "apply_plan", "measure", "suggest
 
 #: public name -> the module that defines it (imported on first use: they import torch)
 _LAZY = {
-    "Comparison": "recheck.cost.compare",
-    "measure": "recheck.cost.compare",
+    "Comparison": "recheck.cost.measurement",
+    "measure": "recheck.cost.measurement",
     "suggest": "recheck.cost.planner.suggest",
     "Suggestion": "recheck.cost.planner.suggestion",
     "apply_plan": "recheck.cost.planner.wrapping",
@@ -26,7 +26,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.cost.compare import Comparison, measure
+    from recheck.cost.measurement import Comparison, measure
     from recheck.cost.planner.plans import Plan
     from recheck.cost.planner.suggest import suggest
     from recheck.cost.planner.suggestion import Suggestion
