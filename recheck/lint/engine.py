@@ -42,6 +42,8 @@ HANDWRITTEN = r"enable_grad\s*\(\s*\)"
 MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 12
+#: files parsed, at most, to find the classes that assign one attribute (see ``Index.holders``)
+MAX_HOLDER_FILES = 8
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
 
 
@@ -166,6 +168,7 @@ class _Run:
         self.facts: dict[str, FileFacts] = {}
         self.errors: list[FileError] = []
         self.parsed = 0
+        self.attributes_sought: set[str] = set()
 
     def parse(self, sources: list[_Source]) -> None:
         jobs = []
@@ -243,6 +246,15 @@ class _Run:
                 if source is not None and source.display not in self.facts:
                     wanted[source.display] = source
                     break
+        unparsed = [s for s in self.sources.values() if s.display not in self.facts]
+        for attribute in sorted(index.attribute_misses - self.attributes_sought):
+            # the files that assign an attribute a region reads through an object of unknown class
+            self.attributes_sought.add(attribute)
+            text = f"self.{attribute}"
+            assigned = re.compile(rf"\bself\.{re.escape(attribute)}\s*(?::[^=\n]*)?=[^=]")
+            found = [s for s in unparsed if text in s.text and assigned.search(s.text)]
+            if len(found) <= MAX_HOLDER_FILES:  # a name many files assign would say nothing
+                wanted.update((s.display, s) for s in found)
         region_classes = set(CHECKPOINTING_BASES)
         for file in index.files:
             for cls in file.classes.values():

@@ -15,6 +15,10 @@ __all__ = ["Index", "Symbol"]
 
 Symbol = tuple[FileFacts, Union[ClassFacts, FunctionFacts]]
 MAX_HOPS = 8
+#: At most this many classes of the tree may assign an attribute for a reference to it through
+#: an object of unknown class (``model.double_blocks``, a parameter annotated ``nn.Module``)
+#: to resolve by the attribute's name; a name more classes assign says nothing.
+MAX_HOLDERS = 3
 
 
 class Index:
@@ -36,6 +40,10 @@ class Index:
         self._bases: dict[int, set[str]] = {}
         self._lineages: dict[int, list[tuple[FileFacts, ClassFacts]]] = {}
         self._methods: dict[tuple[int, str, bool], tuple[FileFacts, FunctionFacts] | None] = {}
+        self._holders: dict[str, list[tuple[FileFacts, ClassFacts]]] | None = None
+        #: attribute names looked up by :meth:`holders` that no parsed class assigns: the
+        #: engine may parse the files that assign them, and retry
+        self.attribute_misses: set[str] = set()
 
     def lookup(self, qualified: str, origin: FileFacts | None = None) -> Symbol | None:
         """The class or function named ``package.module.Class[.method]``, if in the tree.
@@ -126,3 +134,19 @@ class Index:
             if attribute in klass.attributes:
                 return klass.attributes[attribute]
         return []
+
+    def holders(self, attribute: str) -> list[tuple[FileFacts, ClassFacts]]:
+        """The classes of the tree that assign a module of the tree to ``self.<attribute>``, when
+        at most :data:`MAX_HOLDERS` do (else ``[]``): what an object of unknown class whose
+        ``attribute`` is read can be."""
+        if self._holders is None:
+            self._holders = {}
+            for file in self.files:
+                for cls in file.classes.values():
+                    for name, classes in cls.attributes.items():
+                        if any(self.lookup_class(q, file) is not None for q in classes):
+                            self._holders.setdefault(name, []).append((file, cls))
+        found = self._holders.get(attribute, [])
+        if not found:
+            self.attribute_misses.add(attribute)
+        return found if len(found) <= MAX_HOLDERS else []

@@ -98,6 +98,9 @@ class _Resolver:
             annotated = self.index.lookup_class(func.annotations[head], file) if func and head in func.annotations else None
             if annotated is not None:
                 yield from self._path(annotated[0], annotated[1], rest)
+            elif as_target:  # the region is a parameter's attribute, its class not in the tree: by what holds it
+                for holder_file, holder in self.index.holders(rest.partition(".")[0]):
+                    yield from self._path(holder_file, holder, rest)
             return
         if ref.kind == "result":
             owner = file.classes.get(func.self_class) if func is not None and func.self_class else None
@@ -150,8 +153,16 @@ class _Resolver:
         if ref.kind == "path":
             yield from self._path(file, owner, ref.name)
             return
-        for qualified in index.attribute_classes(file, owner, ref.name):
+        classes = index.attribute_classes(file, owner, ref.name)
+        for qualified in classes:
             yield from self._built(qualified, file, 0)
+        if not classes and as_target and ref.kind in ("self", "elements"):
+            # a container the class never fills itself (``self.blocks = other.blocks`` in a
+            # classmethod): the classes of the tree that fill one under that name
+            for holder_file, holder in index.holders(ref.name):
+                if holder is not owner:
+                    for qualified in index.attribute_classes(holder_file, holder, ref.name):
+                        yield from self._built(qualified, holder_file, 0)
 
     def _path(self, file: FileFacts, owner: ClassFacts, path: str) -> Iterator[tuple]:
         """``self.a.b``: the modules recorded under ``a.b``, or ``b`` of each module in ``a``

@@ -67,6 +67,14 @@ def test_containers_through_nesting_factories_aliases_and_isinstance():
     assert regions[("vae.py", 114)] == ["UpBlock.forward"]        # an alias set in both branches, a slice
 
 
+def test_layers_borrowed_from_another_class_resolve_by_the_attribute_that_holds_them():
+    # diffusers' Z-Image controlnet loops over self.noise_refiner, which only from_transformer
+    # fills (from a transformer's); torchtune/torchtitan wrap model.<attr> with model: nn.Module
+    regions = _regions(_lint("borrowed_layers"))
+    assert regions == {("pkg/activations.py", 10): ["refiner_block.forward"],
+                       ("pkg/controlnet_refiner.py", 26): ["refiner_block.forward"]}
+
+
 def test_a_finding_names_a_region_that_reaches_it():
     result = _lint("containers")
     (count,) = [f for f in result.findings if f.line == 52]
@@ -412,3 +420,30 @@ def test_a_long_chain_of_reassignments_stays_small():
               "def run(x):\n    return checkpoint(block, x, use_reentrant=False)\n")
     result = lint_sources({"m.py": source})
     assert [(f.line, f.code) for f in result.findings] == [(65, "RC103")]
+
+
+def test_an_attribute_many_classes_hold_says_nothing_of_the_class():
+    classes = "".join(f'''
+class Block{i}(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class Model{i}(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block{i}()])
+''' for i in range(4))
+    source = f'''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+{classes}
+
+def apply_ac(model: nn.Module, x):
+    for layer in model.layers:
+        x = checkpoint(layer, x, use_reentrant=False)
+    return x
+'''
+    result = lint_sources({"m.py": source})
+    site, = [s for s in result.sites if s.kind == "site"]
+    assert site.regions == [] and "`model.layers`" in site.reason
