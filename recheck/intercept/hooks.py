@@ -69,8 +69,9 @@ class _Arguments:
             raise TypeError(f"too many positional arguments ({len(args)})")
         kwargs = dict(kwargs)
         arguments: dict[str, Any] = {}
-        for index, name in enumerate(positional):
-            if index < len(args):
+        given = min(len(args), len(positional))
+        for index, name in enumerate(positional + keyword_only):
+            if index < given:
                 arguments[name] = args[index]
             elif name in kwargs:
                 arguments[name] = kwargs.pop(name)
@@ -78,13 +79,6 @@ class _Arguments:
                 arguments[name] = defaults[name]
             else:
                 raise TypeError(f"missing argument {name!r}")
-        for name in keyword_only:
-            if name in kwargs:
-                arguments[name] = kwargs.pop(name)
-            elif name in defaults:
-                arguments[name] = defaults[name]
-            else:
-                raise TypeError(f"missing keyword argument {name!r}")
         self.layout, self.arguments = layout, arguments
         self.extra_args, self.extra_kwargs = tuple(args[len(positional):]), kwargs
 

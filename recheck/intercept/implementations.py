@@ -489,12 +489,24 @@ def _rebind(value: Any, adapter: Adapter, hooks: Any, what: str) -> GlobalsPatch
         return hooks.foreign(adapter, value, args, kwargs)
 
     patch = GlobalsPatch(what=what)
+    patch.bindings.extend(rebind_everywhere(value, entry))
+    return patch
+
+
+def rebind_everywhere(original: Any, replacement: Any) -> list[tuple[dict, str, Any, Any]]:
+    """Every module global bound to ``original`` rebound to ``replacement``; returns the
+    ``(namespace, name, original, replacement)`` bindings made, for undoing them.
+
+    The fallback where an object cannot be patched in place: references made other than by
+    a module global (a ``functools.partial``, a default argument) keep the original.
+    """
+    made = []
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
         for key, bound in list(namespace.items()):
-            if bound is value:
-                namespace[key] = entry
-                patch.bindings.append((namespace, key, value, entry))
-    return patch
+            if bound is original:
+                namespace[key] = replacement
+                made.append((namespace, key, original, replacement))
+    return made

@@ -226,14 +226,7 @@ def _checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[
 def _rebind_exported(installation: Installation, exported: Any) -> None:
     """Fallback: replace the module attribute and every module global bound to it."""
     replacement = _checkpoint_replacement(exported, installation.hooks)
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for name, value in list(namespace.items()):
-            if value is exported:
-                namespace[name] = replacement
-                installation.replaced_globals.append((namespace, name, exported, replacement))
+    installation.replaced_globals.extend(implementations.rebind_everywhere(exported, replacement))
     installation.missed.append(
         "recheck: torch.utils.checkpoint.checkpoint does not have the layout recheck expects "
         f"(a torch._disable_dynamo closure whose {CELL_VARIABLE!r} cell holds __wrapped__); "
