@@ -86,7 +86,15 @@ def current_context(grad_enabled: bool | None = None) -> ComputeContext:
                 autocast = (*autocast[:index], _autocast_of(device), *autocast[index + 1:])
     else:
         autocast = tuple(_autocast_of(d) for d in AUTOCAST_DEVICE_TYPES)
-    return ComputeContext(grad, autocast, torch.get_default_dtype())
+    default_dtype = torch.get_default_dtype()
+    if autocast is not _DISABLED:
+        return ComputeContext(grad, autocast, default_dtype)
+    # the usual context is one of a few values: one object each (a record keeps its context as
+    # long as the watch() block lasts)
+    context = _PLAIN.get((grad, default_dtype))
+    if context is None:
+        context = _PLAIN[(grad, default_dtype)] = ComputeContext(grad, autocast, default_dtype)
+    return context
 
 
 def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype | None]:
@@ -101,6 +109,8 @@ ANY_AUTOCAST_COVERS = frozenset({"cpu", "cuda", "xpu", "hpu"})
 #: the device types read one by one even where no autocast is enabled (torch 2.13 leaves mps out)
 _UNCOVERED = tuple((i, d) for i, d in enumerate(AUTOCAST_DEVICE_TYPES) if d not in ANY_AUTOCAST_COVERS)
 _DISABLED = tuple((d, False, None) for d in AUTOCAST_DEVICE_TYPES)
+#: the contexts without autocast, by grad mode and default dtype (immutable, so shared)
+_PLAIN: dict[tuple[bool, torch.dtype], ComputeContext] = {}
 
 
 def context_differences(forward: ComputeContext, recompute: ComputeContext, *,
