@@ -243,6 +243,31 @@ class RegionFunction:
         return f"<recheck region {self.function!r}>"
 
 
+class _Dropped(weakref.ref):
+    """What ``weakref.finalize`` would do when torch drops a region function, in one object
+    (a finalizer is five, and a watch() block holds one per invocation while its graph lives):
+    kept alive by :data:`_WATCHED` until it fires, then :meth:`Interceptor._dropped`."""
+
+    __slots__ = ("call", "interceptor")
+    call: CheckpointCall
+    interceptor: Interceptor
+
+
+def _watch_drop(wrapped: RegionFunction, call: CheckpointCall, interceptor: Interceptor) -> None:
+    ref = _Dropped(wrapped, _fire)
+    ref.call, ref.interceptor = call, interceptor
+    _WATCHED.add(ref)
+
+
+def _fire(ref: _Dropped) -> None:
+    _WATCHED.discard(ref)
+    ref.interceptor._dropped(ref.call)
+
+
+#: the live :class:`_Dropped` references (a weak reference fires only while it is alive itself)
+_WATCHED: set[_Dropped] = set()
+
+
 class Implementation(Protocol):
     """What :meth:`Interceptor.foreign` needs to know of a checkpoint implementation's entry point.
 
@@ -374,7 +399,7 @@ class Interceptor:
 
     def _wrap(self, function: Callable[..., Any], call: CheckpointCall) -> RegionFunction:
         wrapped = RegionFunction(function, call, self)
-        weakref.finalize(wrapped, self._dropped, call)
+        _watch_drop(wrapped, call, self)
         return wrapped
 
     def _dropped(self, call: CheckpointCall) -> None:

@@ -159,7 +159,7 @@ class Dispatcher(Interceptor):
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"
-            _METADATA_FNS[key] = lambda tensor: record.saved_print(tensor, base(tensor))
+            _METADATA_FNS[key] = _SavedPrinter(record, base)
             arguments["determinism_check"] = key
             undo.callback(_METADATA_FNS.pop, key, None)
         return undo.close
@@ -286,6 +286,20 @@ class Dispatcher(Interceptor):
                 record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
+
+
+class _SavedPrinter:
+    """The ``determinism_check`` function of one invocation: torch's metadata of a saved
+    tensor, and the record's print of it (one object where a lambda is three: torch keeps it
+    for as long as the invocation's graph lives)."""
+
+    __slots__ = ("base", "record")
+
+    def __init__(self, record: InvocationRecord, base: Callable[[torch.Tensor], Any]) -> None:
+        self.record, self.base = record, base
+
+    def __call__(self, tensor: torch.Tensor) -> Any:
+        return self.record.saved_print(tensor, self.base(tensor))
 
 
 _STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)
