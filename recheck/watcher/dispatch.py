@@ -29,7 +29,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
-from recheck.runtime.effects import EffectCapture
+from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.watcher.capture import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -77,6 +77,7 @@ class Dispatcher(Interceptor):
             pipelining.acquire()
             if not self.sessions:
                 self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
+                hold_logging()  # for the block, not for each recompute's capture
             self.sessions.append(session)
 
     def exit(self, session: SessionLike) -> None:
@@ -89,6 +90,7 @@ class Dispatcher(Interceptor):
                 if self._hook_handle is not None:
                     self._hook_handle.remove()
                     self._hook_handle = None
+                    release_logging()
             pipelining.release()
             patches.release()
 
