@@ -162,7 +162,8 @@ class CheckpointCall:
     replaced: bool = False
     during_backward: bool = False
     outer: CheckpointCall | None = field(default=None, repr=False)
-    nested: list[CheckpointCall] = field(default_factory=list, repr=False)
+    #: a list from the first nested call on (most calls make none)
+    nested: list[CheckpointCall] | tuple[()] = field(default=(), repr=False)
     replays: CheckpointCall | None = field(default=None, repr=False)
     intended_grad: bool | None = None
     #: torch dropped the region function; ``released`` waits for the outer call's release
@@ -388,6 +389,8 @@ class Interceptor:
         outer_run.made += 1
         call.outer = outer
         if outer_run.phase is Phase.FORWARD:
+            if not outer.nested:
+                outer.nested = []
             outer.nested.append(call)
             if outer.reentrant:
                 call.replaced = True
@@ -413,7 +416,7 @@ class Interceptor:
     def _release(self, call: CheckpointCall) -> None:
         call.released = True
         self.released(call)
-        nested, call.nested = call.nested, []
+        nested, call.nested = call.nested, ()
         for inner in nested:
             if inner.dropped and not inner.released:
                 self._release(inner)

@@ -58,9 +58,9 @@ class Forward:
     rng_consumed: frozenset[tuple[str, str]] = _NONE
     state_exit: capture.ModuleState = field(default_factory=dict)
     outputs: list[tuple[str, TensorPrint]] | None = None
+    #: what torch saved, in order; each holds its tensor until the forward returns and its
+    #: print is taken (see ``saved_print``)
     saved: list[SavedPrint] | tuple[()] = field(default_factory=list)
-    #: saved tensors whose print is taken when the forward returns (see ``saved_print``)
-    unprinted: list[tuple[SavedPrint, torch.Tensor]] | tuple[()] = field(default_factory=list)
     #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys
     saved_buffers: dict[int, None] = field(default_factory=dict)
     #: data pointers of the reached modules' buffers (keys), and how many modules they cover
@@ -152,7 +152,8 @@ class SavedPrint:
     Equality is torch's own (``base``, e.g. shape/dtype/device), so torch's checks and
     messages are unchanged; the comparison also hands the forward's print and the recomputed
     tensor to the record, which prints it the way the forward's was printed.  A forward's
-    ``print`` is None until its forward returns.
+    ``print`` is None until its forward returns, and its ``tensor`` is held until then; a
+    recompute's holds its tensor only.
     """
 
     __slots__ = ("base", "print", "record", "index", "tensor")
@@ -229,7 +230,8 @@ class InvocationRecord:
         self.failed = False
         self.recomputes = 0
         self.closed = False
-        self.findings: list[Finding] = []
+        #: a list from the first finding on (most records have none)
+        self.findings: list[Finding] | tuple[()] = ()
         #: indices of the saved tensors the current recompute compared (keys)
         self._pass_saved: dict[int, None] = {}
         #: under a full replay: what the forward's state and effects were at its last saved
@@ -287,9 +289,10 @@ class InvocationRecord:
             self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
-        for saved, tensor in forward.unprinted:
-            saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
-        forward.unprinted = ()
+        for saved in forward.saved:
+            tensor, saved.tensor = saved.tensor, None
+            if tensor is not None:
+                saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
         self.forward_done = True
 
     def _check_inputs(self) -> None:
@@ -327,7 +330,8 @@ class InvocationRecord:
         self.failed = True
         self.forward_done = True
         if self.forward is not None:
-            self.forward.unprinted = ()
+            for saved in self.forward.saved:
+                saved.tensor = None
 
     def saved_print(self, tensor: torch.Tensor, base: Any) -> SavedPrint:
         """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.
@@ -341,9 +345,8 @@ class InvocationRecord:
         forward = self.forward
         if not self.forward_done and forward is not None:
             index = len(forward.saved)
-            saved = SavedPrint(base, None, self, index)
+            saved = SavedPrint(base, None, self, index, tensor.detach())
             forward.saved.append(saved)
-            forward.unprinted.append((saved, tensor.detach()))
             if forward.is_buffer(tensor):
                 forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
@@ -463,7 +466,7 @@ class InvocationRecord:
         self.function = None
         forward = self.forward
         if forward is not None:
-            forward.saved, forward.unprinted, forward.outputs, forward.state_exit = (), (), None, {}
+            forward.saved, forward.outputs, forward.state_exit = (), None, {}
             forward.ran, forward.direct, forward.buffers_seen = {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
             forward.parameter_storages, forward.buffer_pointers, forward.buffer_modules = {}, {}, -1
@@ -505,6 +508,8 @@ class InvocationRecord:
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
         if any(f.message == message and f.subject == subject for f in self.findings):
             return
+        if not self.findings:
+            self.findings = []
         self.findings.append(self._finding(kind, message, subject, detail, latent))
 
     def _saved_finding(self) -> list[Finding]:
