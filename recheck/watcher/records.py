@@ -74,6 +74,8 @@ class Forward:
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
     buffers_seen: capture.BufferVersions = field(default_factory=dict)
+    #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
+    walked: dict[int, None] = field(default_factory=dict)
     #: the modules that ran and their submodules, named: whose buffers and attributes are compared
     state_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
     #: the direct modules not among them: whose own attributes are compared
@@ -252,7 +254,7 @@ class InvocationRecord:
         self.forward = Forward(reach, entry, shown, context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
-        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -267,7 +269,7 @@ class InvocationRecord:
         if forward is not None and id(module) not in forward.ran:
             capture.add_module(forward.reach, module)
             forward.ran[id(module)] = module
-            capture.buffer_versions((module,), forward.buffers_seen)
+            capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -467,7 +469,7 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None:
             forward.saved, forward.outputs, forward.state_exit = (), None, {}
-            forward.ran, forward.direct, forward.buffers_seen = {}, {}, {}
+            forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
             forward.parameter_storages, forward.buffer_pointers, forward.buffer_modules = {}, {}, -1
 
