@@ -132,7 +132,7 @@ def print_tensor(tensor: torch.Tensor, store: Store) -> TensorPrint:
         if plain.layout is not torch.strided:
             plain = plain.detach().to_dense()
         if device == "cpu":
-            value = _cpu_digest(plain)
+            value = _cpu_digest(plain, shape)
         else:
             with torch.no_grad():
                 value = digest(plain.detach())
@@ -160,41 +160,49 @@ def _device_name(tensor: torch.Tensor) -> str:
 
 #: integer dtype of each element width, for the in-place byte view of plain CPU tensors
 _SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-#: per (dtype, shape): the hash's header, and the integer dtype the tensor is viewed as, or None
-#: where ``bit_view`` must convert (complex, or widths without an integer dtype)
-_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, torch.dtype | None]] = {}
+#: per (dtype, shape): the hash's header, its 64-bit XXH3 (the seed of the one-shot XXH3-128),
+#: and the integer dtype the tensor is viewed as, or None where ``bit_view`` must convert
+#: (complex, or widths without an integer dtype)
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int, torch.dtype | None]] = {}
 _HEADERS_SIZE = 4096
 
 
-def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes, torch.dtype | None]:
+def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes, int, torch.dtype | None]:
     entry = _HEADERS.get((dtype, shape))
     if entry is None:
         same_width = None if dtype.is_complex else _SAME_WIDTH.get(torch.empty((), dtype=dtype).element_size())
         if len(_HEADERS) >= _HEADERS_SIZE:
             _HEADERS.clear()
-        entry = _HEADERS[(dtype, shape)] = (f"{dtype}{shape}\0".encode(), same_width)
+        header = f"{dtype}{shape}\0".encode()
+        seed = _XXH3_64(header) if _XXH3_64 is not None else 0
+        entry = _HEADERS[(dtype, shape)] = (header, seed, same_width)
     return entry
 
 
-def _cpu_digest(tensor: torch.Tensor) -> int:
+def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
     """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
     A contiguous real tensor is hashed in place, its memory read through a ``ctypes`` array
     (not ``Tensor.numpy()``, which marks the storage as not resizable for good: Megatron's
     ``CheckpointWithoutOutput`` and FSDP free storages with ``resize_(0)``); anything else
     (non-contiguous, complex, negative views) goes through ``bit_view``, which makes the same
-    row-major bytes in a new tensor.
+    row-major bytes in a new tensor.  With XXH3 the header is the seed of one call over the
+    bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
     """
-    header, same_width = _header(tensor.dtype, tuple(tensor.shape))
-    hasher = _HASHER(header)
+    header, seed, same_width = _header(tensor.dtype, tuple(tensor.shape) if shape is None else shape)
     size = tensor.nbytes
+    data: Any = b""
     if size:
         if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
             bits = tensor
         else:
             bits = bit_view(tensor)
             size = bits.nbytes
-        hasher.update((ctypes.c_char * size).from_address(bits.data_ptr()))
+        data = (ctypes.c_char * size).from_address(bits.data_ptr())
+    if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
+        return _XXH3_128_SEEDED(data, seed)
+    hasher = _HASHER(header)
+    hasher.update(data)
     return int.from_bytes(hasher.digest()[:16], "little")
 
 
@@ -209,5 +217,11 @@ def _hasher() -> Any:
 
 #: the hash of CPU digests (see the module's docstring)
 _HASHER = _hasher()
+try:
+    import xxhash as _xxhash
+except ImportError:  # sha256 only
+    _XXH3_128 = _XXH3_128_SEEDED = _XXH3_64 = None
+else:
+    _XXH3_128, _XXH3_128_SEEDED, _XXH3_64 = _xxhash.xxh3_128, _xxhash.xxh3_128_intdigest, _xxhash.xxh3_64_intdigest
 #: which one it is, for reports and benchmarks
 DIGEST_NAME = "xxh3-128" if _HASHER is not hashlib.sha256 else "sha256"
