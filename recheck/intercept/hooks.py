@@ -162,7 +162,8 @@ class CheckpointCall:
     replaced: bool = False
     during_backward: bool = False
     outer: CheckpointCall | None = field(default=None, repr=False)
-    nested: list[CheckpointCall] = field(default_factory=list, repr=False)
+    #: a list from the first nested call on (most calls make none)
+    nested: list[CheckpointCall] | tuple[()] = field(default=(), repr=False)
     replays: CheckpointCall | None = field(default=None, repr=False)
     intended_grad: bool | None = None
     #: torch dropped the region function; ``released`` waits for the outer call's release
@@ -241,6 +242,31 @@ class RegionFunction:
 
     def __repr__(self) -> str:
         return f"<recheck region {self.function!r}>"
+
+
+class _Dropped(weakref.ref):
+    """What ``weakref.finalize`` would do when torch drops a region function, in one object
+    (a finalizer is five, and a watch() block holds one per invocation while its graph lives):
+    kept alive by :data:`_WATCHED` until it fires, then :meth:`Interceptor._dropped`."""
+
+    __slots__ = ("call", "interceptor")
+    call: CheckpointCall
+    interceptor: Interceptor
+
+
+def _watch_drop(wrapped: RegionFunction, call: CheckpointCall, interceptor: Interceptor) -> None:
+    ref = _Dropped(wrapped, _fire)
+    ref.call, ref.interceptor = call, interceptor
+    _WATCHED.add(ref)
+
+
+def _fire(ref: _Dropped) -> None:
+    _WATCHED.discard(ref)
+    ref.interceptor._dropped(ref.call)
+
+
+#: the live :class:`_Dropped` references (a weak reference fires only while it is alive itself)
+_WATCHED: set[_Dropped] = set()
 
 
 class Implementation(Protocol):
@@ -363,6 +389,8 @@ class Interceptor:
         outer_run.made += 1
         call.outer = outer
         if outer_run.phase is Phase.FORWARD:
+            if not outer.nested:
+                outer.nested = []
             outer.nested.append(call)
             if outer.reentrant:
                 call.replaced = True
@@ -374,7 +402,7 @@ class Interceptor:
 
     def _wrap(self, function: Callable[..., Any], call: CheckpointCall) -> RegionFunction:
         wrapped = RegionFunction(function, call, self)
-        weakref.finalize(wrapped, self._dropped, call)
+        _watch_drop(wrapped, call, self)
         return wrapped
 
     def _dropped(self, call: CheckpointCall) -> None:
@@ -388,7 +416,7 @@ class Interceptor:
     def _release(self, call: CheckpointCall) -> None:
         call.released = True
         self.released(call)
-        nested, call.nested = call.nested, []
+        nested, call.nested = call.nested, ()
         for inner in nested:
             if inner.dropped and not inner.released:
                 self._release(inner)

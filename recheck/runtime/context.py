@@ -24,7 +24,7 @@ import torch
 
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, GRAD_MODE_SUBJECT, autocast_subject
 
-__all__ = ["AUTOCAST_DEVICE_TYPES", "ComputeContext", "context_differences", "current_context"]
+__all__ = ["ANY_AUTOCAST_COVERS", "AUTOCAST_DEVICE_TYPES", "ComputeContext", "context_differences", "current_context"]
 
 
 def _readable(device_type: str) -> bool:
@@ -51,7 +51,8 @@ class ComputeContext:
     """Grad mode, autocast ``(device type, enabled, dtype)`` for each device type, default dtype."""
 
     grad_enabled: bool
-    autocast: tuple[tuple[str, bool, torch.dtype], ...]
+    #: ``(device type, enabled, dtype)``, the dtype None while that autocast is disabled
+    autocast: tuple[tuple[str, bool, torch.dtype | None], ...]
     default_dtype: torch.dtype
 
     def autocast_of(self, device_type: str) -> tuple[bool, torch.dtype | None]:
@@ -72,12 +73,44 @@ def current_context(grad_enabled: bool | None = None) -> ComputeContext:
     A reentrant-style checkpoint runs its forward under ``no_grad`` by design, and an
     ``autograd.Function``'s forward always runs with grad off: the grad mode the region is
     meant to run in is the one at the checkpoint call, which the caller passes here.
+    A device type's autocast dtype is kept only while its autocast is enabled (a disabled
+    autocast's dtype computes nothing).  It is read twice for every checkpoint invocation
+    ``watch()`` sees, so where no autocast is enabled (one call to torch) the device types
+    that call covers are not asked one by one.
     """
-    return ComputeContext(
-        torch.is_grad_enabled() if grad_enabled is None else bool(grad_enabled),
-        tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AUTOCAST_DEVICE_TYPES),
-        torch.get_default_dtype(),
-    )
+    grad = torch.is_grad_enabled() if grad_enabled is None else bool(grad_enabled)
+    if _any_autocast_enabled is not None and not _any_autocast_enabled():
+        autocast = _DISABLED
+        for index, device in _UNCOVERED:
+            if torch.is_autocast_enabled(device):
+                autocast = (*autocast[:index], _autocast_of(device), *autocast[index + 1:])
+    else:
+        autocast = tuple(_autocast_of(d) for d in AUTOCAST_DEVICE_TYPES)
+    default_dtype = torch.get_default_dtype()
+    if autocast is not _DISABLED:
+        return ComputeContext(grad, autocast, default_dtype)
+    # the usual context is one of a few values: one object each (a record keeps its context as
+    # long as the watch() block lasts)
+    context = _PLAIN.get((grad, default_dtype))
+    if context is None:
+        context = _PLAIN[(grad, default_dtype)] = ComputeContext(grad, autocast, default_dtype)
+    return context
+
+
+def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype | None]:
+    enabled = torch.is_autocast_enabled(device_type)
+    return device_type, enabled, torch.get_autocast_dtype(device_type) if enabled else None
+
+
+#: ``torch._C._is_any_autocast_enabled``: true when any of the device types in
+#: :data:`ANY_AUTOCAST_COVERS` has autocast on (tests/runtime/test_context.py holds it to that)
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+ANY_AUTOCAST_COVERS = frozenset({"cpu", "cuda", "xpu", "hpu"})
+#: the device types read one by one even where no autocast is enabled (torch 2.13 leaves mps out)
+_UNCOVERED = tuple((i, d) for i, d in enumerate(AUTOCAST_DEVICE_TYPES) if d not in ANY_AUTOCAST_COVERS)
+_DISABLED = tuple((d, False, None) for d in AUTOCAST_DEVICE_TYPES)
+#: the contexts without autocast, by grad mode and default dtype (immutable, so shared)
+_PLAIN: dict[tuple[bool, torch.dtype], ComputeContext] = {}
 
 
 def context_differences(forward: ComputeContext, recompute: ComputeContext, *,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -30,21 +29,41 @@ Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
 
 
-@dataclass(frozen=True)
 class TensorPrint:
-    """Metadata plus digest of a tensor, and its copy when the store keeps copies."""
+    """Metadata plus digest of a tensor, and its copy when the store keeps copies.
 
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: str
-    digest: int
-    copy: torch.Tensor | None = None
-    requires_grad: bool = False
-    #: why the values were not digested (metadata only), or None
-    unreadable: str | None = None
-    #: for a parameter (or a view of one): its version counter, which identifies it instead of
-    #: its bytes (see :func:`print_saved`)
-    version: int | None = None
+    Immutable by convention.  A plain slotted class, not a frozen dataclass: a print is taken
+    for every saved tensor of every forward and recompute, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) cost more than digesting a small tensor.
+    """
+
+    __slots__ = ("copy", "device", "digest", "dtype", "requires_grad", "shape", "unreadable", "version")
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: str, digest: int,
+                 copy: torch.Tensor | None = None, requires_grad: bool = False, unreadable: str | None = None,
+                 version: int | None = None) -> None:
+        self.shape, self.dtype, self.device, self.digest = shape, dtype, device, digest
+        self.copy, self.requires_grad, self.unreadable = copy, requires_grad, unreadable
+        #: for a parameter (or a view of one): its version counter, which identifies it instead of
+        #: its bytes (see :func:`print_saved`)
+        self.version = version
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.shape, self.dtype, self.device, self.digest, self.copy, self.requires_grad,
+                self.unreadable, self.version)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorPrint):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"TensorPrint(shape={self.shape!r}, dtype={self.dtype!r}, device={self.device!r}, "
+                f"digest={self.digest:#034x}, copy={'...' if self.copy is not None else None}, "
+                f"requires_grad={self.requires_grad!r}, unreadable={self.unreadable!r}, version={self.version!r})")
 
     @property
     def description(self) -> str:
@@ -100,64 +119,90 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     base = parameter if parameter is not None else tensor._base if tensor._base is not None else tensor
     if not (base.is_leaf and base.requires_grad) or base.layout != torch.strided:
         return print_tensor(tensor, store)
-    plain = tensor.detach()
-    identity = hash((id(base), plain.storage_offset(), plain.stride(), base._version))
-    return TensorPrint(tuple(plain.shape), plain.dtype, str(plain.device), identity & ((1 << 64) - 1),
+    identity = hash((id(base), tensor.storage_offset(), tensor.stride(), base._version))
+    return TensorPrint(tuple(tensor.shape), tensor.dtype, _device_name(tensor), identity & ((1 << 64) - 1),
                        None, tensor.requires_grad, None, base._version)
 
 
 def print_tensor(tensor: torch.Tensor, store: Store) -> TensorPrint:
     """The print of ``tensor`` under ``store`` ("digest" or "copy")."""
-    plain = tensor.detach()
-    shape, dtype, device = tuple(plain.shape), plain.dtype, plain.device
+    shape, dtype, device = tuple(tensor.shape), tensor.dtype, _device_name(tensor)
+    plain = tensor
     try:
-        if plain.layout != torch.strided:
-            plain = plain.to_dense()
-        if device.type == "cpu":
-            value = _cpu_digest(plain)
+        if plain.layout is not torch.strided:
+            plain = plain.detach().to_dense()
+        if device == "cpu":
+            value = _cpu_digest(plain, shape)
         else:
             with torch.no_grad():
-                value = digest(plain)
+                value = digest(plain.detach())
     except (TypeError, RuntimeError, NotImplementedError) as exc:
         # a tensor without plain bytes (a subclass, an exotic layout or dtype): metadata only
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return TensorPrint(shape, dtype, str(device), 0, None, tensor.requires_grad, reason)
-    copy = plain.clone() if store == "copy" else None
-    return TensorPrint(shape, dtype, str(device), value, copy, tensor.requires_grad)
+        return TensorPrint(shape, dtype, device, 0, None, tensor.requires_grad, reason)
+    copy = plain.detach().clone() if store == "copy" else None
+    return TensorPrint(shape, dtype, device, value, copy, tensor.requires_grad)
+
+
+#: the names of devices other than the CPU (``str(torch.device)`` costs a microsecond)
+_DEVICE_NAMES: dict[torch.device, str] = {}
+
+
+def _device_name(tensor: torch.Tensor) -> str:
+    if tensor.is_cpu:
+        return "cpu"
+    device = tensor.device
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = str(device)
+    return name
 
 
 #: integer dtype of each element width, for the in-place byte view of plain CPU tensors
 _SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-#: per dtype: (its name for the hash's header, the integer dtype it is viewed as, or None
-#: where ``bit_view`` must convert: complex, or widths without an integer dtype)
-_DTYPE_PLAN: dict[torch.dtype, tuple[str, torch.dtype | None]] = {}
+#: per (dtype, shape): the hash's header, its 64-bit XXH3 (the seed of the one-shot XXH3-128),
+#: and the integer dtype the tensor is viewed as, or None where ``bit_view`` must convert
+#: (complex, or widths without an integer dtype)
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int, torch.dtype | None]] = {}
+_HEADERS_SIZE = 4096
 
 
-def _plan(dtype: torch.dtype) -> tuple[str, torch.dtype | None]:
-    plan = _DTYPE_PLAN.get(dtype)
-    if plan is None:
+def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes, int, torch.dtype | None]:
+    entry = _HEADERS.get((dtype, shape))
+    if entry is None:
         same_width = None if dtype.is_complex else _SAME_WIDTH.get(torch.empty((), dtype=dtype).element_size())
-        plan = _DTYPE_PLAN[dtype] = (str(dtype), same_width)
-    return plan
+        if len(_HEADERS) >= _HEADERS_SIZE:
+            _HEADERS.clear()
+        header = f"{dtype}{shape}\0".encode()
+        seed = _XXH3_64(header) if _XXH3_64 is not None else 0
+        entry = _HEADERS[(dtype, shape)] = (header, seed, same_width)
+    return entry
 
 
-def _cpu_digest(tensor: torch.Tensor) -> int:
+def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
     """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
     A contiguous real tensor is hashed in place, its memory read through a ``ctypes`` array
     (not ``Tensor.numpy()``, which marks the storage as not resizable for good: Megatron's
     ``CheckpointWithoutOutput`` and FSDP free storages with ``resize_(0)``); anything else
     (non-contiguous, complex, negative views) goes through ``bit_view``, which makes the same
-    row-major bytes in a new tensor.
+    row-major bytes in a new tensor.  With XXH3 the header is the seed of one call over the
+    bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
     """
-    name, same_width = _plan(tensor.dtype)
-    hasher = _HASHER(f"{name}{tuple(tensor.shape)}\0".encode())
-    if tensor.numel():
+    header, seed, same_width = _header(tensor.dtype, tuple(tensor.shape) if shape is None else shape)
+    size = tensor.nbytes
+    data: Any = b""
+    if size:
         if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
             bits = tensor
         else:
             bits = bit_view(tensor)
-        hasher.update((ctypes.c_char * (bits.numel() * bits.element_size())).from_address(bits.data_ptr()))
+            size = bits.nbytes
+        data = (ctypes.c_char * size).from_address(bits.data_ptr())
+    if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
+        return _XXH3_128_SEEDED(data, seed)
+    hasher = _HASHER(header)
+    hasher.update(data)
     return int.from_bytes(hasher.digest()[:16], "little")
 
 
@@ -172,5 +217,11 @@ def _hasher() -> Any:
 
 #: the hash of CPU digests (see the module's docstring)
 _HASHER = _hasher()
+try:
+    import xxhash as _xxhash
+except ImportError:  # sha256 only
+    _XXH3_128 = _XXH3_128_SEEDED = _XXH3_64 = None
+else:
+    _XXH3_128, _XXH3_128_SEEDED, _XXH3_64 = _xxhash.xxh3_128, _xxhash.xxh3_128_intdigest, _xxhash.xxh3_64_intdigest
 #: which one it is, for reports and benchmarks
 DIGEST_NAME = "xxh3-128" if _HASHER is not hashlib.sha256 else "sha256"

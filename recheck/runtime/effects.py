@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Effect", "EffectCapture"]
+__all__ = ["Effect", "EffectCapture", "hold_logging", "release_logging"]
 
 _LOG_METHODS = {
     "debug": logging.DEBUG,
@@ -74,7 +75,12 @@ def _render(msg: Any, args: tuple) -> str:
 
 
 class EffectCapture:
-    """Record logging, stdout/stderr and warnings while active (not re-entrant)."""
+    """Record logging, stdout/stderr and warnings while active (not re-entrant).
+
+    ``logging.Logger``'s emitting methods are patched while any capture is active, by
+    functions made once (a capture is entered for every recompute ``watch()`` sees); a
+    logging call made while several captures are active is recorded in each.
+    """
 
     def __init__(self, passthrough: bool = False) -> None:
         self.passthrough = passthrough
@@ -83,28 +89,11 @@ class EffectCapture:
         self._warnings: Any = None
         self._caught: list[warnings.WarningMessage] = []
 
-    def _patched(self, name: str, level: int | None) -> Callable[..., Any]:
-        original = getattr(logging.Logger, name)
-        effects = self.effects
-
-        def emit(logger: logging.Logger, *args: Any, **kwargs: Any) -> Any:
-            if level is None:  # Logger.log(level, msg, *args)
-                lvl, msg, rest = (args[0], args[1], args[2:]) if len(args) >= 2 else (0, "", ())
-            else:
-                lvl, msg, rest = level, (args[0] if args else ""), args[1:]
-            name_ = logging.getLevelName(lvl)
-            effects.append(Effect("logging", f"{name_}:{logger.name}:{_render(msg, rest)}"))
-            return original(logger, *args, **kwargs)
-
-        emit.__wrapped__ = original  # type: ignore[attr-defined]
-        return emit
-
     def __enter__(self) -> EffectCapture:
-        for name, level in _LOG_METHODS.items():
-            self._saved[name] = logging.Logger.__dict__.get(name)
-            setattr(logging.Logger, name, self._patched(name, level))
-        self._saved["log"] = logging.Logger.__dict__.get("log")
-        logging.Logger.log = self._patched("log", None)  # type: ignore[method-assign]
+        with _LOCK:
+            if not _ACTIVE and not _held:
+                _install()
+            _ACTIVE.append(self)
         self._saved["stdout"], self._saved["stderr"] = sys.stdout, sys.stderr
         sys.stdout = _Tee(sys.stdout, lambda t: self.effects.append(Effect("stdout", t)),
                           self.passthrough)
@@ -123,9 +112,81 @@ class EffectCapture:
                 warnings.warn_explicit(message.message, message.category,
                                        message.filename, message.lineno)
         sys.stdout, sys.stderr = self._saved["stdout"], self._saved["stderr"]
-        for name in (*_LOG_METHODS, "log"):
-            original = self._saved[name]
-            if original is None:
+        with _LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+            if not _ACTIVE and not _held:
+                _uninstall()
+
+
+#: the active captures, in the order they were entered
+_ACTIVE: list[EffectCapture] = []
+#: how many holders keep the patches installed between captures (see :func:`hold_logging`)
+_held = 0
+_LOCK = threading.Lock()
+#: per patched method: what ``logging.Logger.__dict__`` held before (None: nothing) and the
+#: method the patch calls on, both read when the first capture is entered
+_SAVED: dict[str, Any] = {}
+_CALLS: dict[str, Callable[..., Any]] = {}
+
+
+def _emitter(name: str, level: int | None) -> Callable[..., Any]:
+    def emit(logger: logging.Logger, *args: Any, **kwargs: Any) -> Any:
+        if level is None:  # Logger.log(level, msg, *args)
+            lvl, msg, rest = (args[0], args[1], args[2:]) if len(args) >= 2 else (0, "", ())
+        else:
+            lvl, msg, rest = level, (args[0] if args else ""), args[1:]
+        effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
+        for capture in _ACTIVE.copy():  # a capture may end meanwhile (another thread)
+            capture.effects.append(effect)
+        return _CALLS[name](logger, *args, **kwargs)
+
+    emit.__name__ = emit.__qualname__ = name
+    return emit
+
+
+_EMITTERS = {name: _emitter(name, level) for name, level in (*_LOG_METHODS.items(), ("log", None))}
+
+
+def _install() -> None:
+    for name, emit in _EMITTERS.items():
+        _SAVED[name] = logging.Logger.__dict__.get(name)
+        _CALLS[name] = getattr(logging.Logger, name)
+        emit.__wrapped__ = _CALLS[name]  # type: ignore[attr-defined]
+        setattr(logging.Logger, name, emit)
+
+
+def _uninstall() -> None:
+    for name in _EMITTERS:
+        original = _SAVED.pop(name, None)
+        if original is None:
+            if name in logging.Logger.__dict__:
                 delattr(logging.Logger, name)
-            else:
-                setattr(logging.Logger, name, original)
+        else:
+            setattr(logging.Logger, name, original)
+
+
+def hold_logging() -> None:
+    """Keep the logging patches installed between captures until :func:`release_logging`.
+
+    A ``watch()`` block enters a capture for every recompute; patching ``logging.Logger``
+    once for the block instead of once per recompute saves setting and restoring seven class
+    attributes each time.  Between captures the patched methods record nothing and call the
+    originals.
+    """
+    global _held
+    with _LOCK:
+        if not _held and not _ACTIVE:
+            _install()
+        _held += 1
+
+
+def release_logging() -> None:
+    """Undo one :func:`hold_logging`; the last one restores ``logging.Logger`` (when no capture is active)."""
+    global _held
+    with _LOCK:
+        if _held <= 0:
+            raise RuntimeError("recheck: release_logging() without hold_logging()")
+        _held -= 1
+        if not _held and not _ACTIVE:
+            _uninstall()

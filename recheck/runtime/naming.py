@@ -119,9 +119,16 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
         qualname = getattr(plain, "__qualname__", code.co_name)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
             qualname = f"{type(owner).__qualname__}.{qualname}"
-        return RegionKey(qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}", callsite)
+        return _key(qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}", callsite)
     name = getattr(function, "__qualname__", None) or type(function).__qualname__
-    return RegionKey(name, None, callsite)
+    return _key(name, None, callsite)
+
+
+@functools.lru_cache(maxsize=4096)
+def _key(qualname: str, defined_at: str | None, callsite: str | None) -> RegionKey:
+    """One :class:`RegionKey` per region (immutable, so shared: a watch() block keeps one per
+    invocation record)."""
+    return RegionKey(qualname, defined_at, callsite)
 
 
 def region_name(function: Any) -> str:

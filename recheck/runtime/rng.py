@@ -54,7 +54,7 @@ def _state_bytes(state: torch.Tensor) -> bytes:
     Read through the storage's address, so numpy is not needed (and the storage stays
     resizable, which ``Tensor.numpy()`` would end).
     """
-    if state.device.type == "cpu" and state.dtype == torch.uint8 and state.is_contiguous():
+    if state.is_cpu and state.dtype is torch.uint8 and state.is_contiguous():
         flat = state  # what get_state() returns: read as it is (it is read four times a call)
     else:
         flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
@@ -73,7 +73,7 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     Python's state costs about 35 µs and numpy's about 110 µs, so ``watch()`` reads them only for
     regions whose code refers to them.  torch's own streams and explicit generators are always read.
     """
-    states: dict[str, Any] = {"cpu RNG": torch.get_rng_state()}
+    states: dict[str, Any] = {"cpu RNG": torch.default_generator.get_state()}  # torch.get_rng_state()
     for kind, module in _initialized_accelerators():
         for index in range(module.device_count()):
             states[f"{kind}:{index} RNG"] = module.get_rng_state(index)

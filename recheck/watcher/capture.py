@@ -182,18 +182,31 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
 BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
 
 
-def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions) -> None:
+def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
+                    walked: dict[int, None] | None = None) -> None:
     """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
 
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
     updates ``running_mean`` and ``running_var`` in place without bumping their versions.
+    ``walked`` (ids of modules whose subtrees were walked, as keys) lets a forward walk each
+    subtree once: the forward pre-hook calls this for every module that runs, and a module's
+    subtree was walked with its parent's.
     """
-    for top in modules:
-        for module in top.modules():
-            for name, buffer in module._buffers.items():
-                key = (id(module), name)
-                if buffer is not None and key not in into:
-                    into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
+    walked = {} if walked is None else walked
+    stack = list(modules)
+    stack.reverse()
+    while stack:  # pre-order, as Module.modules()
+        module = stack.pop()
+        if id(module) in walked:
+            continue
+        walked[id(module)] = None
+        for name, buffer in module._buffers.items():
+            key = (id(module), name)
+            if buffer is not None and key not in into:
+                into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
+        children = [child for child in module._modules.values() if child is not None]
+        children.reverse()
+        stack.extend(children)
 
 
 def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str]]:

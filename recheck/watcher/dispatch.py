@@ -29,7 +29,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
-from recheck.runtime.effects import EffectCapture
+from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.watcher.capture import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -77,6 +77,7 @@ class Dispatcher(Interceptor):
             pipelining.acquire()
             if not self.sessions:
                 self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
+                hold_logging()  # for the block, not for each recompute's capture
             self.sessions.append(session)
 
     def exit(self, session: SessionLike) -> None:
@@ -89,6 +90,7 @@ class Dispatcher(Interceptor):
                 if self._hook_handle is not None:
                     self._hook_handle.remove()
                     self._hook_handle = None
+                    release_logging()
             pipelining.release()
             patches.release()
 
@@ -159,7 +161,7 @@ class Dispatcher(Interceptor):
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"
-            _METADATA_FNS[key] = lambda tensor: record.saved_print(tensor, base(tensor))
+            _METADATA_FNS[key] = _SavedPrinter(record, base)
             arguments["determinism_check"] = key
             undo.callback(_METADATA_FNS.pop, key, None)
         return undo.close
@@ -285,6 +287,20 @@ class Dispatcher(Interceptor):
                 record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
+
+
+class _SavedPrinter:
+    """The ``determinism_check`` function of one invocation: torch's metadata of a saved
+    tensor, and the record's print of it (one object where a lambda is three: torch keeps it
+    for as long as the invocation's graph lives)."""
+
+    __slots__ = ("base", "record")
+
+    def __init__(self, record: InvocationRecord, base: Callable[[torch.Tensor], Any]) -> None:
+        self.record, self.base = record, base
+
+    def __call__(self, tensor: torch.Tensor) -> Any:
+        return self.record.saved_print(tensor, self.base(tensor))
 
 
 _STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)

@@ -44,6 +44,9 @@ from recheck.runtime.naming import RegionKey
 
 __all__ = ["Forward", "InvocationRecord", "SavedPrint"]
 
+#: the empty set of streams a forward consumed (one object, shared by every record)
+_NONE: frozenset[tuple[str, str]] = frozenset()
+
 
 @dataclass
 class Forward:
@@ -52,16 +55,16 @@ class Forward:
     reach: Reach
     entry: dict[tuple[str, str], Any]
     shown: dict[tuple[str, str], str]
-    rng_consumed: set[tuple[str, str]] = field(default_factory=set)
+    rng_consumed: frozenset[tuple[str, str]] = _NONE
     state_exit: capture.ModuleState = field(default_factory=dict)
     outputs: list[tuple[str, TensorPrint]] | None = None
-    saved: list[SavedPrint] = field(default_factory=list)
-    #: saved tensors whose print is taken when the forward returns (see ``saved_print``)
-    unprinted: list[tuple[SavedPrint, torch.Tensor]] = field(default_factory=list)
-    #: indices of saved tensors that are module buffers (compared as buffers, not here)
-    saved_buffers: set[int] = field(default_factory=set)
-    #: data pointers of the reached modules' buffers, and how many modules they cover
-    buffer_pointers: frozenset[int] = frozenset()
+    #: what torch saved, in order; each holds its tensor until the forward returns and its
+    #: print is taken (see ``saved_print``)
+    saved: list[SavedPrint] | tuple[()] = field(default_factory=list)
+    #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys
+    saved_buffers: dict[int, None] = field(default_factory=dict)
+    #: data pointers of the reached modules' buffers (keys), and how many modules they cover
+    buffer_pointers: dict[int, None] = field(default_factory=dict)
     #: the storages of their parameters, to the parameter
     parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
     buffer_modules: int = -1
@@ -71,38 +74,43 @@ class Forward:
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
     buffers_seen: capture.BufferVersions = field(default_factory=dict)
+    #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
+    walked: dict[int, None] = field(default_factory=dict)
     #: the modules that ran and their submodules, named: whose buffers and attributes are compared
-    state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    state_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
     #: the direct modules not among them: whose own attributes are compared
-    attribute_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    attribute_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
     #: buffers of other modules the forward wrote: (module name, module, buffer name)
-    touched_buffers: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)
-    #: subjects of the buffers the forward wrote
-    written_buffers: set[str] = field(default_factory=set)
+    touched_buffers: tuple[tuple[str, torch.nn.Module, str], ...] = ()
+    #: subjects of the buffers the forward wrote (keys)
+    written_buffers: dict[str, None] = field(default_factory=dict)
     #: grad mode (at the checkpoint call), autocast and default dtype of the forward
     context: ComputeContext | None = None
     #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
-    inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
+    inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
         reach = self.reach
-        self.state_modules = capture.with_submodules(reach, self.ran.values())
+        # tuples and dicts of strings: what an invocation keeps adds few objects for the
+        # garbage collector to walk (an empty tuple is none; a record lives as long as the block)
+        self.state_modules = tuple(capture.with_submodules(reach, self.ran.values()))
         covered = {id(module) for _, module in self.state_modules}
-        self.attribute_modules = []
+        attribute_modules = []
         for module in self.direct.values():
             if id(module) not in covered:
                 capture.add_module(reach, module)
-                self.attribute_modules.append(reach.modules[id(module)])
-        self.touched_buffers, self.written_buffers = [], set()
+                attribute_modules.append(reach.modules[id(module)])
+        touched, self.written_buffers = [], {}
         for module, name in capture.changed_buffers(self.buffers_seen):
             capture.add_module(reach, module)
             prefix = reach.modules[id(module)][0]
-            self.written_buffers.add(buffer_subject(prefix, name))
+            self.written_buffers[buffer_subject(prefix, name)] = None
             if id(module) not in covered:
-                self.touched_buffers.append((prefix, module, name))
+                touched.append((prefix, module, name))
+        self.attribute_modules, self.touched_buffers = tuple(attribute_modules), tuple(touched)
 
     def state(self, store: Store) -> capture.ModuleState:
         """The compared state now: buffers and attributes of the scope, the globals written."""
@@ -114,7 +122,7 @@ class Forward:
         if self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = len(self.reach.modules)
             modules = [module for _, module in list(self.reach.modules.values())]
-            self.buffer_pointers = frozenset(
+            self.buffer_pointers = dict.fromkeys(
                 buffer.data_ptr() for module in modules for buffer in module._buffers.values()
                 if buffer is not None and buffer.numel())
             self.parameter_storages = {
@@ -146,7 +154,8 @@ class SavedPrint:
     Equality is torch's own (``base``, e.g. shape/dtype/device), so torch's checks and
     messages are unchanged; the comparison also hands the forward's print and the recomputed
     tensor to the record, which prints it the way the forward's was printed.  A forward's
-    ``print`` is None until its forward returns.
+    ``print`` is None until its forward returns, and its ``tensor`` is held until then; a
+    recompute's holds its tensor only.
     """
 
     __slots__ = ("base", "print", "record", "index", "tensor")
@@ -223,13 +232,15 @@ class InvocationRecord:
         self.failed = False
         self.recomputes = 0
         self.closed = False
-        self.findings: list[Finding] = []
-        self._pass_saved: set[int] = set()
+        #: a list from the first finding on (most records have none)
+        self.findings: list[Finding] | tuple[()] = ()
+        #: indices of the saved tensors the current recompute compared (keys)
+        self._pass_saved: dict[int, None] = {}
         #: under a full replay: what the forward's state and effects were at its last saved
         #: tensor (where early stop would end a recompute), and which keys changed after it
         self.forward_effects: list[Any] | None = None
         self._at_last_save: tuple[capture.ModuleState, int | None] | None = None
-        self._late_keys: frozenset[tuple[str, str]] = frozenset()
+        self._late_keys: frozenset[tuple[str, str]] = _NONE
         self._early_effects: int | None = None
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
@@ -243,7 +254,7 @@ class InvocationRecord:
         self.forward = Forward(reach, entry, shown, context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
-        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -258,7 +269,7 @@ class InvocationRecord:
         if forward is not None and id(module) not in forward.ran:
             capture.add_module(forward.reach, module)
             forward.ran[id(module)] = module
-            capture.buffer_versions((module,), forward.buffers_seen)
+            capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -266,8 +277,8 @@ class InvocationRecord:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
         # a stream read only since a module found while running reached it has no entry to compare
-        forward.rng_consumed = {k for k, v in exit_state.items()
-                                if k[0] == "rng" and k in forward.entry and forward.entry[k] != v}
+        forward.rng_consumed = frozenset(k for k, v in exit_state.items()
+                                         if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
         forward.scope()
         forward.state_exit = forward.state(self.store)
         if has_output:
@@ -280,9 +291,10 @@ class InvocationRecord:
             self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
-        for saved, tensor in forward.unprinted:
-            saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
-        forward.unprinted = []
+        for saved in forward.saved:
+            tensor, saved.tensor = saved.tensor, None
+            if tensor is not None:
+                saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
         self.forward_done = True
 
     def _check_inputs(self) -> None:
@@ -296,7 +308,7 @@ class InvocationRecord:
             else:
                 continue
             self._add("input_mutation", f"{path} is modified in place by the region", subject=path, detail=how)
-        forward.inputs = []
+        forward.inputs = ()
 
     def _check_grad_reaches(self) -> None:
         """A reentrant forward runs under no_grad and its output requires grad only when an
@@ -320,7 +332,8 @@ class InvocationRecord:
         self.failed = True
         self.forward_done = True
         if self.forward is not None:
-            self.forward.unprinted = []
+            for saved in self.forward.saved:
+                saved.tensor = None
 
     def saved_print(self, tensor: torch.Tensor, base: Any) -> SavedPrint:
         """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.
@@ -334,11 +347,10 @@ class InvocationRecord:
         forward = self.forward
         if not self.forward_done and forward is not None:
             index = len(forward.saved)
-            saved = SavedPrint(base, None, self, index)
+            saved = SavedPrint(base, None, self, index, tensor.detach())
             forward.saved.append(saved)
-            forward.unprinted.append((saved, tensor.detach()))
             if forward.is_buffer(tensor):
-                forward.saved_buffers.add(index)
+                forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)
@@ -356,7 +368,7 @@ class InvocationRecord:
         reentrant call (another region's recompute making this call again).
         """
         self.recomputes += 1
-        self._pass_saved = set()
+        self._pass_saved = {}
         forward = self.forward
         assert forward is not None
         entry, _ = capture.entry_state(forward.reach, with_text=False)
@@ -400,7 +412,7 @@ class InvocationRecord:
         state_exit = forward.state(self.store)
         # under a full replay of a call that asked for early stop, what its forward changed only
         # after its last saved tensor is changed again only because of the replay: latent
-        late = self._late_keys if self.replay_fully and self.early_stop is True else frozenset()
+        late = self._late_keys if self.replay_fully and self.early_stop is True else _NONE
         # a buffer the forward did not write is updated by the recompute alone: once, as without
         # checkpoint (fairscale runs BatchNorm's update in the recompute only)
         once = {k for k in state_entry.keys() | state_exit.keys()
@@ -435,7 +447,7 @@ class InvocationRecord:
         """The recomputed saved tensor ``index`` against the forward's print of it."""
         if index in self._pass_saved:
             return
-        self._pass_saved.add(index)
+        self._pass_saved[index] = None
         forward = self.forward
         if forward is not None and index in forward.saved_buffers:
             return  # a module buffer autograd saved: the buffer comparison reports it
@@ -456,9 +468,10 @@ class InvocationRecord:
         self.function = None
         forward = self.forward
         if forward is not None:
-            forward.saved, forward.unprinted, forward.outputs, forward.state_exit = [], [], None, {}
-            forward.ran, forward.direct, forward.buffers_seen = {}, {}, {}
-            forward.state_modules, forward.attribute_modules, forward.touched_buffers = [], [], []
+            forward.saved, forward.outputs, forward.state_exit = (), None, {}
+            forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
+            forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
+            forward.parameter_storages, forward.buffer_pointers, forward.buffer_modules = {}, {}, -1
 
     # -- findings ------------------------------------------------------------------------
 
@@ -497,6 +510,8 @@ class InvocationRecord:
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
         if any(f.message == message and f.subject == subject for f in self.findings):
             return
+        if not self.findings:
+            self.findings = []
         self.findings.append(self._finding(kind, message, subject, detail, latent))
 
     def _saved_finding(self) -> list[Finding]:

@@ -46,3 +46,30 @@ def test_a_disabled_autocast_s_dtype_does_not_matter():
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         recompute = current_context()
     assert context_differences(forward, recompute) == []
+
+
+def test_every_device_type_s_autocast_is_seen_alone():
+    # the fast path asks torch once whether any autocast is on; a device type that answer does
+    # not cover (mps in torch 2.13) is still read on its own
+    for device in AUTOCAST_DEVICE_TYPES:
+        before = torch.is_autocast_enabled(device)
+        torch.set_autocast_enabled(device, True)
+        try:
+            now = current_context()
+        finally:
+            torch.set_autocast_enabled(device, before)
+        assert now.autocast_of(device) == (True, torch.get_autocast_dtype(device)), device
+        assert all(not enabled for d, enabled, _ in now.autocast if d != device)
+    assert all(not enabled and dtype is None for _, enabled, dtype in current_context().autocast)
+
+
+def test_the_one_question_covers_what_it_claims():
+    from recheck.runtime.context import ANY_AUTOCAST_COVERS
+
+    for device in ANY_AUTOCAST_COVERS & set(AUTOCAST_DEVICE_TYPES):
+        before = torch.is_autocast_enabled(device)
+        torch.set_autocast_enabled(device, True)
+        try:
+            assert torch._C._is_any_autocast_enabled(), device
+        finally:
+            torch.set_autocast_enabled(device, before)

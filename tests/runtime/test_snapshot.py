@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -166,6 +167,50 @@ def test_effect_capture_records_and_restores():
     assert "DEBUG:recheck.tests.effects:quiet 3" in texts and "INFO:recheck.tests.effects:explicit" in texts
     assert sys.stdout is stdout
     assert not hasattr(logging.Logger.debug, "__wrapped__")  # the patch is gone
+
+
+def test_nested_captures_each_record_a_logging_call_and_the_outer_one_restores():
+    logger = logging.getLogger("recheck.tests.effects")
+    original = logging.Logger.__dict__["info"]
+    with EffectCapture() as outer:
+        with EffectCapture() as inner:
+            logger.info("both")
+        logger.info("outer only")
+        assert logging.Logger.__dict__["info"] is not original
+    assert [e.text for e in inner.effects if e.channel == "logging"] == ["INFO:recheck.tests.effects:both"]
+    assert [e.text for e in outer.effects if e.channel == "logging"] == [
+        "INFO:recheck.tests.effects:both", "INFO:recheck.tests.effects:outer only"]
+    assert logging.Logger.__dict__["info"] is original
+
+
+def test_held_patches_outlive_captures_record_nothing_between_them_and_go_with_the_last_release():
+    from recheck.runtime.effects import hold_logging, release_logging
+
+    logger = logging.getLogger("recheck.tests.effects")
+    original = logging.Logger.__dict__["warning"]
+    hold_logging()
+    try:
+        logger.info("between captures")  # reaches the original, recorded nowhere
+        with EffectCapture() as capture:
+            logger.info("inside")
+        assert logging.Logger.__dict__["warning"] is not original  # still held
+    finally:
+        release_logging()
+    assert [e.text for e in capture.effects if e.channel == "logging"] == ["INFO:recheck.tests.effects:inside"]
+    assert logging.Logger.__dict__["warning"] is original
+    with pytest.raises(RuntimeError, match="without hold_logging"):
+        release_logging()
+
+
+def test_a_watch_block_leaves_logging_as_it_found_it():
+    import recheck
+    from torch.utils.checkpoint import checkpoint
+
+    before = {name: logging.Logger.__dict__.get(name) for name in ("debug", "info", "warning", "log")}
+    x = torch.ones(2, requires_grad=True)
+    with recheck.watch(raise_on_finding=False):
+        checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
+    assert {name: logging.Logger.__dict__.get(name) for name in before} == before
 
 
 def test_rng_comparison_sees_a_single_python_draw():
