@@ -108,7 +108,7 @@ _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
 ANY_AUTOCAST_COVERS = frozenset({"cpu", "cuda", "xpu", "hpu"})
 #: the device types read one by one even where no autocast is enabled (torch 2.13 leaves mps out)
 _UNCOVERED = tuple((i, d) for i, d in enumerate(AUTOCAST_DEVICE_TYPES) if d not in ANY_AUTOCAST_COVERS)
-_DISABLED = tuple((d, False, None) for d in AUTOCAST_DEVICE_TYPES)
+_DISABLED: tuple[tuple[str, bool, torch.dtype | None], ...] = tuple((d, False, None) for d in AUTOCAST_DEVICE_TYPES)
 #: the contexts without autocast, by grad mode and default dtype (immutable, so shared)
 _PLAIN: dict[tuple[bool, torch.dtype], ComputeContext] = {}
 

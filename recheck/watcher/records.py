@@ -348,7 +348,7 @@ class InvocationRecord:
         if not self.forward_done and forward is not None:
             index = len(forward.saved)
             saved = SavedPrint(base, None, self, index, tensor.detach())
-            forward.saved.append(saved)
+            forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
             if forward.is_buffer(tensor):
                 forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
