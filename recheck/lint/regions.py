@@ -249,6 +249,10 @@ class _Resolver:
         return None
 
 
+def _source_order(cls: ClassFacts) -> tuple[int, int]:
+    return cls.span.line, cls.span.column
+
+
 def _where(file: FileFacts, function: FunctionFacts) -> str:
     return f"{function.qualname} ({file.path}:{function.span.line})"
 
@@ -280,7 +284,7 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
                     reason = "" if found else resolver.why_not(site, file, caller)
                 reports.append(SiteReport(file.path, site.span.line, site.span.column, site.entry, site.caller,
                                           site.region_source, kind, [_where(*f) for f in found.values()], reason))
-        for cls in file.classes.values():
+        for cls in sorted(file.classes.values(), key=_source_order):  # outlined bodies fill in later
             if _short(cls.qualname) in CHECKPOINTING_BASES:
                 continue
             bases = index.base_names(file, cls)
