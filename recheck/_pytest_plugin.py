@@ -154,6 +154,7 @@ def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
         "early_stop": _early_stop(config, table),
         "store": _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store")),
         **tolerance,
+        "checkpoint_functions": table.get("checkpoint_functions"),
     }
     settings.options = _validated(settings.watch_options, "recheck")
     settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
@@ -243,7 +244,7 @@ class _Collector:
         if report.when != "call":
             return
         for name, value in report.user_properties:
-            if name == PROPERTY:
+            if name == PROPERTY and isinstance(value, dict):
                 self.settings.results.append({"nodeid": report.nodeid, **value})
 
 

@@ -210,6 +210,19 @@ def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) ->
     return subject.endswith(_BATCHNORM_BUFFERS)
 
 
+def _handwritten(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    # another implementation than torch's (DeepSpeed, fairscale, a project's own Function):
+    # what torch's checkpoint restores and this one did not; absent means torch's
+    if context.get("implementation", "torch") == "torch":
+        return False
+    return kind == "context" or bool(_DEFAULT_STREAM.match(subject))
+
+
+def _global_or_default_dtype(kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    # torch's default dtype is a global every factory call reads; no checkpoint restores it
+    return kind == "global" or subject == "default dtype"
+
+
 #: Subjects of the state a training step is meant to change (check_step's end state): a
 #: difference there follows from a gradient, it is not a write the region makes.
 TRAINING_STATE = ("parameter ", "optimizer state ")
@@ -223,24 +236,28 @@ _NARROWING = {
     "RC002": _rng_not_preserved,
     "RC102": _device_stream,
     "RC105": _host_stream,
+    "RC003": _handwritten,
     "RC106": _batchnorm_buffer,
+    "RC101": _global_or_default_dtype,
     "RC104": _written_state,
 }
 
 #: Every rule code, with its advice and what it explains.  Order matters within a kind
-#: (see :meth:`Entry.explains`): RC106 before RC104 for ``buffer``.
+#: (see :meth:`Entry.explains`): RC106 before RC104 for ``buffer``, RC003 (another
+#: implementation's own) before RC002 and RC102 for ``rng`` and before RC101 for ``context``.
 REGISTRY: tuple[Entry, ...] = (
     Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards",
           fixable=True),
+    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state",
+          ("rng", "context")),
     Entry("RC002", "the region draws random numbers but preserve_rng_state=False", ("rng",)),
-    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state"),
     Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve",
           ("rng",)),
     Entry("RC105", "the region draws from an RNG that checkpoint does not restore", ("rng",)),
     Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute",
           ("buffer",)),
     Entry("RC101", "the region reads a global that changes between forward and recompute",
-          ("global",)),
+          ("global", "context")),
     Entry("RC103", "the region logs, prints or warns; it runs again on recompute",
           ("side_effect",)),
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",

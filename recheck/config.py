@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
 __all__ = ["SCHEMA", "Config", "ConfigError", "find_pyproject", "load_config"]
 

@@ -32,6 +32,7 @@ DYNAMIC_KINDS: Mapping[str, str] = {
     "recompute": "values recomputed in backward differ from the original forward's",
     "gradient": "a gradient differs from the uncheckpointed run's",
     "rng": "a random-number generator's state differs",
+    "context": "grad mode, autocast (enabled, dtype) or the default dtype differs between forward and recompute",
     "buffer": "a module buffer (such as BatchNorm running statistics) differs",
     "state": "Python-side state (module attributes, containers, globals written) differs",
     "global": "a global the region reads had another value at recompute than at forward",

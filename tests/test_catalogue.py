@@ -43,6 +43,16 @@ def test_entry_kinds_are_documented_and_known(item):
     ("input_mutation", "args[0]", {}, "RC107"),
     ("gradient", "grad of `w`", {}, None),
     ("output", "output[0]", {}, None),
+    # another implementation's own hazards: what torch's checkpoint restores and it does not
+    ("rng", "cpu RNG", {"implementation": "CheckpointFunction"}, "RC003"),
+    ("rng", "cuda:0 RNG", {"implementation": "declared"}, "RC003"),
+    ("rng", "Python random", {"implementation": "deepspeed"}, "RC105"),
+    ("rng", "cpu RNG", {"implementation": "torch", "preserve_rng_state": False}, "RC002"),
+    ("context", "autocast `cpu`", {"implementation": "fairscale"}, "RC003"),
+    ("context", "default dtype", {"implementation": "megatron"}, "RC003"),
+    ("context", "default dtype", {"implementation": "torch"}, "RC101"),
+    ("context", "default dtype", {}, "RC101"),
+    ("context", "autocast `cuda`", {"implementation": "torch"}, None),
 ])
 def test_explain(kind, subject, context, code):
     assert explain(kind, subject, **context) == code

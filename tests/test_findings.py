@@ -14,6 +14,7 @@ def test_kind_vocabulary_is_fixed():
         "recompute",
         "gradient",
         "rng",
+        "context",
         "buffer",
         "state",
         "global",

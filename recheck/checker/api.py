@@ -133,8 +133,8 @@ def assert_recompute_equal(fn: Callable[..., Any], /, *args: Any, **options: Any
 
 def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool | None = None,
                store: str | None = None, atol: float | None = None, rtol: float | None = None,
-               max_ulp: int | None = None, modules: Sequence[Any] = (),
-               optimizers: Sequence[Any] = ()) -> Report:
+               max_ulp: int | None = None, checkpoint_functions: Sequence[str] | None = None,
+               modules: Sequence[Any] = (), optimizers: Sequence[Any] = ()) -> Report:
     """Check a whole training step against its uncheckpointed twin, bit for bit.
 
     Snapshots everything the step can touch (parameters, gradients, buffers, module
@@ -155,6 +155,11 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
         early_stop, store: the options of the :func:`recheck.watch` around the step as written.
         atol, rtol: a tolerance for floating-point values, given together (as
             ``torch.testing.assert_close`` requires); max_ulp instead, in units in the last place.
+        checkpoint_functions: dotted names of the project's own checkpoint functions (the
+            ``checkpoint-functions`` key of ``[tool.recheck]``): watched and bypassed like torch's.
+            DeepSpeed's, Megatron's and fairscale's are known already, and a hand-written
+            checkpoint nothing names is still seen: a module that runs again during backward
+            is compared with its own forward.
         modules, optimizers: state the step uses that cannot be found from it (its closure,
             globals, bound objects and ``functools.partial`` arguments are searched).
 
@@ -181,7 +186,7 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     from recheck.watcher.options import WatchOptions
 
     options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
-                              where="recheck.check_step")
+                              checkpoint_functions=checkpoint_functions, where="recheck.check_step")
     if patches.installed() is not None:
         raise RuntimeError("recheck.check_step() cannot run while checkpoint calls are already intercepted "
                            "(inside recheck.watch(), recheck.measure() or another check); run it outside that block")

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
+from recheck.runtime.context import ComputeContext, context_differences
 from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
 from recheck.runtime.explaining import effect_messages, param_version_message
@@ -23,7 +24,7 @@ from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 
 __all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
-           "effect_findings", "saved_tensor_findings"]
+           "context_findings", "effect_findings", "saved_tensor_findings"]
 
 @dataclass(frozen=True)
 class Context:
@@ -45,7 +46,9 @@ class Context:
 
     def explain(self, kind: str, subject: str) -> str | None:
         """The rule code the registry gives a finding of ``kind`` about ``subject``."""
-        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        context: dict[str, object] = {"implementation": "torch"}
+        if self.preserve_rng_state is not None:
+            context["preserve_rng_state"] = self.preserve_rng_state
         return explain(kind, subject, **context)
 
 
@@ -176,6 +179,18 @@ def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
         findings.append(ctx.finding("param_version", subject, message, detail,
                                     ctx.explain("param_version", subject), latent))
     return findings
+
+
+def context_findings(ctx: Context, forward: ComputeContext | None, recompute: ComputeContext | None, *,
+                     latent: bool = False) -> list[Finding]:
+    """One ``context`` finding per part of the context (grad mode, autocast per device type,
+    default dtype) the recompute starts in differently from the forward.  The reentrant
+    variant runs its forward under no_grad by design: its grad mode is not compared."""
+    if forward is None or recompute is None:
+        return []
+    return [ctx.finding("context", subject, message, detail, ctx.explain("context", subject), latent)
+            for subject, message, detail in context_differences(forward, recompute,
+                                                                compare_grad=not ctx.use_reentrant)]
 
 
 def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:

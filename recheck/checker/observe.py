@@ -3,8 +3,8 @@
 torch calls the *same* object for the forward and for the recompute (both
 variants), so call 1 of a checkpointed run is the forward and later calls are
 recomputations.  Each :class:`CallRecord` holds the state at entry (RNG streams,
-globals the region reads, parameter versions), the side effects emitted during the
-call, the outputs (flattened, detached) and how the call ended: ``returned``,
+globals the region reads, parameter versions), the context it computes in (grad mode,
+autocast, default dtype), the side effects emitted during the call, the outputs (flattened, detached) and how the call ended: ``returned``,
 ``stopped`` (torch's early stop ended it) or ``raised``.
 """
 
@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from recheck.runtime.bits import bits_equal
+from recheck.runtime.context import ComputeContext, current_context
 from recheck.runtime.effects import Effect, EffectCapture
 from recheck.runtime.reach import Reach
 from recheck.runtime.trees import input_tensors, leaves
@@ -40,6 +41,7 @@ class CallRecord:
     outputs: list[tuple[str, Any]] | None = None
     outcome: str = "running"
     error: BaseException | None = None
+    context: ComputeContext | None = None
 
 
 class Probe:
@@ -100,7 +102,7 @@ class Observer:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         entry, shown = self.probe.read()
-        record = CallRecord(index=len(self.calls) + 1, entry=entry, shown=shown)
+        record = CallRecord(index=len(self.calls) + 1, entry=entry, shown=shown, context=current_context())
         self.calls.append(record)
         if self.track_inputs and record.index == 1:
             record.inputs_entry = _input_copies(args, kwargs)

@@ -35,8 +35,8 @@ from recheck.checker.observe import CallRecord, Observer, Probe
 from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
 from recheck.runtime.trees import input_tensors, leaves
 from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
-from recheck.runtime.snapshot import (BindingsRecord, GradRecord, NewKeysRecord, Observed,
-                                   RngRecord, Snapshot, TensorRecord, ValueRecord)
+from recheck.runtime.snapshot import (BindingsRecord, DefaultDtypeRecord, GradRecord, NewKeysRecord,
+                                   Observed, RngRecord, Snapshot, TensorRecord, ValueRecord)
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 
@@ -78,6 +78,7 @@ class Runner:
         self.fn, self.args, self.kwargs, self.options = fn, args, kwargs, options
         self.reach: Reach = static_reach(fn, args, kwargs)
         self.snapshot = Snapshot(RngRecord(self.reach.generators))
+        self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters: dict[str, torch.Tensor] = {}
         self.upstream: list[tuple[str, torch.Tensor]] | None = None
         self.after_forward: tuple[Snapshot | None, tuple, dict] | None = None

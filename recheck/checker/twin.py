@@ -55,7 +55,7 @@ from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
 from recheck.runtime.reach import Reach, static_reach
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import GradRecord, Observed, Snapshot
+from recheck.runtime.snapshot import DefaultDtypeRecord, GradRecord, Observed, Snapshot
 from recheck.runtime.steps import StepState, discover_state
 from recheck.runtime.trees import leaves
 
@@ -84,6 +84,8 @@ class StepRun:
     report: Report | None = None
     compiled: bool = False
     notes: list[str] = field(default_factory=list)
+    #: findings of the recompute probe (checkpoint implementations no entry point reports)
+    probe: list[Finding] = field(default_factory=list)
 
 
 class Twin:
@@ -102,6 +104,7 @@ class Twin:
                 self.reach.tensors[f"tensor#{len(self.reach.tensors) + 1}"] = tensor
         generators = {**self.reach.generators, **{f"#{i}": g for i, g in enumerate(self.state.generators)}}
         self.snapshot = Snapshot(RngRecord(generators))
+        self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
         self._restore_loop = self.state.loop_snapshot()
         self._grads = {r.name: r for r in self.snapshot.grads()}
@@ -155,18 +158,23 @@ class Twin:
     @contextlib.contextmanager
     def _mode(self, run: StepRun, watch_options: Mapping[str, Any], compiled: bool) -> Iterator[None]:
         if run.mode == "as written":
+            from recheck.watcher.probe import RecomputeProbe
             from recheck.watcher.session import watch
 
             watcher = watch(raise_on_finding=False, **watch_options)
+            # the step's own modules (named in the step, not inside another) name what it finds
+            probe = RecomputeProbe(*[m for name, m in self.reach.modules.values() if "." not in name])
             compilations = _dynamo_compilations()
             try:
-                with watcher:
+                with watcher, probe:  # the probe sees recomputes of implementations nothing intercepts
                     yield
             finally:
                 run.report = watcher.report
+                run.probe = list(probe.findings)
                 run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
             return
-        with _full_memory_budget(compiled) as budget_notes, bypassing() as bypass:
+        extra = watch_options.get("checkpoint_functions") or ()
+        with _full_memory_budget(compiled) as budget_notes, bypassing(extra) as bypass:
             yield
         run.notes.extend(bypass.notes + budget_notes)
         if not bypass.bypassed and not compiled:
@@ -270,15 +278,17 @@ def _ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
 
 def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
     subject = finding.subject or ""
+    x: Any
+    y: Any
     if finding.kind == "gradient":
         name = subject.removeprefix("grad of ")
         x, y = a.grads.get(name), b.grads.get(name)
     elif finding.kind == "output":
         x, y = dict(a.result).get(subject), dict(b.result).get(subject)
     else:
-        x = a.post.get((finding.kind, subject))
-        y = b.post.get((finding.kind, subject))
-        x, y = (x.value if x is not None else None), (y.value if y is not None else None)
+        seen_a, seen_b = a.post.get((finding.kind, subject)), b.post.get((finding.kind, subject))
+        x = seen_a.value if seen_a is not None else None
+        y = seen_b.value if seen_b is not None else None
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
         return x, y
     return None
@@ -400,6 +410,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
     finally:
         twin.restore()
     watched = written.report if written.report is not None else Report()
+    watched.findings.extend(written.probe)
     notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
     stats = {"runs": 2 + max(repeats - 1, 0), "parameters": len(twin.parameters),
              "watch": dict(watched.stats)}

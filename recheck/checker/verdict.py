@@ -13,7 +13,8 @@ from typing import Iterable
 
 from recheck.runtime.explaining import with_likely_causes
 from recheck.checker.compare import (Context, compare_entries, compare_grads, compare_observed,
-                                     compare_outputs, effect_findings, saved_tensor_findings)
+                                     compare_outputs, context_findings, effect_findings,
+                                     saved_tensor_findings)
 from recheck.checker.run import RunResult
 from recheck.findings import DYNAMIC_KINDS, Finding
 
@@ -78,11 +79,11 @@ def _run_findings(ctx: Context, plain: RunResult, run: RunResult, input_mutated:
     recompute_calls = calls[1:]
     raised = [c for c in recompute_calls if c.outcome == "raised"
               and type(c.error).__name__ != "CheckpointError"]  # torch's own: see backward
-    if raised:
-        exc = raised[0].error
+    error = raised[0].error if raised else None
+    if error is not None:
         findings.append(ctx.finding("recompute", "recompute",
-                                    f"the region raised during recompute: {_first_line(exc)}",
-                                    str(exc), latent=latent))
+                                    f"the region raised during recompute: {_first_line(error)}",
+                                    str(error), latent=latent))
     elif run.backward_error is not None:
         exc = run.backward_error
         kind = _error_kind(exc, input_mutated)
@@ -100,6 +101,7 @@ def _run_findings(ctx: Context, plain: RunResult, run: RunResult, input_mutated:
                                         latent=latent, flat=True)
         shown = {k: (calls[0].shown.get(k, ""), first.shown.get(k, "")) for k in calls[0].entry}
         findings += compare_entries(ctx, calls[0].entry, first.entry, shown, latent=latent)
+        findings += context_findings(ctx, calls[0].context, first.context, latent=latent)
         effects = [e for call in recompute_calls for e in call.effects]
         findings += effect_findings(ctx, effects, latent=latent)
     if not latent and run.backward_error is None and not raised:

@@ -222,7 +222,8 @@ def _watch_options(ns: argparse.Namespace, config: Any) -> dict[str, Any]:
         "early_stop", False if table.get("strict") else None)
     flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
     tolerance = flags or {n: table[n] for n in _TOLERANCES if n in table}
-    options = {"early_stop": early_stop, "store": ns.store or table.get("store"), **tolerance}
+    options = {"early_stop": early_stop, "store": ns.store or table.get("store"), **tolerance,
+               "checkpoint_functions": table.get("checkpoint_functions")}
     try:
         WatchOptions.of(**options, where="recheck check --step")
     except (TypeError, ValueError) as exc:

@@ -155,12 +155,11 @@ def run(ns: argparse.Namespace) -> int:
 
     with progress("loading", quiet=ns.quiet) as bar:  # the user's file, and torch with it
         bar.describe(ns.target)
+        failure: TargetError | None = None
         try:
             (target,) = load_target(_target_spec(ns.target))
         except TargetError as exc:
             failure = exc
-        else:
-            failure = None
     if failure is not None:  # said once the bar is gone
         return _error(str(failure), failure.user_traceback or "")
     if ns.plan:

@@ -11,7 +11,7 @@ checkpointed and the report says so.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from recheck.intercept import patches
 from recheck.intercept.hooks import CheckpointCall, Interceptor
@@ -44,14 +44,20 @@ class Bypass(Interceptor):
 
 
 @contextlib.contextmanager
-def bypassing() -> Iterator[Bypass]:
-    """Bypass every checkpoint call made inside the block (nesting inside another
-    interception is refused: the block's calls would go to the outer one)."""
+def bypassing(extra_functions: Iterable[str] = ()) -> Iterator[Bypass]:
+    """Bypass every checkpoint call made inside the block: torch's entry points, the known
+    libraries' (DeepSpeed, Megatron, fairscale) and the dotted ``extra_functions`` a project
+    declares (``checkpoint-functions``).  Nesting inside another interception is refused: the
+    block's calls would go to the outer one."""
     if patches.installed() is not None:
         raise RuntimeError("recheck: checkpoint calls are already intercepted (inside recheck.watch(), "
                            "recheck.measure() or another check_step); run this outside that block")
     bypass = Bypass()
-    patches.acquire(bypass)
+    installation = patches.acquire(bypass, extra_functions=tuple(extra_functions))
+    for name in extra_functions:
+        how = installation.declared.get(name, "")
+        if how not in ("code", "rebound"):
+            bypass.notes.append(f"checkpoint-functions: {how}; its calls were not bypassed")
     try:
         yield bypass
     finally:

@@ -18,10 +18,15 @@ What is patched (layout measured on torch 2.13, see the research notes §2.3):
    decorator form ``checkpoint(use_reentrant=False)(fn)``) drive it without calling
    ``checkpoint()``.
 3. ``CheckpointFunction.forward``, for code that calls ``CheckpointFunction.apply`` itself.
+4. The entry points of the other checkpoint implementations that are imported (DeepSpeed,
+   Megatron-core, fairscale: :mod:`recheck.intercept.implementations`), and the functions a
+   project declares in ``checkpoint-functions`` (``acquire(hooks, extra_functions=[...])``).
 
 The patches only route calls to a :class:`Hooks` object; what is recorded is decided
 there (``recheck.watcher.dispatch``).  :func:`acquire` / :func:`release` count nested
-users, and the last release puts every original object back (``is`` identity).
+users, and the last release puts every original object back (``is`` identity).  Every
+:func:`acquire` also patches the implementations imported since the first one, and the
+declared functions it is given that are not patched yet.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
+
+from recheck.intercept import implementations
 
 __all__ = [
     "CELL_VARIABLE",
@@ -74,6 +81,9 @@ class Hooks(Protocol):
     def reentrant_forward(self, original: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
         """``CheckpointFunction.forward(ctx, run_function, preserve_rng_state, *args)``."""
 
+    def foreign(self, implementation: Any, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A call of another implementation's entry point (``recheck.intercept.implementations``)."""
+
     def compiled(self) -> None:
         """A checkpoint call was passed through untouched because torch.compile was tracing."""
 
@@ -111,9 +121,17 @@ class Installation:
     generator_replacement: Any = None
     original_forward: Any = None
     missed: list[str] = field(default_factory=list)
+    #: patches of other implementations and declared functions, in the order made
+    foreign: list[Any] = field(default_factory=list)
+    #: the names of the known implementations' entry points patched (``"deepspeed"`` ...)
+    implementations: set[str] = field(default_factory=set)
+    #: each declared function given to :func:`acquire`: ``"code"``, ``"rebound"``, or why not patched
+    declared: dict[str, str] = field(default_factory=dict)
 
     def undo(self) -> None:
         """Restore every patched object (``is`` identity with the originals)."""
+        for patch in reversed(self.foreign):
+            patch.undo()
         if self.cell is not None:
             self.cell.cell_contents = self.real_checkpoint
         for namespace, name, original, replacement in reversed(self.replaced_globals):
@@ -139,16 +157,29 @@ def installed() -> Installation | None:
     return _installation
 
 
-def acquire(hooks: Hooks) -> Installation:
-    """Install the patches (first user) or count one more user of the installed ones."""
+def acquire(hooks: Hooks, extra_functions: Iterable[str] = ()) -> Installation:
+    """Install the patches (first user) or count one more user of the installed ones.
+
+    ``extra_functions``: dotted names of functions that checkpoint their first argument (the
+    ``checkpoint-functions`` key of ``[tool.recheck]``), intercepted like the known
+    implementations when their module is imported; ``Installation.declared`` says how each
+    was patched, or why it was not.  They stay patched until the last :func:`release`.
+    """
     global _installation, _users
     with _lock:
         if _installation is None:
             _installation = _install(hooks)
             for what in _installation.missed:
                 warnings.warn(what, LayoutWarning, stacklevel=3)
+        installation = _installation
+        installation.foreign += implementations.install(installation.hooks, installation.implementations)
+        for name in extra_functions:
+            if installation.declared.get(name) not in ("code", "rebound"):
+                made, how = implementations.install_declared(name, installation.hooks)
+                installation.foreign += made
+                installation.declared[name] = how
         _users += 1
-        return _installation
+        return installation
 
 
 def release() -> None:
@@ -195,14 +226,7 @@ def _checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[
 def _rebind_exported(installation: Installation, exported: Any) -> None:
     """Fallback: replace the module attribute and every module global bound to it."""
     replacement = _checkpoint_replacement(exported, installation.hooks)
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for name, value in list(namespace.items()):
-            if value is exported:
-                namespace[name] = replacement
-                installation.replaced_globals.append((namespace, name, exported, replacement))
+    installation.replaced_globals.extend(implementations.rebind_everywhere(exported, replacement))
     installation.missed.append(
         "recheck: torch.utils.checkpoint.checkpoint does not have the layout recheck expects "
         f"(a torch._disable_dynamo closure whose {CELL_VARIABLE!r} cell holds __wrapped__); "

@@ -53,9 +53,9 @@ def render(fmt: str, findings: Sequence[Finding], errors: Iterable[Any] = (), *,
 
         return dumps(sarif_log(findings, errors, root or Path.cwd(), version))
     if fmt == "github":
-        from recheck.output.github import annotations
+        from recheck.output.github import workflow_commands
 
-        return annotations(findings, errors)
+        return workflow_commands(findings, errors)
     if fmt == "text":
         from recheck.output.text import format_findings
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Finding
 
-__all__ = ["annotations", "escape", "place"]
+__all__ = ["escape", "place", "workflow_commands"]
 
 
 def escape(text: str, property_value: bool = False) -> str:
@@ -51,7 +51,7 @@ def _annotation(finding: Finding) -> str:
     return f"::warning {','.join(props)}::{escape(message)}"
 
 
-def annotations(findings: Sequence[Finding], errors: Iterable[Any] = ()) -> str:
+def workflow_commands(findings: Sequence[Finding], errors: Iterable[Any] = ()) -> str:
     """The workflow commands for ``findings`` and for the inputs in ``errors`` (path, reason)."""
     lines = [_annotation(f) for f in findings]
     for error in errors:

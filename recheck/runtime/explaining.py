@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CAUSES", "SYMPTOMS", "effect_messages", "is_symptom", "param_version_message", "with_likely_causes"]
 
 #: Kinds that explain a value difference, most specific first.
-CAUSES = ("rng", "global", "param_version", "input_mutation", "buffer", "state", "side_effect")
+CAUSES = ("rng", "context", "global", "param_version", "input_mutation", "buffer", "state", "side_effect")
 #: Kinds that are the consequence of a cause: values that came out different.
 SYMPTOMS = ("output", "recompute", "gradient")
 

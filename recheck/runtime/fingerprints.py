@@ -10,6 +10,7 @@ These are re-exported by :mod:`recheck.runtime.snapshot`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -94,8 +95,8 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                       for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if isinstance(value, (set, frozenset)):
-        items = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
-        return (type(value).__name__, len(value), items)
+        members = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
+        return (type(value).__name__, len(value), members)
     if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
         return ("ndarray", getattr(value, "shape", ()), str(getattr(value, "dtype", "")),
                 value.tobytes())
@@ -111,6 +112,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
 MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def is_module_state(name: str) -> bool:
     """Whether a module attribute is state a region may change (not torch's bookkeeping).
 

@@ -14,16 +14,19 @@ import functools
 import inspect
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["RegionKey", "call_site", "describe", "region_name", "relative", "unwrap"]
+__all__ = ["DEFAULT_DTYPE_SUBJECT", "GRAD_MODE_SUBJECT", "RegionKey", "attribute_subject", "autocast_subject",
+           "buffer_subject", "call_site", "describe", "grad_subject", "parameter_subject", "region_name",
+           "relative", "unwrap"]
 
 _SKIPPED_DIRS = tuple(
-    str(Path(module.__file__).resolve().parent) + os.sep
+    str(Path(str(module.__file__)).resolve().parent) + os.sep
     for module in (torch, functools, sys.modules["recheck"])
     if getattr(module, "__file__", None)
 )
@@ -88,12 +91,17 @@ def _relative_to(path: str, cwd: str) -> str:
     return path if rel.startswith(".." + os.sep + "..") else rel
 
 
-def call_site(depth: int = 2) -> str | None:
-    """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck."""
-    frame = sys._getframe(depth)
+def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
+    """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck.
+
+    ``skip`` adds folders (ending in a path separator) whose frames are passed over too: a
+    checkpoint library's own package, so that the call site is the user's call of it.
+    """
+    frame: types.FrameType | None = sys._getframe(depth)
+    skipped = _SKIPPED_DIRS + skip
     while frame is not None:
         filename = frame.f_code.co_filename
-        if filename not in _SKIPPED_FILES and not filename.startswith(_SKIPPED_DIRS) and not filename.startswith("<frozen"):
+        if filename not in _SKIPPED_FILES and not filename.startswith(skipped) and not filename.startswith("<frozen"):
             return f"{relative(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
@@ -129,11 +137,13 @@ def region_name(function: Any) -> str:
 # -- subjects: what a finding says differs, the same words in every face ------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every attribute at every invocation
 def attribute_subject(module: str, name: str) -> str:
     """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
     return f"attribute `{module or 'self'}.{name}`"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def buffer_subject(module: str, name: str) -> str:
     """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
     return f"buffer `{module + '.' if module else ''}{name}`"
@@ -142,6 +152,16 @@ def buffer_subject(module: str, name: str) -> str:
 def parameter_subject(names: list[str]) -> str:
     """``parameter `w``` or ``parameters `w`, `b```: the parameters a ``param_version`` names."""
     return ("parameter " if len(names) == 1 else "parameters ") + ", ".join(f"`{n}`" for n in names)
+
+
+#: the subject of a ``context`` finding about grad mode, and about the default dtype
+GRAD_MODE_SUBJECT = "grad mode"
+DEFAULT_DTYPE_SUBJECT = "default dtype"
+
+
+def autocast_subject(device_type: str) -> str:
+    """``autocast `cpu```: the subject of a ``context`` finding about one device type's autocast."""
+    return f"autocast `{device_type}`"
 
 
 def grad_subject(name: str) -> str:

@@ -112,6 +112,14 @@ class Reach:
         self.objects: dict[str, Any] = {}
         #: callables and modules made by ``torch.compile`` that the region or step reaches
         self.compiled: list[str] = []
+        #: the host RNG streams the code refers to (``"Python random"``, ``"numpy global RNG"``),
+        #: following functions into other modules too
+        self.host_rng: set[str] = set()
+        #: (namespace, name, identities) of the globals whose objects (modules, generators,
+        #: tensors, also inside containers) the reach took in: it describes the region only while
+        #: each name still holds those very objects
+        self.bound: list[tuple[dict, str, Any]] = []
+        self._rng_scanned: set[int] = set()
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -179,6 +187,7 @@ class Reach:
             module = namespace.get(name)
             if isinstance(module, types.ModuleType) and not _is_library(module.__name__):
                 self._add_module_attribute(module, attr)
+        self._scan_host_rng(function)
         for name in reads:
             if name not in namespace:
                 continue  # a builtin
@@ -190,6 +199,8 @@ class Reach:
                     self.walk_function(value)
                 continue
             self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
+            if not isinstance(value, (int, float, str, bytes, bool, type(None))):
+                self.bound.append((namespace, name, _identities(value)))
             self.add_value(name, value)
         for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
             try:
@@ -197,6 +208,35 @@ class Reach:
             except ValueError:  # an empty cell
                 continue
             self.add_value(cell_name, contents)
+
+    def still_bound(self) -> bool:
+        """Whether every global the reach took objects from still holds the same object."""
+        return all(_identities(namespace.get(name, MISSING_VALUE)) == taken for namespace, name, taken in self.bound)
+
+    def _scan_host_rng(self, function: types.FunctionType) -> None:
+        """Note whether ``function`` (or a function it names, in any module) uses Python's or
+        numpy's global RNG: the ``random`` or ``numpy`` module, or a function taken from them."""
+        if id(function.__code__) in self._rng_scanned or len(self.host_rng) == 2:
+            return
+        self._rng_scanned.add(id(function.__code__))
+        namespace = function.__globals__
+        for name in code_globals(function.__code__)[0]:
+            value = namespace.get(name)
+            stream = _host_stream(value)
+            if stream is not None:
+                self.host_rng.add(stream)
+            elif isinstance(value, types.FunctionType) and not _is_library(value.__module__):
+                self._scan_host_rng(value)
+        for cell in function.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            stream = _host_stream(value)
+            if stream is not None:
+                self.host_rng.add(stream)
+            elif isinstance(value, types.FunctionType) and not _is_library(value.__module__):
+                self._scan_host_rng(value)
 
     def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
         """``module.attr`` read by the region: a global of another module (its functions are walked)."""
@@ -247,6 +287,34 @@ class Reach:
         elif _is_plain_object(value):
             if all(o is not value for o in self.objects.values()):
                 self.objects[name] = value
+
+
+#: stands for a global that is gone (never the object a reach took in)
+MISSING_VALUE = object()
+
+
+def _identities(value: Any, depth: int = 2) -> Any:
+    """The ids of ``value`` and of what :meth:`Reach.add_value` walks into (two levels of
+    containers): equal exactly while the same objects are held at the same places."""
+    if depth > 0 and isinstance(value, (list, tuple)):
+        return (id(value), tuple(_identities(v, depth - 1) for v in value))
+    if depth > 0 and isinstance(value, dict):
+        return (id(value), tuple((k, _identities(v, depth - 1)) for k, v in dict.items(value)
+                                 if isinstance(k, (str, int))))
+    return id(value)
+
+
+def _host_stream(value: Any) -> str | None:
+    """``"Python random"`` or ``"numpy global RNG"`` when ``value`` draws from that global stream."""
+    name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+    if not isinstance(name, str):
+        owner = getattr(value, "__self__", None)  # random.random is a method of random._inst
+        name = type(owner).__module__ if owner is not None else None
+    if name == "random" or (isinstance(name, str) and name.startswith("_random")):
+        return "Python random"
+    if isinstance(name, str) and (name == "numpy" or name.startswith("numpy.random")):
+        return "numpy global RNG"
+    return None
 
 
 def _is_plain_object(value: Any) -> bool:

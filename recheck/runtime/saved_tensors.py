@@ -36,7 +36,7 @@ class SavedTensorLog:
     """
 
     def __init__(self) -> None:
-        self.mismatches: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]] = []
         self.counter = itertools.count(1)
         self.compared = 0
         self.frozen = False  # set once the forward returned: later metadata are the recompute's
@@ -79,7 +79,7 @@ class _BitwiseMetadata:
             self.leaf = x.is_leaf and not (log is not None and log.frozen)
             self.ref = x.detach() if strided else None
             copy_now = self.leaf and log is None  # no log to freeze it later
-            self.copy = (self.ref.clone() if copy_now else self.ref) if strided else None
+            self.copy = None if self.ref is None else self.ref.clone() if copy_now else self.ref
             self.storage = x.untyped_storage().data_ptr() if self.copy is not None else 0
         except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
             self.copy, self.ref, self.leaf, self.storage = None, None, False, 0

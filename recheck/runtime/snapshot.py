@@ -14,7 +14,8 @@ runs (:meth:`Snapshot.observe`).  Records exist for
   detached from the parameter during the check and reattached afterwards;
 * Python values in a namespace (:class:`ValueRecord`): module attributes (the
   module's ``__dict__``) and module-level globals, rebinding the original object
-  and restoring the content of containers (nested up to three levels).
+  and restoring the content of containers (nested up to three levels);
+* torch's default dtype (:class:`DefaultDtypeRecord`), which code may set and not reset.
 
 :func:`fingerprint` turns any value into a comparable structure: numbers by bits,
 tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
@@ -30,7 +31,7 @@ import torch
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show)
-from recheck.runtime.naming import attribute_subject, buffer_subject
+from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BindingsRecord",
+    "DefaultDtypeRecord",
     "GradRecord",
     "NewKeysRecord",
     "Observed",
@@ -107,7 +109,7 @@ class TensorRecord:
             if t.dtype != self.copy.dtype:
                 t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
             elif t.shape != self.copy.shape:
-                t.set_(self.copy.clone())
+                t.set_(self.copy.clone())  # type: ignore[call-overload]  # (stubs lack the Tensor overload)
             else:
                 t.copy_(self.copy)
         _set_version(t, self.version)
@@ -294,6 +296,25 @@ class BindingsRecord:
         return iter(())
 
 
+class DefaultDtypeRecord:
+    """``torch.get_default_dtype()``: a region that sets it and does not reset it changes every
+    later factory call (and no checkpoint restores it for the recompute)."""
+
+    def __init__(self) -> None:
+        self.dtype = torch.get_default_dtype()
+
+    def unchanged(self) -> bool:
+        return torch.get_default_dtype() == self.dtype
+
+    def restore(self) -> None:
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
+
+    def observe(self) -> Iterator[Observed]:
+        dtype = torch.get_default_dtype()
+        yield Observed("context", DEFAULT_DTYPE_SUBJECT, str(dtype), str(dtype).removeprefix("torch."))
+
+
 # -- the snapshot -------------------------------------------------------------------------------
 
 
@@ -364,8 +385,8 @@ class Snapshot:
                 if is_module_state(key):
                     add(("attr", id(module), key), functools.partial(
                         ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
-        for key, ref in list(reach.writes.items()) + list(reach.reads.items()):
-            add(("global", key), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+        for place, ref in list(reach.writes.items()) + list(reach.reads.items()):
+            add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
         for name, tensor in list(reach.tensors.items()):
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
                 parameter(name, tensor)

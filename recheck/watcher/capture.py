@@ -9,6 +9,8 @@ watching many invocations: a per-region cache of the static reach, and module st
 
 from __future__ import annotations
 
+import collections
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -16,11 +18,11 @@ import torch
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, static_reach
 from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, shallow, show
-from recheck.runtime.rng import rng_states
+from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
-__all__ = ["ModuleState", "add_module", "direct_modules", "entry_state", "global_text", "module_state",
-           "parameters_of", "reach_of", "with_submodules"]
+__all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
+           "entry_state", "global_text", "module_state", "parameters_of", "reach_of", "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
@@ -30,17 +32,43 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     """The static reach of a checkpointed callable, cached by code object and bound objects.
 
     Walking a region's code is the costly part of the reach, and every invocation of a
-    region runs the same code on the same modules.  The key is made of object ids; the
-    cache entry keeps those objects alive, so an id cannot be reused by another object
-    while the entry exists (the cache lives as long as the outermost ``watch()`` block).
+    region runs the same code on the same modules.  The key is made of object ids.  Where
+    every object the key names can be weakly referenced (modules, functions), the entry is
+    kept across ``watch()`` blocks (a test suite watches each test in its own block) and is
+    valid only while those very objects are alive; otherwise ``cache`` (which lives as long
+    as the outermost block) keeps the objects alive, so an id cannot be reused meanwhile.
     """
     key, holders = _cache_key(function)
-    entry = cache.get(key) if key is not None else None
+    if key is None:
+        return static_reach(function, (), {})
+    lasting = _LASTING.get(key)
+    if lasting is not None:
+        reach, refs = lasting
+        if all(ref() is holder for ref, holder in zip(refs, holders)) and reach.still_bound():
+            _LASTING.move_to_end(key)
+            return reach
+        del _LASTING[key]
+    entry = cache.get(key)
     if entry is None:
-        entry = (static_reach(function, (), {}), holders)
-        if key is not None:
-            cache[key] = entry
+        entry = cache[key] = (static_reach(function, (), {}), holders)
+        refs = _weak(holders)
+        if refs is not None:
+            _LASTING[key] = (entry[0], refs)
+            while len(_LASTING) > _LASTING_SIZE:
+                _LASTING.popitem(last=False)
     return entry[0]
+
+
+#: reaches kept across watch() blocks, by cache key, with weak references to their objects
+_LASTING: collections.OrderedDict[Any, tuple[Reach, tuple]] = collections.OrderedDict()
+_LASTING_SIZE = 512
+
+
+def _weak(holders: tuple) -> tuple | None:
+    try:
+        return tuple(weakref.ref(holder) for holder in holders)
+    except TypeError:  # a list, a tuple or another object without weak references
+        return None
 
 
 def _cache_key(function: Any) -> tuple[Any, tuple]:
@@ -63,12 +91,20 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     code = getattr(function, "__code__", None)
     if code is None:
         return None, ()
+    scalars: list[Any] = []
     for cell in function.__closure__ or ():
         if _filled(cell):
             value = cell.cell_contents
+            if value is None or isinstance(value, (bool, int, float, str, bytes)):
+                scalars.append((type(value).__name__, value))  # by value: nothing to reach in it
+                continue
             # timm's checkpoint_seq closes over a new list of the same modules each call
             holders.extend(value if isinstance(value, (list, tuple)) else (value,))
-    return (code, *map(id, holders)), tuple(holders)
+    # by identity: code objects compare equal by content, and a module imported again (a test
+    # file under pytester) has equal code over another namespace; the reach keeps that namespace
+    # alive (its globals), so its id is not reused while the entry exists
+    holders.insert(0, code)
+    return (id(function.__globals__), *map(id, holders), *scalars), tuple(holders)
 
 
 def _filled(cell: Any) -> bool:
@@ -140,6 +176,37 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     return list(selected.values())
 
 
+#: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
+#: each buffer slot held and what it held when first seen in a forward
+BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
+
+
+def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions) -> None:
+    """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
+
+    The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
+    updates ``running_mean`` and ``running_var`` in place without bumping their versions.
+    """
+    for top in modules:
+        for module in top.modules():
+            for name, buffer in module._buffers.items():
+                key = (id(module), name)
+                if buffer is not None and key not in into:
+                    into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
+
+
+def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str]]:
+    """The buffers written (in place, or rebound to another tensor) since ``versions`` saw them."""
+    changed = []
+    for (_, name), (module, tensor_id, version, before) in versions.items():
+        buffer = module._buffers.get(name)
+        if buffer is None:
+            continue
+        if id(buffer) != tensor_id or buffer._version != version or not before.same(print_tensor(buffer, "digest")):
+            changed.append((module, name))
+    return changed
+
+
 def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
     """Own parameters of every reached module, by dotted name."""
     found: dict[str, torch.Tensor] = {}
@@ -156,20 +223,20 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
 
     The texts and the keys of globals and RNG streams are those of
     ``recheck.checker.observe.Probe.read`` (a parameter's key is its name); RNG states are
-    compared as the raw bytes :func:`_exact` takes, since every invocation is read four
-    times.  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
+    compared in the one exact encoding of :func:`recheck.runtime.rng.rng_fingerprint` (every
+    invocation reads them four times).  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
     texts (a recompute only needs the text of what differs: :func:`global_text`).
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
-    for name, state in rng_states(reach.generators).items():
-        values[("rng", name)] = _exact(state)
+    for name, state in rng_states(reach.generators, frozenset(reach.host_rng)).items():
+        values[("rng", name)] = rng_fingerprint(state)
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = ("global", ref.subject)
-        values[key] = fingerprint(value)
+        values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show(value)
     for name, parameter in parameters_of(reach).items():
@@ -188,21 +255,6 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
     return "?"
 
 
-def _exact(state: Any) -> Any:
-    """RNG state as plain comparable bytes/ints: tensors and numpy arrays become bytes.
-
-    Only the top level of a tuple is converted: Python's state is (version, 625 ints,
-    gauss) and numpy's legacy state is (name, key array, pos, has_gauss, cached).
-    """
-    if isinstance(state, torch.Tensor):
-        return bytes(state.cpu().numpy())
-    if isinstance(state, tuple):
-        return tuple(item.tobytes() if hasattr(item, "tobytes") else
-                     bytes(item.cpu().numpy()) if isinstance(item, torch.Tensor) else item
-                     for item in state)
-    return state
-
-
 def _kept(value: Any) -> Any:
     """What a state entry keeps of a value to show it in a finding: a copy of a list, dict or
     set (they may grow later), the object itself otherwise."""
@@ -210,17 +262,42 @@ def _kept(value: Any) -> Any:
 
 
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
-                 written: Iterable[GlobalRef] = ()) -> ModuleState:
+                 written: Iterable[GlobalRef] = (), *,
+                 attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
+                 buffers: Iterable[tuple[str, torch.nn.Module, str]] = ()) -> ModuleState:
     """Every buffer (printed) and attribute (shallow print and value) of each module, and the
-    globals the region writes, keyed by (what, subject) with the subjects findings use."""
+    globals the region writes, keyed by (what, subject) with the subjects findings use.
+
+    ``attributes_of`` adds modules whose own attributes only are compared (not their buffers
+    or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.
+    """
     state: ModuleState = {}
+    # one object held by many modules (a transformers config on every layer) is printed once
+    printed: dict[int, Any] = {}
+
+    def entry(value: Any) -> tuple[Any, Any]:
+        if value is None or isinstance(value, (bool, int, str)):
+            return (value if not isinstance(value, bool) else ("bool", value)), value
+        key = id(value)
+        if key not in printed:
+            printed[key] = shallow(value)
+        return printed[key], _kept(value)
+
     for name, module in modules:
         for buffer_name, buffer in module._buffers.items():
             if buffer is not None:
                 state[("buffer", buffer_subject(name, buffer_name))] = print_tensor(buffer, store)
         for attr, value in vars(module).items():
             if is_module_state(attr):
-                state[("attribute", attribute_subject(name, attr))] = (shallow(value), _kept(value))
+                state[("attribute", attribute_subject(name, attr))] = entry(value)
+    for name, module in attributes_of:
+        for attr, value in vars(module).items():
+            if is_module_state(attr):
+                state.setdefault(("attribute", attribute_subject(name, attr)), entry(value))
+    for name, module, buffer_name in buffers:
+        buffer = module._buffers.get(buffer_name)
+        if buffer is not None:
+            state.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
         state[("global", ref.subject)] = (shallow(value), _kept(value))

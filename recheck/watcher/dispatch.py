@@ -68,7 +68,12 @@ class Dispatcher(Interceptor):
 
     def enter(self, session: SessionLike) -> None:
         with self._lock:
-            patches.acquire(self)
+            names = session.options.checkpoint_functions
+            installation = patches.acquire(self, extra_functions=names)
+            for name in names:
+                how = installation.declared.get(name, "")
+                if how not in ("code", "rebound"):
+                    session.add_note(f"checkpoint-functions: {how}; its calls are not intercepted")
             pipelining.acquire()
             if not self.sessions:
                 self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
@@ -114,9 +119,13 @@ class Dispatcher(Interceptor):
             index = self.region_calls.get(region, 0) + 1
             self.region_calls[region] = index
             record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry,
-                                      function=call.function, **self._record_options())
+                                      function=call.function, implementation=call.implementation,
+                                      reentrant=call.reentrant, needs_input_grad=call.needs_input_grad,
+                                      **self._record_options())
             record.grad_enabled = call.grad_enabled
             record.preserve_rng_state = call.preserve_rng_state
+            record.replaced, record.during_backward = call.replaced, call.during_backward
+            record.intended_grad = bool(call.intended_grad)
             self.records.append(record)
             for session in self.sessions:
                 session.add_record(record)
@@ -125,6 +134,13 @@ class Dispatcher(Interceptor):
     def compiled(self) -> None:
         for session in list(self.sessions):
             session.saw_compile()
+
+    def refined(self, call: CheckpointCall) -> None:
+        record: InvocationRecord | None = call.state
+        if record is not None:
+            record.entry, record.implementation = call.entry, call.implementation
+            record.reentrant, record.needs_input_grad = bool(call.reentrant), bool(call.needs_input_grad)
+            record.preserve_rng_state = call.preserve_rng_state
 
     def released(self, call: CheckpointCall) -> None:
         # torch drops the region function with the autograd graph: no recompute can come
@@ -155,24 +171,47 @@ class Dispatcher(Interceptor):
         record: InvocationRecord | None = call.state
         if record is None or record.closed or record.failed:
             yield run
+        elif phase is Phase.FORWARD and self._replayed(call) is not None:
+            # a call made again by another region's recompute: its run is also a recompute of
+            # the call that region's forward made at the same place
+            earlier = self._replayed(call)
+            with contextlib.contextmanager(self._recompute)(earlier, run, call.intended_grad), \
+                    contextlib.contextmanager(self._forward)(record, call, args, kwargs, run):
+                record.replay_of = earlier
+                yield run
         elif phase is Phase.FORWARD:
-            self._begin_forward(record, call.function, args, kwargs)
-            # a full replay tells latent effects apart by what the forward emitted before its
-            # last saved tensor: the forward's effects are counted (and still reach the user)
-            capture = EffectCapture(passthrough=True) if record.replay_fully and not self._capturing() else None
-            try:
-                if capture is not None:
-                    record.forward_effects = capture.effects
-                    with self._capture(capture):
-                        yield run
-                else:
-                    yield run
-            except BaseException:
-                self._end_forward(record, None, False, failed=True)
-                raise
-            self._end_forward(record, run.output, run.has_output, failed=False)
+            yield from self._forward(record, call, args, kwargs, run)
         else:
             yield from self._recompute(record, run)
+
+    @staticmethod
+    def _replayed(call: CheckpointCall) -> InvocationRecord | None:
+        """The record of the call ``call`` makes again, when its forward can be compared with."""
+        earlier = call.replays
+        record = earlier.state if earlier is not None else None
+        if not isinstance(record, InvocationRecord) or record.closed or record.failed or not record.forward_done \
+                or record.forward is None:
+            return None
+        return record
+
+    def _forward(self, record: InvocationRecord, call: CheckpointCall, args: tuple | None, kwargs: dict | None,
+                 run: Run) -> Iterator[Run]:
+        """The forward bracket of one run: record what it sees, compare what it changed."""
+        self._begin_forward(record, call.function, args, kwargs)
+        # a full replay tells latent effects apart by what the forward emitted before its
+        # last saved tensor: the forward's effects are counted (and still reach the user)
+        capture = EffectCapture(passthrough=True) if record.replay_fully and not self._capturing() else None
+        try:
+            if capture is not None:
+                record.forward_effects = capture.effects
+                with self._capture(capture):
+                    yield run
+            else:
+                yield run
+        except BaseException:
+            self._end_forward(record, None, False, failed=True)
+            raise
+        self._end_forward(record, run.output, run.has_output, failed=False)
 
     # -- forward and recompute -------------------------------------------------------------
 
@@ -223,9 +262,9 @@ class Dispatcher(Interceptor):
         finally:
             self._local.capturing = False
 
-    def _recompute(self, record: InvocationRecord, run: Run) -> Iterator[Run]:
+    def _recompute(self, record: InvocationRecord, run: Run, grad_enabled: bool | None = None) -> Iterator[Run]:
         try:
-            rng_entry, state_entry = record.begin_recompute()
+            rng_entry, state_entry = record.begin_recompute(grad_enabled)
         except Exception as exc:  # noqa: BLE001
             self._internal_error("starting a recompute", exc)
             yield run

@@ -12,6 +12,9 @@ and ``[tool.recheck]`` all end in one :class:`WatchOptions`, validated here, wit
   ``check()`` takes it; integer and boolean state stays exact.  A tolerance needs full copies
   of each forward's tensors, so it implies ``store="copy"``.
 * ``store`` — ``"digest"`` (exact 128-bit digests, the default) or ``"copy"``.
+* ``checkpoint_functions`` — dotted names of the project's own functions that checkpoint their
+  first argument (``checkpoint-functions`` in ``[tool.recheck]``, the linter's key): their calls
+  are intercepted too (``recheck.intercept.implementations``).
 
 ``strict`` is the old name of ``early_stop=False``: still accepted, with a
 ``DeprecationWarning``.
@@ -36,11 +39,12 @@ class WatchOptions:
     early_stop: bool | None = None
     store: str = "digest"
     tolerance: Tolerance | None = None
+    checkpoint_functions: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, *, early_stop: bool | None = None, store: str | None = None, atol: float | None = None,
            rtol: float | None = None, max_ulp: int | None = None, strict: bool | None = None,
-           where: str = "recheck.watch") -> WatchOptions:
+           checkpoint_functions: Any = None, where: str = "recheck.watch") -> WatchOptions:
         """Validate the options as given; ``where`` names the caller in error messages.
 
         Raises ``TypeError`` for a value of the wrong type and ``ValueError`` for a bad value
@@ -68,7 +72,14 @@ class WatchOptions:
         if tolerance is not None and store != "copy":
             raise ValueError(f"{where}: a tolerance compares values, which digests cannot; "
                              "use store='copy' (the default when a tolerance is given)")
-        return cls(early_stop, store, tolerance)
+        names: tuple[str, ...] = ()
+        if checkpoint_functions is not None:
+            if isinstance(checkpoint_functions, str) or not all(
+                    isinstance(n, str) and n.strip(".") and "." in n for n in checkpoint_functions):
+                raise TypeError(f"{where}: checkpoint_functions must be a list of dotted names "
+                                f"('package.module.function'), got {checkpoint_functions!r}")
+            names = tuple(checkpoint_functions)
+        return cls(early_stop, store, tolerance, names)
 
     @property
     def replay_fully(self) -> bool:
@@ -85,6 +96,8 @@ class WatchOptions:
         """The options as ``watch()`` keyword arguments (what a JSON report records)."""
         tolerance = self.tolerance
         values: dict[str, Any] = {"early_stop": self.early_stop, "store": self.store}
+        if self.checkpoint_functions:
+            values["checkpoint_functions"] = list(self.checkpoint_functions)
         if tolerance is not None:
             values.update({"max_ulp": tolerance.max_ulp} if tolerance.max_ulp is not None
                           else {"atol": tolerance.atol, "rtol": tolerance.rtol})

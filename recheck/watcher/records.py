@@ -4,11 +4,22 @@ A record is matched to its recomputation by identity: the record travels inside 
 function object handed to torch (``dispatch.WatchedFunction``), so the recompute of call 3
 is compared with the forward of call 3, never with another call of the same shape.
 
-The forward keeps: RNG states at entry (and which streams it consumed), the globals the
-region's function reads, parameter versions of the modules it runs, their buffers and
-plain attributes at forward exit, prints of its outputs, and (non-reentrant) prints of
-every tensor autograd saved.  A recompute is compared against all of these; each
-difference becomes a :class:`~recheck.findings.Finding` with the kind vocabulary.
+The forward keeps: RNG states at entry (and which streams it consumed), the context it
+computes in (grad mode at the call, autocast, default dtype), the globals the region's
+function reads, parameter versions of the modules it runs, their buffers and plain
+attributes at forward exit, prints of its outputs, and (non-reentrant) prints of every
+tensor autograd saved.  A recompute is compared against all of these; each difference
+becomes a :class:`~recheck.findings.Finding` with the kind vocabulary.
+
+Only state the region itself runs or touches is compared: the modules whose forward ran
+in it, with their submodules; the callable's own modules (``self`` of a bound method or a
+closure, a ``partial``'s arguments) for their own attributes; and any buffer of those
+modules' subtrees that the forward wrote (``F.batch_norm(x, self.bn.running_mean, ...)``).
+A BatchNorm that runs *outside* the region, after the checkpoint returned (torchvision's
+DenseNet), changes its statistics between the forward and the recompute, and that is none
+of the region's business.  A buffer the recompute updates is reported as "updated again"
+only when the forward updated it too (fairscale's patched BatchNorm updates its statistics
+in the recompute alone: once, as the uncheckpointed step does).
 """
 
 from __future__ import annotations
@@ -21,13 +32,14 @@ import torch
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
+from recheck.runtime.context import ComputeContext, context_differences, current_context
 from recheck.runtime.fingerprints import show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
-from recheck.runtime.naming import grad_subject
+from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import Store, TensorPrint, print_tensor
+from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["Forward", "InvocationRecord", "SavedPrint"]
@@ -50,47 +62,104 @@ class Forward:
     saved_buffers: set[int] = field(default_factory=set)
     #: data pointers of the reached modules' buffers, and how many modules they cover
     buffer_pointers: frozenset[int] = frozenset()
+    #: the storages of their parameters, to the parameter
+    parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
     buffer_modules: int = -1
-    #: the modules the callable names directly, then those the forward ran, by id
+    #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
+    direct: dict[int, torch.nn.Module] = field(default_factory=dict)
+    #: the modules whose forward ran in the region, by id
     ran: dict[int, torch.nn.Module] = field(default_factory=dict)
-    #: those modules and their submodules, named: whose state is compared
+    #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
+    buffers_seen: capture.BufferVersions = field(default_factory=dict)
+    #: the modules that ran and their submodules, named: whose buffers and attributes are compared
     state_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    #: the direct modules not among them: whose own attributes are compared
+    attribute_modules: list[tuple[str, torch.nn.Module]] = field(default_factory=list)
+    #: buffers of other modules the forward wrote: (module name, module, buffer name)
+    touched_buffers: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)
+    #: subjects of the buffers the forward wrote
+    written_buffers: set[str] = field(default_factory=set)
+    #: grad mode (at the checkpoint call), autocast and default dtype of the forward
+    context: ComputeContext | None = None
     #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
     inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] = field(default_factory=list)
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
 
-    def is_buffer(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
+    def scope(self) -> None:
+        """Settle which modules' state is compared (see the module docstring)."""
+        reach = self.reach
+        self.state_modules = capture.with_submodules(reach, self.ran.values())
+        covered = {id(module) for _, module in self.state_modules}
+        self.attribute_modules = []
+        for module in self.direct.values():
+            if id(module) not in covered:
+                capture.add_module(reach, module)
+                self.attribute_modules.append(reach.modules[id(module)])
+        self.touched_buffers, self.written_buffers = [], set()
+        for module, name in capture.changed_buffers(self.buffers_seen):
+            capture.add_module(reach, module)
+            prefix = reach.modules[id(module)][0]
+            self.written_buffers.add(buffer_subject(prefix, name))
+            if id(module) not in covered:
+                self.touched_buffers.append((prefix, module, name))
+
+    def state(self, store: Store) -> capture.ModuleState:
+        """The compared state now: buffers and attributes of the scope, the globals written."""
+        return capture.module_state(self.state_modules, store, self.reach.writes.values(),
+                                    attributes_of=self.attribute_modules, buffers=self.touched_buffers)
+
+    def _pointers(self) -> None:
+        """The storages of the reached modules' buffers and parameters (kept per module count)."""
         if self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = len(self.reach.modules)
+            modules = [module for _, module in list(self.reach.modules.values())]
             self.buffer_pointers = frozenset(
-                buffer.data_ptr()
-                for _, module in list(self.reach.modules.values())
-                for buffer in module._buffers.values()
-                if buffer is not None and buffer.numel()
-            )
+                buffer.data_ptr() for module in modules for buffer in module._buffers.values()
+                if buffer is not None and buffer.numel())
+            self.parameter_storages = {
+                param.untyped_storage().data_ptr(): param for module in modules
+                for param in module._parameters.values()
+                if param is not None and param.numel() and param.layout == torch.strided}
+
+    def is_buffer(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
+        self._pointers()
         return bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
+
+    def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
+        """The reached module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
+
+        ``refresh`` reads the parameters' storages again (FSDP allocates them at each gather).
+        """
+        if not tensor.numel() or tensor.layout != torch.strided:
+            return None
+        if refresh:
+            self.buffer_modules = -1
+        self._pointers()
+        return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
 
 class SavedPrint:
     """The metadata torch's ``determinism_check`` keeps per saved tensor, plus our print.
 
     Equality is torch's own (``base``, e.g. shape/dtype/device), so torch's checks and
-    messages are unchanged; the comparison also hands both prints to the record.  A
-    forward's ``print`` is None until its forward returns.
+    messages are unchanged; the comparison also hands the forward's print and the recomputed
+    tensor to the record, which prints it the way the forward's was printed.  A forward's
+    ``print`` is None until its forward returns.
     """
 
-    __slots__ = ("base", "print", "record", "index")
+    __slots__ = ("base", "print", "record", "index", "tensor")
 
-    def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int) -> None:
-        self.base, self.print, self.record, self.index = base, tensor_print, record, index
+    def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int,
+                 tensor: torch.Tensor | None = None) -> None:
+        self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SavedPrint):
             return NotImplemented
-        if self.record is not None and other.record is None and self.print is not None and other.print is not None:
-            self.record.compare_saved(self.index, self.print, other.print)
+        if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
+            self.record.compare_saved(self.index, self.print, other.tensor)
         return bool(self.base == other.base)
 
     def __ne__(self, other: object) -> bool:
@@ -121,6 +190,9 @@ class InvocationRecord:
         store: Store = "digest",
         early_stop: bool | None = None,
         tolerance: Tolerance | None = None,
+        implementation: str = "torch",
+        reentrant: bool | None = None,
+        needs_input_grad: bool | None = None,
     ) -> None:
         self.region, self.index, self.tags = region, index, dict(tags)
         self.entry, self.store, self.tolerance = entry, store, tolerance
@@ -128,7 +200,20 @@ class InvocationRecord:
         self.forced_early_stop = early_stop
         self.replay_fully = early_stop is False
         self.function = function
-        self.reentrant = entry in ("reentrant", "apply")
+        self.reentrant = entry in ("reentrant", "apply") if reentrant is None else reentrant
+        #: the output requires grad only when an input does (see ``CheckpointCall``)
+        self.needs_input_grad = self.reentrant if needs_input_grad is None else needs_input_grad
+        #: ``"torch"``, or the library of another implementation (``"deepspeed"`` ...)
+        self.implementation = implementation
+        #: made inside a reentrant forward (under its no_grad): its recompute makes it again
+        self.replaced = False
+        #: made while autograd ran a backward (during another region's recompute)
+        self.during_backward = False
+        #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
+        self.intended_grad: bool | None = None
+        #: made again by another region's recompute: the record of the call it makes again, to
+        #: whose forward its run was compared (a recompute of that record)
+        self.replay_of: InvocationRecord | None = None
         self.early_stop: bool | None = None
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
         self.preserve_rng_state: bool | None = None
@@ -154,9 +239,11 @@ class InvocationRecord:
 
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
-        self.forward = Forward(reach, entry, shown)
+        intended = self.grad_enabled if self.intended_grad is None else self.intended_grad
+        self.forward = Forward(reach, entry, shown, context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
-            self.forward.ran.setdefault(id(module), module)
+            self.forward.direct.setdefault(id(module), module)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -168,18 +255,21 @@ class InvocationRecord:
     def add_module(self, module: torch.nn.Module) -> None:
         """A module ran inside the forward (found by the global forward pre-hook)."""
         forward = self.forward
-        if forward is not None:
+        if forward is not None and id(module) not in forward.ran:
             capture.add_module(forward.reach, module)
-            forward.ran.setdefault(id(module), module)
+            forward.ran[id(module)] = module
+            capture.buffer_versions((module,), forward.buffers_seen)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
         if forward is None:
             return
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        forward.rng_consumed = {k for k, v in exit_state.items() if k[0] == "rng" and forward.entry.get(k) != v}
-        forward.state_modules = capture.with_submodules(forward.reach, forward.ran.values())
-        forward.state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        # a stream read only since a module found while running reached it has no entry to compare
+        forward.rng_consumed = {k for k, v in exit_state.items()
+                                if k[0] == "rng" and k in forward.entry and forward.entry[k] != v}
+        forward.scope()
+        forward.state_exit = forward.state(self.store)
         if has_output:
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
@@ -191,7 +281,7 @@ class InvocationRecord:
         self._check_grad_reaches()
         self._check_inputs()
         for saved, tensor in forward.unprinted:
-            saved.print = print_tensor(tensor, self.store)
+            saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
         forward.unprinted = []
         self.forward_done = True
 
@@ -214,9 +304,10 @@ class InvocationRecord:
         ever recomputed)."""
         forward = self.forward
         assert forward is not None
-        if not (self.reentrant and self.grad_enabled) or forward.inputs_need_grad is not False:
+        if not (self.needs_input_grad and self.grad_enabled) or forward.inputs_need_grad is not False:
             return
-        for name, module in forward.state_modules:
+        used = capture.with_submodules(forward.reach, [*forward.direct.values(), *forward.ran.values()])
+        for name, module in used:
             for param_name, param in module._parameters.items():
                 if param is not None and param.requires_grad:
                     subject = grad_subject(f"{name}.{param_name}" if name else param_name)
@@ -249,17 +340,21 @@ class InvocationRecord:
             if forward.is_buffer(tensor):
                 forward.saved_buffers.add(index)
             if self.replay_fully:  # what early stop would have left behind, were this the last save
-                modules = capture.with_submodules(forward.reach, forward.ran.values())
+                forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)
-                self._at_last_save = (capture.module_state(modules, self.store, forward.reach.writes.values()),
-                                      effects)
+                self._at_last_save = (forward.state(self.store), effects)
             return saved
-        return SavedPrint(base, print_tensor(tensor, self.store), None, -1)
+        return SavedPrint(base, None, None, -1, tensor.detach())
 
     # -- recompute -----------------------------------------------------------------------
 
-    def begin_recompute(self) -> tuple[dict[tuple[str, str], Any], capture.ModuleState]:
-        """Compare what the recompute starts from with the forward; return the entry snapshot."""
+    def begin_recompute(self, grad_enabled: bool | None = None) -> tuple[dict[tuple[str, str], Any],
+                                                                         capture.ModuleState]:
+        """Compare what the recompute starts from with the forward; return the entry snapshot.
+
+        ``grad_enabled`` stands for the recompute's grad mode when it runs as the forward of a
+        reentrant call (another region's recompute making this call again).
+        """
         self.recomputes += 1
         self._pass_saved = set()
         forward = self.forward
@@ -280,7 +375,10 @@ class InvocationRecord:
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
-        state_entry = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        if forward.context is not None:
+            for subject, message, detail in context_differences(forward.context, current_context(grad_enabled)):
+                self._add("context", message, subject=subject, detail=detail)
+        state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it
         self._compare_state({k: v for k, v in forward.state_exit.items() if k[0] != "global"},
                             {k: v for k, v in state_entry.items() if k[0] != "global"},
@@ -292,18 +390,24 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and entry.get(k) != v}
+        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and k in forward.entry and entry.get(k) != v}
         for key in sorted(consumed | forward.rng_consumed):
             if entry.get(key) != forward.entry.get(key):
                 self._add("rng", f"{key[1]} state at recompute differs from the forward's; the region draws from it",
                           subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
-        state_exit = capture.module_state(forward.state_modules, self.store, forward.reach.writes.values())
+        state_exit = forward.state(self.store)
         # under a full replay of a call that asked for early stop, what its forward changed only
         # after its last saved tensor is changed again only because of the replay: latent
         late = self._late_keys if self.replay_fully and self.early_stop is True else frozenset()
-        self._compare_state(state_entry, state_exit, "updated again by the recompute", late)
+        # a buffer the forward did not write is updated by the recompute alone: once, as without
+        # checkpoint (fairscale runs BatchNorm's update in the recompute only)
+        once = {k for k in state_entry.keys() | state_exit.keys()
+                if k[0] == "buffer" and k[1] not in forward.written_buffers}
+        self._compare_state({k: v for k, v in state_entry.items() if k not in once},
+                            {k: v for k, v in state_exit.items() if k not in once},
+                            "updated again by the recompute", late)
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
@@ -327,12 +431,22 @@ class InvocationRecord:
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
-    def compare_saved(self, index: int, original: TensorPrint, recomputed: TensorPrint) -> None:
+    def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> None:
+        """The recomputed saved tensor ``index`` against the forward's print of it."""
         if index in self._pass_saved:
             return
         self._pass_saved.add(index)
-        if self.forward is not None and index in self.forward.saved_buffers:
+        forward = self.forward
+        if forward is not None and index in forward.saved_buffers:
             return  # a module buffer autograd saved: the buffer comparison reports it
+        if original.version is not None and forward is not None:
+            # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
+            owner = forward.parameter_of(tensor)
+            if owner is None:
+                owner = forward.parameter_of(tensor, refresh=True)
+            recomputed = print_saved(tensor, self.store, owner) if owner is not None else print_tensor(tensor, self.store)
+        else:
+            recomputed = print_tensor(tensor, self.store)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
         if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))
@@ -343,7 +457,8 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None:
             forward.saved, forward.unprinted, forward.outputs, forward.state_exit = [], [], None, {}
-            forward.ran, forward.state_modules = {}, []
+            forward.ran, forward.direct, forward.buffers_seen = {}, {}, {}
+            forward.state_modules, forward.attribute_modules, forward.touched_buffers = [], [], []
 
     # -- findings ------------------------------------------------------------------------
 
@@ -371,7 +486,9 @@ class InvocationRecord:
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
         latent = latent and self.replay_fully and self.early_stop is True
-        context = {} if self.preserve_rng_state is None else {"preserve_rng_state": self.preserve_rng_state}
+        context: dict[str, Any] = {"implementation": self.implementation}
+        if self.preserve_rng_state is not None:
+            context["preserve_rng_state"] = self.preserve_rng_state
         code = explain(kind, subject, **context)
         return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
                        hint=hint(code) if code else None, latent=latent,

@@ -49,11 +49,12 @@ class Watch:
 
     def __init__(self, *, raise_on_finding: bool = True, early_stop: bool | None = None,
                  store: str | None = None, atol: float | None = None, rtol: float | None = None,
-                 max_ulp: int | None = None, strict: bool | None = None) -> None:
+                 max_ulp: int | None = None, strict: bool | None = None,
+                 checkpoint_functions: Any = None) -> None:
         if not isinstance(raise_on_finding, bool):
             raise TypeError("recheck.watch: raise_on_finding must be True or False")
         self.options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol,
-                                       max_ulp=max_ulp, strict=strict)
+                                       max_ulp=max_ulp, strict=strict, checkpoint_functions=checkpoint_functions)
         self.raise_on_finding = raise_on_finding
         self.records: list[InvocationRecord] = []
         self.notes: list[str] = []
@@ -132,16 +133,22 @@ class Watch:
         findings: list[Finding] = []
         for record in ran:
             findings.extend(record.findings_of(calls[record.region]))
-        with_grad = [r for r in ran if r.grad_enabled and not r.failed]
-        recomputed = [r for r in with_grad if r.recomputes]
-        never = len(with_grad) - len(recomputed)
+        # a call made inside a reentrant forward runs under its no_grad and is never recomputed
+        # itself: the outer recompute makes it again, and that run is compared with it
+        replaced = [r for r in ran if r.replaced]
+        again = [r for r in ran if r.replay_of is not None]
+        intended = [r for r in ran if (r.grad_enabled or r.replaced) and not r.failed]
+        verified = [r for r in intended if r.recomputes or r.replay_of is not None]
+        never = len(intended) - len(verified)
         stats = {
             "regions": len(calls),
             "invocations": len(ran),
             "recomputations": sum(r.recomputes for r in ran),
-            "verified": len(recomputed),
+            "verified": len(verified),
             "never_recomputed": never,
-            "without_grad": sum(1 for r in ran if not r.grad_enabled),
+            "without_grad": sum(1 for r in ran if not r.grad_enabled and not r.replaced),
+            "replaced": len(replaced),
+            "made_again": len(again),
             "compiled_calls": self.compiled_calls,
             "findings": len(findings),
         }
@@ -151,6 +158,15 @@ class Watch:
         if never:
             notes.append(f"{never} checkpointed forward(s) were never recomputed (no backward reached them); "
                          "counted, not checked")
+        if replaced:
+            checked = sum(1 for r in replaced if r.recomputes)
+            notes.append(f"{len(replaced)} checkpoint call(s) were made inside a reentrant checkpoint's forward "
+                         f"(under its no_grad) and made again by its recompute; {checked} verified against the "
+                         "call made again")
+        again = [r for r in again if not r.replay_of.replaced]  # those are the note above
+        if again:
+            notes.append(f"{len(again)} checkpoint call(s) made during another region's recompute were compared "
+                         "with the call its forward made at the same place")
         if self.compiled_calls or _dynamo_compilations() != self._compilations_at_entry:
             notes.append(COMPILE_NOTE)
         if self.options.replay_fully:
@@ -190,7 +206,7 @@ def _dynamo_compilations() -> int:
 
 def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, store: str | None = None,
           atol: float | None = None, rtol: float | None = None, max_ulp: int | None = None,
-          strict: bool | None = None) -> Watch:
+          strict: bool | None = None, checkpoint_functions: Any = None) -> Watch:
     """Verify every checkpoint invocation made inside the ``with`` block.
 
     Args:
@@ -206,6 +222,10 @@ def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, stor
             ``torch.testing.assert_close`` requires); integer state stays exact.
         max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
         strict: deprecated; ``strict=True`` is ``early_stop=False``.
+        checkpoint_functions: dotted names of the project's own functions that checkpoint
+            their first argument (``checkpoint-functions`` in ``[tool.recheck]``); their calls
+            are verified too when their module is imported.  A name that cannot be patched
+            becomes a report note.
 
     Raises:
         TypeError, ValueError: for an option of the wrong type or value, before anything runs.
@@ -216,4 +236,4 @@ def watch(*, raise_on_finding: bool = True, early_stop: bool | None = None, stor
         >>> print(w.report)                                    # doctest: +SKIP
     """
     return Watch(raise_on_finding=raise_on_finding, early_stop=early_stop, store=store, atol=atol,
-                 rtol=rtol, max_ulp=max_ulp, strict=strict)
+                 rtol=rtol, max_ulp=max_ulp, strict=strict, checkpoint_functions=checkpoint_functions)

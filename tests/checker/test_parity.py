@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from source_modules import load_file
 
 import recheck
 from recheck.checker.inputs import make_upstream
 from recheck.runtime.trees import leaves
 
 #: Kinds watch() sees in the checkpointed run alone.
-SHARED = {"rng", "buffer", "state", "global", "side_effect", "param_version", "input_mutation", "recompute"}
+SHARED = {"rng", "context", "buffer", "state", "global", "side_effect", "param_version", "input_mutation", "recompute"}
 
 
 def _build(zoo, name):
@@ -84,3 +87,23 @@ def test_watch_sees_a_reentrant_region_whose_inputs_need_no_grad(zoo):
     checked = recheck.check(fn, *args, kwargs=kwargs, **zoo.CHECK_OPTIONS[name])
     missing = {f.subject for f in checked.by_kind("gradient")}
     assert missing and {f.subject for f in watched.by_kind("gradient")} == missing, str(watched)
+
+
+CONTEXT = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "context_regions.py"
+
+
+@pytest.mark.parametrize("variant", ["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("name", ["region_leaky_precision", "region_scoped_precision"])
+def test_check_and_watch_agree_on_the_context(name, variant):
+    regions = load_file(CONTEXT, "recheck_context_regions")
+    options = {"use_reentrant": variant == "reentrant"}
+    try:
+        fn, args, kwargs = _build(regions, name)
+        checked = recheck.check(fn, *args, kwargs=kwargs, **options)
+        assert torch.get_default_dtype() == torch.float32  # check() leaves no trace
+        watched = _watched_step(regions, name, options)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    kinds = SHARED | {"context"}
+    assert {(k, s) for k, s, _ in _triples(checked, {"context"})} == regions.EXPECTED[name], str(checked)
+    assert _triples(checked, kinds) == _triples(watched, kinds), f"--- check\n{checked}\n--- watch\n{watched}"

@@ -50,6 +50,7 @@ def _same(a, b) -> bool:
             and all((x is None) == (y is None) and (x is None or torch.equal(x, y)) for x, y in zip(ga, gb)))
 
 
+@pytest.mark.slow
 def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
     module = twin("moe_router")
     step, model = module.make_step()
@@ -63,6 +64,7 @@ def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
     assert _check(fixed).ok
 
 
+@pytest.mark.slow
 def test_levit_eval_cache_filled_under_no_grad_leaves_the_biases_without_gradient():
     module = twin("levit_cache")
     report = _check(module.step)
@@ -71,12 +73,14 @@ def test_levit_eval_cache_filled_under_no_grad_leaves_the_biases_without_gradien
     assert _check(module.fixed_step).ok
 
 
+@pytest.mark.slow
 def test_aux_loss_tracker_in_another_module_is_state_of_the_step():
     report = _check(twin("moe_tracker").step)
     assert any("_TRACKER" in (f.subject or "") for f in report.by_kind("state")), str(report)
     assert _check(twin("moe_tracker").fixed_step).ok
 
 
+@pytest.mark.slow
 def test_accumulation_order_is_a_note_with_its_size_not_a_finding():
     report = _check(twin("encoder_decoder").step)
     assert report.ok, str(report)
@@ -84,6 +88,7 @@ def test_accumulation_order_is_a_note_with_its_size_not_a_finding():
     assert "ulp" in note and "rerun in float64" in note
 
 
+@pytest.mark.slow
 def test_a_compiled_step_is_compared_with_a_twin_compiled_without_recompute():
     module = twin("compiled_budget")
     report = _check(module.step)
@@ -92,6 +97,7 @@ def test_a_compiled_step_is_compared_with_a_twin_compiled_without_recompute():
     assert _check(module.fixed_step).ok
 
 
+@pytest.mark.slow
 def test_a_tolerance_is_applied_as_given_and_says_so():
     report = _check(twin("encoder_decoder").step, atol=1e-6, rtol=0)
     assert report.ok and "tolerance: up to atol=1e-06, rtol=0 allowed" in report.title
@@ -153,3 +159,43 @@ def test_assert_step_equal_raises_with_the_report():
     with pytest.raises(recheck.RecomputeMismatch) as info:
         recheck.assert_step_equal(twin("levit_cache").step)
     assert "is missing under checkpoint" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "kinds"), [("diffusion_checkpoint", {"rng", "recompute"}),
+                                              ("amp_checkpoint", {"context", "recompute"})])
+def test_a_hand_written_checkpoint_nothing_names_is_still_seen(name, kinds):
+    module = twin(name)
+    report = _check(module.step)
+    assert kinds <= report.kinds, str(report)
+    assert any("recomputed by CheckpointFunction" in (f.region or "") for f in report), str(report)
+    assert _check(module.fixed_step).ok
+
+
+def test_declared_checkpoint_functions_are_bypassed_in_the_twin():
+    calls = []
+
+    def my_checkpoint(function, *args):  # a project's own checkpoint, declared by name
+        calls.append(function)
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=True)
+
+    import sys
+    import types
+
+    holder = types.ModuleType("recheck_test_declared")
+    holder.my_checkpoint = my_checkpoint
+    sys.modules["recheck_test_declared"] = holder
+    torch.manual_seed(0)
+    model = _block()
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def step():
+        out = holder.my_checkpoint(model, x)
+        out.sum().backward()
+        return out.detach()
+
+    try:
+        report = _check(step, checkpoint_functions=["recheck_test_declared.my_checkpoint"])
+    finally:
+        del sys.modules["recheck_test_declared"]
+    assert report.ok, str(report)
+    assert not any("not bypassed" in n or "not intercepted" in n for n in report.notes), report.notes

@@ -101,7 +101,12 @@ def test_zoo_tables_describe_every_example(zoo) -> None:
 
 
 def test_zoo_covers_every_dynamic_kind(zoo) -> None:
-    covered = set().union(*zoo.EXPECTED.values())
+    # ``context`` is covered by fixtures/models/context_regions.py, kept beside the zoo (whose
+    # region counts the README quotes) until the zoo takes its region
+    from source_modules import load_file
+
+    regions = load_file(ROOT / "fixtures" / "models" / "context_regions.py", "recheck_context_regions")
+    covered = set().union(*zoo.EXPECTED.values(), *({k for k, _ in e} for e in regions.EXPECTED.values()))
     assert covered == set(DYNAMIC_KINDS)
 
 

@@ -1,5 +1,6 @@
-"""Real-library tests: transformers and timm models built from configs (no weights), and the
-training-framework callbacks on transformers' Trainer and Lightning.
+"""Real-library tests: transformers and timm models built from configs (no weights), the
+training-framework callbacks on transformers' Trainer and Lightning, and the checkpoint
+implementations of DeepSpeed, fairscale and Megatron-core on CPU.
 
 These need torch 2.14.1 with torchvision 0.29.1 (timm imports torchvision, and PyPI's
 torchvision does not import beside the project's torch 2.13.0 CPU wheel), so they run
@@ -25,7 +26,8 @@ def require(name: str) -> ModuleType:
         return importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError, not ImportError
         message = (f"{name} cannot be imported ({type(exc).__name__}: {exc}); the real-library tests "
-                   "need torch==2.14.1, torchvision==0.29.1, transformers, accelerate, timm and lightning")
+                   "need torch==2.14.1, torchvision==0.29.1, transformers, accelerate, timm, lightning, "
+                   "deepspeed, fairscale and megatron-core")
         if REQUIRED:
             pytest.fail(f"RECHECK_REQUIRE_LIBRARIES=1: {message}", pytrace=False)
         pytest.skip(message, allow_module_level=True)

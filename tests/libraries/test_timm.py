@@ -48,3 +48,32 @@ def test_vit_with_dropout_runs_clean():
     assert w.report.ok, str(w.report)
     assert w.report.stats["invocations"] == 4
     assert w.report.stats["verified"] == 4
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize(("reentrant", "replaced", "made_again"), [(True, 12, 12), (False, 0, 8)])
+def test_poolformer_s_nested_checkpoints_are_all_verified(reentrant, replaced, made_again):
+    # MetaFormer checkpoints each stage's blocks and the stages: before, 28 calls and 16 verified
+    # (12 "without grad") reentrant, 24 and 16 (8 "never recomputed") non-reentrant
+    import warnings
+
+    import timm.layers
+
+    was = timm.layers.use_reentrant_ckpt()
+    timm.layers.set_reentrant_ckpt(reentrant)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model("poolformer_s12", pretrained=False, num_classes=4)
+        model.set_grad_checkpointing()
+        model.train()
+        with warnings.catch_warnings(), recheck.watch(raise_on_finding=False) as w:
+            warnings.simplefilter("ignore")
+            model(torch.randn(1, 3, 32, 32)).sum().backward()
+    finally:
+        timm.layers.set_reentrant_ckpt(was)
+    stats = w.report.stats
+    assert w.report.ok, str(w.report)
+    assert stats["verified"] == stats["invocations"] and stats["never_recomputed"] == stats["without_grad"] == 0, stats
+    assert (stats["replaced"], stats["made_again"]) == (replaced, made_again), stats

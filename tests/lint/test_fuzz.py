@@ -100,12 +100,14 @@ def _check(data: bytes, name: str = "fuzzed.py") -> None:
     assert ("good.py", "RC103") in codes  # the rest of the tree is still linted
 
 
+@pytest.mark.slow
 @FUZZ
 @given(hypothesmith.from_grammar())
 def test_generated_modules(source):
     _check(source.encode("utf-8"))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(hypothesmith.from_grammar())
 def test_generated_modules_inside_a_checkpointed_region(source):
@@ -131,6 +133,7 @@ JSON = st.recursive(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(st.binary(max_size=1024).map(lambda b: ("bytes", b)), JSON.map(lambda v: ("json", v))))
 def test_random_cache_files_are_ignored_with_one_warning(damage):

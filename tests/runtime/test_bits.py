@@ -120,3 +120,15 @@ def test_single_bit_flip_is_always_found(values, data):
     diff = compare_tensors(a, b)
     assert diff is not None and diff.mismatched == 1 and diff.first_index == (index,)
     assert digest(a) != digest(b)
+
+
+def test_integer_state_under_a_tolerance_says_it_is_compared_exactly():
+    # issue 14: "1 / 1 elements differ beyond tolerance (up to atol=1, rtol=1 allowed)" for an
+    # int64 counter differing by 1 contradicted itself
+    for tolerance in (Tolerance.of(atol=1, rtol=1), Tolerance.of(max_ulp=10**9)):
+        diff = compare_tensors(torch.tensor(1), torch.tensor(2), tolerance=tolerance)
+        text = str(diff)
+        assert "integer values are compared exactly; the tolerance applies to floating-point values" in text
+        assert "beyond tolerance" not in text
+    floats = compare_tensors(torch.tensor([1.0]), torch.tensor([3.0]), tolerance=Tolerance.of(atol=1, rtol=0))
+    assert "beyond tolerance (up to atol=1, rtol=0 allowed)" in str(floats)

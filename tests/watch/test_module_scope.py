@@ -92,3 +92,81 @@ def test_partials_bound_to_other_keyword_modules_have_their_own_reach():
     assert reach_first is not reach_second
     assert id(second) in reach_second.modules and id(second) not in reach_first.modules
     assert reach_of(partial(_apply, block=first), cache) is reach_first
+
+
+# -- only state the region runs or touches ---------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from source_modules import load_file  # noqa: E402
+
+TWINS = Path(__file__).resolve().parents[2] / "fixtures" / "twins"
+
+
+@pytest.mark.parametrize("kind", ["closure", "method", "partial"])
+def test_a_batchnorm_that_runs_outside_the_region_is_no_finding(kind):
+    # torchvision's DenseNet: the region is a closure / bound method / partial of the layer, and
+    # the layer's norm2 runs after the checkpoint returned (9 false findings per step before)
+    step, _ = load_file(TWINS / "batchnorm_outside.py", "recheck_twins_batchnorm_outside").make_step(kind)
+    with recheck.watch(raise_on_finding=False) as w:
+        step()
+    assert w.report.ok, str(w.report)
+    assert w.report.stats["verified"] == w.report.stats["invocations"] == 3
+
+
+def test_a_batchnorm_inside_the_region_is_still_reported():
+    step, _ = load_file(TWINS / "batchnorm_outside.py", "recheck_twins_batchnorm_outside").make_step("inside")
+    with recheck.watch(raise_on_finding=False) as w:
+        step()
+    subjects = {f.subject for f in w.report}
+    assert w.report.kinds == {"buffer"} and len(w.report.findings) == 9, str(w.report)
+    assert subjects == {f"buffer `self.norm1.{b}`" for b in ("running_mean", "running_var", "num_batches_tracked")}
+    assert all("updated again by the recompute" in f.message and f.code == "RC106" for f in w.report)
+
+
+class FunctionalNormMethod(nn.Module):
+    """A bound-method region that updates a BatchNorm's statistics through F.batch_norm, and a
+    norm that runs outside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.after = nn.BatchNorm1d(8)
+
+    def normalized(self, x):
+        return F.batch_norm(self.lin(x), self.bn.running_mean, self.bn.running_var, training=True)
+
+    def forward(self, x):
+        return self.after(checkpoint(self.normalized, x, use_reentrant=False))
+
+
+def test_buffers_the_region_writes_without_running_their_module_are_compared():
+    torch.manual_seed(0)
+    model = FunctionalNormMethod()
+    with recheck.watch(raise_on_finding=False) as w:
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert {f.subject for f in w.report} == {"buffer `bn.running_mean`", "buffer `bn.running_var`"}, str(w.report)
+
+
+class CountsInBackward(nn.Module):
+    """Updates a buffer only under grad: in a reentrant recompute alone (fairscale's patched BatchNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("updates", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if torch.is_grad_enabled():
+            self.updates += 1
+        return self.lin(x)
+
+
+def test_a_buffer_only_the_recompute_updates_is_updated_once():
+    model = CountsInBackward()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=True).sum().backward()
+    assert w.report.ok, str(w.report)
+    assert int(model.updates) == 1

@@ -242,6 +242,7 @@ def rank_entry(rank: int, world_size: int, specs: list[str]) -> dict[str, list[S
             other, text = failed[0]
             results[spec] = f"rank {other} of {world_size}: {text}"
             continue
+        assert step is not None  # every rank built its step (problems were agreed on above)
         try:
             results[spec] = measure_rank(step, rank)
         except NotAPipeline as exc:

@@ -1,0 +1,416 @@
+"""The recompute probe: recomputations made by checkpoint implementations nobody intercepts.
+
+A hand-written checkpoint (an ``autograd.Function`` that runs a block under ``no_grad`` in its
+forward and again in its backward: guided-diffusion's ``CheckpointFunction``, torch-1.10-style
+amp checkpoints, research code) calls no entry point recheck patches.  Its recomputation is
+still visible: it is a module forward that runs **while autograd executes a backward**
+(``torch._C._current_graph_task_id() != -1``) outside any recompute recheck intercepts
+(:func:`recheck.intercept.hooks.active_runs`).  ::
+
+    with RecomputeProbe() as probe:
+        step()
+    probe.findings   # recheck Finding objects
+    probe.stats      # what was seen and matched
+
+Process-wide module hooks (a forward pre-hook and an ``always_call=True`` forward hook, so that
+a recompute that torch's early stop ends still closes) see every module call:
+
+* **forward**: the outermost module calls made where a reentrant-style implementation runs
+  its region, under ``no_grad`` (an ``autograd.Function``'s forward always runs so) or inside
+  saved-tensor hooks, are recorded: the module (by identity, while it is alive), the data
+  pointers of its tensor inputs, the context (autocast per device type, default dtype), every
+  default RNG stream at entry and exit, its buffers and attributes at entry and exit, and a
+  digest of its outputs;
+* **backward**: the outermost module call of each recomputation is matched, as it starts, to
+  a recorded forward of the *same module instance*: the one whose inputs have the same data
+  pointers (saved inputs are detached views of the same storage), else the latest unmatched
+  one (backward runs last-first).  When it ends, it is compared with that forward: outputs
+  (``recompute``), the RNG streams the forward drew from (``rng``), autocast and the default
+  dtype (``context``; not grad mode, which a Function's forward never has on), buffers and
+  attributes (``buffer``, ``state``: changed between forward and recompute, or updated
+  again by it).
+
+A finding names the module (``blocks.0.out_layers``) and the custom function: its class and
+``file:line``, from the ``ctx`` argument of the ``forward``/``backward`` frame that encloses
+the recompute, or, without one, the first Python frame the autograd engine called (torch's
+unpack hook, DeepSpeed's ``checkpoint_unpack``, Megatron's ``_recompute``).
+
+Limits (measured, NOTES-implementations.md): a module called through ``.forward()`` or
+``type(m).forward(m, ...)`` fires no hooks (its children do); tensor operations between module
+calls inside a region are not compared; a recompute whose inputs were made inside the region
+matches by order; module calls made by a user's own backward hooks are taken for recomputes;
+a non-reentrant-style implementation inside outer saved-tensor hooks (activation offloading
+around the whole model) is seen only at the outermost hooked call.  Nothing is registered
+until the probe is entered: outside the block it costs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from recheck.catalogue import explain, hint
+from recheck.findings import Finding, Invocation
+from recheck.intercept.hooks import Phase, active_runs
+from recheck.runtime.context import ComputeContext, context_differences, current_context
+from recheck.runtime.digests import TensorPrint, print_tensor
+from recheck.runtime.explaining import with_likely_causes
+from recheck.runtime.fingerprints import show
+from recheck.runtime.naming import relative
+from recheck.runtime.rng import rng_fingerprint, rng_states
+from recheck.runtime.trees import tensors
+from recheck.watcher import capture
+
+__all__ = ["ModuleRun", "RecomputeProbe"]
+
+try:
+    from torch.autograd.function import BackwardCFunction
+except ImportError:  # pragma: no cover - every supported torch has it
+    BackwardCFunction = ()  # type: ignore[assignment,misc]
+
+
+@dataclass
+class ModuleRun:
+    """One recorded module call: a forward candidate, or a recomputation in backward."""
+
+    module: weakref.ref
+    key: int
+    kind: str  # "forward" or "recompute"
+    inputs: tuple[int, ...]
+    context: ComputeContext
+    rng_entry: dict[str, Any]
+    state_entry: capture.ModuleState
+    rng_exit: dict[str, Any] | None = None
+    state_exit: capture.ModuleState | None = None
+    outputs: list[tuple[str, TensorPrint]] | None = None
+    #: recompute only: who ran it (the Function's class and file:line, or the engine's callback)
+    driver: str = ""
+    implementation: str = ""
+    site: str | None = None
+    matched: ModuleRun | None = None
+    matched_by: str = ""
+    finished: bool = False
+
+
+@dataclass
+class _Frame:
+    """One module call in progress on the probe's per-thread stack."""
+
+    run: ModuleRun | None  # None: a call inside a recorded one (not compared by itself)
+    candidate: bool = False  # a forward candidate is open: calls inside are not candidates
+    recompute: bool = False  # a recompute is open: calls inside are compared as part of it
+    grad: bool = True  # grad mode when the recompute started
+
+
+def _hooks_active() -> bool:
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    try:
+        return top is not None and top(False) is not None
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _streams() -> dict[str, Any]:
+    return {name: rng_fingerprint(state) for name, state in rng_states().items()}
+
+
+def _module_state(module: torch.nn.Module) -> capture.ModuleState:
+    return capture.module_state(list(module.named_modules()), "digest")
+
+
+def _outputs(value: Any) -> list[tuple[str, TensorPrint]]:
+    return [(path, print_tensor(tensor, "digest")) for path, tensor in tensors(value, "output")]
+
+
+@dataclass
+class _Stats:
+    forwards: int = 0
+    recomputes: int = 0
+    matched: int = 0
+    unmatched: int = 0
+    early_stopped: int = 0
+    by: dict[str, int] = field(default_factory=dict)
+
+
+class RecomputeProbe:
+    """See the module docstring.  ``roots`` (optional) name modules by their path in a model;
+    without them, the outermost modules called in the forward are the roots."""
+
+    def __init__(self, *roots: torch.nn.Module) -> None:
+        self._roots: list[weakref.ref] = [weakref.ref(r) for r in roots]
+        self._explicit_roots = bool(roots)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._candidates: dict[int, list[ModuleRun]] = {}
+        self._recomputes: list[ModuleRun] = []
+        self._stats = _Stats()
+        self._handles: list[Any] = []
+        self._names: dict[int, str] | None = None
+        self._sites: dict[type, str | None] = {}
+        self.findings: list[Finding] = []
+
+    # -- the block ---------------------------------------------------------------------------
+    def __enter__(self) -> RecomputeProbe:
+        if self._handles:
+            raise RuntimeError("recheck: a RecomputeProbe can be entered only once at a time")
+        self._handles = [register_module_forward_pre_hook(self._pre),
+                         register_module_forward_hook(self._post, always_call=True)]
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.findings = self._compare()
+        self._candidates, self._recomputes = {}, []
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """``module_forwards`` recorded, ``recomputes`` seen, ``matched``/``unmatched``,
+        ``early_stopped`` (ended by torch's early stop), ``by`` (recomputes per driver), ``findings``."""
+        s = self._stats
+        return {"module_forwards": s.forwards, "recomputes": s.recomputes, "matched": s.matched,
+                "unmatched": s.unmatched, "early_stopped": s.early_stopped, "by": dict(s.by),
+                "findings": len(self.findings)}
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _stack(self) -> list[_Frame]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        try:
+            self._enter(module, args)
+        except Exception:  # noqa: BLE001 - the probe never breaks the user's program
+            self._stack().append(_Frame(None))
+
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        """Classify a module call: inside a recorded one, a recompute, a forward candidate, or neither.
+
+        A candidate is an outermost call where a reentrant-style implementation runs its
+        region: under ``no_grad`` (or inside saved-tensor hooks) in the forward; under
+        ``no_grad`` inside a recompute (a hand-written Function's forward rerun by an outer
+        region's recompute, whose own recompute follows in a nested backward).
+        """
+        stack = self._stack()
+        top = stack[-1] if stack else None
+        grad = torch.is_grad_enabled()
+        if top is not None and top.candidate:  # inside a recorded forward
+            stack.append(_Frame(None, candidate=True))
+            return
+        if top is not None and top.recompute:  # inside a recompute: only a nested Function's forward counts
+            if top.grad and not grad:
+                stack.append(self._candidate(module, args))
+            else:
+                stack.append(_Frame(None, recompute=True, grad=top.grad))
+            return
+        task = torch._C._current_graph_task_id()
+        runs = active_runs()
+        innermost = runs[-1] if runs else None
+        known = innermost is not None and innermost.graph_task == task
+        if task != -1 and not known:
+            stack.append(self._start_recompute(module, args))
+            return
+        if known:
+            # a forward recheck intercepts has its recompute verified; inside a recompute it
+            # intercepts, only a nested Function's forward (no_grad) can be recomputed by another
+            if innermost.phase is Phase.FORWARD or grad:
+                stack.append(_Frame(None))
+                return
+        else:
+            if not stack and not self._explicit_roots and grad:
+                self._note_root(module)
+            if grad and not _hooks_active():
+                stack.append(_Frame(None))
+                return
+        stack.append(self._candidate(module, args))
+
+    def _candidate(self, module: torch.nn.Module, args: Any) -> _Frame:
+        run = self._record(module, args, "forward")
+        with self._lock:
+            self._candidates.setdefault(id(module), []).append(run)
+            self._stats.forwards += 1
+        return _Frame(run, candidate=True)
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        stack = self._stack()
+        if not stack:
+            return
+        frame = stack.pop()
+        run = frame.run
+        if run is None:
+            return
+        try:
+            run.rng_exit = _streams()
+            live = run.module()
+            run.state_exit = _module_state(live) if live is not None else {}
+            if output is not None:
+                run.outputs = _outputs(output)
+            run.finished = True
+        except Exception:  # noqa: BLE001
+            run.finished = False
+
+    def _record(self, module: torch.nn.Module, args: Any, kind: str) -> ModuleRun:
+        inputs = tuple(a.data_ptr() for a in (args if isinstance(args, tuple) else (args,))
+                       if isinstance(a, torch.Tensor))
+        return ModuleRun(weakref.ref(module), id(module), kind, inputs, current_context(), _streams(),
+                         _module_state(module))
+
+    def _start_recompute(self, module: torch.nn.Module, args: Any) -> _Frame:
+        run = self._record(module, args, "recompute")
+        frame = sys._getframe(1)
+        run.implementation, run.site, run.driver = self._driver(frame)
+        with self._lock:
+            self._stats.recomputes += 1
+            self._stats.by[run.driver] = self._stats.by.get(run.driver, 0) + 1
+            self._match(run, module)
+            self._recomputes.append(run)
+        return _Frame(run, recompute=True, grad=torch.is_grad_enabled())
+
+    def _match(self, run: ModuleRun, module: torch.nn.Module) -> None:
+        """Match a recompute, as it starts (the module alive), to a forward of the same instance."""
+        candidates = [c for c in self._candidates.get(id(module), ()) if c.module() is module]
+        by_storage = [c for c in candidates if c.inputs and c.inputs == run.inputs]
+        chosen = by_storage[-1] if by_storage else (candidates[-1] if candidates else None)
+        if chosen is None:
+            self._stats.unmatched += 1
+            return
+        self._candidates[id(module)].remove(chosen)
+        run.matched, run.matched_by = chosen, "input storage" if by_storage else "order"
+        self._stats.matched += 1
+
+    # -- who recomputes ------------------------------------------------------------------------
+    def _driver(self, frame: FrameType | None) -> tuple[str, str | None, str]:
+        """``(implementation, file:line, description)`` of what runs the recompute."""
+        start = frame
+        while frame is not None:
+            if frame.f_code.co_name in ("forward", "backward"):
+                ctx = frame.f_locals.get("ctx")
+                if BackwardCFunction and isinstance(ctx, BackwardCFunction):
+                    cls = getattr(ctx, "_forward_cls", type(ctx))
+                    site = self._site(cls)
+                    return cls.__qualname__, site, f"{cls.__qualname__} ({site})" if site else cls.__qualname__
+            frame = frame.f_back
+        frame = start
+        while frame is not None and frame.f_back is not None:
+            if frame.f_back.f_code.co_name == "_engine_run_backward":
+                code = frame.f_code
+                site = f"{relative(code.co_filename)}:{frame.f_lineno}"
+                name = getattr(code, "co_qualname", code.co_name)
+                return name, site, f"{name} ({site})"
+            frame = frame.f_back
+        return "unknown", None, "an unknown caller"
+
+    def _site(self, cls: type) -> str | None:
+        if cls not in self._sites:
+            try:
+                path = inspect.getsourcefile(cls)
+                line = inspect.getsourcelines(cls)[1]
+                self._sites[cls] = f"{relative(path)}:{line}" if path else None
+            except (OSError, TypeError):
+                self._sites[cls] = None
+        return self._sites[cls]
+
+    # -- naming --------------------------------------------------------------------------------
+    def _note_root(self, module: torch.nn.Module) -> None:
+        if all(r() is not module for r in self._roots):
+            self._roots.append(weakref.ref(module))
+            self._names = None
+
+    def _name(self, run: ModuleRun) -> str:
+        module = run.module()
+        if module is None:
+            return "<a module freed since>"
+        if self._names is None:
+            self._names = {}
+            for ref in self._roots:
+                root = ref()
+                if root is not None:
+                    for name, sub in root.named_modules():
+                        self._names.setdefault(id(sub), name or type(root).__name__)
+        name = self._names.get(id(module))
+        return f"`{name}` ({type(module).__name__})" if name else type(module).__name__
+
+    # -- comparing -----------------------------------------------------------------------------
+    def _compare(self) -> list[Finding]:
+        counts: dict[str, int] = {}
+        made: list[tuple[str, int, list[Finding]]] = []
+        for run in self._recomputes:
+            if not run.finished and run.outputs is None:
+                self._stats.early_stopped += 1
+            forward = run.matched
+            if forward is None:
+                continue
+            region = f"{self._name(run)} recomputed by {run.driver}"
+            counts[region] = counts.get(region, 0) + 1
+            made.append((region, counts[region], self._differences(run, forward, region, counts[region])))
+        findings: list[Finding] = []
+        for region, _, found in made:
+            findings.extend(dataclasses.replace(f, invocation=dataclasses.replace(f.invocation, of=counts[region]))
+                            if f.invocation else f for f in with_likely_causes(found))
+        return findings
+
+    def _differences(self, run: ModuleRun, forward: ModuleRun, region: str, index: int) -> list[Finding]:
+        found: list[Finding] = []
+
+        def add(kind: str, subject: str, message: str, detail: str = "") -> None:
+            code = explain(kind, subject, implementation=run.implementation or "unknown")
+            found.append(Finding(kind, message, code=code, region=region, subject=subject, detail=detail,
+                                 hint=hint(code) if code else None,
+                                 invocation=Invocation(index, None, {}, run.site)))
+
+        for subject, message, detail in context_differences(forward.context, run.context, compare_grad=False):
+            add("context", subject, message, detail)
+        consumed = forward.rng_exit or {}
+        for stream, before in forward.rng_entry.items():
+            drew = stream in consumed and consumed[stream] != before
+            if drew and run.rng_entry.get(stream) != before:
+                add("rng", stream, f"{stream} state at recompute differs from the forward's; the region draws "
+                    "from it", "the implementation does not restore the forward's RNG state around the recompute")
+        if forward.state_exit is not None:
+            self._compare_state(add, forward.state_exit, run.state_entry, "changed between forward and recompute")
+        if run.state_exit is not None and forward.state_exit is not None:
+            written = {k for k in forward.state_exit
+                       if k in forward.state_entry and not _same(forward.state_entry[k], forward.state_exit[k])}
+            self._compare_state(add, {k: v for k, v in run.state_entry.items() if k in written},
+                                {k: v for k, v in run.state_exit.items() if k in written},
+                                "updated again by the recompute")
+        if forward.outputs is not None and run.outputs is not None:
+            again = dict(run.outputs)
+            for path, original in forward.outputs:
+                other = again.get(path)
+                if other is not None and not original.same(other):
+                    add("recompute", path, f"recomputed {path} differs from the forward's", original.difference(other))
+        return found
+
+    @staticmethod
+    def _compare_state(add: Any, before: capture.ModuleState, after: capture.ModuleState, how: str) -> None:
+        for key in before.keys() & after.keys():
+            then, now = before[key], after[key]
+            if _same(then, now):
+                continue
+            what, subject = key
+            if what == "buffer":
+                add("buffer", subject, f"{subject} {how}", then.difference(now))
+            else:
+                add("state", subject, f"{subject} {how}: {show(then[1])} -> {show(now[1])}")
+
+
+def _same(before: Any, after: Any) -> bool:
+    if isinstance(before, TensorPrint) and isinstance(after, TensorPrint):
+        return before.same(after)
+    if isinstance(before, TensorPrint) or isinstance(after, TensorPrint):
+        return False
+    return bool(before[0] == after[0])
