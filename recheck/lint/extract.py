@@ -49,6 +49,7 @@ __all__ = ["ENTRY_WORDS", "FileExtraction", "extract", "parse"]
 
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
 _DISPATCH: dict[type, list] = {}
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 for _rule in BODY_RULES:
     for _node_type in _rule.NODES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
@@ -131,7 +132,7 @@ class FileExtraction:
         for unit in self.units:
             self.by_name.setdefault(unit.name, []).append(unit)
         self.must = must = self.must_analyse() if lazy else set(self.by_name)
-        extractor.block(nodes, "", top, None, outline={id(u) for u in self.units if u.name not in must},
+        extractor.block(nested, "", top, None, outline={id(u) for u in self.units if u.name not in must},
                         units={id(u) for u in self.units})
         facts.outlined = extractor.outlined
         for node in nodes:  # scripts checkpoint at module level too
@@ -284,8 +285,9 @@ class _Extractor:
 
     def block(self, nodes: list[ast.AST], prefix: str, context: FunctionContext, owner: str | None,
               outline: set[int] | frozenset[int] = frozenset(), units: set[int] | frozenset[int] = frozenset()) -> None:
-        """Visit the functions and classes among one scope's ``nodes``: those whose ``id`` is
-        in ``outline`` only outlined; what the other ``units`` make is recorded."""
+        """Visit the functions and classes among ``nodes`` (the scope nodes directly inside one
+        scope, :meth:`Scopes.nested`): those whose ``id`` is in ``outline`` only outlined;
+        what the other ``units`` make is recorded."""
         for node in nodes:
             if outline and id(node) in outline:
                 self.outline(node, prefix, context, owner, self.outlined.setdefault(node.name, []))
@@ -307,13 +309,12 @@ class _Extractor:
             facts = ClassFacts(qualname, context.span(node), [q for q in (context.qualify(b) for b in node.bases) if q])
             self.facts.classes[qualname] = facts
             into.append(qualname)
-            nodes = self.scopes.of(node)
-            for child in nodes:
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    facts.methods[child.name] = f"{qualname}.{child.name}"
-            for child in nodes:
-                if isinstance(child, (ast.ClassDef, *FUNCTION_NODES)):
-                    self.outline(child, qualname + ".", context, qualname, into)
+            nested = self.scopes.nested(node)
+            for child in nested:
+                if type(child) in _DEFS:
+                    facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+            for child in nested:
+                self.outline(child, qualname + ".", context, qualname, into)
             return
         name = lambda_name(node, context.qualname) if isinstance(node, ast.Lambda) else prefix + node.name
         self.module.function_nodes[name] = node
@@ -339,14 +340,14 @@ class _Extractor:
         self.facts.classes[qualname] = facts
         if self._making is not None:
             self._making.append(("class", qualname))
-        nodes = self.scopes.of(node)
-        for child in nodes:
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                facts.methods[child.name] = f"{qualname}.{child.name}"
-        attributes = self._entry_attributes(nodes, context)
+        nested = self.scopes.nested(node)  # the scope nodes of the class body, in source order
+        for child in nested:
+            if type(child) in _DEFS:
+                facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+        attributes = self._entry_attributes(nested, context)
         self.class_entries[qualname] = attributes
         self.facts.entry_attributes.extend(f"{qualname}.{a}" for a in sorted(attributes))
-        self.block(nodes, qualname + ".", context, qualname)
+        self.block(nested, qualname + ".", context, qualname)
 
     def _entry_attributes(self, class_nodes: list[ast.AST], context: FunctionContext) -> frozenset[str]:
         """``self.<attr> = checkpoint`` (a partial of one, a parameter defaulting to one, or
@@ -360,7 +361,7 @@ class _Extractor:
             defaults = dict(zip([a.arg for a in positional][::-1], method.args.defaults[::-1]))
             defaults.update({a.arg: d for a, d in zip(method.args.kwonlyargs, method.args.kw_defaults) if d is not None})
             for node in self.scopes.of(method):
-                if not isinstance(node, ast.Assign):
+                if type(node) is not ast.Assign:
                     continue
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
@@ -435,7 +436,7 @@ class _Extractor:
             if facts.optional:  # branches that cannot run hide their side effects and their calls
                 facts.guards = guards(nodes, arguments)
         self._attributes(nodes, context, self.facts.classes[owner] if owner is not None and self_name is not None else None, facts)
-        self.block(nodes, qualname + ".", context, None)
+        self.block(self.scopes.nested(node), qualname + ".", context, None)
 
     def _bind_locals(self, nodes: list[ast.AST], context: FunctionContext, qualname: str) -> None:
         """Loop variables, aliases, nested defs, ``isinstance`` branches (see ``refs_of``)."""

@@ -75,8 +75,8 @@ class Scopes:
             out.append(node)
             kind = type(node)
             names = fields.get(kind)
-            if names is None:  # the fields that can hold nodes (never ``ctx``: Load/Store carry nothing)
-                names = fields[kind] = tuple(f for f in kind._fields if f != "ctx")
+            if names is None:
+                names = fields[kind] = _node_fields(kind)
             if not names:
                 continue
             if kind in scope_types:  # its body is its own scope, partitioned when asked for
@@ -86,11 +86,26 @@ class Scopes:
             for name in names:
                 value = getattr(node, name, None)
                 if type(value) is list:
-                    children.extend(v for v in value if isinstance(v, node_type))
+                    children += [v for v in value if isinstance(v, node_type)]
                 elif isinstance(value, node_type):
                     children.append(value)
             stack.extend(reversed(children))
         return out
+
+
+#: Fields that never hold a node in any node class that has them (identifiers, numbers,
+#: flags; ``ctx``: Load/Store carry nothing).  ``name`` is an identifier everywhere but in
+#: ``TypeAlias`` (Python 3.12), whose name is a ``Name``.
+_NEVER_NODES = frozenset({"ctx", "id", "attr", "arg", "name", "module", "level", "kind", "conversion", "is_async",
+                          "type_comment", "tag"})
+
+
+def _node_fields(kind: type) -> tuple[str, ...]:
+    """The fields of node class ``kind`` that can hold nodes (a ``Constant``'s value never does)."""
+    if kind is ast.Constant:
+        return ()
+    keep = {"name"} if kind.__name__ == "TypeAlias" else set()
+    return tuple(f for f in kind._fields if f not in _NEVER_NODES or f in keep)
 
 
 _SCOPE_TYPES = frozenset(SCOPE_NODES)
