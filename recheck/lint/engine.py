@@ -115,11 +115,15 @@ def _unparsable(display: str, exc: BaseException) -> FileError:
     return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
 
 
+#: What a file's analysis may raise that makes it a file error rather than a crash.
+UNANALYSABLE = (SyntaxError, RecursionError, ValueError, MemoryError)
+
+
 def _phase_one(job: tuple[str, str, str, bool, dict[str, tuple[int, str]], tuple[str, ...]]) -> tuple[str, FileFacts | FileError]:
     display, text, module, is_package, extra, demand = job
     try:
         return display, extract(text, display, module, is_package, extra, demand=demand)
-    except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+    except UNANALYSABLE as exc:
         return display, _unparsable(display, exc)
 
 
@@ -239,13 +243,17 @@ class _Run:
         source = self.sources[facts.path]
         key = (facts.path, self.salt)
         extraction = self.kept.pop(key, None)
-        if extraction is None:
-            extraction = FileExtraction(source.text, facts.path, source.module, source.is_package, self.extra)
+        try:
+            if extraction is None:
+                extraction = FileExtraction(source.text, facts.path, source.module, source.is_package, self.extra)
+            analysed_there = set(extraction.facts.outlined) - set(facts.outlined)
+            done = extraction.analyse_needed([name], regions=False, skip=analysed_there)
+        except UNANALYSABLE as exc:  # as phase one would have: a file error, and the rest still runs
+            self.give_up(facts, exc)
+            return
         self.kept[key] = extraction
         while len(self.kept) > KEPT_PARSED:
             self.kept.popitem(last=False)
-        analysed_there = set(extraction.facts.outlined) - set(facts.outlined)
-        done = extraction.analyse_needed([name], regions=False, skip=analysed_there)
         for unit in [name, *(n for n in done if n != name)]:
             if unit not in facts.outlined:
                 continue
@@ -263,6 +271,19 @@ class _Run:
                     if record is not None and record.deferred:
                         raise RuntimeError(f"{facts.path}: analysing `{unit}` did not fill `{qualname}`")
             self.analysed_here += 1
+
+    def give_up(self, facts: FileFacts, exc: BaseException) -> None:
+        """A file whose outlined body cannot be analysed: its error, and every outlined body
+        of it filled as empty (what phase two sees of a file phase one could not read)."""
+        if not any(error.path == facts.path for error in self.errors):
+            self.errors.append(_unparsable(facts.path, exc))
+        for qualnames in facts.outlined.values():
+            for qualname in qualnames:
+                for table in (facts.classes, facts.functions):
+                    record: Deferred | None = table.get(qualname)
+                    if record is not None and record.deferred:
+                        record.fill(type(record)(qualname, record.span))  # type: ignore[call-arg]
+        facts.outlined.clear()
 
     def discover(self, index: Index) -> list[_Source]:
         """Add the entry points the tree defines (wrappers, attributes holding one); return

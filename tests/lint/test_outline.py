@@ -165,3 +165,43 @@ def test_scopes_keep_nodes_in_constants_positions_and_names_out():
     """))
     kinds = {type(n).__name__ for n in Scopes(tree).of(tree)}
     assert {"Import", "alias", "FunctionDef", "arguments", "arg", "Lambda", "Constant", "Name"} <= kinds
+
+
+def test_an_outlined_body_that_cannot_be_analysed_is_a_file_error(write, tmp_path, monkeypatch):
+    # phase one reads helpers.py but outlines `helper`; if analysing it later raises (a
+    # recursion too deep for the rules), the file is reported and the run completes
+    monkeypatch.chdir(tmp_path)
+    write("model.py", """
+        import torch
+        from torch.utils.checkpoint import checkpoint
+        from helpers import helper
+
+        def noisy(x):
+            print("recomputed too")
+            return x
+
+        class Block(torch.nn.Module):
+            def forward(self, x):
+                x = checkpoint(noisy, x, use_reentrant=False)
+                return checkpoint(helper, x, use_reentrant=False)
+    """)
+    write("helpers.py", """
+        from torch.utils.checkpoint import checkpoint
+
+        def unrelated(f, x):
+            return checkpoint(f, x, use_reentrant=False)
+
+        def helper(x):
+            return x
+    """)
+    analyse_needed = FileExtraction.analyse_needed
+
+    def deep(self, demand=(), regions=True, skip=()):
+        if not regions and self.facts.path == "helpers.py":  # the later analysis of an outlined unit
+            raise RecursionError("maximum recursion depth exceeded")
+        return analyse_needed(self, demand, regions, skip)
+
+    monkeypatch.setattr(FileExtraction, "analyse_needed", deep)
+    result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    assert [(e.path, e.reason.split(":")[0]) for e in result.errors] == [("helpers.py", "cannot be analysed")]
+    assert [(f.path, f.code) for f in result.findings] == [("model.py", "RC103")]
