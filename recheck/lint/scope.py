@@ -403,6 +403,8 @@ class FunctionContext:
     imported: frozenset[str] = frozenset()
     #: the last value assigned to each local name (``policy = partial(...)``)
     values: dict[str, ast.AST] = field(default_factory=dict)
+    #: :meth:`qualify`'s answers by ``id()`` of the node (every rule qualifies each call)
+    _qualified: dict[int, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     def bind(self, name: str, refs: list[Ref], start: int = 0, end: int | None = None) -> None:
         """``name`` holds ``refs`` from line ``start`` on; with ``end``, only inside the block
@@ -450,7 +452,15 @@ class FunctionContext:
         return name in self.module.assigned
 
     def qualify(self, node: ast.AST) -> str | None:
-        """The dotted qualified name of a name chain whose head is not a local variable."""
+        """The dotted qualified name of a name chain whose head is not a local variable.
+        What it depends on is fixed when the context is made, so each answer is kept."""
+        key = id(node)
+        if key in self._qualified:
+            return self._qualified[key]
+        qualified = self._qualified[key] = self._qualify(node)
+        return qualified
+
+    def _qualify(self, node: ast.AST) -> str | None:
         parts = dotted(node)
         if parts is None:
             return None
