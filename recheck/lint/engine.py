@@ -22,7 +22,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
@@ -32,7 +32,13 @@ from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.options import LintOptions
-from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.regions import (
+    Hit,
+    SiteReport,
+    discovered_entries,
+    find_regions,
+    region_hits,
+)
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
 
@@ -113,6 +119,19 @@ def _unparsable(display: str, exc: BaseException) -> FileError:
         where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
         return FileError(display, f"does not parse: {exc.msg}{where}")
     return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+
+
+R = TypeVar("R", bound=Deferred)
+
+
+def _take(table: dict[str, R], made: R) -> None:
+    """Fill the deferred record of ``made``'s definition in ``table`` (or add ``made``: a
+    definition an outline does not list, such as a function nested in an outlined one)."""
+    record = table.get(made.qualname)
+    if record is None:
+        table[made.qualname] = made
+    elif record.deferred:
+        record.fill(made)
 
 
 #: What a file's analysis may raise that makes it a file error rather than a crash.
@@ -258,13 +277,10 @@ class _Run:
             if unit not in facts.outlined:
                 continue
             for kind, qualname in extraction.created(unit):
-                table = facts.classes if kind == "class" else facts.functions
-                made = (extraction.facts.classes if kind == "class" else extraction.facts.functions)[qualname]
-                record: Deferred | None = table.get(qualname)
-                if record is None:
-                    table[qualname] = made
-                elif record.deferred:
-                    record.fill(made)
+                if kind == "class":
+                    _take(facts.classes, extraction.facts.classes[qualname])
+                else:
+                    _take(facts.functions, extraction.facts.functions[qualname])
             for qualname in facts.outlined.pop(unit):
                 for table in (facts.classes, facts.functions):
                     record = table.get(qualname)

@@ -15,7 +15,15 @@ from typing import Iterable, Iterator, Mapping
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
-from recheck.lint.outline import DEFINITIONS, StatementScan, TextLines, call_write_units, call_writes, statement_scan, units_with_words
+from recheck.lint.outline import (
+    DEFINITIONS,
+    StatementScan,
+    TextLines,
+    call_write_units,
+    call_writes,
+    statement_scan,
+    units_with_words,
+)
 from recheck.lint.reachability import guards, optional_params
 from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint
 from recheck.lint.rules.rc002_preserve_rng import random_draw

@@ -95,6 +95,9 @@ class Deferred:
 
     #: the fields an outline has; every other field is the body's
     OUTLINE: ClassVar[frozenset[str]] = frozenset()
+    #: what every record has (the dataclasses below declare them as their first fields)
+    qualname: str
+    span: Span
 
     def __getattr__(self, name: str) -> object:  # called only for attributes the instance lacks
         load = self.__dict__.get("_load")

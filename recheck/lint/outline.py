@@ -25,19 +25,21 @@ import ast
 import bisect
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 from recheck.lint.scope import MUTATING_METHODS, Scopes, written_through
 
-__all__ = ["StatementScan", "TextLines", "call_write_units", "statement_scan", "unit_lines", "units_with_words",
+__all__ = ["StatementScan", "TextLines", "Unit", "call_write_units", "statement_scan", "unit_lines", "units_with_words",
            "used_as_value"]
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+#: A top-level definition: a unit of lazy analysis.
+Unit = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 _BLOCKS = ("body", "orelse", "handlers", "finalbody", "cases")
 _TARGETS = (ast.Subscript, ast.Attribute)
 
 
-def unit_lines(node: ast.AST) -> tuple[int, int]:
+def unit_lines(node: Unit) -> tuple[int, int]:
     """First and last line of a definition, its decorators included."""
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
     return first, node.end_lineno or node.lineno
@@ -97,7 +99,7 @@ def _identifier_char(char: str) -> bool:
 class _Units:
     """Line ranges of the units, to find the units that hold given lines."""
 
-    def __init__(self, units: list[ast.AST]) -> None:
+    def __init__(self, units: Sequence[Unit]) -> None:
         self.units = units
         self.ranges = [unit_lines(u) for u in units]
 
@@ -112,14 +114,14 @@ class _Units:
         return found
 
 
-def units_with_words(text: TextLines, units: list[ast.AST], words: Iterable[str],
+def units_with_words(text: TextLines, units: Sequence[Unit], words: Iterable[str],
                      fragments: Iterable[tuple[str, frozenset[str]]] = (), used: bool = False) -> set[int]:
     """Indices of the units whose text holds one of ``words`` as an identifier, or an
     identifier that contains a fragment and is one of its words (``("heckpoint",
     {"checkpoint", ...})``: one scan finds every spelling that holds the fragment; an empty
     set of words takes any occurrence of the fragment).  With ``used``, only identifiers
     that may be used as code count (see :func:`used_as_value`)."""
-    source, found_lines = text.text, []
+    source, found_lines = text.text, list[int]()
     for word in words:
         found_lines += (text.line(at) for at in text.words(word) if not used or used_as_value(source, at, at + len(word)))
     for fragment, spellings in fragments:
@@ -178,7 +180,7 @@ def used_as_value(source: str, start: int, end: int) -> bool:
 _MUTATING = sorted(MUTATING_METHODS)
 
 
-def call_write_units(text: TextLines, units: list[ast.AST], candidates: set[str]) -> set[int]:
+def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str]) -> set[int]:
     """Indices of the units where a call may write through a module variable: a mutating
     method (``.append``, ``.update``, ...) after a name among ``candidates``, or after
     something the scan cannot read back (a closing parenthesis, a line break)."""

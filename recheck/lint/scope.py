@@ -100,7 +100,7 @@ _NEVER_NODES = frozenset({"ctx", "id", "attr", "arg", "name", "module", "level",
                           "type_comment", "tag"})
 
 
-def _node_fields(kind: type) -> tuple[str, ...]:
+def _node_fields(kind: type[ast.AST]) -> tuple[str, ...]:
     """The fields of node class ``kind`` that can hold nodes (a ``Constant``'s value never does)."""
     if kind is ast.Constant:
         return ()
