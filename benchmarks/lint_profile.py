@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from recheck.lint import engine, extract, regions  # noqa: E402
-from recheck.lint.options import LintOptions  # noqa: E402
+from recheck.lint.settings import LintOptions  # noqa: E402
 
 PHASES = ("read", "pre-filter", "parse", "facts", "rules", "syntax check", "transfer", "regions",
           "region rules", "findings", "output")

@@ -2,7 +2,7 @@
 
 The findings model (:class:`Finding`, :class:`Report`, :class:`RecomputeMismatch`) is
 importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``,
-``watch``, ``tag``, ``measure``, ``gather_report``) is loaded on first use, so ``import recheck`` stays cheap and the
+``watch``, ``tag``, ``measure``, ``suggest``, ``apply_plan``, ``gather_report``) is loaded on first use, so ``import recheck`` stays cheap and the
 linter and the CLI's catalogue commands never import torch.
 """
 
@@ -31,6 +31,8 @@ _LAZY = {
     "watch": "recheck.watcher",
     "tag": "recheck.watcher",
     "measure": "recheck.cost",
+    "suggest": "recheck.cost",
+    "apply_plan": "recheck.cost",
     "gather_report": "recheck.distributed.reports",
 }
 
@@ -47,7 +49,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.checker import assert_recompute_equal, assert_step_equal, check, check_step
-    from recheck.cost import measure
+    from recheck.cost import apply_plan, measure, suggest
     from recheck.distributed.reports import gather_report
     from recheck.watcher import tag, watch
 

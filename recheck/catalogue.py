@@ -242,7 +242,9 @@ _NARROWING = {
     "RC104": _written_state,
 }
 
-#: Every rule code, with its advice and what it explains.  Order matters within a kind
+#: The rules the dynamic checker names (or ``--fix`` fixes), with their advice and what they
+#: explain.  A rule only the linter finds needs no entry: :func:`entry` makes one from its
+#: document, whose summary is the advice.  Order matters within a kind
 #: (see :meth:`Entry.explains`): RC106 before RC104 for ``buffer``, RC003 (another
 #: implementation's own) before RC002 and RC102 for ``rng`` and before RC101 for ``context``.
 REGISTRY: tuple[Entry, ...] = (
@@ -263,7 +265,6 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",
           ("buffer", "state")),
     Entry("RC107", "the region mutates one of its inputs in place", ("input_mutation",)),
-    Entry("RC108", "the region reads a clock, a UUID or OS entropy; the recompute gets another value"),
     Entry("RC201", "a parameter changed between forward and recompute", ("param_version",)),
 )
 
@@ -274,8 +275,13 @@ FIXABLE: frozenset[str] = frozenset(e.code for e in REGISTRY if e.fixable)
 
 
 def entry(code: str) -> Entry:
-    """The registry entry of ``code`` (``KeyError`` for an unknown code)."""
-    return _BY_CODE[code.strip().upper()]
+    """The registry entry of ``code``; for a rule with none, one whose advice is its document's
+    summary (``KeyError`` for a code no document names)."""
+    key = code.strip().upper()
+    known = _BY_CODE.get(key)
+    if known is not None:
+        return known
+    return Entry(key, get_rule(key).summary)
 
 
 def explain(kind: str, subject: str = "", **context: object) -> str | None:
@@ -302,7 +308,10 @@ def hint(code: str, cause: str | None = None) -> str:
     named instead of the rule's general advice.  An unknown code still gives a hint that
     names it: a missing entry must never turn a finding into a crash.
     """
-    known = _BY_CODE.get(code)
+    try:
+        known: Entry | None = entry(code)
+    except (KeyError, FileNotFoundError, RuleDocumentError):
+        known = None
     text = cause or (known.advice if known else "")
     where = f"see `recheck explain {code}`"
     return f"{text} ({code}); {where}" if text else f"{code}; {where}"

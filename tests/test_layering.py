@@ -2,7 +2,7 @@
 
 Floors, bottom to top:
   0  recheck.findings, output.text            data types (and the text they render as)
-  1  recheck.catalogue, config, dependencies, lab, loading, output, progress   foundation services
+  1  recheck.catalogue, config, dependencies, working_set, loading, output, progress   foundation services
                                               (no torch, no libcst)
   2  recheck.runtime.*                        torch-facing primitives (bits, digests, trees, rng,
                                               snapshot, reach, effects, naming, tags)
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__",
          "recheck.integrations")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.lab", "recheck.loading",
+FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.working_set", "recheck.loading",
               "recheck.output", "recheck.progress")
 DATA = ("recheck.findings", "recheck.output.text")
 
@@ -93,9 +93,10 @@ def test_imports_run_downward(name):
 def test_engines_do_not_import_faces_or_each_others_internals_upward():
     # engines share the runtime and the interception below them, not each other's
     # internals: the watcher and the checker may label ranks (distributed), the checker's
-    # check_step drives watch(); the rank helpers, the cost report and the linter stand alone
+    # check_step drives watch(), the cost planner verifies every plan it runs with check_step;
+    # the rank helpers and the linter stand alone
     allowed = {"watcher": {"distributed"}, "checker": {"watcher", "distributed"},
-               "cost": {"distributed"}}
+               "cost": {"distributed", "checker"}}
     for name, deps in GRAPH.items():
         mine = engine(name)
         for dep in deps:
@@ -139,3 +140,19 @@ def test_no_module_is_a_monolith():
     limit = max(400, int(total * 0.10))
     big = {n: s for n, s in sizes.items() if s > limit}
     assert not big, f"modules over {limit} lines (10% of {total}): {big}"
+
+
+def test_no_two_modules_share_a_file_name():
+    """A traceback's ``compare.py`` or an editor tab's ``options.py`` must say which module it is."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(module_name(path))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def test_no_two_test_modules_share_a_file_name():
+    """pytest imports test files by base name here (no packages): a second one fails to collect."""
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -14,7 +14,7 @@ import pytest
 from recheck import progress as progress_module
 from recheck.cli import main
 from recheck.lint.engine import lint_paths
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 from recheck.progress import colour_enabled, paint, progress, shows_progress
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,20 +22,6 @@ import pytest
 from recheck.catalogue import REQUIRED_SECTIONS, all_rules, get_rule
 from recheck.findings import DYNAMIC_KINDS
 
-EXPECTED = {
-    "RC001": "missing-use-reentrant",
-    "RC002": "rng-not-preserved",
-    "RC003": "handwritten-checkpoint-state",
-    "RC101": "mutable-global-read",
-    "RC102": "device-move-in-region",
-    "RC103": "side-effect-in-region",
-    "RC104": "external-state-mutation",
-    "RC105": "unrestored-rng",
-    "RC106": "batchnorm-in-region",
-    "RC107": "input-mutated-in-place",
-    "RC108": "nondeterministic-call",
-    "RC201": "parameter-changed-before-recompute",
-}
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TORCH_DOCS = "https://docs.pytorch.org/docs/stable/checkpoint.html"
 CHECKPOINT_ENTRY_POINTS = {"checkpoint", "checkpoint_sequential"}
@@ -86,7 +72,11 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 
 def test_every_rule_is_documented_once_under_its_name():
-    assert {rule.code: rule.name for rule in RULES} == EXPECTED
+    from recheck.lint.rules import RULE_MODULES
+
+    # the linter's rules and the static documents are the same codes; RC2xx are run time only
+    assert sorted(m.CODE for m in RULE_MODULES) == [rule.code for rule in RULES if rule.static]
+    assert all(KEBAB.match(rule.name) for rule in RULES)
     assert len(CODES) == len(set(CODES))
     assert CODES == sorted(CODES)
 

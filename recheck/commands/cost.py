@@ -9,10 +9,17 @@ Three forms:
 * ``recheck cost --plan FILE.py:STEP --schedule gpipe|1f1b --microbatches M [--stages S]``:
   one process, STEP runs one microbatch through the stages with each stage's forward
   inside ``recheck.tag(stage=s)``; prints each stage's predicted retained saved-state peak
-  and observed peak (every live storage), with the terms they are made of.
+  and observed peak (every live storage), with the terms they are made of;
+* ``recheck cost --suggest --budget SIZE FILE.py:STEP [--objective time|throughput]``: the
+  fastest checkpointing plan within the budget (``recheck.suggest``), run and verified with
+  ``check_step`` beside the folklore plans; ``--save-plan PATH`` writes the plan that
+  ``recheck.apply_plan`` reads.
 
-Exit codes: 0 measured, 2 usage, import or measurement error (a failing rank is named,
-with its traceback).  torch is imported only inside :func:`run`.
+Exit codes: 0 measured (with ``--suggest``: a plan measured within the budget and verified),
+1 the suggested plan's ``check_step`` found a difference or its measured peak is above the
+budget, 2 usage, import or measurement error (a failing rank is named, with its traceback;
+with ``--suggest`` also no repeated unit, or no plan fits).  torch is imported only inside
+:func:`run`.
 """
 
 from __future__ import annotations
@@ -94,6 +101,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="a memory budget such as 40GiB: report the largest microbatch that fits each mode",
     )
+    planner = parser.add_argument_group("choosing what to checkpoint")
+    planner.add_argument("--suggest", action="store_true",
+                         help="choose the fastest plan within --budget (which modules to checkpoint, fully or "
+                         "selectively), run it and verify it with check_step beside the folklore plans")
+    planner.add_argument("--objective", choices=("time", "throughput"),
+                         help="with --suggest: least step time (default), or most samples per second over the "
+                         "batch sizes that fit (the step takes a batch_size argument)")
+    planner.add_argument("--clock", choices=("wall", "cpu"),
+                         help="with --suggest: time runs by wall time (default) or by the process's CPU time "
+                         "(steadier on a shared CPU machine with the step on one thread)")
+    planner.add_argument("--save-plan", metavar="PATH",
+                         help="with --suggest: write the plan as JSON (recheck.apply_plan(model, PATH) applies it)")
     pipeline = parser.add_argument_group("pipelines (torch.distributed.pipelining)")
     pipeline.add_argument("--ranks", type=_positive("--ranks", 64), metavar="N",
                           help="run STEP's pipeline on N local gloo ranks and print the per-stage table; "
@@ -118,6 +137,17 @@ def _target_spec(target: str) -> str:
 
 
 def _usage_problem(ns: argparse.Namespace) -> str | None:
+    suggesting = [flag for flag, value in (("--objective", ns.objective), ("--save-plan", ns.save_plan),
+                                           ("--clock", ns.clock)) if value]
+    if suggesting and not ns.suggest:
+        return f"{suggesting[0]} needs --suggest"
+    if ns.suggest:
+        if ns.budget is None:
+            return "--suggest needs --budget SIZE: the memory the plan must fit, such as 24GiB"
+        other = [flag for flag, value in (("--ranks", ns.ranks is not None), ("--plan", ns.plan),
+                                          ("--plot", ns.plot)) if value]
+        if other:
+            return f"{other[0]} does not go with --suggest"
     if ns.plan and ns.ranks is not None:
         return "--plan and --ranks are separate modes; use one"
     planning = [name for name in ("schedule", "microbatches", "stages") if getattr(ns, name) is not None]
@@ -164,7 +194,9 @@ def run(ns: argparse.Namespace) -> int:
         return _error(str(failure), failure.user_traceback or "")
     if ns.plan:
         return _run_plan(ns, target.factory, target.label)
-    from recheck.cost.compare import measure
+    if ns.suggest:
+        return _run_suggest(ns, target.factory, target.label)
+    from recheck.cost.measurement import measure
     from recheck.cost.plot import PlotError
 
     try:
@@ -239,3 +271,43 @@ def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) ->
     else:
         print(render_plan(predictions, ns.schedule, ns.microbatches, label))
     return 0
+
+
+def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str) -> int:
+    """``--suggest``: the plan, its runs beside the anchors', the candidates."""
+    from recheck.cost.planner.candidates import NoRepeatedUnit
+    from recheck.cost.planner.solver import SolverLimit
+    from recheck.cost.planner.suggest import suggest
+    from recheck.cost.planner.suggestion import NothingFits
+    from recheck.progress import progress
+
+    try:
+        with progress(f"planning {label}", quiet=ns.quiet) as bar:
+            def tell(what: str, done: int, total: int) -> None:
+                bar.count(done, total)
+                bar.describe(what)
+
+            with bar.redirected():  # the step's prints stay off stdout (JSON)
+                suggestion = suggest(step, budget=ns.budget, objective=ns.objective or "time", repeats=ns.repeats,
+                                     clock=ns.clock or "wall", progress=tell)
+    except (NoRepeatedUnit, NothingFits, SolverLimit) as exc:
+        return _error(f"{label}: {exc}")
+    except ValueError as exc:
+        return _error(f"{label}: {exc}")
+    except Exception as exc:  # the user's step failed: say so, no traceback dump
+        return _error(f"planning {label} failed: {type(exc).__name__}: {exc}")
+    suggestion.step = label
+    if ns.save_plan:
+        try:
+            with open(ns.save_plan, "w", encoding="utf-8") as handle:
+                handle.write(suggestion.plan.to_json() + "\n")
+        except OSError as exc:
+            return _error(f"cannot write the plan to {ns.save_plan}: {exc.strerror or exc}")
+    if ns.format == "json":
+        print(json.dumps(suggestion.to_dict(), indent=2))
+    else:
+        print(suggestion)
+    if ns.save_plan:
+        print(f"recheck cost: plan written to {ns.save_plan}", file=sys.stderr)
+    run = suggestion.suggested
+    return 0 if run.verified and run.fits(suggestion.budget) else 1

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Callable, TextIO
 
-from recheck.lab import (
+from recheck.working_set import (
     NOT_MODELLED,
     LabError,
     WorkingSetLab,

@@ -43,7 +43,7 @@ def run(ns: argparse.Namespace) -> int:
     from recheck import __version__
     from recheck.config import load_config
     from recheck.lint.engine import lint_paths
-    from recheck.lint.options import LintOptions, SelectorError
+    from recheck.lint.settings import LintOptions, SelectorError
     from recheck.catalogue import FIXABLE
     from recheck.output import render
     from recheck.output.text import lint_summary

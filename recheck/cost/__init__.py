@@ -4,7 +4,8 @@ Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and by
 operator), ``ledger`` (live storages by category), ``router`` (runs each checkpoint as written or bypassed, through
 ``recheck.intercept.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
 ``results``/``budget`` (figures), ``compare`` (:func:`measure`), ``table``/``plot``
-(rendering).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
+(rendering).  The subpackage ``planner`` chooses what to checkpoint within a budget
+(:func:`suggest`, ``recheck cost --suggest``) and applies a plan (:func:`apply_plan`).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
 the schedule model, per-stage bundles, ``recheck cost --ranks`` and ``--plan``.  Importing this package does not import torch; ``measure`` loads it.
 """
 
@@ -12,15 +13,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Comparison", "measure"]
+__all__ = ["Comparison", "Plan", "Suggestion", "apply_plan", "measure", "suggest"]
+
+#: public name -> the module that defines it (imported on first use: they import torch)
+_LAZY = {
+    "Comparison": "recheck.cost.measurement",
+    "measure": "recheck.cost.measurement",
+    "suggest": "recheck.cost.planner.suggest",
+    "Suggestion": "recheck.cost.planner.suggestion",
+    "apply_plan": "recheck.cost.planner.wrapping",
+    "Plan": "recheck.cost.planner.plans",
+}
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.cost.compare import Comparison, measure
+    from recheck.cost.measurement import Comparison, measure
+    from recheck.cost.planner.plans import Plan
+    from recheck.cost.planner.suggest import suggest
+    from recheck.cost.planner.suggestion import Suggestion
+    from recheck.cost.planner.wrapping import apply_plan
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from recheck.cost import compare
+    if name in _LAZY:
+        import importlib
 
-        return getattr(compare, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'recheck.cost' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The measured figures of a comparison: per mode, per region, and the budget estimate.
 
-Plain data (no torch): :mod:`recheck.cost.compare` fills it, :mod:`recheck.cost.table`
+Plain data (no torch): :mod:`recheck.cost.measurement` fills it, :mod:`recheck.cost.table`
 and :mod:`recheck.cost.plot` render it.
 """
 
@@ -159,7 +159,7 @@ class BudgetEstimate:
 
 
 class ComparisonView(Protocol):
-    """What the renderers read from a ``recheck.cost.compare.Comparison``."""
+    """What the renderers read from a ``recheck.cost.measurement.Comparison``."""
 
     modes: dict[str, ModeResult]
     regions: list[RegionResult]

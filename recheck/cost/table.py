@@ -1,4 +1,4 @@
-"""Render a :class:`~recheck.cost.compare.Comparison` as a text table or a JSON-ready dict.
+"""Render a :class:`~recheck.cost.measurement.Comparison` as a text table or a JSON-ready dict.
 
 Every figure is printed with its definition beside it: the terms are the contract of the
 report, and :data:`DEFINITIONS` is the one place they are written down.

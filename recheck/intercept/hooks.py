@@ -37,7 +37,7 @@ import inspect
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Generator, Iterator, Mapping, Protocol
 
 import torch
 
@@ -456,7 +456,7 @@ class Interceptor:
         new_args, new_kwargs = implementation.with_function(args, kwargs, wrapped)
         return self.around_machinery(call, lambda: real(*new_args, **new_kwargs))
 
-    def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
+    def generator(self, original: Callable[..., Generator[None, None, None]], args: tuple, kwargs: dict) -> Iterator[None]:
         """The non-reentrant generator: from ``checkpoint()`` (already wrapped), the composable
         API or the curried form (whose forward runs between the generator's two steps)."""
         bound = _Arguments(_layout(original), args, kwargs)
@@ -489,7 +489,7 @@ class Interceptor:
         with self.region_run(call, Phase.BYPASS):
             yield
 
-    def _drive(self, generator: Iterator[None], call: CheckpointCall, undo: Callable[[], None] | None,
+    def _drive(self, generator: Generator[None, None, None], call: CheckpointCall, undo: Callable[[], None] | None,
                brackets: bool) -> Iterator[None]:
         """Run torch's generator; a forward that runs between its steps is bracketed as a run."""
         try:

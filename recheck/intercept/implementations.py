@@ -242,6 +242,7 @@ class FairscaleCheckpoint(Adapter):
 
     def direct(self, run: Callable[[Any, tuple, dict], Any], args: tuple, kwargs: dict) -> Any:
         module = self.loaded()
+        assert module is not None, "a fairscale call reached recheck with fairscale not imported"
         _dummy, run_function, parent_ctx_dict, kwarg_keys, *flat_args = args
         region_args, region_kwargs = module.unpack_kwargs(kwarg_keys, tuple(flat_args))
         outputs = run(run_function, tuple(region_args), dict(region_kwargs))
@@ -404,7 +405,9 @@ def _patch_code(function: types.FunctionType, adapter: Adapter, hooks: Any, what
     real = types.FunctionType(original, inner.__globals__, inner.__name__, inner.__defaults__, None)
     real.__kwdefaults__ = inner.__kwdefaults__
     real.__qualname__, real.__module__, real.__doc__ = inner.__qualname__, inner.__module__, inner.__doc__
-    replacement = _trampoline.__code__.replace(co_name=original.co_name, co_qualname=original.co_qualname)
+    replacement = _trampoline.__code__.replace(co_name=original.co_name)
+    if sys.version_info >= (3, 11):  # co_qualname names the frame in tracebacks from 3.11 on
+        replacement = replacement.replace(co_qualname=original.co_qualname)
     _CODE_TARGETS[id(replacement)] = _CodeTarget(hooks, adapter, real)
     inner.__code__ = replacement
     return CodePatch(inner, original, replacement, what)
@@ -475,8 +478,8 @@ def install_declared(dotted: str, hooks: Any) -> tuple[list[Patch], str]:
         return [], f"{dotted}: not callable ({type(value).__name__})"
     adapter = declared_adapter(dotted, 1 if method else 0)
     if method:  # a method whose code cannot be swapped: replace it on the class
-        patch = patch_callable(owner, name, adapter, hooks)
-        return ([patch], "rebound") if patch is not None else ([], f"{dotted}: cannot be patched")
+        on_class = patch_callable(owner, name, adapter, hooks)
+        return ([on_class], "rebound") if on_class is not None else ([], f"{dotted}: cannot be patched")
     return [_rebind(value, adapter, hooks, dotted)], "rebound"
 
 

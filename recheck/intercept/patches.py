@@ -36,7 +36,7 @@ import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -75,7 +75,7 @@ class Hooks(Protocol):
     def checkpoint(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A call of ``torch.utils.checkpoint.checkpoint(*args, **kwargs)``."""
 
-    def generator(self, original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
+    def generator(self, original: Callable[..., Generator[None, None, None]], args: tuple, kwargs: dict) -> Iterator[None]:
         """A call of ``_checkpoint_without_reentrant_generator(*args, **kwargs)``."""
 
     def reentrant_forward(self, original: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool, args: tuple) -> Any:
@@ -144,7 +144,7 @@ class Installation:
             if composable is not None and getattr(composable, name, None) is self.generator_replacement:
                 setattr(composable, name, self.original_generator)
         if self.original_forward is not None:
-            torch_checkpoint.CheckpointFunction.forward = self.original_forward
+            torch_checkpoint.CheckpointFunction.forward = self.original_forward  # type: ignore[method-assign]
 
 
 _lock = threading.RLock()
@@ -287,4 +287,4 @@ def _patch_reentrant_forward(installation: Installation) -> None:
         return hooks.reentrant_forward(real_forward, ctx, run_function, preserve_rng_state, args)
 
     installation.original_forward = original
-    function_class.forward = staticmethod(watched_forward)
+    function_class.forward = staticmethod(watched_forward)  # type: ignore[method-assign]

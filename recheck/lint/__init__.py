@@ -9,6 +9,6 @@ hazards inside them.  This package never imports torch; libcst is imported only 
 from __future__ import annotations
 
 from recheck.lint.engine import LintResult, lint_paths, lint_sources
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 
 __all__ = ["LintOptions", "LintResult", "lint_paths", "lint_sources"]

@@ -31,14 +31,8 @@ from recheck.lint.facts import Deferred, FileFacts
 from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
-from recheck.lint.options import LintOptions
-from recheck.lint.regions import (
-    Hit,
-    SiteReport,
-    discovered_entries,
-    find_regions,
-    region_hits,
-)
+from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.settings import LintOptions
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
 

@@ -128,10 +128,10 @@ def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> 
         top = start.resolve()
         git_root = _git_root(top)
         if git_root is not None:
-            for folder in reversed([top, *top.parents]):
-                if folder == git_root or git_root in folder.parents:
-                    if folder != top:
-                        ignore.load(folder)
+            for parent in reversed([top, *top.parents]):
+                if parent == git_root or git_root in parent.parents:
+                    if parent != top:
+                        ignore.load(parent)
         for folder, dirs, files in os.walk(start):
             here = Path(folder)
             absolute = top / here.relative_to(start)

@@ -41,7 +41,7 @@ def _rewrite(source: str, positions: set[tuple[int, int]]) -> tuple[str, int]:
                 separator = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(
                     whitespace_after=cst.SimpleWhitespace(" "))
                 args[-1] = last.with_changes(comma=separator)
-                new_comma = last.comma
+                new_comma: cst.Comma | cst.MaybeSentinel = last.comma
             else:
                 args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
                 new_comma = cst.MaybeSentinel.DEFAULT

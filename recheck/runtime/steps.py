@@ -107,16 +107,35 @@ class StepState:
         """Copy the training loop's own state now (optimizers, schedulers, gradient scalers,
         through their ``state_dict``); the returned function puts that copy back."""
         optimizer_states = [tree_map(_host_copy_if_tensor, opt.state_dict()) for opt in self.optimizers]
+        # load_state_dict rebuilds each param group from a copy, "params" last: the key order and
+        # the very objects of the group (betas is the tuple ``defaults`` holds too) are put back,
+        # so that a restored optimizer is, printed, the optimizer as it was
+        group_orders = [[dict(group) for group in opt.param_groups] for opt in self.optimizers]
         stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
 
         def restore() -> None:
-            for opt, state in zip(self.optimizers, optimizer_states):
+            for opt, state, orders in zip(self.optimizers, optimizer_states, group_orders):
                 opt.state.clear()
                 opt.load_state_dict(copy.deepcopy(state))
+                for group, original in zip(opt.param_groups, orders):
+                    items = {key: _same_if_equal(original[key], group[key]) for key in original if key in group}
+                    items.update((key, value) for key, value in group.items() if key not in items)
+                    group.clear()
+                    group.update(items)
             for obj, obj_state in zip(self.stateful, stateful_states):
                 obj.load_state_dict(copy.deepcopy(obj_state))
 
         return restore
+
+
+def _same_if_equal(original: Any, restored: Any) -> Any:
+    """``original`` when ``restored`` is an equal plain value (identity kept), else ``restored``."""
+    if original is restored or isinstance(original, (torch.Tensor, list)) or type(original) is not type(restored):
+        return restored
+    try:
+        return original if bool(original == restored) else restored
+    except Exception:  # noqa: BLE001 - a value without a plain equality
+        return restored
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:

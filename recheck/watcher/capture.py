@@ -50,10 +50,11 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
         del _LASTING[key]
     entry = cache.get(key)
     if entry is None:
-        entry = cache[key] = (static_reach(function, (), {}), holders)
-        refs = _weak(holders)
-        if refs is not None:
-            _LASTING[key] = (entry[0], refs)
+        entry = (static_reach(function, (), {}), holders)
+        cache[key] = entry
+        weak = _weak(holders)
+        if weak is not None:
+            _LASTING[key] = (entry[0], weak)
             while len(_LASTING) > _LASTING_SIZE:
                 _LASTING.popitem(last=False)
     return entry[0]

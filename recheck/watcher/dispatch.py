@@ -96,7 +96,7 @@ class Dispatcher(Interceptor):
         """What the active blocks together ask of a new record (nested blocks share records):
         copies if any keeps copies, a full replay if any asks, a tolerance only if all give one."""
         options = [s.options for s in self.sessions]
-        forced = next((o.early_stop for o in options if o.early_stop is False), None)
+        forced: bool | None = next((o.early_stop for o in options if o.early_stop is False), None)
         if forced is None:
             forced = next((o.early_stop for o in options if o.early_stop is True), None)
         tolerances = [o.tolerance for o in options]
@@ -171,10 +171,9 @@ class Dispatcher(Interceptor):
         record: InvocationRecord | None = call.state
         if record is None or record.closed or record.failed:
             yield run
-        elif phase is Phase.FORWARD and self._replayed(call) is not None:
+        elif phase is Phase.FORWARD and (earlier := self._replayed(call)) is not None:
             # a call made again by another region's recompute: its run is also a recompute of
             # the call that region's forward made at the same place
-            earlier = self._replayed(call)
             with contextlib.contextmanager(self._recompute)(earlier, run, call.intended_grad), \
                     contextlib.contextmanager(self._forward)(record, call, args, kwargs, run):
                 record.replay_of = earlier

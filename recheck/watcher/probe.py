@@ -35,7 +35,7 @@ A finding names the module (``blocks.0.out_layers``) and the custom function: it
 the recompute, or, without one, the first Python frame the autograd engine called (torch's
 unpack hook, DeepSpeed's ``checkpoint_unpack``, Megatron's ``_recompute``).
 
-Limits (measured, NOTES-implementations.md): a module called through ``.forward()`` or
+Limits (measured, docs/research/checkpoint-implementations.md): a module called through ``.forward()`` or
 ``type(m).forward(m, ...)`` fires no hooks (its children do); tensor operations between module
 calls inside a region are not compared; a recompute whose inputs were made inside the region
 matches by order; module calls made by a user's own backward hooks are taken for recomputes;
@@ -223,7 +223,7 @@ class RecomputeProbe:
         if task != -1 and not known:
             stack.append(self._start_recompute(module, args))
             return
-        if known:
+        if innermost is not None and known:
             # a forward recheck intercepts has its recompute verified; inside a recompute it
             # intercepts, only a nested Function's forward (no_grad) can be recomputed by another
             if innermost.phase is Phase.FORWARD or grad:
@@ -298,7 +298,7 @@ class RecomputeProbe:
         while frame is not None:
             if frame.f_code.co_name in ("forward", "backward"):
                 ctx = frame.f_locals.get("ctx")
-                if BackwardCFunction and isinstance(ctx, BackwardCFunction):
+                if isinstance(ctx, BackwardCFunction):
                     cls = getattr(ctx, "_forward_cls", type(ctx))
                     site = self._site(cls)
                     return cls.__qualname__, site, f"{cls.__qualname__} ({site})" if site else cls.__qualname__

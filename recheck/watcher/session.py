@@ -163,7 +163,7 @@ class Watch:
             notes.append(f"{len(replaced)} checkpoint call(s) were made inside a reentrant checkpoint's forward "
                          f"(under its no_grad) and made again by its recompute; {checked} verified against the "
                          "call made again")
-        again = [r for r in again if not r.replay_of.replaced]  # those are the note above
+        again = [r for r in again if r.replay_of is not None and not r.replay_of.replaced]  # those are the note above
         if again:
             notes.append(f"{len(again)} checkpoint call(s) made during another region's recompute were compared "
                          "with the call its forward made at the same place")

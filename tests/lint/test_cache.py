@@ -16,7 +16,7 @@ import pytest
 from recheck.lint.cache import FORMAT, FORMAT_VERSION, FactsCache
 from recheck.lint.engine import lint_paths
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 from recheck.lint.typed_json import InvalidData, decoder, dumps
 
 MARKER = "pwned.txt"

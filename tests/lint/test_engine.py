@@ -6,7 +6,7 @@ from pathlib import Path
 
 from recheck.lint.cache import FORMAT_VERSION
 from recheck.lint.engine import POOL_THRESHOLD, lint_paths
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 
 
 def _findings(result):

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from recheck.lint.cache import FORMAT_VERSION
 from recheck.lint.engine import lint_paths
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 
 pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")  # hypothesmith compiles what it generates
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recheck.lint.engine import lint_paths
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lint"
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.txt").is_file())

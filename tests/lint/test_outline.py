@@ -17,7 +17,7 @@ import pytest
 from recheck.lint import engine
 from recheck.lint.engine import lint_paths
 from recheck.lint.extract import FileExtraction, extract
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 from recheck.lint.outline import TextLines, used_as_value
 from recheck.lint.scope import Scopes
 

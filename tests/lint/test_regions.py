@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from recheck.lint.engine import lint_paths, lint_sources
-from recheck.lint.options import LintOptions
+from recheck.lint.settings import LintOptions
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lint"
 

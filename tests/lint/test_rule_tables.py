@@ -1,6 +1,8 @@
-"""Each changed rule's table of valid and invalid cases (Fixit's style): line, column, message.
+"""Each rule's table of valid and invalid cases (Fixit's style): line, column, message.
 
-A case is a region body: ``_lint`` puts it in a module whose ``Block.forward`` is
+Every body rule keeps its table in its own module (``INVALID``, ``VALID``), and this file runs
+the tables of every rule ``recheck.lint.rules`` finds; the call-site and class rules' cases
+follow.  A case is a region body: ``_lint`` puts it in a module whose ``Block.forward`` is
 checkpointed, so that every line number below counts from the body's first line (line 1
 of the body is line ``FIRST`` of the module).
 """
@@ -12,20 +14,31 @@ import textwrap
 import pytest
 
 from recheck.lint.engine import lint_sources
+from recheck.lint.rules import BODY_RULES
 
 HEAD = '''\
-import datetime, os, secrets, time, uuid
+import datetime, logging, os, secrets, time, uuid
 import random
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+STEP = 0
+SCALE = 2.0
+logger = logging.getLogger(__name__)
+
+
+def advance():
+    global STEP
+    STEP += 1
+
 
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
         self.prev = None
         self.count = 0
         self.tokens = torch.zeros(4)
@@ -61,32 +74,28 @@ def _check(code: str, body: str, expected: list[tuple[int, int, str]], extra: st
         assert wanted in message, (message, wanted)
 
 
-RC104_INVALID = [
-    ("self.count += 1\nreturn self.lin(x)", [(1, 9, "`self.count` is incremented")]),
-    ("self.tokens.add_(x.sum(0))\nreturn x", [(1, 9, "`self.tokens` is modified in place by `.add_()`")]),
-    ("self.tokens[0].copy_(x[0, 0])\nreturn x", [(1, 9, "`self.tokens` is modified in place by `.copy_()`")]),
-    ("self.aux.append(x.mean())\nreturn x", [(1, 9, "attribute `self.aux` is mutated by `.append()`")]),
-    ("if self.prev is None:\n    self.prev = x\n    return x\nreturn x - self.prev",
-     [(2, 13, "`self.prev` is assigned and tested in the region")]),
-    ("cache.update({'k': x})\nreturn x", [(1, 9, "argument `cache` is mutated by `.update()`")]),
-    ("self.scale = self.scale * 0.5\nreturn x * self.scale", [(1, 9, "`self.scale` is assigned")]),
-]
-RC104_VALID = [
-    "self.last = x.detach()\nreturn x",  # scratch state nothing tests: set to the same value again
-    "if self.prev is None:\n    self.prev = torch.zeros(4)\nreturn x + self.prev",  # a memo, not an input
-    "cache = dict(cache or {})\ncache.update({'k': x})\nreturn x",  # a copy of the argument
-    "self.tokens.requires_grad_(False)\nreturn x",
-]
+# -- every body rule's own table (``INVALID`` and ``VALID`` in its module) --------------------
+
+def _cases(table: str):
+    for rule in BODY_RULES:
+        for number, case in enumerate(getattr(rule, table, ())):
+            yield pytest.param(rule.CODE, case, id=f"{rule.CODE}-{number}")
 
 
-@pytest.mark.parametrize(("body", "expected"), RC104_INVALID, ids=range(len(RC104_INVALID)))
-def test_rc104_invalid(body, expected):
-    _check("RC104", body, expected)
+def test_every_body_rule_has_its_table():
+    missing = [rule.CODE for rule in BODY_RULES if not getattr(rule, "INVALID", None) or not getattr(rule, "VALID", None)]
+    assert missing == []
 
 
-@pytest.mark.parametrize("body", RC104_VALID, ids=range(len(RC104_VALID)))
-def test_rc104_valid(body):
-    _check("RC104", body, [])
+@pytest.mark.parametrize(("code", "case"), list(_cases("INVALID")))
+def test_invalid(code, case):
+    body, expected = case
+    _check(code, body, expected)
+
+
+@pytest.mark.parametrize(("code", "body"), list(_cases("VALID")))
+def test_valid(code, body):
+    _check(code, body, [])
 
 
 RC002_INVALID = [
@@ -164,21 +173,6 @@ def test_rc101_attribute_rebound_outside_the_region():
     # never rebound by a forward; Whole rebinds self.mask inside its own region: RC104's business
     assert [(line, column) for line, column, _ in found] == [(14, 31)]
     assert "`self.mask` (rebound by `Layer.forward` outside the region)" in found[0][2]
-
-
-RC108_INVALID = [
-    ("return x * time.perf_counter()", [(1, 20, "`time.perf_counter()` reads a clock")]),
-    ("seed = int.from_bytes(os.urandom(4), 'little')\nreturn x + seed",
-     [(1, 31, "`os.urandom()` reads the OS entropy source")]),
-    ("tag = uuid.uuid4()\nreturn x", [(1, 15, "`uuid.uuid4()` makes a new UUID")]),
-    ("now = datetime.datetime.now()\nreturn x", [(1, 15, "`datetime.datetime.now()` reads the date and time")]),
-    ("k = secrets.randbelow(4)\nreturn x * k", [(1, 13, "`secrets.randbelow()` draws from `secrets`")]),
-]
-
-
-@pytest.mark.parametrize(("body", "expected"), RC108_INVALID, ids=range(len(RC108_INVALID)))
-def test_rc108_invalid(body, expected):
-    _check("RC108", body, expected)
 
 
 HANDWRITTEN = '''

@@ -46,7 +46,7 @@ def _context_managers(node: ast.AST) -> set[str]:
     return found
 
 
-def _reruns_a_callable(backward: ast.FunctionDef) -> bool:
+def _reruns_a_callable(backward: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether ``backward`` calls, under ``enable_grad``, a callable it got from ``ctx``
     (``ctx.run_function(*inputs)``, ``fn = ctx.fn; fn(x)``): a checkpoint of whatever it was
     given, not a fixed recomputation of the class's own math (which draws nothing unless it

@@ -38,3 +38,15 @@ def rebound_attribute(attribute: str, writer: str, span: Span) -> Hazard:
         "a forward that runs before backward (the next microbatch, a shared module) rebinds it, "
         "and recomputation reads that value",
     )
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return x * STEP", [(1, 20, "module global `STEP` (rebound or mutated elsewhere in the module) is read")]),
+    ("return x + torch.tensor(float(STEP))", [(1, 39, "module global `STEP`")]),
+]
+VALID = [
+    "return x * SCALE",  # a global nothing rebinds
+    "n = 3\nreturn x * n",
+]

@@ -14,12 +14,13 @@ DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xla", "xpu", "npu", "hpu", "meta", "pr
 THEN = "checkpoint preserves RNG state only on the devices of its tensor arguments"
 
 
-def _is_device_string(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and node.value.split(":")[0] in DEVICE_PREFIXES
-    )
+def _device_string(node: ast.AST) -> str | None:
+    """The device type a string literal such as ``"cuda:0"`` names, or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        kind = node.value.split(":")[0]
+        if kind in DEVICE_PREFIXES:
+            return kind
+    return None
 
 
 def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
@@ -31,10 +32,11 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
     reached by another move (flagged there).  transformers does this hundreds of times
     for model parallelism.  Module-level device globals are moves.
     """
-    if _is_device_string(node):
-        return node.value.split(":")[0] != "cpu"  # the CPU's RNG state is always preserved
+    kind = _device_string(node)
+    if kind is not None:
+        return kind != "cpu"  # the CPU's RNG state is always preserved
     if isinstance(node, ast.Call) and ctx.qualify(node.func) == "torch.device":
-        return not (node.args and _is_device_string(node.args[0]) and node.args[0].value.split(":")[0] == "cpu")
+        return not (node.args and _device_string(node.args[0]) == "cpu")
     if isinstance(node, ast.Name) and "device" in node.id.lower():
         return not ctx.is_local(node.id) and node.id not in ctx.closure_names
     return False
@@ -43,7 +45,8 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
 def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
     func = node.func
     if isinstance(func, ast.Attribute) and func.attr == "cuda" and not node.args:  # .cpu(): its RNG is preserved
-        if ctx.qualify(func) is None or not ctx.qualify(func).startswith("torch."):
+        qualified = ctx.qualify(func)
+        if qualified is None or not qualified.startswith("torch."):
             yield Hazard(CODE, ctx.span(node), f"`{ctx.source(func)}()` moves a tensor to another device", THEN)
         return
     if isinstance(func, ast.Attribute) and func.attr == "to":
@@ -54,8 +57,23 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
         return
     for keyword in node.keywords:
         if keyword.arg == "device" and (
-            (_is_device_string(keyword.value) and keyword.value.value.split(":")[0] != "cpu")
+            _device_string(keyword.value) not in (None, "cpu")
             or (isinstance(keyword.value, ast.Call) and ctx.qualify(keyword.value.func) == "torch.device")
         ):
             yield Hazard(CODE, ctx.span(keyword.value),
                          f"`{ctx.source(keyword.value)}` creates a tensor on an explicit device", THEN)
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return x.cuda()", [(1, 16, "`x.cuda()` moves a tensor to another device")]),
+    ("return x.to('cuda:1')", [(1, 16, "`x.to('cuda:1')` moves a tensor to another device")]),
+    ("return torch.zeros(4, device='cuda')", [(1, 38, "`'cuda'` creates a tensor on an explicit device")]),
+]
+VALID = [
+    "return x.cpu()",  # the CPU's RNG state is always preserved
+    "return x.to(x.device)",
+    "return x.to(self.lin.weight.device)",
+    "return x.to(torch.float64)",
+]

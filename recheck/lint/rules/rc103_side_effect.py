@@ -67,3 +67,15 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
     if effect:
         yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(...)` {effect}",
                      "recomputation in backward does it a second time")
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("print(x.shape)\nreturn x", [(1, 9, "`print(...)` prints")]),
+    ("logger.info('hi')\nreturn x", [(1, 9, "`logger.info(...)` logs")]),
+    ("logging.debug('x')\nreturn x", [(1, 9, "`logging.debug(...)` logs")]),
+]
+VALID = [
+    "name = str(x.shape)\nreturn x",
+]

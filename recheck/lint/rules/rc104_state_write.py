@@ -101,7 +101,7 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST 
         if target.id in ctx.declared_global and augmented is None and target.id in ctx.module.lazy_globals:
             return None  # a lazily created singleton or a setup flag: set once, the same again
         if target.id in ctx.declared_global:
-            kind = "global"
+            kind: str | None = "global"
         elif target.id in ctx.declared_nonlocal:
             kind = "closure variable"
         else:
@@ -156,7 +156,7 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
                          "recomputation modifies the module's state again")
 
 
-def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
+def check(node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign, ctx: FunctionContext) -> Iterator[Hazard]:
     if isinstance(node, ast.Call):
         yield from _call(node, ctx)
         return
@@ -167,3 +167,23 @@ def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
             hazard = _assignment(element, augmented, node.value, ctx)
             if hazard:
                 yield hazard
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("self.count += 1\nreturn self.lin(x)", [(1, 9, "`self.count` is incremented")]),
+    ("self.tokens.add_(x.sum(0))\nreturn x", [(1, 9, "`self.tokens` is modified in place by `.add_()`")]),
+    ("self.tokens[0].copy_(x[0, 0])\nreturn x", [(1, 9, "`self.tokens` is modified in place by `.copy_()`")]),
+    ("self.aux.append(x.mean())\nreturn x", [(1, 9, "attribute `self.aux` is mutated by `.append()`")]),
+    ("if self.prev is None:\n    self.prev = x\n    return x\nreturn x - self.prev",
+     [(2, 13, "`self.prev` is assigned and tested in the region")]),
+    ("cache.update({'k': x})\nreturn x", [(1, 9, "argument `cache` is mutated by `.update()`")]),
+    ("self.scale = self.scale * 0.5\nreturn x * self.scale", [(1, 9, "`self.scale` is assigned")]),
+]
+VALID = [
+    "self.last = x.detach()\nreturn x",  # scratch state nothing tests: set to the same value again
+    "if self.prev is None:\n    self.prev = torch.zeros(4)\nreturn x + self.prev",  # a memo, not an input
+    "cache = dict(cache or {})\ncache.update({'k': x})\nreturn x",  # a copy of the argument
+    "self.tokens.requires_grad_(False)\nreturn x",
+]

@@ -38,3 +38,14 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
         if keyword.arg == "generator" and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None):
             yield Hazard(CODE, ctx.span(keyword), f"an explicit `generator={ctx.source(keyword.value)}` is used",
                          "checkpoint restores only the default generators, so recomputation draws different numbers")
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return x * random.random()", [(1, 20, "`random.random()` draws from Python's `random`")]),
+    ("import numpy as np\nreturn x * float(np.random.rand())", [(2, 26, "`np.random.rand()` uses NumPy's RNG")]),
+]
+VALID = [
+    "return x * torch.rand_like(x)",  # torch's default generator: checkpoint restores it
+]

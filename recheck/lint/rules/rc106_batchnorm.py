@@ -37,3 +37,15 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
 def module_call(class_name: str, attribute: str, span: Span) -> Hazard:
     """The hazard for calling submodule ``self.<attribute>``, a BatchNorm (``class_name``)."""
     return Hazard(CODE, span, f"BatchNorm submodule `self.{attribute}` ({class_name.rsplit('.', 1)[-1]}) is called", THEN)
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return self.bn(x)", [(1, 16, "BatchNorm submodule `self.bn` (BatchNorm1d) is called")]),
+    ("return F.batch_norm(x, None, None, training=True)", [(1, 16, "`F.batch_norm(..., training=True)` is called")]),
+]
+VALID = [
+    "return F.batch_norm(x, None, None, training=False)",
+    "return self.lin(x)",
+]

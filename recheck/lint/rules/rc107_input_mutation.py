@@ -37,7 +37,7 @@ def _argument(node: ast.AST, line: int, ctx: FunctionContext) -> str | None:
     return None
 
 
-def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
+def check(node: ast.Call | ast.AugAssign | ast.Assign, ctx: FunctionContext) -> Iterator[Hazard]:
     line = node.lineno
     if isinstance(node, ast.Call):
         func = node.func
@@ -58,3 +58,18 @@ def check(node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
             name = _argument(target.value, line, ctx) if isinstance(target, ast.Subscript) else None
             if name:
                 yield Hazard(CODE, ctx.span(target), f"argument `{name}` is written by item assignment", THEN, ROOT)
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("x.add_(1)\nreturn x", [(1, 9, "argument `x` is modified in place by `.add_()`")]),
+    ("x += 1\nreturn x", [(1, 9, "argument `x` is modified in place by an augmented assignment")]),
+    ("x[0] = 0\nreturn x", [(1, 9, "argument `x` is written by item assignment")]),
+]
+VALID = [
+    "y = x.clone()\ny.add_(1)\nreturn y",
+    "x = x + 1\nreturn x",  # rebinds the name, the caller's tensor is untouched
+    "y = x.detach().clone()\ny[0] = 0\nreturn y",
+    "return self.lin(x).relu_()",  # in place on a new tensor
+]

@@ -30,3 +30,19 @@ def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
     if what:
         yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` {what}",
                      "recomputation gets another value; if it reaches a tensor or a branch, it computes something else")
+
+
+# -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
+# (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
+INVALID = [
+    ("return x * time.perf_counter()", [(1, 20, "`time.perf_counter()` reads a clock")]),
+    ("seed = int.from_bytes(os.urandom(4), 'little')\nreturn x + seed",
+     [(1, 31, "`os.urandom()` reads the OS entropy source")]),
+    ("tag = uuid.uuid4()\nreturn x", [(1, 15, "`uuid.uuid4()` makes a new UUID")]),
+    ("now = datetime.datetime.now()\nreturn x", [(1, 15, "`datetime.datetime.now()` reads the date and time")]),
+    ("k = secrets.randbelow(4)\nreturn x * k", [(1, 13, "`secrets.randbelow()` draws from `secrets`")]),
+]
+VALID = [
+    "tag = uuid.uuid5(uuid.NAMESPACE_DNS, 'a')\nreturn x",  # a name-based UUID is the same every time
+    "return x * torch.rand_like(x)",
+]

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from recheck.commands.lab import interact
-from recheck.lab import LabError, WorkingSetLab
+from recheck.working_set import LabError, WorkingSetLab
 
 
 def run_cli(*args, stdin=None):
