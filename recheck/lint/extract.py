@@ -352,6 +352,10 @@ class _Extractor:
         for child in nested:
             if type(child) in _DEFS:
                 facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+        for statement in node.body:
+            if (type(statement) is ast.Assign and len(statement.targets) == 1 and type(statement.targets[0]) is ast.Name
+                    and type(statement.value) is ast.Constant and type(statement.value.value) is bool):
+                facts.flags[statement.targets[0].id] = statement.value.value
         attributes = self._entry_attributes(nested, context)
         self.class_entries[qualname] = attributes
         self.facts.entry_attributes.extend(f"{qualname}.{a}" for a in sorted(attributes))

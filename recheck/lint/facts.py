@@ -199,6 +199,8 @@ class ClassFacts(Deferred):
     function_attributes: dict[str, list[str]] = field(default_factory=dict)
     #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
     param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: ``NAME = True`` / ``NAME = False`` in the class body (``_can_checkpoint_with_cache``)
+    flags: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
