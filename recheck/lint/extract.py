@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import itertools
 import warnings
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, cast
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
@@ -19,6 +19,7 @@ from recheck.lint.outline import (
     DEFINITIONS,
     StatementScan,
     TextLines,
+    Unit,
     call_write_units,
     call_writes,
     statement_scan,
@@ -58,6 +59,7 @@ __all__ = ["ENTRY_WORDS", "FileExtraction", "extract", "parse"]
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
 _DISPATCH: dict[type, list] = {}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 for _rule in BODY_RULES:
     for _node_type in _rule.NODES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
@@ -297,10 +299,10 @@ class _Extractor:
         scope, :meth:`Scopes.nested`): those whose ``id`` is in ``outline`` only outlined;
         what the other ``units`` make is recorded."""
         for node in nodes:
-            if outline and id(node) in outline:
-                self.outline(node, prefix, context, owner, self.outlined.setdefault(node.name, []))
+            if outline and id(node) in outline:  # the ids of top-level definitions
+                self.outline(node, prefix, context, owner, self.outlined.setdefault(cast(Unit, node).name, []))
             elif units and id(node) in units:
-                self.analyse_unit(node.name, [node], context)
+                self.analyse_unit(cast(Unit, node).name, [node], context)
             elif isinstance(node, ast.ClassDef):
                 self.klass(node, prefix + node.name, context)
             elif isinstance(node, FUNCTION_NODES):
@@ -324,10 +326,11 @@ class _Extractor:
             for child in nested:
                 self.outline(child, qualname + ".", context, qualname, into)
             return
-        name = lambda_name(node, context.qualname) if isinstance(node, ast.Lambda) else prefix + node.name
-        self.module.function_nodes[name] = node
-        self.facts.functions[name] = FunctionFacts(name, context.span(node), _self_binding(node, owner, context,
-                                                                                          self.facts)[1])
+        function = cast(FunctionNode, node)  # block and outline hand on only definitions and lambdas
+        name = lambda_name(function, context.qualname) if isinstance(function, ast.Lambda) else prefix + function.name
+        self.module.function_nodes[name] = function
+        self.facts.functions[name] = FunctionFacts(name, context.span(function),
+                                                   _self_binding(function, owner, context, self.facts)[1])
         into.append(name)
 
     def analyse_unit(self, name: str, nodes: list[ast.AST], top: FunctionContext) -> None:
@@ -558,7 +561,7 @@ class _Extractor:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
 
 
-def _bound(node: ast.AST, owner: str | None) -> bool:
+def _bound(node: FunctionNode, owner: str | None) -> bool:
     """A method called on an instance: ``self`` is its first parameter."""
     if owner is None or isinstance(node, ast.Lambda):
         return False
@@ -566,7 +569,7 @@ def _bound(node: ast.AST, owner: str | None) -> bool:
     return bool(positional) and not any(dotted(d) == ["staticmethod"] for d in node.decorator_list)
 
 
-def _self_binding(node: ast.AST, owner: str | None, parent: FunctionContext,
+def _self_binding(node: FunctionNode, owner: str | None, parent: FunctionContext,
                   facts: FileFacts) -> tuple[str | None, str | None]:
     """The name ``self`` has in a function, and the qualname of its class: a method's first
     parameter, or what the enclosing function's ``self`` is (unless a parameter shadows it)."""

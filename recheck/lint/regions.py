@@ -300,14 +300,14 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
             bases = index.base_names(file, cls)
             if not any(_short(b) in CHECKPOINTING_BASES for b in bases):
                 continue
-            found = index.find_method(file, cls, "forward")
-            if found is None or _short(found[1].qualname.rsplit(".", 1)[0]) in CHECKPOINTING_BASES:
+            method = index.find_method(file, cls, "forward")
+            if method is None or _short(method[1].qualname.rsplit(".", 1)[0]) in CHECKPOINTING_BASES:
                 continue
-            key = (found[0].path, found[1].qualname)
+            key = (method[0].path, method[1].qualname)
             if key not in seen:
                 seen.add(key)
-                regions.append(Region(found[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
-                                      found[0], found[1], passed=_layer_passes(index, file, cls, found[1])))
+                regions.append(Region(method[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
+                                      method[0], method[1], passed=_layer_passes(index, file, cls, method[1])))
     return regions
 
 
