@@ -1,12 +1,15 @@
-"""Time ``recheck lint`` on real code: transformers (latest, 5.24.0 and 4.46.3) and timm.
+"""Time ``recheck lint`` on real code (transformers latest, 5.24.0 and 4.46.3, and timm) beside ruff.
 
 Downloads the wheels with ``pip download --no-deps`` into a temporary folder (or
-``--workdir``), unpacks them, and runs ``recheck lint --format json`` on each package,
-cold (empty cache) and warm (second run, same cache).  Prints wall and CPU seconds, the
-size of each tree, and the findings per rule; writes each run's JSON next to the
-sources for triage.  ``--compare`` also times TorchFix and Fixit when they are on PATH.
+``--workdir``), unpacks them, and per package runs, one after the other so that they see
+the same load: ``ruff check`` (default rules, ``--no-cache``), ``recheck lint --no-cache``,
+``recheck lint`` with an empty cache (cold, writing it) and again (warm: every file a
+cache hit).  Prints wall and CPU seconds (user + system of the child process) of each,
+the ratios to ruff, the size of each tree, the findings per rule and the load average;
+writes the findings JSON next to the sources for triage.  ``--compare`` also times
+TorchFix and Fixit when they are on PATH.
 
-    python benchmarks/lint_speed.py [--workdir DIR] [--jobs N] [--compare]
+    python benchmarks/lint_speed.py [--workdir DIR] [--jobs N] [--corpus NAME] [--compare]
 
 This is a measurement, not a test: nothing here asserts a time.
 """
@@ -61,24 +64,43 @@ def timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.Compl
     return wall, cpu, proc
 
 
+def ruff(tree: Path) -> tuple[float, float] | None:
+    """Wall and CPU seconds of ``ruff check`` (its default rules, no cache) on the tree."""
+    if not shutil.which("ruff"):
+        return None
+    wall, cpu, _ = timed(["ruff", "check", "--no-cache", "--isolated", "--exit-zero", "--quiet", tree.name], tree.parent)
+    return wall, cpu
+
+
 def lint(tree: Path, jobs: int, label: str) -> dict:
     cache = tree.parent / ".recheck_cache"
     shutil.rmtree(cache, ignore_errors=True)
     command = [sys.executable, "-m", "recheck", "lint", "--format", "json", "--exit-zero", "--jobs", str(jobs), tree.name]
+    load = os.getloadavg()[0]
+    ruff_times = ruff(tree)
+    bare_wall, bare_cpu, bare = timed([*command, "--no-cache"], tree.parent)
     cold_wall, cold_cpu, cold = timed(command, tree.parent)
     warm_wall, warm_cpu, warm = timed(command, tree.parent)
-    if cold.returncode != 0:
-        raise SystemExit(f"{label}: recheck lint failed:\n{cold.stderr}")
+    for proc in (bare, cold, warm):
+        if proc.returncode != 0:
+            raise SystemExit(f"{label}: recheck lint failed:\n{proc.stderr}")
     findings = json.loads(cold.stdout)
-    assert json.loads(warm.stdout) == findings, "warm run differs from cold run"
+    if json.loads(warm.stdout) != findings or json.loads(bare.stdout) != findings:
+        print(f"{label}: warning: the runs' findings differ (--no-cache, cold, warm)", file=sys.stderr)
     (tree.parent / "recheck-findings.json").write_text(cold.stdout)
     files = list(tree.rglob("*.py"))
     return {
         "corpus": label, "files": len(files), "mb": sum(f.stat().st_size for f in files) / 1e6,
+        "ruff_wall": ruff_times[0] if ruff_times else None, "ruff_cpu": ruff_times[1] if ruff_times else None,
+        "nocache_wall": bare_wall, "nocache_cpu": bare_cpu,
         "cold_wall": cold_wall, "cold_cpu": cold_cpu, "warm_wall": warm_wall, "warm_cpu": warm_cpu,
         "findings": len(findings), "per_rule": dict(sorted(Counter(f["code"] for f in findings).items())),
-        "file_errors": cold.stderr.count(": error: "),
+        "file_errors": cold.stderr.count(": error: "), "load": (load + os.getloadavg()[0]) / 2,
     }
+
+
+def _ratio(value: float, ruff_value: float | None) -> str:
+    return f"{value / ruff_value:.1f}x" if ruff_value else "-"
 
 
 def compare(tree: Path) -> dict[str, float]:
@@ -100,13 +122,23 @@ def main() -> int:
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="recheck-lint-bench-"))
     print(f"corpora in {workdir}; {args.jobs} job(s); {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}")
-    print(f"{'corpus':22} {'files':>6} {'MB':>6} {'cold s':>7} {'cold cpu':>8} {'warm s':>7} {'warm cpu':>8} {'findings':>8}  per rule")
+    if not shutil.which("ruff"):
+        print("ruff is not on PATH (pip install ruff): no ratios")
+    print("seconds wall / CPU; ratios to ruff's cold run in the same row (wall, CPU)")
+    print(f"{'corpus':20} {'files':>5} {'MB':>5} {'ruff':>11} {'--no-cache':>11} {'x ruff':>11} {'cold':>11} "
+          f"{'warm':>11} {'x ruff':>11} {'load':>4} {'finds':>5}  per rule")
     for label in args.corpus or CORPORA:
         requirement, package = CORPORA[label]
         tree = fetch(requirement, package, workdir / label)
         row = lint(tree, args.jobs, label)
-        print(f"{label:22} {row['files']:>6} {row['mb']:>6.1f} {row['cold_wall']:>7.1f} {row['cold_cpu']:>8.1f} "
-              f"{row['warm_wall']:>7.2f} {row['warm_cpu']:>8.2f} {row['findings']:>8}  {row['per_rule']}", flush=True)
+        rw, rc = row["ruff_wall"], row["ruff_cpu"]
+        pair = lambda wall, cpu: f"{wall:.2f}/{cpu:.2f}"  # noqa: E731
+        print(f"{label:20} {row['files']:>5} {row['mb']:>5.1f} {pair(rw, rc) if rw else '-':>11} "
+              f"{pair(row['nocache_wall'], row['nocache_cpu']):>11} "
+              f"{_ratio(row['nocache_wall'], rw) + '/' + _ratio(row['nocache_cpu'], rc):>11} "
+              f"{pair(row['cold_wall'], row['cold_cpu']):>11} {pair(row['warm_wall'], row['warm_cpu']):>11} "
+              f"{_ratio(row['warm_wall'], rw) + '/' + _ratio(row['warm_cpu'], rc):>11} {row['load']:>4.1f} "
+              f"{row['findings']:>5}  {row['per_rule']}", flush=True)
         if args.compare:
             print(f"{'':22} compare: {compare(tree) or 'TorchFix/Fixit not installed'}")
     return 0

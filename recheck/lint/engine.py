@@ -2,11 +2,15 @@
 
 Only files whose text can hold a checkpoint call or a ``GradientCheckpointingLayer``
 are parsed at first; files that define what those regions call are parsed on demand,
-round by round, until every reference the tree can answer is answered.
+round by round, until every reference the tree can answer is answered.  Inside a parsed
+file, phase one analyses the bodies of the top-level definitions that can matter and
+outlines the rest (:mod:`recheck.lint.outline`); phase two reading an outlined body has it
+analysed here, from the file's text, on the spot (:meth:`_Run.analyse_outlined`).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import multiprocessing
@@ -14,19 +18,21 @@ import os
 import re
 import symtable
 import warnings
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
-from recheck.lint.extract import extract, parse
-from recheck.lint.facts import FileFacts
+from recheck.lint.extract import FileExtraction, extract, parse
+from recheck.lint.facts import Deferred, FileFacts
 from recheck.lint.files import FileError, discover, read_source
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
-from recheck.lint.settings import LintOptions
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.settings import LintOptions
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
 
@@ -40,11 +46,13 @@ PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
 HANDWRITTEN = r"enable_grad\s*\(\s*\)"
 #: A line that may carry a suppression comment (``# noqa``, ``# recheck: ignore``).
 MARKER = re.compile(r"noqa|recheck:", re.I)
-SUBCLASS = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
+SUBCLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 12
 #: files parsed, at most, to find the classes that assign one attribute (see ``Index.holders``)
 MAX_HOLDER_FILES = 8
 POOL_THRESHOLD = 16  # fewer files than this are parsed in-process
+#: Files kept parsed in this process for analysing their outlined units (most recent first).
+KEPT_PARSED = 8
 
 
 @dataclass
@@ -77,15 +85,20 @@ class _Source:
     data: bytes
     module: str
     is_package: bool
-    _bases: set[str] | None = None
+    _bases: dict[str, set[str]] | None = None
 
     def base_names(self) -> set[str]:
         """Last components of every class base written in the file (a text scan, cached)."""
+        return set(self.subclasses())
+
+    def subclasses(self) -> dict[str, set[str]]:
+        """Base (last component) -> names of the classes the file writes with that base."""
         if self._bases is None:
-            self._bases = {
-                base.strip().rsplit(".", 1)[-1]
-                for match in SUBCLASS.finditer(self.text) for base in match.group(1).split(",")
-            } if "class" in self.text else set()
+            self._bases = {}
+            if "class" in self.text:
+                for match in SUBCLASS.finditer(self.text):
+                    for base in match.group(2).split(","):
+                        self._bases.setdefault(base.strip().rsplit(".", 1)[-1], set()).add(match.group(1))
         return self._bases
 
 
@@ -104,11 +117,28 @@ def _unparsable(display: str, exc: BaseException) -> FileError:
     return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
 
 
-def _phase_one(job: tuple[str, str, str, bool, dict[str, tuple[int, str]]]) -> tuple[str, FileFacts | FileError]:
-    display, text, module, is_package, extra = job
+R = TypeVar("R", bound=Deferred)
+
+
+def _take(table: dict[str, R], made: R) -> None:
+    """Fill the deferred record of ``made``'s definition in ``table`` (or add ``made``: a
+    definition an outline does not list, such as a function nested in an outlined one)."""
+    record = table.get(made.qualname)
+    if record is None:
+        table[made.qualname] = made
+    elif record.deferred:
+        record.fill(made)
+
+
+#: What a file's analysis may raise that makes it a file error rather than a crash.
+UNANALYSABLE = (SyntaxError, RecursionError, ValueError, MemoryError)
+
+
+def _phase_one(job: tuple[str, str, str, bool, dict[str, tuple[int, str]], tuple[str, ...]]) -> tuple[str, FileFacts | FileError]:
+    display, text, module, is_package, extra, demand = job
     try:
-        return display, extract(text, display, module, is_package, extra)
-    except (SyntaxError, RecursionError, ValueError, MemoryError) as exc:
+        return display, extract(text, display, module, is_package, extra, demand=demand)
+    except UNANALYSABLE as exc:
         return display, _unparsable(display, exc)
 
 
@@ -129,22 +159,31 @@ def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
     return display, None
 
 
-def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
-    """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
-    a fork pool when there are enough; the cyclic garbage collector is off meanwhile (syntax
-    trees and facts hold no cycles, and each collection would walk every fact built)."""
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a lint run: syntax trees and facts hold no
+    cycles, and every collection of the oldest generation would walk every fact built (a
+    third of a cold run's time on transformers); the few cycles a run makes (a deferred
+    record's loader holds the run) are collected after it."""
     enabled = gc.isenabled()
     gc.disable()
     try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
+    """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
+    a fork pool when there are enough, the garbage collector paused meanwhile."""
+    with _collector_paused():
         if workers <= 1 or len(jobs) < POOL_THRESHOLD:
             yield from map(work, jobs)
             return
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         with multiprocessing.get_context(method).Pool(workers) as pool:
             yield from pool.imap_unordered(work, jobs, chunksize=8)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 #: ``progress(parsed, to_parse)``: files parsed so far of those known to need parsing (the
@@ -169,17 +208,24 @@ class _Run:
         self.errors: list[FileError] = []
         self.parsed = 0
         self.attributes_sought: set[str] = set()
+        #: files parsed again here to analyse outlined units, by (path, salt)
+        self.kept: OrderedDict[tuple[str, str], FileExtraction] = OrderedDict()
+        self.analysed_here = 0  # outlined units analysed in this process
 
-    def parse(self, sources: list[_Source]) -> None:
+    def parse(self, sources: list[_Source], demand: dict[str, set[str]] | None = None) -> None:
+        """Phase one for ``sources``; ``demand``: for some, names of top-level definitions a
+        region reaches (analysed there and then rather than outlined)."""
         jobs = []
         for source in sources:
             key = self.cache.key(source.data, source.module, self.salt)
             cached = self.cache.get(key)
+            wanted = sorted((demand or {}).get(source.display, ()))
             if cached is not None:
                 cached.path = source.display
-                self.facts[source.display] = cached
+                self.facts[source.display] = self.adopt(cached)
             else:
-                jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra)))
+                jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra),
+                             tuple(wanted)))
         done, self.parsed = self.parsed, self.parsed + len(jobs)
         if self.progress is not None and jobs:
             self.progress(done, self.parsed)
@@ -191,9 +237,66 @@ class _Run:
                 self.errors.append(result)
                 self.facts[display] = FileFacts(display, self.sources[display].module)
             else:
-                self.facts[display] = result
                 source = self.sources[display]
                 self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
+                self.facts[display] = self.adopt(result)
+
+    def adopt(self, facts: FileFacts) -> FileFacts:
+        """Defer the outlined units' classes and functions: the first read of a body has the
+        unit analysed (:meth:`analyse_outlined`)."""
+        for name, qualnames in facts.outlined.items():
+            load = functools.partial(self.analyse_outlined, facts, name)
+            for qualname in qualnames:
+                for table in (facts.classes, facts.functions):
+                    record = table.get(qualname)
+                    if record is not None and not record.deferred:
+                        record.defer(load)
+        return facts
+
+    def analyse_outlined(self, facts: FileFacts, name: str) -> None:
+        """Analyse outlined unit ``name`` of ``facts`` (and what it reaches in its file) from
+        the file's text, and fill its deferred classes and functions in place."""
+        source = self.sources[facts.path]
+        key = (facts.path, self.salt)
+        extraction = self.kept.pop(key, None)
+        try:
+            if extraction is None:
+                extraction = FileExtraction(source.text, facts.path, source.module, source.is_package, self.extra)
+            analysed_there = set(extraction.facts.outlined) - set(facts.outlined)
+            done = extraction.analyse_needed([name], regions=False, skip=analysed_there)
+        except UNANALYSABLE as exc:  # as phase one would have: a file error, and the rest still runs
+            self.give_up(facts, exc)
+            return
+        self.kept[key] = extraction
+        while len(self.kept) > KEPT_PARSED:
+            self.kept.popitem(last=False)
+        for unit in [name, *(n for n in done if n != name)]:
+            if unit not in facts.outlined:
+                continue
+            for kind, qualname in extraction.created(unit):
+                if kind == "class":
+                    _take(facts.classes, extraction.facts.classes[qualname])
+                else:
+                    _take(facts.functions, extraction.facts.functions[qualname])
+            for qualname in facts.outlined.pop(unit):
+                for table in (facts.classes, facts.functions):
+                    record = table.get(qualname)
+                    if record is not None and record.deferred:
+                        raise RuntimeError(f"{facts.path}: analysing `{unit}` did not fill `{qualname}`")
+            self.analysed_here += 1
+
+    def give_up(self, facts: FileFacts, exc: BaseException) -> None:
+        """A file whose outlined body cannot be analysed: its error, and every outlined body
+        of it filled as empty (what phase two sees of a file phase one could not read)."""
+        if not any(error.path == facts.path for error in self.errors):
+            self.errors.append(_unparsable(facts.path, exc))
+        for qualnames in facts.outlined.values():
+            for qualname in qualnames:
+                for table in (facts.classes, facts.functions):
+                    record: Deferred | None = table.get(qualname)
+                    if record is not None and record.deferred:
+                        record.fill(type(record)(qualname, record.span))  # type: ignore[call-arg]
+        facts.outlined.clear()
 
     def discover(self, index: Index) -> list[_Source]:
         """Add the entry points the tree defines (wrappers, attributes holding one); return
@@ -236,15 +339,18 @@ class _Run:
             self.cache.put_checked(self.cache.key(source.data, source.module), error.reason if error else "")
         return len(jobs)
 
-    def wanted(self, index: Index, by_module: dict[str, _Source]) -> list[_Source]:
-        """Unparsed files that define what the regions reference, or subclass region classes."""
+    def wanted(self, index: Index, by_module: dict[str, _Source]) -> tuple[list[_Source], dict[str, set[str]]]:
+        """Unparsed files that define what the regions reference, or subclass region classes,
+        and in each the names of the top-level definitions wanted (to analyse at once)."""
         wanted: dict[str, _Source] = {}
+        demand: dict[str, set[str]] = {}
         for miss in index.misses:
             parts = miss.split(".")
             for cut in range(len(parts) - 1, 0, -1):
                 source = by_module.get(".".join(parts[:cut]))
                 if source is not None and source.display not in self.facts:
                     wanted[source.display] = source
+                    demand.setdefault(source.display, set()).add(parts[cut])
                     break
         unparsed = [s for s in self.sources.values() if s.display not in self.facts]
         for attribute in sorted(index.attribute_misses - self.attributes_sought):
@@ -261,9 +367,14 @@ class _Run:
                 if any(b.rsplit(".", 1)[-1] in region_classes for b in index.base_names(file, cls)):
                     region_classes.add(cls.qualname.rsplit(".", 1)[-1])
         for source in self.sources.values():
-            if source.display not in self.facts and source.display not in wanted and source.base_names() & region_classes:
+            if source.display in self.facts:
+                continue
+            subclasses = source.subclasses()
+            classes = {name for base in region_classes & subclasses.keys() for name in subclasses[base]}
+            if classes:
                 wanted[source.display] = source
-        return list(wanted.values())
+                demand.setdefault(source.display, set()).update(classes)
+        return list(wanted.values()), demand
 
     def is_candidate(self, text: str) -> bool:
         """The text pre-filter: can this file hold a checkpoint call or an implicit region?"""
@@ -297,8 +408,9 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
     """Lint every Python file under ``paths``; ``progress`` hears of each file parsed."""
     options = options or LintOptions()
     run = _Run(options, progress)
-    _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
-    return _lint(run)
+    with _collector_paused():
+        _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
+        return _lint(run)
 
 
 def lint_sources(sources: dict[str, str], options: LintOptions | None = None) -> LintResult:
@@ -307,7 +419,8 @@ def lint_sources(sources: dict[str, str], options: LintOptions | None = None) ->
     for display, text in sources.items():
         stem = Path(display).stem
         run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
-    return _lint(run)
+    with _collector_paused():
+        return _lint(run)
 
 
 def _lint(run: _Run) -> LintResult:
@@ -343,8 +456,9 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
     walked: set[tuple[str, str]] = set()
     index = Index(())
     analysed = False
+    demand: dict[str, set[str]] = {}
     for _ in range(MAX_ROUNDS):
-        run.parse(pending)
+        run.parse(pending, demand)
         index = Index(run.facts.values())
         analysed = False
         pending = run.discover(index)
@@ -354,7 +468,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
         regions = find_regions(index, reports)
         hits = region_hits(index, regions, walked)
         analysed = True
-        pending = run.wanted(index, by_module) if regions or index.misses else []
+        pending, demand = run.wanted(index, by_module) if regions or index.misses else ([], {})
         if not pending:
             break
     if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
@@ -369,7 +483,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
         "cached": run.cache.hits, "regions": len(regions), "syntax_checked": checked,
         "syntax_only": len(run.sources) - len(run.facts), "call_sites": len(sites),
         "resolved_sites": sum(1 for r in sites if r.regions), "wrapper_sites": len(reports) - len(sites),
-        "functions_walked": len(walked),
+        "functions_walked": len(walked), "outlined_analysed_later": run.analysed_here,
     }
 
 

@@ -9,11 +9,22 @@ rule, without knowing yet whether it is checkpointed.
 from __future__ import annotations
 
 import ast
+import itertools
 import warnings
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, cast
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
+from recheck.lint.outline import (
+    DEFINITIONS,
+    StatementScan,
+    TextLines,
+    Unit,
+    call_write_units,
+    call_writes,
+    statement_scan,
+    units_with_words,
+)
 from recheck.lint.reachability import guards, optional_params
 from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint
 from recheck.lint.rules.rc002_preserve_rng import random_draw
@@ -21,16 +32,18 @@ from recheck.lint.scope import (
     FUNCTION_NODES,
     FunctionContext,
     ModuleContext,
+    Scopes,
     bound_names,
     constant_names,
     memo_targets,
-    partition_scopes,
     tested_attributes,
     written_names,
 )
 from recheck.lint.targets import (
+    CHECKPOINTING_BASES,
     CHECKPOINTING_CLASSES,
     CONTAINERS,
+    ENTRY_ATTRIBUTES,
     ENTRY_POINTS,
     ITERATION_METHODS,
     PARTIALS,
@@ -41,10 +54,12 @@ from recheck.lint.targets import (
     target_refs,
 )
 
-__all__ = ["extract", "parse"]
+__all__ = ["ENTRY_WORDS", "FileExtraction", "extract", "parse"]
 
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
 _DISPATCH: dict[type, list] = {}
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 for _rule in BODY_RULES:
     for _node_type in _rule.NODES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
@@ -59,33 +74,162 @@ def parse(source: str, path: str) -> ast.Module:
 
 
 def extract(source: str, path: str, module: str, is_package: bool = False,
-            extra_entries: Mapping[str, tuple[int, str]] | frozenset[str] = frozenset()) -> FileFacts:
+            extra_entries: Mapping[str, tuple[int, str]] | frozenset[str] = frozenset(),
+            demand: Iterable[str] | None = None) -> FileFacts:
     """Parse ``source`` and collect its facts.  Raises :class:`SyntaxError` if it does not parse.
 
     ``extra_entries``: qualified names (or ``self.<attr>``) of further entry points, each
-    with the position and keyword of the call argument that is its region.
+    with the position and keyword of the call argument that is its region.  With
+    ``demand`` (names of top-level definitions a region is known to reach, maybe none),
+    the bodies analysed are those that may hold a checkpoint, the ``demand`` and what they
+    reach in the file (:meth:`FileExtraction.analyse_needed`); the others are outlined
+    (:class:`~recheck.lint.facts.Deferred`).  Without it, every body is analysed.
     """
-    tree = parse(source, path)
-    extra = dict.fromkeys(extra_entries, (0, "")) if not isinstance(extra_entries, Mapping) else dict(extra_entries)
-    scopes = partition_scopes(tree)
-    imports = import_aliases((n for nodes in scopes.values() for n in nodes), module, is_package)
-    facts = FileFacts(path=path, module=module, imports=imports)
-    context = ModuleContext.build(tree, scopes, module, source.splitlines(), imports)
-    top = _function_context(context, "<module>", [], {}, None, None)
-    extractor = _Extractor(facts, context, extra, scopes)
-    nodes = scopes[id(tree)]
-    for node in nodes:  # module-level instances: `BLOCK = Block()`, later `checkpoint(BLOCK, x)`
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            refs = _instance_refs(node.value, top)
-            if refs:
-                top.bind(node.targets[0].id, refs)
-    extractor.block(nodes, "", top, None)
-    for node in nodes:  # scripts checkpoint at module level too
-        if isinstance(node, ast.Call):
-            entry = entry_point(node, top, extra)
-            if entry is not None:
-                facts.call_sites.append(_call_site(node, entry, top))
-    return facts
+    extraction = FileExtraction(source, path, module, is_package, extra_entries, lazy=demand is not None)
+    if demand is not None:
+        extraction.analyse_needed(demand)
+    return extraction.facts
+
+
+#: Spellings of the known entry points, checkpointing classes and entry attributes; those
+#: holding ``heckpoint`` are found by one scan for it (see ``FileExtraction.must_analyse``).
+ENTRY_WORDS = frozenset({name.rsplit(".", 1)[-1] for name in ENTRY_POINTS} | CHECKPOINTING_CLASSES | ENTRY_ATTRIBUTES)
+_FRAGMENT = "heckpoint"
+
+
+class FileExtraction:
+    """One parsed file: its module-wide facts, an outline of every top-level definition
+    (a *unit*), and the bodies of the units analysed so far.
+
+    Analysing a unit runs the same extraction on the same nodes with the same module-wide
+    facts whenever it is done, so an outlined unit analysed later (in another process,
+    after parsing the file again) gets the facts it would have got at once.
+    """
+
+    def __init__(self, source: str, path: str, module: str, is_package: bool = False,
+                 extra_entries: Mapping[str, tuple[int, str]] | frozenset[str] = frozenset(),
+                 lazy: bool = True) -> None:
+        tree = parse(source, path)
+        self.module = module
+        self.extra = dict.fromkeys(extra_entries, (0, "")) if not isinstance(extra_entries, Mapping) else dict(extra_entries)
+        self.scopes = scopes = Scopes(tree)
+        nodes = scopes.of(tree)
+        nested = scopes.nested(tree)
+        self.units = [n for n in nested if isinstance(n, DEFINITIONS)]
+        scan = StatementScan()
+        for unit in self.units:
+            statement_scan(unit, scan)
+        imports = import_aliases(itertools.chain(nodes, *scan.imports), module, is_package)
+        self.facts = facts = FileFacts(path=path, module=module, imports=imports)
+        context = ModuleContext.build(tree, nodes, module, source.splitlines(), imports)
+        self.text = TextLines(source) if lazy else None
+        written = set(scan.written)
+        walked = call_write_units(self.text, self.units, context.assigned) if self.text else range(len(self.units))
+        for scope in [*(self.units[i] for i in sorted(walked)), *(n for n in nested if type(n) is ast.Lambda)]:
+            written.update(call_writes(scopes, scope))
+        context.add_nested(scan.declared_global, written)
+        self.top = top = _function_context(context, "<module>", [], {}, None, None)
+        self.extractor = extractor = _Extractor(facts, context, self.extra, scopes)
+        for node in nodes:  # module-level instances: `BLOCK = Block()`, later `checkpoint(BLOCK, x)`
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                refs = _instance_refs(node.value, top)
+                if refs:
+                    top.bind(node.targets[0].id, refs)
+        for unit in self.units:  # a policy's check_fn is found wherever the module defines it
+            if not isinstance(unit, ast.ClassDef):
+                context.function_nodes[unit.name] = unit
+        self.by_name: dict[str, list[ast.AST]] = {}
+        for unit in self.units:
+            self.by_name.setdefault(unit.name, []).append(unit)
+        self.must = must = self.must_analyse() if lazy else set(self.by_name)
+        extractor.block(nested, "", top, None, outline={id(u) for u in self.units if u.name not in must},
+                        units={id(u) for u in self.units})
+        facts.outlined = extractor.outlined
+        for node in nodes:  # scripts checkpoint at module level too
+            if isinstance(node, ast.Call):
+                entry = entry_point(node, top, self.extra)
+                if entry is not None:
+                    facts.call_sites.append(_call_site(node, entry, top))
+
+    def must_analyse(self) -> set[str]:
+        """Names of the units whose text may use a checkpoint entry point (a known one, one of
+        ``extra``, or a name an import binds to one; called or handed on, not named in prose)
+        or hold a hand-written checkpoint's ``enable_grad``: only an analysed body yields
+        call sites, entry attributes and RC003."""
+        assert self.text is not None
+        entries = set(ENTRY_POINTS) | set(self.extra)
+        words = {name.rsplit(".", 1)[-1] for name in self.extra}
+        words |= {alias for alias, target in self.facts.imports.items() if target in entries}
+        spelled = {w for w in ENTRY_WORDS | words if _FRAGMENT in w}
+        found = units_with_words(self.text, self.units, sorted(words - spelled), [(_FRAGMENT, frozenset(spelled))],
+                                 used=True)
+        found |= units_with_words(self.text, self.units, (), [("enable_grad", frozenset())])
+        return {self.units[i].name for i in found}
+
+    def analyse(self, names: Iterable[str]) -> list[str]:
+        """Analyse the outlined units called ``names``; return the names analysed now."""
+        done = []
+        for name in names:
+            if name in self.facts.outlined:
+                self.extractor.analyse_unit(name, self.by_name[name], self.top)
+                done.append(name)
+        return done
+
+    def analyse_needed(self, demand: Iterable[str] = (), regions: bool = True, skip: Iterable[str] = ()) -> list[str]:
+        """Analyse the ``demand``, the units whose classes are regions by their bases in this
+        file (``GradientCheckpointingLayer`` subclasses; unless ``regions`` is false), and
+        every unit they reach in the file, transitively, except those in ``skip``; return
+        the names analysed.  Which units are analysed here changes only where the work is
+        done: an outlined one is analysed when phase two reads it."""
+        roots = set(demand) | (self._region_units() | self._reached(sorted(self.must)) if regions else set())
+        done: list[str] = []
+        seen: set[str] = set(skip)
+        while roots:
+            batch = [n for n in sorted(roots) if n in self.facts.outlined and n not in seen]
+            seen |= roots
+            analysed = self.analyse(batch)
+            done += analysed
+            roots = self._reached(analysed) - seen
+        return done
+
+    def created(self, name: str) -> list[tuple[str, str]]:
+        """``("class" | "function", qualname)`` of what analysing unit ``name`` made."""
+        return self.extractor.created.get(name, [])
+
+    def _region_units(self) -> set[str]:
+        classes = self.facts.classes
+        regions: set[str] = set()
+        changed = True
+        while changed:  # bases defined in this file, transitively
+            changed = False
+            for qualname, cls in classes.items():
+                if qualname not in regions and any(
+                        b.rsplit(".", 1)[-1] in CHECKPOINTING_BASES
+                        or (b.startswith(self.module + ".") and b[len(self.module) + 1:] in regions) for b in cls.bases):
+                    regions.add(qualname)
+                    changed = True
+        return {q.split(".", 1)[0] for q in regions} & set(self.facts.outlined)
+
+    def _reached(self, names: list[str]) -> set[str]:
+        """Units of this file that the analysed units ``names`` name: callees, bases,
+        submodule classes, factories' products, annotations."""
+        mentioned: list[str] = []
+        for name in names:
+            for kind, qualname in self.created(name):
+                if kind == "class":
+                    cls = self.facts.classes[qualname]
+                    mentioned += cls.bases
+                    mentioned += (c for held in cls.attributes.values() for c in held)
+                    mentioned += (f"{self.module}.{q}" for held in cls.function_attributes.values() for q in held)
+                    continue
+                function = self.facts.functions[qualname]
+                for ref in (*function.calls, *function.returns_refs):
+                    if ref.kind in ("name", "returned", "instance", "policy"):
+                        mentioned += ref.name.split(",")
+                mentioned += function.returns_built
+                mentioned += function.annotations.values()
+        prefix = self.module + "."
+        return {q[len(prefix):].split(".", 1)[0] for q in mentioned if q.startswith(prefix)} & set(self.by_name)
 
 
 def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST],
@@ -137,22 +281,66 @@ def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST]
 
 class _Extractor:
     def __init__(self, facts: FileFacts, module: ModuleContext, extra_entries: dict[str, tuple[int, str]],
-                 scopes: dict[int, list[ast.AST]]) -> None:
+                 scopes: Scopes) -> None:
         self.scopes = scopes
         self.facts = facts
         self.module = module
         self.extra_entries = extra_entries
         self.class_entries: dict[str, frozenset[str]] = {}
+        #: units outlined, by name: the qualnames of the classes and functions outlined
+        self.outlined: dict[str, list[str]] = {}
+        #: units analysed after the first pass, by name: what their analysis made
+        self.created: dict[str, list[tuple[str, str]]] = {}
+        self._making: list[tuple[str, str]] | None = None
 
-    def block(self, nodes: list[ast.AST], prefix: str, context: FunctionContext, owner: str | None) -> None:
-        """Visit the functions and classes among one scope's ``nodes``."""
+    def block(self, nodes: list[ast.AST], prefix: str, context: FunctionContext, owner: str | None,
+              outline: set[int] | frozenset[int] = frozenset(), units: set[int] | frozenset[int] = frozenset()) -> None:
+        """Visit the functions and classes among ``nodes`` (the scope nodes directly inside one
+        scope, :meth:`Scopes.nested`): those whose ``id`` is in ``outline`` only outlined;
+        what the other ``units`` make is recorded."""
         for node in nodes:
-            if isinstance(node, ast.ClassDef):
+            if outline and id(node) in outline:  # the ids of top-level definitions
+                self.outline(node, prefix, context, owner, self.outlined.setdefault(cast(Unit, node).name, []))
+            elif units and id(node) in units:
+                self.analyse_unit(cast(Unit, node).name, [node], context)
+            elif isinstance(node, ast.ClassDef):
                 self.klass(node, prefix + node.name, context)
             elif isinstance(node, FUNCTION_NODES):
                 name = lambda_name(node, context.qualname) if isinstance(node, ast.Lambda) else prefix + node.name
                 self.module.function_nodes[name] = node
                 self.function(node, name, context, owner)
+
+    def outline(self, node: ast.AST, prefix: str, context: FunctionContext, owner: str | None, into: list[str]) -> None:
+        """What :meth:`block` would record of ``node``'s classes and functions without their
+        bodies: classes with their bases and methods (nested classes of class bodies too),
+        functions with their place and class (:attr:`FunctionFacts.OUTLINE`)."""
+        if isinstance(node, ast.ClassDef):
+            qualname = prefix + node.name
+            facts = ClassFacts(qualname, context.span(node), [q for q in (context.qualify(b) for b in node.bases) if q])
+            self.facts.classes[qualname] = facts
+            into.append(qualname)
+            nested = self.scopes.nested(node)
+            for child in nested:
+                if type(child) in _DEFS:
+                    facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+            for child in nested:
+                self.outline(child, qualname + ".", context, qualname, into)
+            return
+        function = cast(FunctionNode, node)  # block and outline hand on only definitions and lambdas
+        name = lambda_name(function, context.qualname) if isinstance(function, ast.Lambda) else prefix + function.name
+        self.module.function_nodes[name] = function
+        self.facts.functions[name] = FunctionFacts(name, context.span(function),
+                                                   _self_binding(function, owner, context, self.facts)[1])
+        into.append(name)
+
+    def analyse_unit(self, name: str, nodes: list[ast.AST], top: FunctionContext) -> None:
+        """Analyse the units called ``name`` (a name defined twice is one unit)."""
+        self._making = self.created.setdefault(name, [])
+        try:
+            self.block(nodes, "", top, None)
+        finally:
+            self._making = None
+        self.outlined.pop(name, None)
 
     def klass(self, node: ast.ClassDef, qualname: str, context: FunctionContext) -> None:
         bases = [q for q in (context.qualify(b) for b in node.bases) if q]
@@ -161,14 +349,20 @@ class _Extractor:
         if handwritten is not None:
             self.facts.file_hazards.append(handwritten)
         self.facts.classes[qualname] = facts
-        nodes = self.scopes[id(node)]
-        for child in nodes:
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                facts.methods[child.name] = f"{qualname}.{child.name}"
-        attributes = self._entry_attributes(nodes, context)
+        if self._making is not None:
+            self._making.append(("class", qualname))
+        nested = self.scopes.nested(node)  # the scope nodes of the class body, in source order
+        for child in nested:
+            if type(child) in _DEFS:
+                facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+        for statement in node.body:
+            if (type(statement) is ast.Assign and len(statement.targets) == 1 and type(statement.targets[0]) is ast.Name
+                    and type(statement.value) is ast.Constant and type(statement.value.value) is bool):
+                facts.flags[statement.targets[0].id] = statement.value.value
+        attributes = self._entry_attributes(nested, context)
         self.class_entries[qualname] = attributes
         self.facts.entry_attributes.extend(f"{qualname}.{a}" for a in sorted(attributes))
-        self.block(nodes, qualname + ".", context, qualname)
+        self.block(nested, qualname + ".", context, qualname)
 
     def _entry_attributes(self, class_nodes: list[ast.AST], context: FunctionContext) -> frozenset[str]:
         """``self.<attr> = checkpoint`` (a partial of one, a parameter defaulting to one, or
@@ -181,8 +375,8 @@ class _Extractor:
             positional = [*method.args.posonlyargs, *method.args.args]
             defaults = dict(zip([a.arg for a in positional][::-1], method.args.defaults[::-1]))
             defaults.update({a.arg: d for a, d in zip(method.args.kwonlyargs, method.args.kw_defaults) if d is not None})
-            for node in self.scopes[id(method)]:
-                if not isinstance(node, ast.Assign):
+            for node in self.scopes.of(method):
+                if type(node) is not ast.Assign:
                     continue
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
@@ -213,24 +407,18 @@ class _Extractor:
         defaults = dict(zip([a.arg for a in positional][::-1], arguments.defaults[::-1]))
         defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
         decorators = getattr(node, "decorator_list", [])
-        static = any(dotted(d) == ["staticmethod"] for d in decorators)
-        bound = owner is not None and positional and not static and not isinstance(node, ast.Lambda)
-        if bound:
-            self_name, self_class = positional[0].arg, owner
-        else:
-            self_name, self_class = parent.self_name, self.facts.functions.get(parent.qualname, None)
-            self_class = self_class.self_class if self_class else None
-            if self_name in args:
-                self_name, self_class = None, None
+        (self_name, self_class), bound = _self_binding(node, owner, parent, self.facts), _bound(node, owner)
         call_order = [a.arg for a in positional][1 if bound else 0:]
         positions = {name: index for index, name in enumerate(call_order)}
         positions.update({a.arg: -1 for a in arguments.kwonlyargs})
-        nodes = self.scopes[id(node)]
+        nodes = self.scopes.of(node)
         entries = self.class_entries.get(owner, frozenset()) if owner is not None else frozenset()
         fresh = frozenset(a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None)
         context = _function_context(self.module, qualname, nodes, args, self_name, parent, defaults, positions, entries,
                                     fresh)
         facts = FunctionFacts(qualname, context.span(node), self_class)
+        if self._making is not None:
+            self._making.append(("function", qualname))
         facts.params = call_order
         facts.annotations = {a.arg: q for a in positional if a.annotation is not None
                              for q in [context.qualify(a.annotation)] if q}
@@ -263,7 +451,7 @@ class _Extractor:
             if facts.optional:  # branches that cannot run hide their side effects and their calls
                 facts.guards = guards(nodes, arguments)
         self._attributes(nodes, context, self.facts.classes[owner] if owner is not None and self_name is not None else None, facts)
-        self.block(nodes, qualname + ".", context, None)
+        self.block(self.scopes.nested(node), qualname + ".", context, None)
 
     def _bind_locals(self, nodes: list[ast.AST], context: FunctionContext, qualname: str) -> None:
         """Loop variables, aliases, nested defs, ``isinstance`` branches (see ``refs_of``)."""
@@ -371,6 +559,30 @@ class _Extractor:
                     store(target, classes, node.value)
             elif isinstance(node, ast.Return) and node.value is not None:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
+
+
+def _bound(node: FunctionNode, owner: str | None) -> bool:
+    """A method called on an instance: ``self`` is its first parameter."""
+    if owner is None or isinstance(node, ast.Lambda):
+        return False
+    positional = [*node.args.posonlyargs, *node.args.args]
+    return bool(positional) and not any(dotted(d) == ["staticmethod"] for d in node.decorator_list)
+
+
+def _self_binding(node: FunctionNode, owner: str | None, parent: FunctionContext,
+                  facts: FileFacts) -> tuple[str | None, str | None]:
+    """The name ``self`` has in a function, and the qualname of its class: a method's first
+    parameter, or what the enclosing function's ``self`` is (unless a parameter shadows it)."""
+    if _bound(node, owner):
+        return [*node.args.posonlyargs, *node.args.args][0].arg, owner
+    enclosing = facts.functions.get(parent.qualname)
+    self_name, self_class = parent.self_name, enclosing.self_class if enclosing else None
+    arguments = node.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                             arguments.vararg, arguments.kwarg] if a}
+    if self_name in names:
+        return None, None
+    return self_name, self_class
 
 
 def _self_data(nodes: list[ast.AST], context: FunctionContext) -> tuple[list[tuple[str, Span]], list[str]]:

@@ -6,14 +6,21 @@ every checkpoint call site, with names already resolved through the file's impor
 Phase two (``regions.py``) joins the facts of all files to decide which functions are
 actually checkpointed and turns their hazards into findings.  Nothing here imports
 anything outside the standard library.
+
+Most of a large file is never checkpointed, so phase one analyses the bodies of only the
+top-level definitions that can matter (see :mod:`recheck.lint.outline`) and *outlines* the
+others: their classes and functions are present with their names, places, bases and
+methods, and the rest of their facts is filled in the first time phase two reads it
+(:meth:`Deferred.defer`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
-__all__ = ["CallSite", "ClassFacts", "FileFacts", "FunctionFacts", "Hazard", "Ref", "Span"]
+__all__ = ["CallSite", "ClassFacts", "Deferred", "FileFacts", "FunctionFacts", "Hazard", "Ref", "Span"]
 
 
 class Span(NamedTuple):
@@ -78,9 +85,72 @@ class Ref(NamedTuple):
     member: str = ""
 
 
+class Deferred:
+    """A record whose body facts may be filled in later, on first read.
+
+    :meth:`defer` takes the fields outside ``OUTLINE`` off the instance and keeps a loader;
+    reading one of them calls the loader once, which fills them (:meth:`fill`).  Records
+    that were never deferred are plain dataclasses: the hook costs nothing on them.
+    """
+
+    #: the fields an outline has; every other field is the body's
+    OUTLINE: ClassVar[frozenset[str]] = frozenset()
+    #: what every record has (the dataclasses below declare them as their first fields)
+    qualname: str
+    span: Span
+
+    def __getattr__(self, name: str) -> object:  # called only for attributes the instance lacks
+        load = self.__dict__.get("_load")
+        if load is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        load()
+        if "_load" in self.__dict__:
+            raise RuntimeError(f"loading the body of {self.__dict__.get('qualname')!r} did not fill it")
+        return getattr(self, name)
+
+    def defer(self, load: Callable[[], None]) -> None:
+        """Drop the body fields; ``load()`` must :meth:`fill` them when one is read."""
+        for name in self._body_fields():
+            self.__dict__.pop(name, None)
+        self.__dict__["_load"] = load
+
+    def fill(self, other: Deferred) -> None:
+        """Take the body fields of ``other`` (the same definition, analysed)."""
+        for name in self._body_fields():
+            self.__dict__[name] = other.__dict__[name]
+        self.__dict__.pop("_load", None)
+
+    @property
+    def deferred(self) -> bool:
+        return "_load" in self.__dict__
+
+    def stored_values(self) -> list[object]:
+        """The field values in declaration order, a deferred field as its default (for the
+        cache, which must not load bodies to store an outline)."""
+        values = []
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]
+            if item.name in self.__dict__:
+                values.append(self.__dict__[item.name])
+            elif item.default_factory is not dataclasses.MISSING:
+                values.append(item.default_factory())
+            else:
+                values.append(item.default)
+        return values
+
+    @classmethod
+    def _body_fields(cls) -> tuple[str, ...]:
+        names = cls.__dict__.get("_BODY")
+        if names is None:
+            names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.OUTLINE)  # type: ignore[arg-type]
+            cls._BODY = names  # type: ignore[attr-defined]
+        return names
+
+
 @dataclass
-class FunctionFacts:
+class FunctionFacts(Deferred):
     """A function (or lambda) body: its hazards and what it calls."""
+
+    OUTLINE = frozenset({"qualname", "span", "self_class"})
 
     qualname: str
     span: Span
@@ -115,8 +185,10 @@ class FunctionFacts:
 
 
 @dataclass
-class ClassFacts:
+class ClassFacts(Deferred):
     """A class: bases (qualified), methods and the submodule classes of its attributes."""
+
+    OUTLINE = frozenset({"qualname", "span", "bases", "methods"})
 
     qualname: str
     span: Span
@@ -127,6 +199,8 @@ class ClassFacts:
     function_attributes: dict[str, list[str]] = field(default_factory=dict)
     #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
     param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: ``NAME = True`` / ``NAME = False`` in the class body (``_can_checkpoint_with_cache``)
+    flags: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -161,3 +235,6 @@ class FileFacts:
     file_hazards: list[Hazard] = field(default_factory=list)
     #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
     entry_attributes: list[str] = field(default_factory=list)
+    #: top-level definitions whose bodies were not analysed, by name, with the qualnames of
+    #: the classes and functions outlined for each (see :class:`Deferred`)
+    outlined: dict[str, list[str]] = field(default_factory=dict)

@@ -151,6 +151,9 @@ def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[
     """The parameters a call that passes ``passed`` gives a value: named ones, and ``*args``
     or ``**kwargs`` when positional arguments or keywords are left over for them."""
     positional, keywords = passed
+    if SPLAT in keywords:  # a ``**`` splat of unknown contents: all but the keywords known empty
+        empty = {k[1:] for k in keywords if k.startswith("-")}
+        return (set(function.params) | set(function.keyword_only) | {s for s in function.star if s}) - empty
     given = set(function.params[:positional]) | set(keywords)
     vararg, kwarg = function.star if len(function.star) == 2 else ("", "")
     if vararg and positional > len(function.params):
@@ -161,15 +164,24 @@ def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[
     return given
 
 
+#: In a call's keywords: a ``**`` splat whose contents are unknown (see :func:`passes_on`);
+#: ``-name`` then marks a keyword known to pass nothing.
+SPLAT = "**?"
+
+
 def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int],
               empty: set[str] | None) -> tuple[int, tuple[str, ...]] | None:
     """What one call of ``caller`` passes on to its callee, when known: no ``*`` splat, and
     every ``**`` splat of a name in ``empty`` (parameters the caller got none of)."""
     _, _, positional, keywords, splats, _ = call
-    if positional < 0 or any(name not in (empty or ()) for name in splats):
+    if positional < 0:
         return None
     # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
-    passed = tuple(name for name, _, value in (k.partition("=") for k in keywords) if value not in (empty or ()))
+    pairs = [(name, value) for name, _, value in (k.partition("=") for k in keywords)]
+    passed = tuple(name for name, value in pairs if value not in (empty or ()))
+    if any(name not in (empty or ()) for name in splats):
+        # `f(x, cache=cache, **kwargs)`: the splat may give any other parameter, not `cache`
+        return positional, (*passed, SPLAT, *(f"-{name}" for name, value in pairs if value in (empty or ())))
     return positional, passed
 
 

@@ -13,7 +13,7 @@ from typing import Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
-from recheck.lint.reachability import empty_params, passes_on, unreachable
+from recheck.lint.reachability import SPLAT, empty_params, passes_on, unreachable
 from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc104_state_write, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 
@@ -31,6 +31,16 @@ class Region:
     file: FileFacts
     function: FunctionFacts
     site: CallSite | None = None
+    #: what the checkpointing passes the root when no call site says (see :func:`_layer_passes`)
+    passed: tuple[int, tuple[str, ...]] | None = None
+
+
+#: Keyword arguments transformers' ``GradientCheckpointingLayer`` sets to ``None`` before it
+#: checkpoints the layer's forward (5.24, ``modeling_layers.py``), unless the class sets
+#: ``_can_checkpoint_with_cache = True``: a layer that writes its KV cache would write it
+#: again on the recompute, so the wrapper takes the cache away.
+LAYER_CLEARED = ("cache", "layer_past")
+KEEPS_CACHE = "_can_checkpoint_with_cache"
 
 
 @dataclass(frozen=True)
@@ -260,6 +270,10 @@ class _Resolver:
         return None
 
 
+def _source_order(cls: ClassFacts) -> tuple[int, int]:
+    return cls.span.line, cls.span.column
+
+
 def _where(file: FileFacts, function: FunctionFacts) -> str:
     return f"{function.qualname} ({file.path}:{function.span.line})"
 
@@ -291,21 +305,37 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
                     reason = "" if found else resolver.why_not(site, file, caller)
                 reports.append(SiteReport(file.path, site.span.line, site.span.column, site.entry, site.caller,
                                           site.region_source, kind, [_where(*f) for f in found.values()], reason))
-        for cls in file.classes.values():
+        for cls in sorted(file.classes.values(), key=_source_order):  # outlined bodies fill in later
             if _short(cls.qualname) in CHECKPOINTING_BASES:
                 continue
             bases = index.base_names(file, cls)
             if not any(_short(b) in CHECKPOINTING_BASES for b in bases):
                 continue
-            found = index.find_method(file, cls, "forward")
-            if found is None or _short(found[1].qualname.rsplit(".", 1)[0]) in CHECKPOINTING_BASES:
+            method = index.find_method(file, cls, "forward")
+            if method is None or _short(method[1].qualname.rsplit(".", 1)[0]) in CHECKPOINTING_BASES:
                 continue
-            key = (found[0].path, found[1].qualname)
+            key = (method[0].path, method[1].qualname)
             if key not in seen:
                 seen.add(key)
-                regions.append(Region(found[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
-                                      found[0], found[1]))
+                regions.append(Region(method[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
+                                      method[0], method[1], passed=_layer_passes(index, file, cls, method[1])))
     return regions
+
+
+def _layer_passes(index: Index, file: FileFacts, cls: ClassFacts, forward: FunctionFacts) -> tuple[int, tuple[str, ...]] | None:
+    """What a ``GradientCheckpointingLayer`` hands its checkpointed forward: every argument
+    the caller gave (unknown: all of them), but ``LAYER_CLEARED`` set to ``None`` unless the
+    class (or the nearest base that says) keeps the cache.  Layers are called with their
+    cache as a keyword (``layer(hidden, cache=cache)``), which is what the wrapper clears."""
+    for _, klass in index.lineage(file, cls):
+        if KEEPS_CACHE in klass.flags:
+            if klass.flags[KEEPS_CACHE]:
+                return None
+            break
+    cleared = set(LAYER_CLEARED) & set(forward.optional)
+    if not cleared:
+        return None
+    return 0, (SPLAT, *(f"-{name}" for name in sorted(cleared)))  # every other argument may be given
 
 
 def constructor_forward(file: FileFacts, site: CallSite) -> tuple[str, int, str] | None:
@@ -383,13 +413,13 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
     for _ in range(4):
         empty: dict[Key, set[str] | None] = {}
         for key, function in reached.items():
-            incoming = [region.site.passed if region.site is not None else None] if key == root else passes.get(key, [])
+            incoming = [_root_passed(region)] if key == root else passes.get(key, [])
             if not incoming or any(p is None for p in incoming):
                 empty[key] = None
             else:
                 sets = [empty_params(function, p) for p in incoming]
                 empty[key] = set.intersection(*sets)
-        updated: Passes = {root: [region.site.passed if region.site is not None else None]}
+        updated: Passes = {root: [_root_passed(region)]}
         for caller, record, callee in edges:
             if caller not in reached or record is None:
                 updated.setdefault(callee, []).append(None)
@@ -406,7 +436,14 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
     return passes
 
 
+def _root_passed(region: Region) -> tuple[int, tuple[str, ...]] | None:
+    return region.site.passed if region.site is not None else region.passed
+
+
 FORWARDS = ("forward", "__call__")
+#: Hazards dropped in a branch none of the region's calls can take (a side effect or a state
+#: write under ``if cache is not None:`` when the checkpointing passes no cache)
+BRANCH_HAZARDS = frozenset({"RC103", "RC104"})
 
 
 def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, list]], region: Region) -> Iterator[Hit]:
@@ -450,7 +487,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
             if walked is not None:
                 walked.add((file.path, function.qualname))
             for hazard in function.hazards:
-                if hazard.code == "RC103" and unreachable(function, passes.get((file.path, function.qualname), []),
+                if hazard.code in BRANCH_HAZARDS and unreachable(function, passes.get((file.path, function.qualname), []),
                                                           hazard.span.line):
                     continue  # in a branch none of this region's calls takes
                 if hazard.tag != "root" or function is region.function:

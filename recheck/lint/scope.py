@@ -15,7 +15,8 @@ from typing import Iterator, NamedTuple
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
 
-__all__ = ["Binding", "FunctionContext", "constant_names", "tested_attributes", "ModuleContext", "bound_names", "partition_scopes"]
+__all__ = ["Binding", "FunctionContext", "ModuleContext", "Scopes", "bound_names", "constant_names", "tested_attributes",
+           "written_names"]
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 SCOPE_NODES = (*FUNCTION_NODES, ast.ClassDef)
@@ -29,41 +30,86 @@ LOGGER_FACTORIES = ("getLogger", "get_logger")
 MAX_REFS = 32
 
 
-def partition_scopes(tree: ast.Module) -> dict[int, list[ast.AST]]:
-    """One pass over the tree: ``id(scope) -> its nodes`` in source order.
+class Scopes:
+    """The nodes of each scope (the module, classes, functions, lambdas) in source order.
 
-    The scopes are the module, classes, functions and lambdas; a nested scope's own node
-    (with its decorators, defaults and bases) belongs to the enclosing scope's list, its
-    body to its own.
+    A nested scope's own node, with its decorators, defaults and bases, belongs to the
+    enclosing scope's list, its body to its own.  Each list is made on first request, so
+    the bodies nobody asks about are never walked.
     """
-    lists: dict[int, list[ast.AST]] = {id(tree): []}
-    stack: list[tuple[ast.AST, list[ast.AST]]] = [(n, lists[id(tree)]) for n in reversed(tree.body)]
-    node_type, scope_types = ast.AST, frozenset(SCOPE_NODES)
-    fields = _CHILD_FIELDS
-    while stack:
-        node, out = stack.pop()
-        out.append(node)
-        kind = type(node)
-        names = fields.get(kind)
-        if names is None:  # the fields that can hold nodes (never ``ctx``: Load/Store carry nothing)
-            names = fields[kind] = tuple(f for f in kind._fields if f != "ctx")
-        if not names:
-            continue
-        own = None
-        if kind in scope_types:
-            own = lists[id(node)] = []
-        children: list[tuple[ast.AST, list[ast.AST]]] = []
-        for name in names:
-            value = getattr(node, name, None)
-            target = own if own is not None and name == "body" else out
-            if type(value) is list:
-                children.extend((v, target) for v in value if isinstance(v, node_type))
-            elif isinstance(value, node_type):
-                children.append((value, target))
-        stack.extend(reversed(children))
-    return lists
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self._lists: dict[int, list[ast.AST]] = {}
+        self._nested: dict[int, list[ast.AST]] = {}
+
+    def of(self, scope: ast.AST) -> list[ast.AST]:
+        """The nodes of ``scope`` (the module or a class, function or lambda node)."""
+        found = self._lists.get(id(scope))
+        if found is None:
+            found = self._lists[id(scope)] = self._partition(scope)
+        return found
+
+    def nested(self, scope: ast.AST) -> list[ast.AST]:
+        """The scope nodes directly inside ``scope``, in source order."""
+        self.of(scope)
+        return self._nested[id(scope)]
+
+    def within(self, scope: ast.AST) -> Iterator[ast.AST]:
+        """Every scope node inside ``scope``, at any depth (each partitioned on the way)."""
+        stack = list(reversed(self.nested(scope)))
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(self.nested(node)))
+
+    def _partition(self, scope: ast.AST) -> list[ast.AST]:
+        body = scope.body  # type: ignore[attr-defined]
+        out: list[ast.AST] = []
+        nested: list[ast.AST] = []
+        self._nested[id(scope)] = nested
+        stack: list[ast.AST] = list(reversed(body)) if type(body) is list else [body]
+        node_type, scope_types, fields = ast.AST, _SCOPE_TYPES, _CHILD_FIELDS
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            kind = type(node)
+            names = fields.get(kind)
+            if names is None:
+                names = fields[kind] = _node_fields(kind)
+            if not names:
+                continue
+            if kind in scope_types:  # its body is its own scope, partitioned when asked for
+                nested.append(node)
+                names = _HEADER_FIELDS.get(kind) or _HEADER_FIELDS.setdefault(kind, tuple(f for f in names if f != "body"))
+            children: list[ast.AST] = []
+            for name in names:
+                value = getattr(node, name, None)
+                if type(value) is list:
+                    children += [v for v in value if isinstance(v, node_type)]
+                elif isinstance(value, node_type):
+                    children.append(value)
+            stack.extend(reversed(children))
+        return out
 
 
+#: Fields that never hold a node in any node class that has them (identifiers, numbers,
+#: flags; ``ctx``: Load/Store carry nothing).  ``name`` is an identifier everywhere but in
+#: ``TypeAlias`` (Python 3.12), whose name is a ``Name``.
+_NEVER_NODES = frozenset({"ctx", "id", "attr", "arg", "name", "module", "level", "kind", "conversion", "is_async",
+                          "type_comment", "tag"})
+
+
+def _node_fields(kind: type[ast.AST]) -> tuple[str, ...]:
+    """The fields of node class ``kind`` that can hold nodes (a ``Constant``'s value never does)."""
+    if kind is ast.Constant:
+        return ()
+    keep = {"name"} if kind.__name__ == "TypeAlias" else set()
+    return tuple(f for f in kind._fields if f not in _NEVER_NODES or f in keep)
+
+
+_SCOPE_TYPES = frozenset(SCOPE_NODES)
+_HEADER_FIELDS: dict[type, tuple[str, ...]] = {}
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -229,31 +275,35 @@ class ModuleContext:
     defined: dict[str, str] = field(default_factory=dict)  # def/class name -> qualname
     assigned: set[str] = field(default_factory=set)  # module-level variables
     mutated_globals: set[str] = field(default_factory=set)
-    lazy_globals: set[str] = field(default_factory=set)  # see lazy_globals()
+    lazy_globals: set[str] = field(default_factory=set)  # see set_once_names()
     loggers: set[str] = field(default_factory=set)
     constants: dict[str, object] = field(default_factory=dict)  # module names assigned once, to a constant
     function_nodes: dict[str, ast.AST] = field(default_factory=dict)  # qualname -> def/lambda node
+    set_once: set[str] = field(default_factory=set)  # module variables initialised to None or False
 
     @classmethod
-    def build(cls, tree: ast.Module, scopes: dict[int, list[ast.AST]], module: str, lines: list[str],
+    def build(cls, tree: ast.Module, top_level: list[ast.AST], module: str, lines: list[str],
               imports: dict[str, str]) -> ModuleContext:
+        """The module scope's facts (``top_level``: its nodes); :meth:`add_nested` adds what
+        the nested scopes do to module variables."""
         context = cls(module, lines, imports)
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                context.defined[node.name] = f"{module}.{node.name}"
-        top_level = scopes[id(tree)]
-        for name, _, _ in bound_names(top_level):
-            if name not in context.defined and name not in imports:
-                context.assigned.add(name)
+        context.defined = defined_names(tree, module)
+        context.assigned = assigned_names(top_level, context.defined, imports)
         for node in top_level:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 callee = dotted(node.value.func)
                 if callee and callee[-1] in LOGGER_FACTORIES:
                     context.loggers.update(n for t in node.targets for n in _target_names(t))
-        context.lazy_globals = lazy_globals(tree, scopes)
-        context.mutated_globals = _mutated_globals(scopes, tree, context.assigned, context.lazy_globals)
         context.constants = constant_names(top_level)
+        context.set_once = set_once_names(tree)
         return context
+
+    def add_nested(self, declared_global: set[str], written: set[str]) -> None:
+        """``declared_global``: the names some nested scope declares ``global``; ``written``:
+        the names some nested scope writes through (``X[k] = v``, ``X.a = v``,
+        ``X.append(v)``; see :func:`written_names`)."""
+        self.lazy_globals = lazy = self.set_once & declared_global
+        self.mutated_globals = ((declared_global - lazy) | (written - lazy)) & self.assigned
 
     def qualify_parts(self, parts: list[str]) -> str:
         head = parts[0]
@@ -276,38 +326,39 @@ class ModuleContext:
         return len(text.encode("utf-8")[:byte_offset].decode("utf-8", "replace"))
 
 
-def lazy_globals(tree: ast.Module, scopes: dict[int, list[ast.AST]]) -> set[str]:
-    """Module variables initialised to ``None`` or ``False`` that some function rebinds under
-    ``global``: a lazily created singleton (a kernel, an RNG tracker, a cached version) or a
-    flag a setup function turns on.  Neither changes between a forward and its recomputation."""
-    initialised = {
+def defined_names(tree: ast.Module, module: str) -> dict[str, str]:
+    """The module's own top-level defs and classes: name -> qualified name."""
+    return {node.name: f"{module}.{node.name}" for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def assigned_names(top_level: list[ast.AST], defined: dict[str, str], imports: dict[str, str]) -> set[str]:
+    """Module-level variables: names the module scope binds that are no def, class or import."""
+    return {name for name, _, _ in bound_names(top_level) if name not in defined and name not in imports}
+
+
+def set_once_names(tree: ast.Module) -> set[str]:
+    """Module variables initialised to ``None`` or ``False``.
+
+    Those that some function rebinds under ``global`` are *lazy globals*: a lazily created
+    singleton (a kernel, an RNG tracker, a cached version) or a flag a setup function turns
+    on.  Neither changes between a forward and its recomputation.  Module variables that
+    functions rebind (``global``) or mutate in place at run time are *mutated globals*
+    (RC101), except the lazy ones, which are set up once, also through their methods
+    (``_TRACKER.add(name, seed)``); mutations at module level run once, at import
+    (``REGISTRY["x"] = f``), and do not count either."""
+    return {
         name for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
         and isinstance(node.value, ast.Constant) and (node.value.value is None or node.value.value is False)
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
         for name in _target_names(target)
     }
-    declared = {name for scope, nodes in scopes.items() if scope != id(tree)
-                for node in nodes if isinstance(node, ast.Global) for name in node.names}
-    return initialised & declared
 
 
-def _mutated_globals(scopes: dict[int, list[ast.AST]], tree: ast.Module, candidates: set[str],
-                     lazy: set[str]) -> set[str]:
-    """Module variables that functions rebind (``global``) or mutate in place at run time.
-
-    Mutations at module level run once, at import (``REGISTRY["x"] = f``), and ``lazy``
-    globals (see :func:`lazy_globals`) are set up once, also through their methods
-    (``_TRACKER.add(name, seed)``): neither changes between a forward and its recomputation.
-    """
-    rebound: set[str] = set()
-    mutated: set[str] = set()
-    for scope, nodes in scopes.items():
-        if scope == id(tree):
-            continue
-        rebound |= {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
-        written = written_names(nodes)
-        mutated.update(n.id for n in nodes if isinstance(n, ast.Name) and id(n) in written and n.id not in lazy)
-    return ((rebound - lazy) | mutated) & candidates
+def written_through(nodes: list[ast.AST]) -> Iterator[str]:
+    """The names one scope's ``nodes`` write through (see :func:`written_names`)."""
+    written = written_names(nodes)
+    return (n.id for n in nodes if type(n) is ast.Name and id(n) in written)
 
 
 class Binding(NamedTuple):
@@ -352,6 +403,8 @@ class FunctionContext:
     imported: frozenset[str] = frozenset()
     #: the last value assigned to each local name (``policy = partial(...)``)
     values: dict[str, ast.AST] = field(default_factory=dict)
+    #: :meth:`qualify`'s answers by ``id()`` of the node (every rule qualifies each call)
+    _qualified: dict[int, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     def bind(self, name: str, refs: list[Ref], start: int = 0, end: int | None = None) -> None:
         """``name`` holds ``refs`` from line ``start`` on; with ``end``, only inside the block
@@ -399,7 +452,15 @@ class FunctionContext:
         return name in self.module.assigned
 
     def qualify(self, node: ast.AST) -> str | None:
-        """The dotted qualified name of a name chain whose head is not a local variable."""
+        """The dotted qualified name of a name chain whose head is not a local variable.
+        What it depends on is fixed when the context is made, so each answer is kept."""
+        key = id(node)
+        if key in self._qualified:
+            return self._qualified[key]
+        qualified = self._qualified[key] = self._qualify(node)
+        return qualified
+
+    def _qualify(self, node: ast.AST) -> str | None:
         parts = dotted(node)
         if parts is None:
             return None

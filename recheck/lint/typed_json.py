@@ -9,7 +9,8 @@ step).  Anything else raises :class:`InvalidData`; no constructor but the declar
 classes' own is ever called, and nothing is looked up by a name found in the data.
 
 Records are encoded as JSON arrays of their fields in declaration order (compact, and
-a changed layout fails validation instead of being misread).
+a changed layout fails validation instead of being misread); a record with a
+``stored_values()`` method gives its own (a deferred body's fields as their defaults).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def _default(value: object) -> object:
     fields = _record_fields(type(value))
     if fields is None or isinstance(value, tuple):
         raise TypeError(f"cannot store {type(value).__name__} in the cache")
+    stored = getattr(type(value), "stored_values", None)
+    if stored is not None:  # a record whose body may not be filled in yet: stored as its outline
+        return stored(value)
     return [getattr(value, name) for name in fields]
 
 

@@ -447,3 +447,59 @@ def apply_ac(model: nn.Module, x):
     result = lint_sources({"m.py": source})
     site, = [s for s in result.sites if s.kind == "site"]
     assert site.regions == [] and "`model.layers`" in site.reason
+
+
+CACHED_LAYER = '''
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+
+class Attention(nn.Module):  # transformers 5.24's attention: writes the KV cache it is given
+    def forward(self, hidden_states, attention_mask=None, cache=None, **kwargs):
+        key_states, value_states = self.k(hidden_states), self.v(hidden_states)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+        return hidden_states
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = Attention()
+
+    def forward(self, hidden_states, attention_mask=None, cache=None, use_cache=False, **kwargs):
+        return self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
+'''
+
+
+def test_a_layer_whose_wrapper_takes_the_cache_away_writes_no_cache():
+    # GradientCheckpointingLayer sets `cache` (and `layer_past`) to None before it
+    # checkpoints forward, so `if cache is not None: cache.update(...)` cannot run in the
+    # region, through the attention's `**kwargs` too
+    assert lint_sources({"m.py": CACHED_LAYER}).findings == []
+
+
+@pytest.mark.parametrize("change", [
+    # a layer that keeps its cache under checkpointing writes it again on the recompute
+    ("class DecoderLayer(GradientCheckpointingLayer):\n",
+     "class DecoderLayer(GradientCheckpointingLayer):\n    _can_checkpoint_with_cache = True\n"),
+    # a cache under another name is not taken away
+    ("cache=cache, **kwargs)\n", "cache=past, **kwargs)\n"),
+    # the layer's own checkpoint call passes what it is given
+    ("class DecoderLayer(GradientCheckpointingLayer):", "class DecoderLayer(nn.Module):"),
+])
+def test_a_cache_the_region_is_given_is_a_state_write(change):
+    old, new = change
+    source = CACHED_LAYER.replace(old, new)
+    if "nn.Module):" in new and "Decoder" in new:
+        source = source.replace("import GradientCheckpointingLayer", "import GradientCheckpointingLayer\n"
+                                "from torch.utils.checkpoint import checkpoint") + (
+            "\n\nclass Model(nn.Module):\n    def forward(self, x, cache):\n"
+            "        return checkpoint(self.layer, x, cache=cache, use_reentrant=False)\n"
+            "\n    def __init__(self):\n        super().__init__()\n        self.layer = DecoderLayer()\n")
+    if "past" in new:
+        source = source.replace("use_cache=False, **kwargs)", "use_cache=False, past=None, **kwargs)")
+    findings = lint_sources({"m.py": source}).findings
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if "cache.update(" in text)
+    assert [(f.code, f.line) for f in findings] == [("RC104", line)]
+    assert "argument `cache` is mutated by `.update()`" in findings[0].message
