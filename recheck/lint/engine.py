@@ -10,6 +10,7 @@ analysed here, from the file's text, on the spot (:meth:`_Run.analyse_outlined`)
 
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import hashlib
@@ -100,6 +101,26 @@ class _Source:
                     for base in match.group(2).split(","):
                         self._bases.setdefault(base.strip().rsplit(".", 1)[-1], set()).add(match.group(1))
         return self._bases
+
+
+_CLASS_LINE = re.compile(r"^class[ \t]+(\w+)", re.M)
+
+
+def _assigning_classes(attribute: str, sources: Iterable[_Source]) -> set[tuple[str, str]]:
+    """``(file, top-level class)`` for every assignment to ``self.<attribute>`` in a class body
+    (a text scan: the classes are parsed to see what they assign)."""
+    text = f"self.{attribute}"
+    assigned = re.compile(rf"\bself\.{re.escape(attribute)}[ \t]*(?::[^=\n]*)?=[^=]")
+    found: set[tuple[str, str]] = set()
+    for source in sources:
+        if text not in source.text:
+            continue
+        classes = [(m.start(), m.group(1)) for m in _CLASS_LINE.finditer(source.text)]
+        for match in assigned.finditer(source.text):
+            at = bisect.bisect(classes, (match.start(), "")) - 1
+            if at >= 0:
+                found.add((source.display, classes[at][1]))
+    return found
 
 
 def _display(path: Path) -> str:
@@ -207,7 +228,8 @@ class _Run:
         self.facts: dict[str, FileFacts] = {}
         self.errors: list[FileError] = []
         self.parsed = 0
-        self.attributes_sought: set[str] = set()
+        #: attribute name -> (file, top-level class) that assign ``self.<attribute>`` (see ``Index.holders``)
+        self.assigners: dict[str, set[tuple[str, str]]] = {}
         #: files parsed again here to analyse outlined units, by (path, salt)
         self.kept: OrderedDict[tuple[str, str], FileExtraction] = OrderedDict()
         self.analysed_here = 0  # outlined units analysed in this process
@@ -352,15 +374,15 @@ class _Run:
                     wanted[source.display] = source
                     demand.setdefault(source.display, set()).add(parts[cut])
                     break
-        unparsed = [s for s in self.sources.values() if s.display not in self.facts]
-        for attribute in sorted(index.attribute_misses - self.attributes_sought):
-            # the files that assign an attribute a region reads through an object of unknown class
-            self.attributes_sought.add(attribute)
-            text = f"self.{attribute}"
-            assigned = re.compile(rf"\bself\.{re.escape(attribute)}\s*(?::[^=\n]*)?=[^=]")
-            found = [s for s in unparsed if text in s.text and assigned.search(s.text)]
-            if len(found) <= MAX_HOLDER_FILES:  # a name many files assign would say nothing
-                wanted.update((s.display, s) for s in found)
+        for attribute in sorted(index.attribute_misses - self.assigners.keys()):
+            # the classes that assign an attribute a region reads through an object of unknown
+            # class: found in the text, their files parsed with those classes analysed at once
+            holders = _assigning_classes(attribute, self.sources.values())
+            self.assigners[attribute] = holders if len({p for p, _ in holders}) <= MAX_HOLDER_FILES else set()
+            for display, name in self.assigners[attribute]:
+                if display not in self.facts:
+                    wanted[display] = self.sources[display]
+                    demand.setdefault(display, set()).add(name)
         region_classes = set(CHECKPOINTING_BASES)
         for file in index.files:
             for cls in file.classes.values():
@@ -459,7 +481,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
     demand: dict[str, set[str]] = {}
     for _ in range(MAX_ROUNDS):
         run.parse(pending, demand)
-        index = Index(run.facts.values())
+        index = Index(run.facts.values(), run.assigners)
         analysed = False
         pending = run.discover(index)
         if pending:  # wrappers found: their callers are call sites, extract them again first

@@ -244,11 +244,12 @@ def _function_context(module: ModuleContext, qualname: str, nodes: list[ast.AST]
     for node in nodes:
         kind = type(node)
         if kind is ast.Global:
-            declared_global.update(node.names)
+            declared_global.update(cast(ast.Global, node).names)
         elif kind is ast.Nonlocal:
-            declared_nonlocal.update(node.names)
+            declared_nonlocal.update(cast(ast.Nonlocal, node).names)
         elif kind is ast.Import or kind is ast.ImportFrom:
-            imported.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+            aliases = cast("ast.Import | ast.ImportFrom", node).names
+            imported.update(alias.asname or alias.name.split(".")[0] for alias in aliases)
     bound = list(bound_names(nodes))
     local_names, rebound_at = set(), {}
     for name, line, plain in bound:
@@ -378,13 +379,14 @@ class _Extractor:
             for node in self.scopes.of(method):
                 if type(node) is not ast.Assign:
                     continue
+                node = cast(ast.Assign, node)
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
                             and target.value.id == self_name and self._holds_entry(node.value, context, defaults)):
                         found.add(target.attr)
         return frozenset(found)
 
-    def _holds_entry(self, value: ast.AST, context: FunctionContext, defaults: dict[str, ast.AST]) -> bool:
+    def _holds_entry(self, value: ast.AST, context: FunctionContext, defaults: Mapping[str, ast.AST]) -> bool:
         if isinstance(value, ast.IfExp):
             return self._holds_entry(value.body, context, defaults) or self._holds_entry(value.orelse, context, defaults)
         if isinstance(value, ast.Name) and value.id in defaults:
@@ -400,7 +402,7 @@ class _Extractor:
         qualified = context.module.qualify_parts(parts)
         return qualified in ENTRY_POINTS or qualified in self.extra_entries
 
-    def function(self, node: ast.AST, qualname: str, parent: FunctionContext, owner: str | None) -> None:
+    def function(self, node: FunctionNode, qualname: str, parent: FunctionContext, owner: str | None) -> None:
         arguments = node.args
         positional = [*arguments.posonlyargs, *arguments.args]
         args = {a.arg: a for a in [*positional, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg] if a}
@@ -429,7 +431,7 @@ class _Extractor:
         self._scan(nodes, context, facts)
         if self_name is not None and bound:
             facts.self_reads, facts.self_writes = _self_data(nodes, context)
-            if node.name == "__init__":
+            if owner is not None and getattr(node, "name", None) == "__init__":
                 owner_facts = self.facts.classes[owner]
                 if any(b.rsplit(".", 1)[-1] in TORCH_WRAPPER_BASES for b in owner_facts.bases):
                     for statement in nodes:  # torch's ActivationWrapper keeps its first argument
@@ -461,10 +463,14 @@ class _Extractor:
             if kind not in _BINDING_NODES:
                 continue
             if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef or kind is ast.ClassDef:
-                context.bind(node.name, [Ref("local", f"{qualname}.{node.name}", context.span(node))], node.lineno)
+                definition = cast("ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef", node)
+                context.bind(definition.name, [Ref("local", f"{qualname}.{definition.name}", context.span(node))],
+                             definition.lineno)
             elif kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
-                start, end = (node.lineno, node.end_lineno or node.lineno) if hasattr(node, "lineno") else (0, None)
-                for name, refs in _loop_bindings(node.target, node.iter, context, iterables, 0):
+                loop = cast("ast.For | ast.AsyncFor | ast.comprehension", node)
+                start, end = ((loop.lineno, loop.end_lineno or loop.lineno) if not isinstance(loop, ast.comprehension)
+                              else (0, None))
+                for name, refs in _loop_bindings(loop.target, loop.iter, context, iterables, 0):
                     context.bind(name, refs, start, end)
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 name = node.targets[0].id
@@ -538,8 +544,8 @@ class _Extractor:
                         named = [value.id]
                     owner.function_attributes.setdefault(path, []).extend(named)
                 if isinstance(value, ast.Name) and value.id in local_objects:
-                    for attribute, held in local_objects[value.id].items():
-                        owner.attributes.setdefault(f"{path}.{attribute}", []).extend(held)
+                    for attribute, classes_held in local_objects[value.id].items():
+                        owner.attributes.setdefault(f"{path}.{attribute}", []).extend(classes_held)
                 return
             base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
             if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
@@ -549,10 +555,12 @@ class _Extractor:
             kind = type(node)
             if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return:
                 continue
-            if kind is ast.Call and isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert", "add_module"):
-                values = node.args[1:] if node.func.attr in ("insert", "add_module") else node.args
+            if kind is ast.Call and isinstance(func := cast(ast.Call, node).func, ast.Attribute) \
+                    and func.attr in ("append", "extend", "insert", "add_module"):
+                args = cast(ast.Call, node).args
+                values = args[1:] if func.attr in ("insert", "add_module") else args
                 for value in values:
-                    store(node.func.value, _module_classes(value, context, local_lists), value)
+                    store(func.value, _module_classes(value, context, local_lists), value)
             elif isinstance(node, ast.Assign):
                 classes = _module_classes(node.value, context, local_lists)
                 for target in node.targets:
@@ -592,11 +600,14 @@ def _self_data(nodes: list[ast.AST], context: FunctionContext) -> tuple[list[tup
     writes: list[str] = []
     for node in nodes:
         kind = type(node)
-        if kind is ast.Attribute and type(node.ctx) is ast.Load and id(node) not in called \
-                and context.is_self(node.value) and node.attr not in reads:
-            reads[node.attr] = context.span(node)
+        if kind is ast.Attribute:
+            attribute = cast(ast.Attribute, node)
+            if type(attribute.ctx) is ast.Load and id(node) not in called \
+                    and context.is_self(attribute.value) and attribute.attr not in reads:
+                reads[attribute.attr] = context.span(node)
         elif kind is ast.Assign or kind is ast.AnnAssign:
-            for target in node.targets if kind is ast.Assign else [node.target]:
+            assignment = cast("ast.Assign | ast.AnnAssign", node)
+            for target in assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]:
                 if isinstance(target, ast.Attribute):
                     path = _self_path(target, context)
                     if path is not None:
@@ -707,9 +718,9 @@ def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext,
         pairs = iterable.func.attr in ("items", "named_children", "named_modules")
         if context.is_self(iterable.func.value) and iterable.func.attr in ("children", "named_children", "modules",
                                                                             "named_modules"):
-            element = target.elts[1] if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2 else target
-            if isinstance(element, ast.Name):  # every submodule of this module
-                yield element.id, [Ref("children", "", context.span(iterable))]
+            child = target.elts[1] if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2 else target
+            if isinstance(child, ast.Name):  # every submodule of this module
+                yield child.id, [Ref("children", "", context.span(iterable))]
             return
         if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2:
             yield from _loop_bindings(target.elts[1], iterable.func.value, context, iterables, depth + 1)
@@ -813,7 +824,7 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
     passed = None
     if name in FORWARDING_ENTRIES and region is not None and node.args and node.args[0] is region \
             and not any(isinstance(a, ast.Starred) for a in node.args) and None not in keywords:
-        passed = (len(node.args) - 1, tuple(k for k in keywords if k not in CHECKPOINT_KEYWORDS))
+        passed = (len(node.args) - 1, tuple(k for k in keywords if k is not None and k not in CHECKPOINT_KEYWORDS))
     return CallSite(
         passed=passed,
         span=context.span(node),

@@ -7,7 +7,7 @@ can parse the files that define them and try again.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator, Mapping, Union
 
 from recheck.lint.facts import ClassFacts, FileFacts, FunctionFacts
 
@@ -24,7 +24,7 @@ MAX_HOLDERS = 3
 class Index:
     """Every file's facts, by module name."""
 
-    def __init__(self, files: Iterable[FileFacts]) -> None:
+    def __init__(self, files: Iterable[FileFacts], assigners: Mapping[str, set[tuple[str, str]]] | None = None) -> None:
         #: Every file, sorted by path.  Two files may share a module name (scripts in
         #: separate folders): both are linted, and lookups by name find the first.
         self.files: list[FileFacts] = sorted(files, key=lambda f: f.path)
@@ -40,10 +40,14 @@ class Index:
         self._bases: dict[int, set[str]] = {}
         self._lineages: dict[int, list[tuple[FileFacts, ClassFacts]]] = {}
         self._methods: dict[tuple[int, str, bool], tuple[FileFacts, FunctionFacts] | None] = {}
-        self._holders: dict[str, list[tuple[FileFacts, ClassFacts]]] | None = None
-        #: attribute names looked up by :meth:`holders` that no parsed class assigns: the
-        #: engine may parse the files that assign them, and retry
+        #: attribute name -> (file path, top-level class name) of the classes whose text assigns
+        #: ``self.<attribute>`` (the engine's text scan); an attribute not in it is a miss
+        self.assigners: Mapping[str, set[tuple[str, str]]] = assigners if assigners is not None else {}
+        #: attribute names :meth:`holders` was asked about and the engine has not scanned for:
+        #: it may parse the files that assign them, and retry
         self.attribute_misses: set[str] = set()
+        self._holders: dict[str, list[tuple[FileFacts, ClassFacts]]] = {}
+        self._by_path = {facts.path: facts for facts in self.files}
 
     def lookup(self, qualified: str, origin: FileFacts | None = None) -> Symbol | None:
         """The class or function named ``package.module.Class[.method]``, if in the tree.
@@ -139,14 +143,16 @@ class Index:
         """The classes of the tree that assign a module of the tree to ``self.<attribute>``, when
         at most :data:`MAX_HOLDERS` do (else ``[]``): what an object of unknown class whose
         ``attribute`` is read can be."""
-        if self._holders is None:
-            self._holders = {}
-            for file in self.files:
-                for cls in file.classes.values():
-                    for name, classes in cls.attributes.items():
-                        if any(self.lookup_class(q, file) is not None for q in classes):
-                            self._holders.setdefault(name, []).append((file, cls))
-        found = self._holders.get(attribute, [])
-        if not found:
+        if attribute not in self.assigners:
             self.attribute_misses.add(attribute)
-        return found if len(found) <= MAX_HOLDERS else []
+            return []
+        if attribute not in self._holders:
+            found = []
+            for path, name in sorted(self.assigners[attribute]):
+                file = self._by_path.get(path)
+                cls = file.classes.get(name) if file is not None else None
+                if file is not None and cls is not None and any(
+                        self.lookup_class(q, file) is not None for q in cls.attributes.get(attribute, ())):
+                    found.append((file, cls))
+            self._holders[attribute] = found if len(found) <= MAX_HOLDERS else []
+        return self._holders[attribute]

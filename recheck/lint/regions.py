@@ -424,10 +424,10 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
             if caller not in reached or record is None:
                 updated.setdefault(callee, []).append(None)
                 continue
-            incoming = updated.get(caller) if caller == root else passes.get(caller, [])
-            if caller != root and not incoming and passes:
+            given = updated.get(caller) if caller == root else passes.get(caller, [])
+            if caller != root and not given and passes:
                 continue  # the caller is itself only called from branches that cannot run
-            if unreachable(reached[caller], incoming or [], record[5]):  # type: ignore[index]
+            if unreachable(reached[caller], given or [], record[5]):  # type: ignore[index]
                 continue  # a call in a branch none of the caller's calls takes
             updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
         if updated == passes:
@@ -462,7 +462,7 @@ def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, l
                 writer = owner_file.functions.get(qualname) if qualname else None
                 if writer is not None and (owner_file.path, qualname) not in walked:
                     for attribute in writer.self_writes:
-                        writers.setdefault(attribute, qualname)
+                        writers.setdefault(attribute, writer.qualname)
         for attribute, span in function.self_reads:
             if attribute in writers:
                 yield Hit(file.path, rc101_global_read.rebound_attribute(attribute, writers[attribute], span),
@@ -518,14 +518,14 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
             hits.append(Hit(file.path, hazard, None, None))
         for site in file.call_sites:
             targets = by_site.get(id(site), [])
-            name = targets[0].name if targets else None
-            hazard = rc001_use_reentrant.check_site(site)
-            if hazard:
-                hits.append(Hit(file.path, hazard, name, None))
+            first_region = targets[0].name if targets else None
+            missing_reentrant = rc001_use_reentrant.check_site(site)
+            if missing_reentrant:
+                hits.append(Hit(file.path, missing_reentrant, first_region, None))
             for region in targets:
-                hazard = rc002_preserve_rng.check_site(site, region.name, draws.get(id(region)))
-                if hazard:
-                    hits.append(Hit(file.path, hazard, region.name, None))
+                rng_off = rc002_preserve_rng.check_site(site, region.name, draws.get(id(region)))
+                if rng_off:
+                    hits.append(Hit(file.path, rng_off, region.name, None))
                     break
     unique: dict[tuple, Hit] = {}
     for hit in hits:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, cast
 
 from recheck.lint.facts import Ref, Span
 from recheck.lint.imports import dotted
@@ -146,12 +146,13 @@ def tested_attributes(nodes: list[ast.AST], self_name: str | None) -> frozenset[
     for node in nodes:
         kind = type(node)
         if kind is ast.If or kind is ast.While or kind is ast.IfExp:
-            tests = node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]
+            condition = cast("ast.If | ast.While | ast.IfExp", node).test
+            tests = condition.values if isinstance(condition, ast.BoolOp) else [condition]
             for test in tests:
                 if _first_use_test(test, self_name):
                     inner = test.operand if isinstance(test, ast.UnaryOp) else test
                     inner = inner.left if isinstance(inner, ast.Compare) else inner
-                    found.add(inner.attr)
+                    found.add(cast(ast.Attribute, inner).attr)
     return frozenset(found)
 
 
@@ -221,10 +222,14 @@ def constant_names(nodes: list[ast.AST], bound: list[tuple[str, int, bool]] | No
     values: dict[str, object] = {}
     for node in nodes:
         kind = type(node)
-        if (kind is ast.Assign or kind is ast.AnnAssign) and type(node.value) is ast.Constant:
-            for target in node.targets if kind is ast.Assign else [node.target]:
+        if kind is ast.Assign or kind is ast.AnnAssign:
+            assignment = cast("ast.Assign | ast.AnnAssign", node)
+            if type(assignment.value) is not ast.Constant:
+                continue
+            constant = cast(ast.Constant, assignment.value).value
+            for target in assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]:
                 if type(target) is ast.Name and counts.get(target.id) == 1:
-                    values[target.id] = node.value.value
+                    values[target.id] = constant
     return values
 
 
@@ -315,9 +320,10 @@ class ModuleContext:
 
     def span(self, node: ast.AST) -> Span:
         """The node's range with 1-based character columns (ast columns count UTF-8 bytes)."""
-        line, end_line = node.lineno, getattr(node, "end_lineno", None) or node.lineno
-        return Span(line, self._column(line, node.col_offset) + 1, end_line,
-                    self._column(end_line, getattr(node, "end_col_offset", None) or node.col_offset) + 1)
+        located = cast(ast.expr, node)  # any node with a position: expressions, statements, arguments
+        line, end_line = located.lineno, located.end_lineno or located.lineno
+        return Span(line, self._column(line, located.col_offset) + 1, end_line,
+                    self._column(end_line, located.end_col_offset or located.col_offset) + 1)
 
     def _column(self, line: int, byte_offset: int) -> int:
         text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
