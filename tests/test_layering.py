@@ -2,7 +2,7 @@
 
 Floors, bottom to top:
   0  recheck.findings, output.text            data types (and the text they render as)
-  1  recheck.catalogue, config, dependencies, working_set, loading, output, progress   foundation services
+  1  recheck.catalogue, collector, config, dependencies, working_set, loading, output, progress   foundation services
                                               (no torch, no libcst)
   2  recheck.runtime.*                        torch-facing primitives (bits, digests, trees, rng,
                                               snapshot, reach, effects, naming, tags)
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__",
          "recheck.integrations")
-FOUNDATION = ("recheck.catalogue", "recheck.config", "recheck.dependencies", "recheck.working_set", "recheck.loading",
+FOUNDATION = ("recheck.catalogue", "recheck.collector", "recheck.config", "recheck.dependencies", "recheck.working_set", "recheck.loading",
               "recheck.output", "recheck.progress")
 DATA = ("recheck.findings", "recheck.output.text")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import gc
 import hashlib
 import multiprocessing
 import os
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from recheck.collector import collector_paused
 from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
 from recheck.lint.extract import FileExtraction, extract, parse
@@ -180,25 +180,12 @@ def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
     return display, None
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a lint run: syntax trees and facts hold no
-    cycles, and every collection of the oldest generation would walk every fact built (a
-    third of a cold run's time on transformers); the few cycles a run makes (a deferred
-    record's loader holds the run) are collected after it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
     """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
     a fork pool when there are enough, the garbage collector paused meanwhile."""
-    with _collector_paused():
+    with collector_paused():  # as in lint_paths
         if workers <= 1 or len(jobs) < POOL_THRESHOLD:
             yield from map(work, jobs)
             return
@@ -430,7 +417,10 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
     """Lint every Python file under ``paths``; ``progress`` hears of each file parsed."""
     options = options or LintOptions()
     run = _Run(options, progress)
-    with _collector_paused():
+    # syntax trees and facts hold no cycles, and every collection of the oldest generation would
+    # walk every fact built (a third of a cold run's time on transformers); the few cycles a run
+    # makes (a deferred record's loader holds the run) are collected after it
+    with collector_paused():
         _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
         return _lint(run)
 
@@ -441,7 +431,7 @@ def lint_sources(sources: dict[str, str], options: LintOptions | None = None) ->
     for display, text in sources.items():
         stem = Path(display).stem
         run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
-    with _collector_paused():
+    with collector_paused():  # as in lint_paths
         return _lint(run)
 
 

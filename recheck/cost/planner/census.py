@@ -14,7 +14,6 @@ measured the same way.
 from __future__ import annotations
 
 import contextlib
-import gc
 import statistics
 import time
 import warnings
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from recheck.collector import collector_paused
 from recheck.cost.peak import cuda_peak
 from recheck.cost.planner.attribution import CensusRouter, CensusTracer, Name, Window
 from recheck.cost.planner.candidates import Candidates
@@ -116,17 +116,6 @@ def configured(config: Config, candidates: Candidates, router: CensusRouter | No
         handle.remove()
 
 
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """A collection first, none during the block (as ``timeit`` times): the traced runs leave garbage."""
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _module_hooks(router: CensusRouter) -> list[Any]:
@@ -182,7 +171,7 @@ def time_configs(step: Callable[[], Any], state: StepState, restore: Callable[[]
             for figures, recomputes in zip(runs, per_run):
                 restore()
                 router.reset("checkpoint")
-                with configured(figures.config, candidates, router, ops), cuda_peak(state) as peak, _no_gc():
+                with configured(figures.config, candidates, router, ops), cuda_peak(state) as peak, collector_paused(collect_first=True):
                     started = now()
                     step()
                     peak.synchronize()
