@@ -19,7 +19,7 @@ from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
 from recheck.runtime.explaining import effect_messages, param_version_message
 from recheck.checker.message import value_detail
-from recheck.runtime.snapshot import Observed, fingerprint, show
+from recheck.runtime.fingerprints import Observed, fingerprint, show
 from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 

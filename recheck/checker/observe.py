@@ -20,7 +20,7 @@ from recheck.runtime.context import ComputeContext, current_context
 from recheck.runtime.effects import Effect, EffectCapture
 from recheck.runtime.reach import Reach
 from recheck.runtime.trees import input_tensors, leaves
-from recheck.runtime.fingerprints import MISSING, fingerprint, show
+from recheck.runtime.fingerprints import MISSING, fingerprint, show_printed
 from recheck.runtime.rng import rng_fingerprint, rng_states, rng_summary
 
 __all__ = ["CallRecord", "Observer", "Probe"]
@@ -62,7 +62,7 @@ class Probe:
             value = ref.namespace.get(ref.name, MISSING)
             key = ("global", ref.subject)
             values[key] = fingerprint(value)
-            shown[key] = show(value)
+            shown[key] = show_printed(value, values[key])
         for name, parameter in self.parameters.items():
             key = ("param_version", f"parameter `{name}`")
             values[key] = parameter._version

@@ -10,6 +10,7 @@ These are re-exported by :mod:`recheck.runtime.snapshot`.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show"]
+__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show",
+           "show_printed"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -34,6 +36,28 @@ def show(value: Any, limit: int = 80) -> str:
     except Exception:
         text = f"<{type(value).__name__} object>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: texts :func:`show_printed` made, by (id, type, fingerprint) of the value, most recent last
+_SHOWN: collections.OrderedDict[tuple[int, type, Any], str] = collections.OrderedDict()
+_SHOWN_SIZE = 1024
+
+
+def show_printed(value: Any, printed: Any) -> str:
+    """:func:`show` of ``value`` whose :func:`fingerprint` is ``printed``, made once while the
+    same object keeps the same fingerprint.  A snapshot observes the same state several times
+    (at entry, after each run), and a ``repr`` can cost far more than the fingerprint: a
+    transformers config prints itself as JSON, about 1 ms each time."""
+    try:
+        key = (id(value), type(value), printed)
+        text = _SHOWN.get(key)
+    except TypeError:  # an unhashable fingerprint
+        return show(value)
+    if text is None:
+        text = _SHOWN[key] = show(value)
+        if len(_SHOWN) > _SHOWN_SIZE:
+            _SHOWN.popitem(last=False)
+    return text
 
 
 def _brief(value: Any, depth: int) -> str:

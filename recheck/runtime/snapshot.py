@@ -30,7 +30,7 @@ import torch
 
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
-                                          is_module_state, show)
+                                          is_module_state, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
 
@@ -243,9 +243,11 @@ class ValueRecord:
 
     def observe(self) -> Iterator[Observed]:
         value = self.namespace.get(self.key, MISSING)
-        shown = "<absent>" if value is MISSING else show(value)
-        yield Observed(self.kind, self.subject,
-                       "<absent>" if value is MISSING else fingerprint(value), shown)
+        if value is MISSING:
+            yield Observed(self.kind, self.subject, "<absent>", "<absent>")
+            return
+        printed = fingerprint(value)
+        yield Observed(self.kind, self.subject, printed, show_printed(value, printed))
 
 
 class NewKeysRecord:
@@ -275,7 +277,8 @@ class NewKeysRecord:
     def observe(self) -> Iterator[Observed]:
         for key in self._new():
             value = self.namespace[key]
-            yield Observed("state", attribute_subject(self.module, key), fingerprint(value), show(value))
+            printed = fingerprint(value)
+            yield Observed("state", attribute_subject(self.module, key), printed, show_printed(value, printed))
 
 
 class BindingsRecord:

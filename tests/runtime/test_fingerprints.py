@@ -1,0 +1,58 @@
+"""runtime/fingerprints.py: what a value's fingerprint and its text say, and when the text is made."""
+
+from __future__ import annotations
+
+import torch
+
+from recheck.runtime.fingerprints import MISSING, fingerprint, show, show_printed
+
+
+class Config:
+    """A value whose repr is costly (a transformers config prints itself as JSON)."""
+
+    reprs: dict[int, int] = {}  # per instance, outside the instance (its state is fingerprinted)
+
+    def __init__(self) -> None:
+        self.width = 4
+
+    def __repr__(self) -> str:
+        Config.reprs[id(self)] = Config.reprs.get(id(self), 0) + 1
+        return f"Config(width={self.width})"
+
+    @property
+    def shown(self) -> int:
+        return Config.reprs.get(id(self), 0)
+
+
+def test_a_text_is_made_once_while_the_object_keeps_its_fingerprint():
+    config = Config()
+    for _ in range(5):
+        printed = fingerprint(config)
+        assert show_printed(config, printed) == "Config(width=4)"
+    assert config.shown == 1
+
+
+def test_a_changed_value_gets_its_own_text():
+    config = Config()
+    assert show_printed(config, fingerprint(config)) == "Config(width=4)"
+    config.width = 8
+    assert show_printed(config, fingerprint(config)) == "Config(width=8)"
+
+
+def test_another_object_with_the_same_fingerprint_is_shown_for_itself():
+    a, b = Config(), Config()
+    show_printed(a, fingerprint(a))
+    show_printed(b, fingerprint(b))
+    assert (a.shown, b.shown) == (1, 1)
+
+
+def test_show_describes_tensors_and_truncates():
+    assert show(torch.zeros(2, 3)) == "float32[2, 3] on cpu"
+    assert show([torch.zeros(1)]) == "[float32[1] on cpu]"
+    text = show("x" * 500)
+    assert len(text) == 80 and text.endswith("...")
+
+
+def test_an_unhashable_fingerprint_still_shows():
+    assert show_printed([1, 2], [1, 2]) == "[1, 2]"
+    assert fingerprint(MISSING) == fingerprint(MISSING)
