@@ -53,7 +53,7 @@ from recheck.intercept.bypass import bypassing
 from recheck.runtime.bits import Tolerance, bit_view
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
-from recheck.runtime.reach import Reach, static_reach
+from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import DefaultDtypeRecord, GradRecord, Observed, Snapshot
 from recheck.runtime.steps import StepState, discover_state
@@ -95,7 +95,8 @@ class Twin:
                  optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         self.step = step
         self.state: StepState = discover_state(step, modules, optimizers)
-        self.reach: Reach = static_reach(step, (), {})
+        # walked once per step function while it reaches the same objects (a copy: the twin adds to it)
+        self.reach: Reach = reach_of(step, {}).copy()
         for module in self.state.modules:
             if id(module) not in self.reach.modules:
                 self.reach.add_module(self.reach.name_unknown(module), module)

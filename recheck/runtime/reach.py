@@ -15,16 +15,18 @@ methods of reached modules whose classes live outside torch are walked too.
 
 from __future__ import annotations
 
+import collections
 import dis
 import functools
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "filled", "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -124,6 +126,16 @@ class Reach:
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
         self._anonymous = 0
+
+    def copy(self) -> Reach:
+        """A reach that can grow without changing this one (which a cache may share)."""
+        other = Reach()
+        other.modules, other.generators, other.tensors = dict(self.modules), dict(self.generators), dict(self.tensors)
+        other.objects, other.compiled, other.host_rng = dict(self.objects), list(self.compiled), set(self.host_rng)
+        other.bound, other._rng_scanned = list(self.bound), set(self._rng_scanned)
+        other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
+        other._anonymous = self._anonymous
+        return other
 
     # modules ----------------------------------------------------------------------------------
     def add_module(self, prefix: str, module: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -368,3 +380,94 @@ class ModuleRecorder:
 
     def __exit__(self, *exc: Any) -> None:
         self._handle.remove()
+
+
+# -- the reach of a region, kept while it still describes it ---------------------------------
+
+def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
+    """The static reach of a checkpointed callable, cached by code object and bound objects.
+
+    Walking a region's code is the costly part of the reach, and every invocation of a
+    region runs the same code on the same modules.  The key is made of object ids.  Where
+    every object the key names can be weakly referenced (modules, functions), the entry is
+    kept across ``watch()`` blocks (a test suite watches each test in its own block) and is
+    valid only while those very objects are alive; otherwise ``cache`` (which lives as long
+    as the outermost block) keeps the objects alive, so an id cannot be reused meanwhile.
+    """
+    key, holders = _cache_key(function)
+    if key is None:
+        return static_reach(function, (), {})
+    lasting = _LASTING.get(key)
+    if lasting is not None:
+        reach, refs = lasting
+        if all(ref() is holder for ref, holder in zip(refs, holders)) and reach.still_bound():
+            _LASTING.move_to_end(key)
+            return reach
+        del _LASTING[key]
+    entry = cache.get(key)
+    if entry is None:
+        entry = (static_reach(function, (), {}), holders)
+        cache[key] = entry
+        weak = _weak(holders)
+        if weak is not None:
+            _LASTING[key] = (entry[0], weak)
+            while len(_LASTING) > _LASTING_SIZE:
+                _LASTING.popitem(last=False)
+    return entry[0]
+
+
+#: reaches kept across watch() blocks, by cache key, with weak references to their objects
+_LASTING: collections.OrderedDict[Any, tuple[Reach, tuple]] = collections.OrderedDict()
+_LASTING_SIZE = 512
+
+
+def _weak(holders: tuple) -> tuple | None:
+    try:
+        return tuple(weakref.ref(holder) for holder in holders)
+    except TypeError:  # a list, a tuple or another object without weak references
+        return None
+
+
+def _cache_key(function: Any) -> tuple[Any, tuple]:
+    holders: list[Any] = []
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
+            bound = (*function.args, *getattr(function, "keywords", {}).values())
+            holders.extend(a for a in bound if isinstance(a, (torch.nn.Module, torch.Generator)))
+            function = function.func
+        elif isinstance(function, torch.nn.Module):
+            holders.append(function)
+            return tuple(map(id, holders)), tuple(holders)
+        elif hasattr(function, "__self__") and hasattr(function, "__func__"):
+            holders.append(function.__self__)
+            function = function.__func__
+        else:
+            break
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None, ()
+    scalars: list[Any] = []
+    for cell in function.__closure__ or ():
+        if filled(cell):
+            value = cell.cell_contents
+            if value is None or isinstance(value, (bool, int, float, str, bytes)):
+                scalars.append((type(value).__name__, value))  # by value: nothing to reach in it
+                continue
+            # timm's checkpoint_seq closes over a new list of the same modules each call
+            holders.extend(value if isinstance(value, (list, tuple)) else (value,))
+    # by identity: code objects compare equal by content, and a module imported again (a test
+    # file under pytester) has equal code over another namespace; the reach keeps that namespace
+    # alive (its globals), so its id is not reused while the entry exists
+    holders.insert(0, code)
+    return (id(function.__globals__), *map(id, holders), *scalars), tuple(holders)
+
+
+def filled(cell: Any) -> bool:
+    """Whether a closure cell holds a value (an empty cell raises on reading it)."""
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True

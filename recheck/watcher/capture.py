@@ -3,117 +3,27 @@
 Built on the checker's lower modules: ``recheck.runtime.reach`` finds what a region can
 touch (its modules with their names, explicit generators, the globals its code reads)
 and ``recheck.runtime.fingerprints`` reads RNG streams and fingerprints values.  What is added here is specific to
-watching many invocations: a per-region cache of the static reach, and module state
+watching many invocations: module state
 (own buffers as prints, every attribute as a shallow print) keyed by the subjects findings use.
 """
 
 from __future__ import annotations
 
-import collections
-import weakref
 from typing import Any, Iterable
 
 import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
-from recheck.runtime.reach import GlobalRef, Reach, static_reach
+from recheck.runtime.reach import GlobalRef, Reach, filled
 from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, shallow, show
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
-           "entry_state", "global_text", "module_state", "parameters_of", "reach_of", "with_submodules"]
+           "entry_state", "global_text", "module_state", "parameters_of", "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
-
-
-def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
-    """The static reach of a checkpointed callable, cached by code object and bound objects.
-
-    Walking a region's code is the costly part of the reach, and every invocation of a
-    region runs the same code on the same modules.  The key is made of object ids.  Where
-    every object the key names can be weakly referenced (modules, functions), the entry is
-    kept across ``watch()`` blocks (a test suite watches each test in its own block) and is
-    valid only while those very objects are alive; otherwise ``cache`` (which lives as long
-    as the outermost block) keeps the objects alive, so an id cannot be reused meanwhile.
-    """
-    key, holders = _cache_key(function)
-    if key is None:
-        return static_reach(function, (), {})
-    lasting = _LASTING.get(key)
-    if lasting is not None:
-        reach, refs = lasting
-        if all(ref() is holder for ref, holder in zip(refs, holders)) and reach.still_bound():
-            _LASTING.move_to_end(key)
-            return reach
-        del _LASTING[key]
-    entry = cache.get(key)
-    if entry is None:
-        entry = (static_reach(function, (), {}), holders)
-        cache[key] = entry
-        weak = _weak(holders)
-        if weak is not None:
-            _LASTING[key] = (entry[0], weak)
-            while len(_LASTING) > _LASTING_SIZE:
-                _LASTING.popitem(last=False)
-    return entry[0]
-
-
-#: reaches kept across watch() blocks, by cache key, with weak references to their objects
-_LASTING: collections.OrderedDict[Any, tuple[Reach, tuple]] = collections.OrderedDict()
-_LASTING_SIZE = 512
-
-
-def _weak(holders: tuple) -> tuple | None:
-    try:
-        return tuple(weakref.ref(holder) for holder in holders)
-    except TypeError:  # a list, a tuple or another object without weak references
-        return None
-
-
-def _cache_key(function: Any) -> tuple[Any, tuple]:
-    holders: list[Any] = []
-    seen = 0
-    while seen < 8:
-        seen += 1
-        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
-            bound = (*function.args, *getattr(function, "keywords", {}).values())
-            holders.extend(a for a in bound if isinstance(a, (torch.nn.Module, torch.Generator)))
-            function = function.func
-        elif isinstance(function, torch.nn.Module):
-            holders.append(function)
-            return tuple(map(id, holders)), tuple(holders)
-        elif hasattr(function, "__self__") and hasattr(function, "__func__"):
-            holders.append(function.__self__)
-            function = function.__func__
-        else:
-            break
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return None, ()
-    scalars: list[Any] = []
-    for cell in function.__closure__ or ():
-        if _filled(cell):
-            value = cell.cell_contents
-            if value is None or isinstance(value, (bool, int, float, str, bytes)):
-                scalars.append((type(value).__name__, value))  # by value: nothing to reach in it
-                continue
-            # timm's checkpoint_seq closes over a new list of the same modules each call
-            holders.extend(value if isinstance(value, (list, tuple)) else (value,))
-    # by identity: code objects compare equal by content, and a module imported again (a test
-    # file under pytester) has equal code over another namespace; the reach keeps that namespace
-    # alive (its globals), so its id is not reused while the entry exists
-    holders.insert(0, code)
-    return (id(function.__globals__), *map(id, holders), *scalars), tuple(holders)
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:  # an empty cell
-        return False
-    return True
 
 
 def add_module(reach: Reach, module: torch.nn.Module) -> None:
@@ -145,7 +55,7 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
         else:
             break
     for cell in getattr(function, "__closure__", None) or ():
-        if _filled(cell) and isinstance(cell.cell_contents, torch.nn.Module):
+        if filled(cell) and isinstance(cell.cell_contents, torch.nn.Module):
             found.append(cell.cell_contents)
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name)

@@ -30,7 +30,7 @@ from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
-from recheck.watcher.capture import reach_of
+from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 

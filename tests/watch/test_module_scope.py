@@ -83,7 +83,7 @@ def test_partials_bound_to_other_keyword_modules_have_their_own_reach():
     # arguments count, or every block would share the first one's reach
     from functools import partial
 
-    from recheck.watcher.capture import reach_of
+    from recheck.runtime.reach import reach_of
 
     first, second = nn.Linear(2, 2), nn.Linear(2, 2)
     cache: dict = {}

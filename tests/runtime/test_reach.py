@@ -1,0 +1,56 @@
+"""runtime/reach.py: what a region's code reaches, and the cache that keeps it while it holds."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recheck.runtime.reach import reach_of, static_reach
+
+SCALE = torch.ones(2)
+
+
+def _region(x):
+    return x * SCALE
+
+
+def test_a_reach_is_kept_while_the_region_reaches_the_same_objects():
+    first = reach_of(_region, {})
+    assert reach_of(_region, {}) is first
+    assert any(t is SCALE for t in first.tensors.values())
+
+
+def test_a_global_rebound_makes_a_new_reach():
+    global SCALE
+    first = reach_of(_region, {})
+    old, SCALE = SCALE, torch.zeros(2)
+    try:
+        second = reach_of(_region, {})
+        assert second is not first and any(t is SCALE for t in second.tensors.values())
+    finally:
+        SCALE = old
+
+
+def test_a_copy_grows_without_changing_the_cached_reach():
+    block = nn.Linear(2, 2)
+    cached = reach_of(_region, {})
+    grown = cached.copy()
+    grown.add_module("extra", block)
+    grown.tensors["t"] = torch.zeros(1)
+    assert id(block) in grown.modules and id(block) not in cached.modules
+    assert "t" not in cached.tensors
+    assert reach_of(_region, {}) is cached
+
+
+def test_check_steps_twin_leaves_the_cached_reach_as_it_was():
+    from recheck.checker.twin import Twin
+
+    model = nn.Linear(2, 2)
+
+    def step():
+        model(torch.ones(1, 2)).sum().backward()
+
+    before = dict(reach_of(step, {}).modules)
+    Twin(step, modules=[nn.Linear(2, 2)])  # a module found only by discovery is added to its copy
+    assert reach_of(step, {}).modules == before
+    assert set(static_reach(step, (), {}).modules) == set(before)
