@@ -33,8 +33,18 @@ def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
 
 
+#: leaves by type, told apart before the container tests (an ABC and a dataclass test per
+#: leaf add up: every checkpoint invocation walks its arguments)
+_ATOMS = frozenset({int, float, bool, str, bytes, type(None), complex})
+
+
 def _children(value: Any, path: str) -> Iterator[tuple[str, Any]] | None:
     """The (path, child) pairs of a container, or None for a leaf."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return None
+    if kind is tuple or kind is list:
+        return ((f"{path}[{i}]", item) for i, item in enumerate(value[:MAX_ITEMS]))
     if _is_namedtuple(value):
         fields = type(value)._fields
         return ((f"{path}.{name}", item) for name, item in zip(fields[:MAX_ITEMS], value))
