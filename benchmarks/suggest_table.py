@@ -52,27 +52,7 @@ def gpt_step():
 
 
 def llama_step():
-    import torch
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = transformers.LlamaForCausalLM(config)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 256, (4, 128))
-
-    def step():
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    return step
+    return _load("recheck_bench_tiny_llama", "fixtures/models/tiny_llama.py").build(width=64, tokens=128, vocab=256)[0]
 
 
 MODELS = {"demo": ("cost_demo.py:step", demo_step), "llama": ("tiny Llama (transformers)", llama_step),

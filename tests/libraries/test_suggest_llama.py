@@ -18,24 +18,14 @@ from recheck.runtime.steps import discover_state  # noqa: E402
 
 
 def llama():
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=88, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = transformers.LlamaForCausalLM(config)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 128, (4, 64))
+    import importlib.util
+    from pathlib import Path
 
-    def step():
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    return step, model
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "tiny_llama.py"
+    spec = importlib.util.spec_from_file_location("recheck_fixture_tiny_llama", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.build(width=32, tokens=64, vocab=128)
 
 
 @pytest.mark.slow
