@@ -47,11 +47,11 @@ __all__ = [
     *_LAZY,
 ]
 
-if TYPE_CHECKING:  # pragma: no cover
-    from recheck.checker import assert_recompute_equal, assert_step_equal, check, check_step
-    from recheck.cost import apply_plan, measure, suggest
-    from recheck.distributed.reports import gather_report
-    from recheck.watcher import tag, watch
+if TYPE_CHECKING:  # pragma: no cover  (for type checkers: at run time __getattr__ imports them)
+    from recheck.checker import assert_recompute_equal, assert_step_equal, check, check_step  # noqa: F401
+    from recheck.cost import apply_plan, measure, suggest  # noqa: F401
+    from recheck.distributed.reports import gather_report  # noqa: F401
+    from recheck.watcher import tag, watch  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

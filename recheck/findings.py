@@ -18,6 +18,7 @@ from recheck.output.text import FIRST_LINE, format_finding, format_report
 
 __all__ = [
     "DYNAMIC_KINDS",
+    "FIRST_LINE",
     "KINDS",
     "LINT",
     "Finding",

@@ -35,8 +35,7 @@ from recheck.checker.observe import CallRecord, Observer, Probe
 from recheck.runtime.reach import ModuleRecorder, Reach, static_reach
 from recheck.runtime.trees import input_tensors, leaves
 from recheck.runtime.saved_tensors import MODE, SavedTensorLog, bitwise_determinism
-from recheck.runtime.snapshot import (BindingsRecord, DefaultDtypeRecord, GradRecord, NewKeysRecord,
-                                   Observed, RngRecord, Snapshot, TensorRecord, ValueRecord)
+from recheck.runtime.snapshot import (DefaultDtypeRecord, Observed, RngRecord, Snapshot, TensorRecord)
 
 __all__ = ["CheckOptions", "RegionError", "RunResult", "Runner"]
 

@@ -55,7 +55,7 @@ from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import DefaultDtypeRecord, GradRecord, Observed, Snapshot
+from recheck.runtime.snapshot import DefaultDtypeRecord, Observed, Snapshot
 from recheck.runtime.steps import StepState, discover_state
 from recheck.runtime.trees import leaves
 

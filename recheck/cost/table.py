@@ -68,7 +68,10 @@ def _row(label: str, values: list[str], definition: str) -> str:
 def render_text(cmp: ComparisonView) -> str:
     """The comparison table, with the definition of every term beside its row."""
     c, b = cmp.checkpointed, cmp.bypassed
-    ratio = lambda x, y: f"{x / y:.2f}x" if y else "-"
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return f"{x / y:.2f}x" if x is not None and y else "-"
+
     lines = ["recheck cost: the step checkpointed as written vs with every checkpoint bypassed", ""]
     lines.append(f"  {'':<28}{'checkpointed':>14}{'bypassed':>14}{'ratio':>14}")
     mem = [

@@ -19,7 +19,6 @@ import re
 import symtable
 import warnings
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -45,7 +44,7 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
 #: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
 HANDWRITTEN = r"enable_grad\s*\(\s*\)"
-#: A line that may carry a suppression comment (``# noqa``, ``# recheck: ignore``).
+#: A line that may carry a suppression comment (a noqa or a recheck-ignore comment).
 MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.M)
 MAX_ROUNDS = 12

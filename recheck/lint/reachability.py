@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 
-from recheck.lint.facts import CallSite, FunctionFacts
+from recheck.lint.facts import FunctionFacts
 
 __all__ = ["empty_params", "guards", "optional_params", "passes_on", "unreachable"]
 

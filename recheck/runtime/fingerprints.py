@@ -14,7 +14,7 @@ import collections
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

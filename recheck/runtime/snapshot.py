@@ -24,13 +24,13 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
-                                          is_module_state, show_printed)
+                                          is_module_state, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
 from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
 

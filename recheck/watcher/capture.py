@@ -15,7 +15,7 @@ import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, filled
-from recheck.runtime.fingerprints import MISSING, fingerprint, is_module_state, shallow, show
+from recheck.runtime.fingerprints import MISSING, is_module_state, shallow, show
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
