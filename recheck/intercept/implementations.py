@@ -332,26 +332,12 @@ def patch_callable(owner: Any, name: str, adapter: Adapter, hooks: Any) -> Patch
         if isinstance(function, types.FunctionType):
             return _patch_code(function, adapter, hooks, what)
         return None
+    replacement: Any
     if raw is _ABSENT or isinstance(raw, (staticmethod, classmethod)):
-        real = getattr(owner, name)  # a bound classmethod (Function.apply) or the static function
-
-        @functools.wraps(real, updated=())
-        def entry(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():
-                hooks.compiled()
-                return real(*args, **kwargs)
-            return hooks.foreign(adapter, real, args, kwargs)
-
-        replacement: Any = staticmethod(entry)
+        # a bound classmethod (Function.apply) or the static function
+        replacement = staticmethod(_foreign_entry(getattr(owner, name), adapter, hooks))
     elif isinstance(raw, types.FunctionType):  # an instance method: ``self`` comes first
-        real = raw
-
-        @functools.wraps(real, updated=())
-        def replacement(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():
-                hooks.compiled()
-                return real(*args, **kwargs)
-            return hooks.foreign(adapter, real, args, kwargs)
+        replacement = _foreign_entry(raw, adapter, hooks)
     else:
         return None
     setattr(owner, name, replacement)
@@ -483,16 +469,23 @@ def install_declared(dotted: str, hooks: Any) -> tuple[list[Patch], str]:
     return [_rebind(value, adapter, hooks, dotted)], "rebound"
 
 
-def _rebind(value: Any, adapter: Adapter, hooks: Any, what: str) -> GlobalsPatch:
-    @functools.wraps(value, updated=())
+def _foreign_entry(real: Any, adapter: Adapter, hooks: Any) -> Callable[..., Any]:
+    """What a patched entry point runs: ``hooks.foreign`` for ``real``, except while compiling
+    (dynamo traces ``real`` itself, and the hooks only hear that compiled code ran)."""
+
+    @functools.wraps(real, updated=())
     def entry(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             hooks.compiled()
-            return value(*args, **kwargs)
-        return hooks.foreign(adapter, value, args, kwargs)
+            return real(*args, **kwargs)
+        return hooks.foreign(adapter, real, args, kwargs)
 
+    return entry
+
+
+def _rebind(value: Any, adapter: Adapter, hooks: Any, what: str) -> GlobalsPatch:
     patch = GlobalsPatch(what=what)
-    patch.bindings.extend(rebind_everywhere(value, entry))
+    patch.bindings.extend(rebind_everywhere(value, _foreign_entry(value, adapter, hooks)))
     return patch
 
 
