@@ -58,6 +58,8 @@ def intercepted(interceptor, extra_functions=()):
         patches.release()
 
 
+# The block and the calls that checkpoint it are written here, not taken from tests/imitations.py:
+# the tests below check that a region is named by the file that defines and checkpoints it.
 class block(nn.Module):
     def __init__(self, dim=8):
         super().__init__()

@@ -8,12 +8,11 @@ torch's own checkpoint restores autocast (no finding) but not the default dtype.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
 import torch
-from imitations import imitation
+from imitations import CHECKPOINTING, block, dropout_model, imitation, run_blocks
 from source_modules import load_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -23,47 +22,15 @@ import recheck
 PROJECT = Path(__file__).resolve().parents[2] / "fixtures" / "implementations" / "project_checkpointing.py"
 
 
-class block(nn.Module):
-    def __init__(self, dim=8):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
-        self.drop = nn.Dropout(0.5)
-
-    def forward(self, x):
-        return x + self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(x))))
-
-
 def watched(run, autocast=None, **options):
     options.setdefault("raise_on_finding", False)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), block(), block())
-    x = torch.randn(4, 8)
+    model, x = dropout_model()
     with recheck.watch(**options) as w:
-        with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
-            h = model[0](x)
-            for b in model[1:]:
-                h = run(b, h.float())
-        h.float().pow(2).mean().backward()
+        run_blocks(model, x, run, autocast)
     return w.report
 
 
-def without_output(mg):
-    def run(b, h):
-        ckpt = mg.CheckpointWithoutOutput(fp8=None)
-        out = ckpt.checkpoint(b, h)
-        y = out * 1.0
-        ckpt.discard_output_and_register_recompute(y)
-        return y
-    return run
-
-
-CASES = {
-    "deepspeed": ("deepspeed", lambda ds: ds.checkpoint),
-    "deepspeed-non-reentrant": ("deepspeed", lambda ds: ds.non_reentrant_checkpoint),
-    "megatron": ("megatron", lambda mg: lambda b, h: mg.checkpoint(b, False, h)),
-    "megatron-without-output": ("megatron", without_output),
-    "fairscale": ("fairscale", lambda fs: lambda b, h: fs.checkpoint_wrapper(b)(h)),
-}
+CASES = CHECKPOINTING
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from imitations import imitation
+from imitations import CHECKPOINTING, dropout_model, imitation, run_blocks
 from source_modules import load_file
-from torch import nn
 from torch.nn.modules import module as module_hooks
 
 import recheck
@@ -87,47 +86,20 @@ def test_torch_s_checkpoint_is_left_to_watch_and_clean_without_it(case):
     assert alone.findings == [], alone.findings
 
 
-class block(nn.Module):
-    def __init__(self, dim=8):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
-        self.drop = nn.Dropout(0.5)
-
-    def forward(self, x):
-        return x + self.fc2(self.drop(torch.nn.functional.gelu(self.fc1(x))))
-
-
 def library_step(run, autocast=None):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), block(), block())
-    x = torch.randn(4, 8)
+    model, x = dropout_model()
 
     def step():
-        with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
-            h = model[0](x)
-            for b in model[1:]:
-                h = run(b, h.float())
-        h.float().pow(2).mean().backward()
+        run_blocks(model, x, run, autocast)
 
     return step, model
 
 
-def without_output(mg):
-    def run(b, h):
-        ckpt = mg.CheckpointWithoutOutput(fp8=None)
-        y = ckpt.checkpoint(b, h) * 1.0
-        ckpt.discard_output_and_register_recompute(y)
-        return y
-    return run
-
-
-LIBRARIES = {
-    "deepspeed": ("deepspeed", lambda ds: ds.checkpoint, "CheckpointFunction"),
-    "deepspeed-non-reentrant": ("deepspeed", lambda ds: ds.non_reentrant_checkpoint, "checkpoint_unpack"),
-    "megatron": ("megatron", lambda mg: lambda b, h: mg.checkpoint(b, False, h), "CheckpointFunction"),
-    "megatron-without-output": ("megatron", without_output, "CheckpointWithoutOutput._recompute"),
-    "fairscale": ("fairscale", lambda fs: lambda b, h: fs.checkpoint_wrapper(b)(h), "CheckpointFunction"),
-}
+#: what runs each library's recompute (the probe names it)
+DRIVERS = {"deepspeed": "CheckpointFunction", "deepspeed-non-reentrant": "checkpoint_unpack",
+           "megatron": "CheckpointFunction", "megatron-without-output": "CheckpointWithoutOutput._recompute",
+           "fairscale": "CheckpointFunction"}
+LIBRARIES = {case: (*CHECKPOINTING[case], driver) for case, driver in DRIVERS.items()}
 
 
 @pytest.mark.parametrize("case", LIBRARIES)
