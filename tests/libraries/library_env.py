@@ -11,9 +11,12 @@ CI can never skip them silently.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 from types import ModuleType
+from typing import Iterator
 
 import pytest
 
@@ -31,3 +34,24 @@ def require(name: str) -> ModuleType:
         if REQUIRED:
             pytest.fail(f"RECHECK_REQUIRE_LIBRARIES=1: {message}", pytrace=False)
         pytest.skip(message, allow_module_level=True)
+
+
+@contextlib.contextmanager
+def logged(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The records the logger ``name`` handles at INFO and above while the block runs; the
+    logger's handlers and level are as before after it."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger(name)
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

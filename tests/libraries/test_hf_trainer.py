@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from library_env import require
+from library_env import logged, require
 
 torch = require("torch")
 transformers = require("transformers")
@@ -56,19 +56,8 @@ def train(tmp_path, callback, *, dropout: float = 0.0, preserve_rng_state: bool 
 @pytest.fixture
 def messages():
     """What the callback logs through transformers' logger."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger(LOGGER_NAME)
-    handler, level = Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with logged(LOGGER_NAME) as records:
+        yield records
 
 
 def test_the_first_steps_are_watched_and_reported_clean(tmp_path, messages):

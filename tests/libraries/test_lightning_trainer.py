@@ -12,7 +12,7 @@ import csv
 import logging
 
 import pytest
-from library_env import require
+from library_env import logged, require
 
 torch = require("torch")
 pl = require("lightning.pytorch")
@@ -78,19 +78,9 @@ def fit(tmp_path, callback, module, max_steps: int = 4):
 
 @pytest.fixture
 def messages():
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger(LOGGER_NAME)
-    handler, level = Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    """What the callback logs through its logger."""
+    with logged(LOGGER_NAME) as records:
+        yield records
 
 
 def logged_metrics(trainer) -> list[dict]:
