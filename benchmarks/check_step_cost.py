@@ -18,8 +18,9 @@ import argparse
 import importlib.util
 import os
 import sys
-import time
 import warnings
+
+from timing import best
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,15 +30,6 @@ def _watch_overhead():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
-
-
-def best(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main(argv=None) -> int:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 from typing import Any, Callable
+
+from timing import best
 
 #: transformers architectures (config class prefix, auto class)
 HF = [
@@ -94,15 +95,6 @@ def timm_step(name: str, extra: dict[str, Any]) -> Callable[[], Any]:
         optimizer.step()
 
     return step
-
-
-def best(run: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def sweep(label: str, builders: list[tuple[str, Callable[[], Callable[[], Any]]]], repeats: int) -> list[float]:
