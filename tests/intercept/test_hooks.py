@@ -9,29 +9,8 @@ import torch
 from torch.utils.checkpoint import CheckpointFunction, checkpoint
 
 from recheck.intercept import patches
-from recheck.intercept.hooks import Interceptor, Phase, Run
-
-
-class Recorder(Interceptor):
-    """Records every run of every region function, and bypasses when asked."""
-
-    def __init__(self, bypassing: bool = False) -> None:
-        self.bypassing = bypassing
-        self.events: list[tuple[str, str, int]] = []
-        self.released_calls = 0
-
-    def bypass(self, call):
-        return self.bypassing
-
-    @contextlib.contextmanager
-    def region_run(self, call, phase, args=None, kwargs=None):
-        try:
-            yield Run()
-        finally:  # early stop ends a non-reentrant recompute by raising through the region
-            self.events.append((call.entry, phase.value, call.runs))
-
-    def released(self, call):
-        self.released_calls += 1
+from recheck.intercept.hooks import Phase
+from recording import Recorder
 
 
 def block(x):

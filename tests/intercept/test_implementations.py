@@ -23,30 +23,10 @@ from source_modules import load_file
 from torch import nn
 
 from recheck.intercept import implementations, patches
-from recheck.intercept.hooks import Interceptor, Run
+from recording import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = ROOT / "fixtures" / "implementations" / "project_checkpointing.py"
-
-
-class Recorder(Interceptor):
-    def __init__(self, bypassing: bool = False) -> None:
-        self.bypassing = bypassing
-        self.events: list[tuple[str, str, int]] = []
-        self.calls: list = []
-
-    def started(self, call):
-        self.calls.append(call)
-
-    def bypass(self, call):
-        return self.bypassing
-
-    @contextlib.contextmanager
-    def region_run(self, call, phase, args=None, kwargs=None):
-        try:
-            yield Run()
-        finally:
-            self.events.append((call.entry, phase.value, call.runs))
 
 
 @contextlib.contextmanager
