@@ -20,7 +20,7 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show",
+__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show",
            "show_printed"]
 
 _MAX_ITEMS = 4096
@@ -147,6 +147,10 @@ def is_module_state(name: str) -> bool:
     return name not in MODULE_INTERNALS and not name.startswith("__")
 
 
+#: types :func:`shallow` returns as they are (a container's items of these skip the call)
+AS_IS = frozenset({int, str, bytes, type(None)})
+
+
 def shallow(value: Any, depth: int = 2) -> Any:
     """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
 
@@ -155,28 +159,36 @@ def shallow(value: Any, depth: int = 2) -> Any:
     (``self.load += x``, ``.add_()``, ``.copy_()``) shows, while a write through ``.data``
     (which bypasses the version counter) does not.  Containers compare by type, length and
     their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
-    by identity and their ``__dict__``; numbers by bits.
+    by identity and their ``__dict__``; numbers by bits.  Types are read with ``type()``, not
+    ``isinstance``, which asks a value for its ``__class__``: a transformers config's
+    ``__getattribute__`` made each check cost 2 µs.
     """
-    if value is None or isinstance(value, (bool, int, str, bytes)):
-        return value if not isinstance(value, bool) else ("bool", value)
-    if isinstance(value, float):
+    cls = type(value)
+    if cls in AS_IS:
+        return value
+    if issubclass(cls, (bool, int, str, bytes)):
+        return value if not issubclass(cls, bool) else ("bool", value)
+    if issubclass(cls, float):
         return ("float", float_bits(value))
-    if isinstance(value, torch.Tensor):
+    if issubclass(cls, torch.Tensor):
         return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
-    if depth <= 0 or isinstance(value, (torch.nn.Module, type, torch.Generator)) or callable(value):
+    if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
         return ("id", id(value))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, len(value), tuple(shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
-    if isinstance(value, dict):
-        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k), shallow(v, depth - 1))
+    if issubclass(cls, (list, tuple)):
+        return (type(value).__name__, len(value),
+                tuple(v if type(v) in AS_IS else shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
+    if issubclass(cls, dict):
+        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k),
+                                           v if type(v) in AS_IS else shallow(v, depth - 1))
                                           for k, v in list(dict.items(value))[:_MAX_ITEMS]))
-    if isinstance(value, (set, frozenset)):
+    if issubclass(cls, (set, frozenset)):
         return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
-    if isinstance(value, _LOGGERS):
+    if issubclass(cls, _LOGGERS):
         return fingerprint(value)
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
-        return ("object", id(value), tuple((k, shallow(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS]))
+        return ("object", id(value), tuple((k, v if type(v) in AS_IS else shallow(v, depth - 1))
+                                      for k, v in list(attrs.items())[:_MAX_ITEMS]))
     return ("id", id(value))
 
 

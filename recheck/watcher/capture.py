@@ -15,7 +15,7 @@ import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, filled
-from recheck.runtime.fingerprints import MISSING, is_module_state, shallow, show
+from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
@@ -24,6 +24,8 @@ __all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "ch
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
+#: entries of the per-module caches of state keys and parameter names (cleared when full)
+_LAYOUTS_SIZE = 1 << 14
 
 
 def add_module(reach: Reach, module: torch.nn.Module) -> None:
@@ -131,13 +133,26 @@ def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str
     return changed
 
 
+#: per (id(module), its name): the names in its ``_parameters`` when the entry was made, and
+#: each with its dotted name (valid, like :data:`_LAYOUTS`, while the names are unchanged)
+_PARAMETER_NAMES: dict[tuple[int, str], tuple[frozenset[str], tuple[tuple[str, str], ...]]] = {}
+
+
 def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
     """Own parameters of every reached module, by dotted name."""
     found: dict[str, torch.Tensor] = {}
     for name, module in list(reach.modules.values()):
-        for param_name, param in module._parameters.items():
+        own = module._parameters
+        entry = _PARAMETER_NAMES.get((id(module), name))
+        if entry is None or own.keys() != entry[0]:
+            if len(_PARAMETER_NAMES) >= _LAYOUTS_SIZE:
+                _PARAMETER_NAMES.clear()
+            entry = _PARAMETER_NAMES[(id(module), name)] = (
+                frozenset(own), tuple((p, f"{name}.{p}" if name else p) for p in own))
+        for param_name, dotted in entry[1]:
+            param = own[param_name]
             if param is not None:
-                found[f"{name}.{param_name}" if name else param_name] = param
+                found[dotted] = param
     return found
 
 
@@ -162,7 +177,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
         key = ("global", ref.subject)
         values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
-            shown[key] = show(value)
+            shown[key] = show_printed(value, values[key])  # made once while the value stays
     for name, parameter in parameters_of(reach).items():
         values[("param_version", name)] = parameter._version
     return values, shown
@@ -185,6 +200,31 @@ def _kept(value: Any) -> Any:
     return type(value)(value) if type(value) in (list, dict, set) else value
 
 
+#: per (id(module), its name): the names its ``__dict__`` and ``_buffers`` held when the entry
+#: was made, and the state keys of its attributes and buffers.  An entry is used only while both
+#: name sets are unchanged, so it is what :func:`_layout` would compute again, even for a new
+#: module that reuses a freed one's id.
+_LAYOUTS: dict[tuple[int, str], tuple[frozenset[str], frozenset[str], tuple[tuple[str, tuple[str, str]], ...],
+                                      tuple[tuple[str, tuple[str, str]], ...]]] = {}
+
+
+def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[str, tuple[str, str]], ...],
+                                                         tuple[tuple[str, tuple[str, str]], ...]]:
+    """The state keys of ``module``'s attributes and buffers under ``name`` (cached: a record
+    reads them three times per invocation, and every invocation of a layer reads the same)."""
+    attributes, buffers = vars(module), module._buffers
+    key = (id(module), name)
+    entry = _LAYOUTS.get(key)
+    if entry is None or attributes.keys() != entry[0] or buffers.keys() != entry[1]:
+        if len(_LAYOUTS) >= _LAYOUTS_SIZE:
+            _LAYOUTS.clear()
+        entry = _LAYOUTS[key] = (
+            frozenset(attributes), frozenset(buffers),
+            tuple((attr, ("attribute", attribute_subject(name, attr))) for attr in attributes if is_module_state(attr)),
+            tuple((buffer, ("buffer", buffer_subject(name, buffer))) for buffer in buffers))
+    return entry
+
+
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
                  written: Iterable[GlobalRef] = (), *,
                  attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
@@ -200,24 +240,30 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     printed: dict[int, Any] = {}
 
     def entry(value: Any) -> tuple[Any, Any]:
-        if value is None or isinstance(value, (bool, int, str)):
-            return (value if not isinstance(value, bool) else ("bool", value)), value
+        if type(value) in AS_IS:  # kept as they are: immutable, compared by ==
+            return value, value
+        if issubclass(type(value), (bool, int, str)):
+            return (value if type(value) is not bool else ("bool", value)), value
         key = id(value)
         if key not in printed:
             printed[key] = shallow(value)
         return printed[key], _kept(value)
 
     for name, module in modules:
-        for buffer_name, buffer in module._buffers.items():
+        _, _, attribute_keys, buffer_keys = _layout(name, module)
+        own = module._buffers
+        for buffer_name, key in buffer_keys:
+            buffer = own[buffer_name]
             if buffer is not None:
-                state[("buffer", buffer_subject(name, buffer_name))] = print_tensor(buffer, store)
-        for attr, value in vars(module).items():
-            if is_module_state(attr):
-                state[("attribute", attribute_subject(name, attr))] = entry(value)
+                state[key] = print_tensor(buffer, store)
+        attributes = vars(module)
+        for attr, key in attribute_keys:
+            value = attributes[attr]
+            state[key] = (value, value) if type(value) in AS_IS else entry(value)
     for name, module in attributes_of:
-        for attr, value in vars(module).items():
-            if is_module_state(attr):
-                state.setdefault(("attribute", attribute_subject(name, attr)), entry(value))
+        attributes = vars(module)
+        for attr, key in _layout(name, module)[2]:
+            state.setdefault(key, entry(attributes[attr]))
     for name, module, buffer_name in buffers:
         buffer = module._buffers.get(buffer_name)
         if buffer is not None:

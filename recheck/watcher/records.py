@@ -25,7 +25,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -392,9 +392,8 @@ class InvocationRecord:
                 self._add("context", message, subject=subject, detail=detail)
         state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it
-        self._compare_state({k: v for k, v in forward.state_exit.items() if k[0] != "global"},
-                            {k: v for k, v in state_entry.items() if k[0] != "global"},
-                            "changed between forward and recompute")
+        self._compare_state(forward.state_exit, state_entry, "changed between forward and recompute",
+                            leave_out=_is_global)
         return entry, state_entry
 
     def end_recompute(self, entry: dict[tuple[str, str], Any], state_entry: capture.ModuleState,
@@ -415,11 +414,9 @@ class InvocationRecord:
         late = self._late_keys if self.replay_fully and self.early_stop is True else _NONE
         # a buffer the forward did not write is updated by the recompute alone: once, as without
         # checkpoint (fairscale runs BatchNorm's update in the recompute only)
-        once = {k for k in state_entry.keys() | state_exit.keys()
-                if k[0] == "buffer" and k[1] not in forward.written_buffers}
-        self._compare_state({k: v for k, v in state_entry.items() if k not in once},
-                            {k: v for k, v in state_exit.items() if k not in once},
-                            "updated again by the recompute", late)
+        written = forward.written_buffers
+        self._compare_state(state_entry, state_exit, "updated again by the recompute", late,
+                            leave_out=lambda key: key[0] == "buffer" and key[1] not in written)
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
@@ -476,26 +473,38 @@ class InvocationRecord:
     # -- findings ------------------------------------------------------------------------
 
     def _compare_state(self, before: capture.ModuleState, after: capture.ModuleState, how: str,
-                       latent_keys: frozenset[tuple[str, str]] = frozenset()) -> None:
-        """A finding for every buffer, attribute or written global that differs (or appeared);
-        those in ``latent_keys`` are latent."""
-        for key in after.keys() | before.keys():
-            then, now = before.get(key), after.get(key)
-            if then is not None and now is not None and _same(then, now, self.tolerance):
-                continue
-            what, subject = key
-            latent = key in latent_keys
-            if what == "buffer":
-                if then is not None and now is not None:
-                    batchnorm = explain("buffer", subject) == "RC106"
-                    message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
-                        else f"{subject} {how}"
-                    self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
-                              latent=latent)
-                continue
-            shown_then = "<absent>" if then is None else show(then[1])
-            shown_now = "<absent>" if now is None else show(now[1])
-            self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
+                       latent_keys: frozenset[tuple[str, str]] = frozenset(),
+                       leave_out: Callable[[tuple[str, str]], bool] | None = None) -> None:
+        """A finding for every buffer, attribute or written global that differs (or appeared,
+        or went); those in ``latent_keys`` are latent, those ``leave_out`` accepts are skipped."""
+        tolerance = self.tolerance
+        for key, now in after.items():
+            then = before.get(key)
+            if then is not None:
+                # an attribute's entry is (shallow print, value): compared by the print
+                same = then[0] == now[0] if type(then) is tuple and type(now) is tuple \
+                    else _same(then, now, tolerance)
+                if same:
+                    continue
+            if leave_out is None or not leave_out(key):
+                self._state_finding(key, then, now, how, key in latent_keys)
+        for key in before.keys() - after.keys():
+            if leave_out is None or not leave_out(key):
+                self._state_finding(key, before[key], None, how, key in latent_keys)
+
+    def _state_finding(self, key: tuple[str, str], then: Any, now: Any, how: str, latent: bool) -> None:
+        what, subject = key
+        if what == "buffer":
+            if then is not None and now is not None:
+                batchnorm = explain("buffer", subject) == "RC106"
+                message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
+                    else f"{subject} {how}"
+                self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
+                          latent=latent)
+            return
+        shown_then = "<absent>" if then is None else show(then[1])
+        shown_now = "<absent>" if now is None else show(now[1])
+        self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
         latent = latent and self.replay_fully and self.early_stop is True
@@ -533,6 +542,10 @@ class InvocationRecord:
         findings = with_likely_causes([*self.findings, *self._saved_finding()])
         return [replace(f, invocation=replace(f.invocation, of=calls_of_region)) if f.invocation else f
                 for f in findings]
+
+
+def _is_global(key: tuple[str, str]) -> bool:
+    return key[0] == "global"
 
 
 def _same(before: Any, after: Any, tolerance: Tolerance | None = None) -> bool:

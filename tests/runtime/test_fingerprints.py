@@ -56,3 +56,42 @@ def test_show_describes_tensors_and_truncates():
 def test_an_unhashable_fingerprint_still_shows():
     assert show_printed([1, 2], [1, 2]) == "[1, 2]"
     assert fingerprint(MISSING) == fingerprint(MISSING)
+
+
+class Costly:
+    """A transformers config's shape: every attribute lookup goes through Python."""
+
+    lookups = 0
+
+    def __init__(self) -> None:
+        self.width, self.flag, self.rate, self.names = 4, True, 0.5, {"a": 1}
+
+    def __getattribute__(self, name: str):
+        type(self).lookups += 1
+        return object.__getattribute__(self, name)
+
+
+def test_shallow_reads_a_values_type_without_asking_the_value():
+    from recheck.runtime.fingerprints import shallow
+
+    value = Costly()
+    Costly.lookups = 0
+    print_ = shallow(value)
+    assert Costly.lookups == 1  # its __dict__, once; no isinstance asking for __class__
+    value.names["a"] = 2
+    assert shallow(value) != print_
+    value.names["a"], value.flag = 1, 1  # True -> 1 is a change, though True == 1
+    assert shallow(value) != print_
+    value.flag, value.rate = True, -0.0
+    assert shallow(value) != print_
+    value.rate = 0.5
+    assert shallow(value) == print_
+
+
+def test_shallow_tells_bools_ints_and_float_bits_apart_inside_containers():
+    from recheck.runtime.fingerprints import shallow
+
+    assert shallow([True]) != shallow([1]) and shallow({"k": False}) != shallow({"k": 0})
+    assert shallow((0.0,)) != shallow((-0.0,))
+    assert shallow([float("nan")]) == shallow([float("nan")])
+    assert shallow(["a", None, b"x", 3]) == shallow(["a", None, b"x", 3])

@@ -170,3 +170,31 @@ def test_a_buffer_only_the_recompute_updates_is_updated_once():
         checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=True).sum().backward()
     assert w.report.ok, str(w.report)
     assert int(model.updates) == 1
+
+
+class GrowsAttributes(nn.Module):
+    """Sets an attribute only in the invocations after the first (the layout of its state
+    keys, cached per module, must follow): a cache slot filled on recompute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.runs = 0
+
+    def forward(self, x):
+        self.runs += 1
+        if self.runs == 4:  # the second call's recompute
+            self.seen = x.shape[0]
+        return torch.tanh(self.lin(x))
+
+
+def test_an_attribute_that_appears_in_a_later_recompute_is_reported():
+    torch.manual_seed(0)
+    model = GrowsAttributes()
+    with recheck.watch(raise_on_finding=False) as w:
+        for _ in range(2):
+            checkpoint(model, torch.randn(4, 8, requires_grad=True), use_reentrant=False).sum().backward()
+    subjects = {(f.subject, f.invocation.index) for f in w.report.by_kind("state")}
+    assert ("attribute `self.seen`", 2) in subjects, str(w.report)  # call 2 of 2
+    seen = next(f for f in w.report.by_kind("state") if f.subject == "attribute `self.seen`")
+    assert "<absent> -> 4" in seen.message
