@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from recheck.collector import collector_paused
 from recheck.runtime.bits import Tolerance
 from recheck.checker.compare import Context
 from recheck.checker.message import configuration_text, title
@@ -39,7 +40,8 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
     Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the given
     configuration, compares outputs, gradients, saved tensors, RNG streams, buffers, Python
     state, globals and side effects bit for bit, and restores all of it afterwards: a check
-    leaves no trace, also when it raises.
+    leaves no trace, also when it raises.  Python's cyclic garbage collector is paused while
+    it runs, as in :func:`check_step`.
 
     Args:
         fn: the region: an ``nn.Module`` or any callable (closure, bound method,
@@ -80,6 +82,13 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
         raise TypeError(f"recheck.check(): kwargs must be a mapping of the region's keyword arguments, "
                         f"got {type(kwargs).__name__}")
     region = region_name(fn)
+    with collector_paused():  # see check_step
+        return _check(fn, args, kwargs, options, region, use_reentrant, preserve_rng_state, early_stop)
+
+
+def _check(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, options: CheckOptions,
+           region: str, use_reentrant: bool, preserve_rng_state: bool, early_stop: bool) -> Report:
+    __tracebackhide__ = True
     runner = Runner(fn, args, dict(kwargs or {}), options)
     replay = None
     try:
@@ -145,7 +154,9 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     the two end states: the step's return value, every gradient, parameters, buffers and
     optimizer state after the step, RNG states, Python state.  A difference that is only
     rounding (gradients summed in another order) is told apart by rerunning both twins in
-    float64 and reported as a note with its size.  The check leaves no trace.
+    float64 and reported as a note with its size.  The check leaves no trace.  Python's cyclic
+    garbage collector is paused while it runs, as ``timeit`` pauses it (and on again after, if
+    it was on); cyclic garbage the step makes is collected after the check.
 
     Args:
         step: a zero-argument callable: forward, backward and optionally the optimizer step
@@ -190,8 +201,13 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     if patches.installed() is not None:
         raise RuntimeError("recheck.check_step() cannot run while checkpoint calls are already intercepted "
                            "(inside recheck.watch(), recheck.measure() or another check); run it outside that block")
-    return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
-                             watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
+    # no cyclic collection while the step and its twin run (on again after, if it was on), as
+    # timeit pauses it: the snapshots' records survive into the oldest generation, whose
+    # collection walks every object of the process (247 ms with transformers and timm
+    # imported), and that came about once per ten checks
+    with collector_paused():
+        return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
+                                 watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
 
 
 def assert_step_equal(step: Callable[[], Any], /, **options: Any) -> None:

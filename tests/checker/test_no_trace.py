@@ -8,6 +8,7 @@ equals its value before, bit for bit.  The state is gathered here independently 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import random
@@ -223,3 +224,37 @@ def test_the_snapshot_sees_what_a_plain_step_changes(name, build_example) -> Non
     fn, args, kwargs = build_example(name)
     with pytest.raises(AssertionError, match="state changed by the check"):
         _check_leaves_no_trace(_plain_step, fn, args, kwargs, {}, None, with_grads=False)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+@pytest.mark.parametrize("which", ["check", "check_step"])
+def test_the_garbage_collector_is_paused_during_a_check_and_as_before_after(which, fails, enabled) -> None:
+    import gc
+
+    import recheck
+
+    lin = torch.nn.Linear(4, 4)
+    during: list[bool] = []
+
+    def region(x):
+        during.append(gc.isenabled())
+        if fails:
+            raise RegionFailure("planted")
+        return lin(x)
+
+    def step():
+        torch.utils.checkpoint.checkpoint(region, torch.randn(2, 4), use_reentrant=False).sum().backward()
+
+    before = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with pytest.raises(RegionFailure) if fails else contextlib.nullcontext():
+            if which == "check":
+                recheck.check(region, torch.randn(2, 4, requires_grad=True))
+            else:
+                recheck.check_step(step)
+        assert gc.isenabled() is enabled
+        assert during and not any(during)
+    finally:
+        (gc.enable if before else gc.disable)()
