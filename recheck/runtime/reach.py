@@ -388,36 +388,93 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     """The static reach of a checkpointed callable, cached by code object and bound objects.
 
     Walking a region's code is the costly part of the reach, and every invocation of a
-    region runs the same code on the same modules.  The key is made of object ids.  Where
-    every object the key names can be weakly referenced (modules, functions), the entry is
-    kept across ``watch()`` blocks (a test suite watches each test in its own block) and is
-    valid only while those very objects are alive; otherwise ``cache`` (which lives as long
-    as the outermost block) keeps the objects alive, so an id cannot be reused meanwhile.
+    region runs the same code on the same modules.  The key is made of object ids.  ``cache``
+    (which lives as long as the outermost block) holds the reach and the objects its key
+    names, so an id cannot be reused meanwhile.  Where every object the key names can be
+    weakly referenced (modules, functions), the reach is also kept across ``watch()`` blocks
+    (a test suite watches each test in its own block), as a :class:`_Dormant` one that holds
+    its objects weakly: it is valid only while those very objects are alive, and it keeps
+    none of them alive (a test's model is freed when the test drops it).
     """
     key, holders = _cache_key(function)
     if key is None:
         return static_reach(function, (), {})
+    entry = cache.get(key)
+    if entry is not None:
+        return entry[0]
     lasting = _LASTING.get(key)
     if lasting is not None:
-        reach, refs = lasting
-        if all(ref() is holder for ref, holder in zip(refs, holders)) and reach.still_bound():
+        dormant, refs = lasting
+        reach = dormant.revive() if all(ref() is holder for ref, holder in zip(refs, holders)) else None
+        if reach is not None and reach.still_bound():
             _LASTING.move_to_end(key)
+            cache[key] = (reach, holders)
             return reach
         del _LASTING[key]
-    entry = cache.get(key)
-    if entry is None:
-        entry = (static_reach(function, (), {}), holders)
-        cache[key] = entry
-        weak = _weak(holders)
-        if weak is not None:
-            _LASTING[key] = (entry[0], weak)
-            while len(_LASTING) > _LASTING_SIZE:
-                _LASTING.popitem(last=False)
-    return entry[0]
+    reach = static_reach(function, (), {})
+    cache[key] = (reach, holders)
+    weak = _weak(holders)
+    kept = _Dormant.of(reach) if weak is not None else None
+    if weak is not None and kept is not None:
+        _LASTING[key] = (kept, weak)
+        while len(_LASTING) > _LASTING_SIZE:
+            _LASTING.popitem(last=False)
+    return reach
+
+
+class _Dormant:
+    """A reach kept between blocks without keeping its objects alive.
+
+    The live reach (weakly: while a block's cache holds it, it is the one returned), and a
+    copy of it as it was when walked whose modules, generators, tensors and plain objects
+    are weak references: revived into a new :class:`Reach` while all of them are alive.
+    """
+
+    __slots__ = ("live", "template", "refs")
+
+    def __init__(self, reach: Reach, template: Reach, refs: dict[str, dict[Any, Any]]) -> None:
+        self.live, self.template, self.refs = weakref.ref(reach), template, refs
+
+    @classmethod
+    def of(cls, reach: Reach) -> _Dormant | None:
+        """None where something the reach holds cannot be weakly referenced."""
+        try:
+            refs: dict[str, dict[Any, Any]] = {
+                "modules": {k: (name, weakref.ref(module)) for k, (name, module) in reach.modules.items()},
+                "generators": {k: weakref.ref(v) for k, v in reach.generators.items()},
+                "tensors": {k: weakref.ref(v) for k, v in reach.tensors.items()},
+                "objects": {k: weakref.ref(v) for k, v in reach.objects.items()},
+            }
+        except TypeError:
+            return None
+        template = reach.copy()
+        template.modules, template.generators, template.tensors, template.objects = {}, {}, {}, {}
+        return cls(reach, template, refs)
+
+    def revive(self) -> Reach | None:
+        """The live reach, or a new one from the template; None when an object it held is gone."""
+        live = self.live()
+        if live is not None:
+            return live
+        found: dict[str, dict[Any, Any]] = {}
+        for what, refs in self.refs.items():
+            values: dict[Any, Any] = {}
+            for key, held in refs.items():
+                name, ref = held if what == "modules" else (None, held)
+                value = ref()
+                if value is None:
+                    return None
+                values[key] = (name, value) if what == "modules" else value
+            found[what] = values
+        reach = self.template.copy()
+        reach.modules, reach.generators = found["modules"], found["generators"]
+        reach.tensors, reach.objects = found["tensors"], found["objects"]
+        self.live = weakref.ref(reach)
+        return reach
 
 
 #: reaches kept across watch() blocks, by cache key, with weak references to their objects
-_LASTING: collections.OrderedDict[Any, tuple[Reach, tuple]] = collections.OrderedDict()
+_LASTING: collections.OrderedDict[Any, tuple[_Dormant, tuple]] = collections.OrderedDict()
 _LASTING_SIZE = 512
 
 

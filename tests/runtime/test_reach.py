@@ -54,3 +54,44 @@ def test_check_steps_twin_leaves_the_cached_reach_as_it_was():
     Twin(step, modules=[nn.Linear(2, 2)])  # a module found only by discovery is added to its copy
     assert reach_of(step, {}).modules == before
     assert set(static_reach(step, (), {}).modules) == set(before)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x) * SCALE
+
+
+def test_the_kept_reach_keeps_no_module_alive():
+    import gc
+    import weakref
+
+    block = _Block()
+    reach_of(block, {})
+    gone = weakref.ref(block)
+    del block
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_reach_dropped_between_blocks_is_revived_without_walking_the_code_again(monkeypatch):
+    import gc
+
+    import recheck.runtime.reach as reach_module
+
+    block = _Block()
+    first = reach_of(block, {})
+    names = {key: name for key, (name, _) in first.modules.items()}
+    del first
+    gc.collect()
+    walks = []
+    monkeypatch.setattr(reach_module, "static_reach", lambda *a: walks.append(a) or static_reach(*a))
+    again = reach_of(block, {})
+    assert walks == []
+    assert {key: name for key, (name, _) in again.modules.items()} == names
+    assert all(module is dict(block.named_modules())[name] for name, module in again.modules.values())
+    assert any(t is SCALE for t in again.tensors.values())
+    assert reach_of(block, {}) is again  # alive: the same object
