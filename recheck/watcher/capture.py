@@ -9,6 +9,8 @@ watching many invocations: module state
 
 from __future__ import annotations
 
+import operator
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -20,7 +22,7 @@ from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
-           "entry_state", "global_text", "module_state", "parameters_of", "with_submodules"]
+           "entry_state", "global_text", "module_state", "parameter_versions", "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
@@ -133,26 +135,64 @@ def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str
     return changed
 
 
-#: per (id(module), its name): the names in its ``_parameters`` when the entry was made, and
-#: each with its dotted name (valid, like :data:`_LAYOUTS`, while the names are unchanged)
-_PARAMETER_NAMES: dict[tuple[int, str], tuple[frozenset[str], tuple[tuple[str, str], ...]]] = {}
+class _Flat:
+    """The slots of several dicts (modules' ``__dict__``, ``_buffers``, ``_parameters``) as one
+    list of ``(dict, name, state key)``, valid while each dict is the same object holding the
+    same names.  Checking that takes a few C-level passes over the dicts, not a Python loop
+    over the modules: a region that reaches 80 modules (timm's ``checkpoint_seq`` closes over
+    every block) reads their parameters' versions twice per invocation."""
+
+    __slots__ = ("dicts", "names", "entries")
+
+    def __init__(self, dicts: list[dict[str, Any]], entries: list[tuple[dict[str, Any], str, Any]]) -> None:
+        self.dicts, self.entries = dicts, entries
+        self.names = [frozenset(d) for d in dicts]
+
+    def valid(self, dicts: list[dict[str, Any]]) -> bool:
+        return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
+                and list(map(dict.keys, dicts)) == self.names)
 
 
-def parameters_of(reach: Reach) -> dict[str, torch.Tensor]:
-    """Own parameters of every reached module, by dotted name."""
-    found: dict[str, torch.Tensor] = {}
-    for name, module in list(reach.modules.values()):
-        own = module._parameters
-        entry = _PARAMETER_NAMES.get((id(module), name))
-        if entry is None or own.keys() != entry[0]:
-            if len(_PARAMETER_NAMES) >= _LAYOUTS_SIZE:
-                _PARAMETER_NAMES.clear()
-            entry = _PARAMETER_NAMES[(id(module), name)] = (
-                frozenset(own), tuple((p, f"{name}.{p}" if name else p) for p in own))
-        for param_name, dotted in entry[1]:
-            param = own[param_name]
-            if param is not None:
-                found[dotted] = param
+_PARAMETERS = operator.attrgetter("_parameters")
+_BUFFERS = operator.attrgetter("_buffers")
+
+
+class _ReachLayouts:
+    """A reach's cached layouts: its parameters, and the module state of each set of modules."""
+
+    __slots__ = ("parameters", "states")
+
+    def __init__(self) -> None:
+        self.parameters: _Flat | None = None
+        self.states: dict[tuple[tuple[str, torch.nn.Module], ...], _Flat] = {}
+
+
+#: per reach (dropped with it; a layout holds the reach's own modules' dicts, nothing more)
+_REACH_LAYOUTS: weakref.WeakKeyDictionary[Reach, _ReachLayouts] = weakref.WeakKeyDictionary()
+
+
+def _layouts_of(reach: Reach) -> _ReachLayouts:
+    layouts = _REACH_LAYOUTS.get(reach)
+    if layouts is None:
+        layouts = _REACH_LAYOUTS[reach] = _ReachLayouts()
+    return layouts
+
+
+def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
+    """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
+    modules = [module for _, module in list(reach.modules.values())]
+    dicts = list(map(_PARAMETERS, modules))
+    layouts = _layouts_of(reach)
+    flat = layouts.parameters
+    if flat is None or not flat.valid(dicts):
+        entries = [(own, param_name, ("param_version", f"{name}.{param_name}" if name else param_name))
+                   for (name, _), own in zip(list(reach.modules.values()), dicts) for param_name in own]
+        flat = layouts.parameters = _Flat(dicts, entries)
+    found = []
+    for own, param_name, key in flat.entries:
+        param = own[param_name]
+        if param is not None:
+            found.append((key, param._version))
     return found
 
 
@@ -178,8 +218,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
         values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
-    for name, parameter in parameters_of(reach).items():
-        values[("param_version", name)] = parameter._version
+    values.update(parameter_versions(reach))
     return values, shown
 
 
@@ -225,15 +264,38 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
     return entry
 
 
+def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None) -> _Flat:
+    """The attribute and buffer slots of ``pairs``' modules with their state keys (see :func:`_layout`)."""
+    modules = [module for _, module in pairs]
+    dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
+    states = _layouts_of(reach).states if reach is not None else None
+    flat = states.get(pairs) if states is not None else None
+    if flat is None or not flat.valid(dicts):
+        entries: list[tuple[dict[str, Any], str, Any]] = []
+        for name, module in pairs:
+            _, _, attribute_keys, buffer_keys = _layout(name, module)
+            entries.extend((module._buffers, buffer_name, key) for buffer_name, key in buffer_keys)
+            entries.extend((vars(module), attr, key) for attr, key in attribute_keys)
+        flat = _Flat(dicts, entries)
+        if states is not None:
+            if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
+                states.clear()
+            states[pairs] = flat
+    return flat
+
+
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
                  written: Iterable[GlobalRef] = (), *,
                  attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
-                 buffers: Iterable[tuple[str, torch.nn.Module, str]] = ()) -> ModuleState:
+                 buffers: Iterable[tuple[str, torch.nn.Module, str]] = (),
+                 reach: Reach | None = None) -> ModuleState:
     """Every buffer (printed) and attribute (shallow print and value) of each module, and the
     globals the region writes, keyed by (what, subject) with the subjects findings use.
 
     ``attributes_of`` adds modules whose own attributes only are compared (not their buffers
-    or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.
+    or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.  With
+    the ``reach`` the modules belong to, their layout is cached with it (a record reads the
+    same modules three times per invocation, and every invocation of a layer reads the same).
     """
     state: ModuleState = {}
     # one object held by many modules (a transformers config on every layer) is printed once
@@ -249,17 +311,14 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             printed[key] = shallow(value)
         return printed[key], _kept(value)
 
-    for name, module in modules:
-        _, _, attribute_keys, buffer_keys = _layout(name, module)
-        own = module._buffers
-        for buffer_name, key in buffer_keys:
-            buffer = own[buffer_name]
-            if buffer is not None:
-                state[key] = print_tensor(buffer, store)
-        attributes = vars(module)
-        for attr, key in attribute_keys:
-            value = attributes[attr]
+    pairs = tuple(modules)
+    flat = _state_layout(pairs, reach)
+    for own, slot, key in flat.entries:
+        value = own[slot]
+        if key[0] == "attribute":
             state[key] = (value, value) if type(value) in AS_IS else entry(value)
+        elif value is not None:
+            state[key] = print_tensor(value, store)
     for name, module in attributes_of:
         attributes = vars(module)
         for attr, key in _layout(name, module)[2]:

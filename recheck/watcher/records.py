@@ -115,7 +115,8 @@ class Forward:
     def state(self, store: Store) -> capture.ModuleState:
         """The compared state now: buffers and attributes of the scope, the globals written."""
         return capture.module_state(self.state_modules, store, self.reach.writes.values(),
-                                    attributes_of=self.attribute_modules, buffers=self.touched_buffers)
+                                    attributes_of=self.attribute_modules, buffers=self.touched_buffers,
+                                    reach=self.reach)
 
     def _pointers(self) -> None:
         """The storages of the reached modules' buffers and parameters (kept per module count)."""
