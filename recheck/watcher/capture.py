@@ -22,7 +22,8 @@ from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
-           "entry_state", "global_text", "module_state", "parameter_versions", "with_submodules"]
+           "entry_state", "global_text", "module_state", "parameter_versions", "reached_tensors",
+           "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
 ModuleState = dict[tuple[str, str], Any]
@@ -142,15 +143,18 @@ class _Flat:
     over the modules: a region that reaches 80 modules (timm's ``checkpoint_seq`` closes over
     every block) reads their parameters' versions twice per invocation."""
 
-    __slots__ = ("dicts", "names", "entries")
+    __slots__ = ("dicts", "sizes", "filled", "names", "entries")
 
     def __init__(self, dicts: list[dict[str, Any]], entries: list[tuple[dict[str, Any], str, Any]]) -> None:
         self.dicts, self.entries = dicts, entries
-        self.names = [frozenset(d) for d in dicts]
+        self.sizes = list(map(len, dicts))
+        #: the dicts that hold names, and those names (an empty dict is checked by its size)
+        self.filled = [d for d in dicts if d]
+        self.names = [frozenset(d) for d in self.filled]
 
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
         return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
-                and list(map(dict.keys, dicts)) == self.names)
+                and list(map(len, dicts)) == self.sizes and list(map(dict.keys, self.filled)) == self.names)
 
 
 _PARAMETERS = operator.attrgetter("_parameters")
@@ -158,12 +162,12 @@ _BUFFERS = operator.attrgetter("_buffers")
 
 
 class _ReachLayouts:
-    """A reach's cached layouts: its parameters, and the module state of each set of modules."""
+    """A reach's cached layouts: its buffers and parameters, and the module state of each set of modules."""
 
-    __slots__ = ("parameters", "states")
+    __slots__ = ("tensors", "states")
 
     def __init__(self) -> None:
-        self.parameters: _Flat | None = None
+        self.tensors: _Flat | None = None
         self.states: dict[tuple[tuple[str, torch.nn.Module], ...], _Flat] = {}
 
 
@@ -178,22 +182,46 @@ def _layouts_of(reach: Reach) -> _ReachLayouts:
     return layouts
 
 
+def _tensor_slots(reach: Reach) -> _Flat:
+    """The buffer and parameter slots of every reached module: ``(dict, name, key)``, the key
+    ``("buffer", subject)`` or ``("param_version", dotted name)``."""
+    pairs = list(reach.modules.values())
+    modules = [module for _, module in pairs]
+    dicts = list(map(_BUFFERS, modules)) + list(map(_PARAMETERS, modules))
+    layouts = _layouts_of(reach)
+    flat = layouts.tensors
+    if flat is None or not flat.valid(dicts):
+        entries: list[tuple[dict[str, Any], str, Any]] = []
+        for name, module in pairs:
+            own = module._buffers
+            entries.extend((own, buffer, ("buffer", buffer_subject(name, buffer))) for buffer in own)
+        for name, module in pairs:
+            params: dict[str, Any] = module._parameters
+            entries.extend((params, param, ("param_version", f"{name}.{param}" if name else param)) for param in params)
+        flat = layouts.tensors = _Flat(dicts, entries)
+    return flat
+
+
 def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
     """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
-    modules = [module for _, module in list(reach.modules.values())]
-    dicts = list(map(_PARAMETERS, modules))
-    layouts = _layouts_of(reach)
-    flat = layouts.parameters
-    if flat is None or not flat.valid(dicts):
-        entries = [(own, param_name, ("param_version", f"{name}.{param_name}" if name else param_name))
-                   for (name, _), own in zip(list(reach.modules.values()), dicts) for param_name in own]
-        flat = layouts.parameters = _Flat(dicts, entries)
     found = []
-    for own, param_name, key in flat.entries:
-        param = own[param_name]
-        if param is not None:
-            found.append((key, param._version))
+    for own, name, key in _tensor_slots(reach).entries:
+        if key[0] == "param_version":
+            param = own[name]
+            if param is not None:
+                found.append((key, param._version))
     return found
+
+
+def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The buffers and the parameters of every reached module."""
+    buffers: list[torch.Tensor] = []
+    params: list[torch.Tensor] = []
+    for own, name, key in _tensor_slots(reach).entries:
+        tensor = own[name]
+        if tensor is not None:
+            (params if key[0] == "param_version" else buffers).append(tensor)
+    return buffers, params
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,

@@ -122,14 +122,10 @@ class Forward:
         """The storages of the reached modules' buffers and parameters (kept per module count)."""
         if self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = len(self.reach.modules)
-            modules = [module for _, module in list(self.reach.modules.values())]
-            self.buffer_pointers = dict.fromkeys(
-                buffer.data_ptr() for module in modules for buffer in module._buffers.values()
-                if buffer is not None and buffer.numel())
-            self.parameter_storages = {
-                param.untyped_storage().data_ptr(): param for module in modules
-                for param in module._parameters.values()
-                if param is not None and param.numel() and param.layout == torch.strided}
+            buffers, params = capture.reached_tensors(self.reach)
+            self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel())
+            self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
+                                       if param.numel() and param.layout == torch.strided}
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
