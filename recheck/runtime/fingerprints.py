@@ -94,31 +94,32 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     the manager's registry of every logger in the process (grown by any import, torch's
     own during the first backward), which change without changing the region.
     """
-    if value is None or isinstance(value, (bool, int, str, bytes)):
-        return (type(value).__name__, value)
-    if isinstance(value, float):
+    cls = type(value)  # not isinstance: see shallow()
+    if value is None or issubclass(cls, (bool, int, str, bytes)):
+        return (cls.__name__, value)
+    if issubclass(cls, float):
         return ("float", float_bits(value))
-    if isinstance(value, complex):
+    if issubclass(cls, complex):
         return ("complex", float_bits(value.real), float_bits(value.imag))
-    if isinstance(value, torch.Tensor):
+    if issubclass(cls, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype), str(value.device),
                 value.requires_grad, digest(value))
-    if isinstance(value, torch.Generator):
+    if issubclass(cls, torch.Generator):
         return ("generator", id(value))  # its stream is compared as ``rng``
-    if isinstance(value, _LOGGERS):
-        logger = value.logger if isinstance(value, logging.LoggerAdapter) else value
+    if issubclass(cls, _LOGGERS):
+        logger = value.logger if issubclass(cls, logging.LoggerAdapter) else value
         return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
                 tuple(map(id, logger.handlers)))
-    if depth <= 0 or isinstance(value, (torch.nn.Module, type)) or callable(value):
+    if depth <= 0 or issubclass(cls, (torch.nn.Module, type)) or callable(value):
         return ("id", type(value).__name__, id(value))
-    if isinstance(value, (list, tuple)):
+    if issubclass(cls, (list, tuple)):
         items = tuple(fingerprint(v, depth - 1) for v in value[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
-    if isinstance(value, dict):
+    if issubclass(cls, dict):
         items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
                       for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
-    if isinstance(value, (set, frozenset)):
+    if issubclass(cls, (set, frozenset)):
         members = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
         return (type(value).__name__, len(value), members)
     if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
