@@ -114,7 +114,7 @@ class TensorRecord:
                 t.copy_(self.copy)
         _set_version(t, self.version)
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
         Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
@@ -151,7 +151,7 @@ class GradRecord:
     def restore(self) -> None:
         self.parameter.grad = self.grad
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         return iter(())
 
 
@@ -212,6 +212,16 @@ def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
 
 
+def _printed(value: Any, printed: dict[int, Any] | None) -> Any:
+    """``fingerprint(value)``, taken once per object in one pass that passes ``printed``."""
+    if printed is None:
+        return fingerprint(value)
+    found = printed.get(id(value), MISSING)
+    if found is MISSING:
+        found = printed[id(value)] = fingerprint(value)
+    return found
+
+
 class ValueRecord:
     """One key of a namespace dict (a module's ``__dict__`` or a module's globals)."""
 
@@ -241,13 +251,13 @@ class ValueRecord:
         if self.content is not None:
             self.content.restore()
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         value = self.namespace.get(self.key, MISSING)
         if value is MISSING:
             yield Observed(self.kind, self.subject, "<absent>", "<absent>")
             return
-        printed = fingerprint(value)
-        yield Observed(self.kind, self.subject, printed, show_printed(value, printed))
+        seen = _printed(value, printed)
+        yield Observed(self.kind, self.subject, seen, show_printed(value, seen))
 
 
 class NewKeysRecord:
@@ -274,11 +284,11 @@ class NewKeysRecord:
         for key in self._new():
             del self.namespace[key]
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         for key in self._new():
             value = self.namespace[key]
-            printed = fingerprint(value)
-            yield Observed("state", attribute_subject(self.module, key), printed, show_printed(value, printed))
+            seen = _printed(value, printed)
+            yield Observed("state", attribute_subject(self.module, key), seen, show_printed(value, seen))
 
 
 class BindingsRecord:
@@ -295,7 +305,7 @@ class BindingsRecord:
     def restore(self) -> None:
         self.content.restore()
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         return iter(())
 
 
@@ -313,7 +323,7 @@ class DefaultDtypeRecord:
         if torch.get_default_dtype() != self.dtype:
             torch.set_default_dtype(self.dtype)
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
         dtype = torch.get_default_dtype()
         yield Observed("context", DEFAULT_DTYPE_SUBJECT, str(dtype), str(dtype).removeprefix("torch."))
 
@@ -443,7 +453,10 @@ class Snapshot:
         seen: dict[tuple[str, str], Observed] = {}
         for item in self.rng.observe():
             seen[(item.kind, item.subject)] = item
+        # one object held by many modules (a transformers config on every layer) is printed
+        # once per pass: nothing changes while the records are read
+        printed: dict[int, Any] = {}
         for record in self.records:
-            for item in record.observe():
+            for item in record.observe(printed):
                 seen[(item.kind, item.subject)] = item
         return seen

@@ -60,7 +60,10 @@ class Dispatcher(Interceptor):
         self.region_calls: dict[Any, int] = {}
         self._lock = threading.RLock()
         self._local = threading.local()
+        #: the global module pre-hook, installed only while some thread runs a region's forward
+        #: (any global hook sends every module call of the program down torch's slow path)
         self._hook_handle: Any = None
+        self._hook_users = 0
         self._keys = itertools.count()
         self._reach_cache: dict[Any, Any] = {}
 
@@ -76,7 +79,6 @@ class Dispatcher(Interceptor):
                     session.add_note(f"checkpoint-functions: {how}; its calls are not intercepted")
             pipelining.acquire()
             if not self.sessions:
-                self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
                 hold_logging()  # for the block, not for each recompute's capture
             self.sessions.append(session)
 
@@ -87,10 +89,10 @@ class Dispatcher(Interceptor):
                 for record in self.records:
                     record.closed = True
                 self.records, self.region_calls, self._reach_cache = [], {}, {}
-                if self._hook_handle is not None:
+                if self._hook_handle is not None:  # a forward that never ended (its thread died)
                     self._hook_handle.remove()
-                    self._hook_handle = None
-                    release_logging()
+                    self._hook_handle, self._hook_users = None, 0
+                release_logging()
             pipelining.release()
             patches.release()
 
@@ -235,12 +237,24 @@ class Dispatcher(Interceptor):
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             record.abort_forward()
             self._internal_error("recording a forward", exc)
-        self._collectors().append(record)
+        stack = self._collectors()
+        stack.append(record)
+        if len(stack) == 1:
+            with self._lock:
+                self._hook_users += 1
+                if self._hook_handle is None:
+                    self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
 
     def _end_forward(self, record: InvocationRecord, output: Any, has_output: bool, *, failed: bool) -> None:
         stack = self._collectors()
         if stack and stack[-1] is record:
             stack.pop()
+            if not stack:
+                with self._lock:
+                    self._hook_users -= 1
+                    if not self._hook_users and self._hook_handle is not None:
+                        self._hook_handle.remove()
+                        self._hook_handle = None
         if failed:
             record.abort_forward()
             return

@@ -1,0 +1,81 @@
+"""watcher/capture.py: the layouts cached per reach follow every change of the modules they describe."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from recheck.runtime.reach import Reach
+from recheck.watcher.capture import module_state, parameter_versions, reached_tensors
+
+
+def _reach(model: nn.Module) -> Reach:
+    reach = Reach()
+    reach.add_module("", model)
+    return reach
+
+
+def _versions(reach: Reach) -> dict[str, int]:
+    return {key[1]: version for key, version in parameter_versions(reach)}
+
+
+def test_parameter_versions_follow_a_parameter_registered_replaced_or_bumped_later():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    reach = _reach(model)
+    assert set(_versions(reach)) == {"0.weight", "0.bias"}
+    model[1].register_parameter("slope", nn.Parameter(torch.ones(1)))  # an empty dict fills
+    assert set(_versions(reach)) == {"0.weight", "0.bias", "1.slope"}
+    with torch.no_grad():
+        model[0].weight.add_(1)
+    assert _versions(reach)["0.weight"] == model[0].weight._version
+    model[0].bias = nn.Parameter(torch.zeros(2))  # the same name, another tensor
+    assert _versions(reach)["0.bias"] == model[0].bias._version
+    model[0].bias = None
+    assert "0.bias" not in _versions(reach)
+    del model[0]._parameters["bias"]
+    model[0].register_parameter("gain", nn.Parameter(torch.ones(2)))  # as many names as before
+    assert set(_versions(reach)) == {"0.weight", "0.gain", "1.slope"}
+
+
+def test_reached_tensors_follow_a_buffer_rebound():
+    model = nn.BatchNorm1d(2)
+    reach = _reach(model)
+    buffers, params = reached_tensors(reach)
+    assert any(b is model.running_mean for b in buffers) and any(p is model.weight for p in params)
+    model.running_mean = torch.zeros(2)
+    buffers, _ = reached_tensors(reach)
+    assert any(b is model.running_mean for b in buffers)
+
+
+def test_module_state_with_a_reach_sees_attributes_that_appear_change_and_go():
+    model = nn.Linear(2, 2)
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+
+    def attributes() -> dict[str, object]:
+        return {k[1]: v[1] for k, v in module_state(pairs, "digest", reach=reach).items() if k[0] == "attribute"}
+
+    assert attributes()["attribute `self.in_features`"] == 2
+    model.calls = 1
+    assert attributes()["attribute `self.calls`"] == 1
+    model.calls = 2
+    assert attributes()["attribute `self.calls`"] == 2
+    del model.calls
+    model.other = 3  # as many names as before, another one
+    state = attributes()
+    assert "attribute `self.calls`" not in state and state["attribute `self.other`"] == 3
+
+
+def test_module_state_tells_a_bool_from_an_int_and_reads_floats_by_bits():
+    model = nn.Linear(2, 2)
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+    key = ("attribute", "attribute `self.flag`")
+    model.flag = True
+    first = module_state(pairs, "digest", reach=reach)[key]
+    model.flag = 1
+    assert module_state(pairs, "digest", reach=reach)[key][0] != first[0]
+    model.flag = 0.0
+    zero = module_state(pairs, "digest", reach=reach)[key]
+    model.flag = -0.0
+    assert module_state(pairs, "digest", reach=reach)[key][0] != zero[0]

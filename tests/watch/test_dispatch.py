@@ -1,0 +1,56 @@
+"""watcher/dispatch.py: the global module hook is there only while a region's forward runs."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+
+
+def _global_pre_hooks() -> int:
+    return len(torch_module._global_forward_pre_hooks)
+
+
+class Inner(nn.Module):
+    def __init__(self, seen: list[int]) -> None:
+        super().__init__()
+        self.lin, self.seen = nn.Linear(4, 4), seen
+
+    def forward(self, x):
+        self.seen.append(_global_pre_hooks())
+        return torch.tanh(self.lin(x))
+
+
+def test_no_global_module_hook_outside_a_regions_forward():
+    before = _global_pre_hooks()
+    seen: list[int] = []
+    inner, outside = Inner(seen), nn.Linear(4, 4)
+    with recheck.watch(raise_on_finding=False) as w:  # `seen` grows on each run: a finding of its own
+        assert _global_pre_hooks() == before
+        y = checkpoint(inner, outside(torch.randn(2, 4)), use_reentrant=False)
+        assert _global_pre_hooks() == before  # the rest of the model keeps torch's fast path
+        y.sum().backward()
+        nested = checkpoint(lambda x: checkpoint(inner, x, use_reentrant=False), torch.randn(2, 4, requires_grad=True),
+                            use_reentrant=False)
+        assert _global_pre_hooks() == before
+        nested.sum().backward()
+    assert _global_pre_hooks() == before
+    assert seen[0] == before + 1 and seen[1] == before  # in the forward (its modules are found running), not in the recompute
+    assert {f.subject for f in w.report} == {"attribute `self.seen`"}, str(w.report)
+
+
+def test_the_global_hook_goes_when_a_regions_forward_raises():
+    before = _global_pre_hooks()
+
+    def region(x):
+        raise ValueError("planted")
+
+    with recheck.watch(raise_on_finding=False):
+        try:
+            checkpoint(region, torch.randn(2, 4, requires_grad=True), use_reentrant=False)
+        except ValueError:
+            pass
+        assert _global_pre_hooks() == before
