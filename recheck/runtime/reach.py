@@ -393,8 +393,8 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     names, so an id cannot be reused meanwhile.  Where every object the key names can be
     weakly referenced (modules, functions), the reach is also kept across ``watch()`` blocks
     (a test suite watches each test in its own block), as a :class:`_Dormant` one that holds
-    its objects weakly: it is valid only while those very objects are alive, and it keeps
-    none of them alive (a test's model is freed when the test drops it).
+    its objects weakly: it is valid only while the objects its key names are alive, and it
+    keeps none of them alive (a test's model is freed when the test drops it).
     """
     key, holders = _cache_key(function)
     if key is None:
@@ -427,7 +427,7 @@ class _Dormant:
 
     The live reach (weakly: while a block's cache holds it, it is the one returned), and a
     copy of it as it was when walked whose modules, generators, tensors and plain objects
-    are weak references: revived into a new :class:`Reach` while all of them are alive.
+    are weak references: revived into a new :class:`Reach` of those still alive.
     """
 
     __slots__ = ("live", "template", "refs")
@@ -451,8 +451,14 @@ class _Dormant:
         template.modules, template.generators, template.tensors, template.objects = {}, {}, {}, {}
         return cls(reach, template, refs)
 
-    def revive(self) -> Reach | None:
-        """The live reach, or a new one from the template; None when an object it held is gone."""
+    def revive(self) -> Reach:
+        """The live reach, or a new one from the template with the objects still alive.
+
+        An object that died is left out: nothing the region holds refers to it any more
+        (what its code, closure, ``partial`` and bound ``self`` hold stays alive with them; a
+        ``partial`` of transformers' checkpointed layers holds the call's tensors, which die
+        with the step).
+        """
         live = self.live()
         if live is not None:
             return live
@@ -462,9 +468,8 @@ class _Dormant:
             for key, held in refs.items():
                 name, ref = held if what == "modules" else (None, held)
                 value = ref()
-                if value is None:
-                    return None
-                values[key] = (name, value) if what == "modules" else value
+                if value is not None:
+                    values[key] = (name, value) if what == "modules" else value
             found[what] = values
         reach = self.template.copy()
         reach.modules, reach.generators = found["modules"], found["generators"]

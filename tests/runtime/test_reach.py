@@ -95,3 +95,25 @@ def test_a_reach_dropped_between_blocks_is_revived_without_walking_the_code_agai
     assert all(module is dict(block.named_modules())[name] for name, module in again.modules.values())
     assert any(t is SCALE for t in again.tensors.values())
     assert reach_of(block, {}) is again  # alive: the same object
+
+
+def test_a_partial_whose_call_tensors_died_is_revived_without_them(monkeypatch):
+    """transformers checkpoints ``partial(layer.__call__, **kwargs)``: the call's tensors die with the step."""
+    import functools
+    import gc
+
+    import recheck.runtime.reach as reach_module
+
+    block = _Block()
+
+    def first_reach():
+        mask = torch.ones(2)
+        return reach_of(functools.partial(block.__call__, mask=mask), {})
+
+    names = {key: name for key, (name, _) in first_reach().modules.items()}
+    gc.collect()
+    walks = []
+    monkeypatch.setattr(reach_module, "static_reach", lambda *a: walks.append(a) or static_reach(*a))
+    again = reach_of(functools.partial(block.__call__, mask=torch.zeros(2)), {})
+    assert walks == []
+    assert {key: name for key, (name, _) in again.modules.items()} == names
