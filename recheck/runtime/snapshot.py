@@ -24,6 +24,7 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 from __future__ import annotations
 
 import functools
+import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -212,6 +213,11 @@ def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
 
 
+#: per thread, while :meth:`Snapshot.track` runs: the fingerprints taken in that pass, by id
+#: (a record made later, by ``recapture``, prints its value afresh)
+_TRACKING = threading.local()
+
+
 def _printed(value: Any, printed: dict[int, Any] | None) -> Any:
     """``fingerprint(value)``, taken once per object in one pass that passes ``printed``."""
     if printed is None:
@@ -233,7 +239,7 @@ class ValueRecord:
         self.present = key in namespace
         self.value = namespace.get(key)
         self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
-        self.print = fingerprint(self.value) if self.present else MISSING
+        self.print = _printed(self.value, getattr(_TRACKING, "printed", None)) if self.present else MISSING
 
     def unchanged(self) -> bool:
         """True when the key holds a value with the captured fingerprint (or is still absent)."""
@@ -370,6 +376,14 @@ class Snapshot:
         parameters must not change; ``state`` for a step, whose optimizer changes them).
         Returns the parameters newly tracked, by dotted name.
         """
+        outer = getattr(_TRACKING, "printed", None)
+        _TRACKING.printed = {} if outer is None else outer  # nothing changes while it runs
+        try:
+            return self._track(reach, param_kind)
+        finally:
+            _TRACKING.printed = outer
+
+    def _track(self, reach: Reach, param_kind: str) -> dict[str, torch.Tensor]:
         add = self.add
         found: dict[str, torch.Tensor] = {}
         for name, generator in reach.generators.items():
