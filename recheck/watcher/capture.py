@@ -9,6 +9,7 @@ watching many invocations: module state
 
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 from typing import Any, Iterable
@@ -137,24 +138,39 @@ def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str
 
 
 class _Flat:
-    """The slots of several dicts (modules' ``__dict__``, ``_buffers``, ``_parameters``) as one
-    list of ``(dict, name, state key)``, valid while each dict is the same object holding the
-    same names.  Checking that takes a few C-level passes over the dicts, not a Python loop
-    over the modules: a region that reaches 80 modules (timm's ``checkpoint_seq`` closes over
-    every block) reads their parameters' versions twice per invocation."""
+    """The slots of several dicts (modules' ``__dict__``, ``_buffers``, ``_parameters``): three
+    parallel lists, the dict, the name in it and the state key of each slot (lists, not a tuple
+    per slot: what a layout keeps adds few objects for the garbage collector to walk), valid
+    while each dict is the same object holding the same names.  Checking that takes a few
+    C-level passes over the dicts, not a Python loop over the modules: a region that reaches
+    80 modules (timm's ``checkpoint_seq`` closes over every block) reads their parameters'
+    versions twice per invocation."""
 
-    __slots__ = ("dicts", "sizes", "filled", "names", "entries")
+    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys")
 
-    def __init__(self, dicts: list[dict[str, Any]], entries: list[tuple[dict[str, Any], str, Any]]) -> None:
-        self.dicts, self.entries = dicts, entries
+    def __init__(self, dicts: list[dict[str, Any]]) -> None:
+        self.dicts = dicts
         self.sizes = list(map(len, dicts))
-        #: the dicts that hold names, and those names (an empty dict is checked by its size)
+        #: the dicts that hold names, and copies of those names (dicts of strings, which the
+        #: collector does not track; an empty dict is checked by its size)
         self.filled = [d for d in dicts if d]
-        self.names = [frozenset(d) for d in self.filled]
+        self.names = [dict.fromkeys(d) for d in self.filled]
+        self.owners: list[dict[str, Any]] = []
+        self.slots: list[str] = []
+        self.keys: list[Any] = []
+
+    def add(self, owner: dict[str, Any], slot: str, key: Any) -> None:
+        self.owners.append(owner)
+        self.slots.append(slot)
+        self.keys.append(key)
+
+    def entries(self) -> Iterable[tuple[dict[str, Any], str, Any]]:
+        return zip(self.owners, self.slots, self.keys)
 
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
         return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
-                and list(map(len, dicts)) == self.sizes and list(map(dict.keys, self.filled)) == self.names)
+                and list(map(len, dicts)) == self.sizes
+                and list(map(dict.keys, self.filled)) == list(map(dict.keys, self.names)))
 
 
 _PARAMETERS = operator.attrgetter("_parameters")
@@ -182,6 +198,15 @@ def _layouts_of(reach: Reach) -> _ReachLayouts:
     return layouts
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _slot_key(kind: str, module: str, name: str) -> tuple[str, str]:
+    """The key of a module's buffer or parameter (one object per name: a region of timm's
+    ``checkpoint_seq`` reaches every module of the model, and each block makes its layout)."""
+    if kind == "buffer":
+        return kind, buffer_subject(module, name)
+    return kind, f"{module}.{name}" if module else name
+
+
 def _tensor_slots(reach: Reach) -> _Flat:
     """The buffer and parameter slots of every reached module: ``(dict, name, key)``, the key
     ``("buffer", subject)`` or ``("param_version", dotted name)``."""
@@ -191,21 +216,21 @@ def _tensor_slots(reach: Reach) -> _Flat:
     layouts = _layouts_of(reach)
     flat = layouts.tensors
     if flat is None or not flat.valid(dicts):
-        entries: list[tuple[dict[str, Any], str, Any]] = []
+        flat = _Flat(dicts)
         for name, module in pairs:
-            own = module._buffers
-            entries.extend((own, buffer, ("buffer", buffer_subject(name, buffer))) for buffer in own)
+            for buffer in module._buffers:
+                flat.add(module._buffers, buffer, _slot_key("buffer", name, buffer))
         for name, module in pairs:
-            params: dict[str, Any] = module._parameters
-            entries.extend((params, param, ("param_version", f"{name}.{param}" if name else param)) for param in params)
-        flat = layouts.tensors = _Flat(dicts, entries)
+            for param in module._parameters:
+                flat.add(module._parameters, param, _slot_key("param_version", name, param))
+        layouts.tensors = flat
     return flat
 
 
 def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
     """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
     found = []
-    for own, name, key in _tensor_slots(reach).entries:
+    for own, name, key in _tensor_slots(reach).entries():
         if key[0] == "param_version":
             param = own[name]
             if param is not None:
@@ -217,7 +242,7 @@ def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor
     """The buffers and the parameters of every reached module."""
     buffers: list[torch.Tensor] = []
     params: list[torch.Tensor] = []
-    for own, name, key in _tensor_slots(reach).entries:
+    for own, name, key in _tensor_slots(reach).entries():
         tensor = own[name]
         if tensor is not None:
             (params if key[0] == "param_version" else buffers).append(tensor)
@@ -299,12 +324,13 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
     states = _layouts_of(reach).states if reach is not None else None
     flat = states.get(pairs) if states is not None else None
     if flat is None or not flat.valid(dicts):
-        entries: list[tuple[dict[str, Any], str, Any]] = []
+        flat = _Flat(dicts)
         for name, module in pairs:
             _, _, attribute_keys, buffer_keys = _layout(name, module)
-            entries.extend((module._buffers, buffer_name, key) for buffer_name, key in buffer_keys)
-            entries.extend((vars(module), attr, key) for attr, key in attribute_keys)
-        flat = _Flat(dicts, entries)
+            for buffer_name, key in buffer_keys:
+                flat.add(module._buffers, buffer_name, key)
+            for attr, key in attribute_keys:
+                flat.add(vars(module), attr, key)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
                 states.clear()
@@ -341,7 +367,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
 
     pairs = tuple(modules)
     flat = _state_layout(pairs, reach)
-    for own, slot, key in flat.entries:
+    for own, slot, key in flat.entries():
         value = own[slot]
         if key[0] == "attribute":
             state[key] = (value, value) if type(value) in AS_IS else entry(value)
