@@ -1,9 +1,9 @@
-"""Overhead of ``recheck.watch()`` on checkpointed training loops: wall-time ratio and extra peak memory.
+"""Overhead of ``recheck.watch()`` on checkpointed training loops: time ratio and extra peak memory.
 
 Modes: ``plain`` (no watch), ``digest`` (``watch()``, the default) and ``copy``
-(``watch(store="copy")``).  Wall times come from one subprocess per model that times the
-three modes in turn, ``--repeats`` rounds, best of each (so load from other processes
-affects them alike), after one warm-up step.  Peak memory (``ru_maxrss`` on CPU,
+(``watch(store="copy")``).  Times (this process's CPU time on the CPU, wall time on CUDA) come
+from one subprocess per model that times the three modes in turn, ``--repeats`` rounds, best
+of each (so load from other processes affects them alike), after one warm-up step.  Peak memory (``ru_maxrss`` on CPU,
 ``torch.cuda.max_memory_allocated`` on CUDA) comes from one fresh subprocess per mode.  Models: a tiny transformers Llama (2 layers, hidden 32) and timm ResNet
 and ViT when those libraries import (torch 2.14.1 + torchvision 0.29.1 environment),
 and a plain-torch MLP that always runs.
@@ -88,7 +88,7 @@ def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -
 
     ``mode`` is one of :data:`MODES`, or ``interleaved``: all three modes timed in turn
     ``repeats`` times on the same model, so that load from other processes on the
-    machine affects each mode alike (the wall-time ratios come from this run).
+    machine affects each mode alike (the ratios come from this run).
     """
     import contextlib
 
@@ -102,6 +102,9 @@ def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     modes = MODES if mode == "interleaved" else (mode,)
+    # this process's CPU time on the CPU (steadier on a shared machine: one thread does all
+    # the work); wall time after a synchronize on CUDA
+    clock = time.process_time if device == "cpu" else time.perf_counter
     best = {m: float("inf") for m in modes}
     findings = invocations = 0
     for _ in range(repeats):
@@ -110,13 +113,13 @@ def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -
                        else recheck.watch(raise_on_finding=False, store=current))
             if device == "cuda":
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             with context as watcher:
                 for _ in range(steps):
                     step()
             if device == "cuda":
                 torch.cuda.synchronize()
-            best[current] = min(best[current], time.perf_counter() - start)
+            best[current] = min(best[current], clock() - start)
             if watcher is not None:
                 findings, invocations = len(watcher.report), watcher.report.stats["invocations"]
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
