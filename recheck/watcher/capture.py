@@ -184,7 +184,9 @@ class _ReachLayouts:
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
-        self.states: dict[tuple[tuple[str, torch.nn.Module], ...], _Flat] = {}
+        #: by the names and ids of the modules (the reach holds the modules, so their ids stay
+        #: theirs; a tuple of ids is hashed without asking the modules)
+        self.states: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
 
 
 #: per reach (dropped with it; a layout holds the reach's own modules' dicts, nothing more)
@@ -322,7 +324,8 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
     modules = [module for _, module in pairs]
     dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
-    flat = states.get(pairs) if states is not None else None
+    modules_key = (tuple(name for name, _ in pairs), tuple(map(id, modules)))
+    flat = states.get(modules_key) if states is not None else None
     if flat is None or not flat.valid(dicts):
         flat = _Flat(dicts)
         for name, module in pairs:
@@ -334,7 +337,7 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
                 states.clear()
-            states[pairs] = flat
+            states[modules_key] = flat
     return flat
 
 

@@ -79,3 +79,4 @@ def test_module_state_tells_a_bool_from_an_int_and_reads_floats_by_bits():
     zero = module_state(pairs, "digest", reach=reach)[key]
     model.flag = -0.0
     assert module_state(pairs, "digest", reach=reach)[key][0] != zero[0]
+
