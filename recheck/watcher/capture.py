@@ -175,6 +175,7 @@ class _Flat:
 
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
+_NAME = operator.itemgetter(0)
 
 
 class _ReachLayouts:
@@ -324,7 +325,7 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
     modules = [module for _, module in pairs]
     dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
-    modules_key = (tuple(name for name, _ in pairs), tuple(map(id, modules)))
+    modules_key = (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
     flat = states.get(modules_key) if states is not None else None
     if flat is None or not flat.valid(dicts):
         flat = _Flat(dicts)
