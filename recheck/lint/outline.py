@@ -67,14 +67,20 @@ class TextLines:
             self._starts = starts
         return bisect.bisect_right(self._starts, offset)
 
-    def words(self, word: str) -> Iterator[int]:
-        """Offsets of ``word`` where it is a whole identifier (not part of a longer one)."""
-        text, size, start = self.text, len(word), 0
+    def occurrences(self, needle: str) -> Iterator[int]:
+        """Every offset where ``needle`` starts, overlapping ones included."""
+        text, start = self.text, 0
         while True:
-            found = text.find(word, start)
+            found = text.find(needle, start)
             if found < 0:
                 return
             start = found + 1
+            yield found
+
+    def words(self, word: str) -> Iterator[int]:
+        """Offsets of ``word`` where it is a whole identifier (not part of a longer one)."""
+        text, size = self.text, len(word)
+        for found in self.occurrences(word):
             if found and _identifier_char(text[found - 1]):
                 continue
             end = found + size
@@ -125,12 +131,7 @@ def units_with_words(text: TextLines, units: Sequence[Unit], words: Iterable[str
     for word in words:
         found_lines += (text.line(at) for at in text.words(word) if not used or used_as_value(source, at, at + len(word)))
     for fragment, spellings in fragments:
-        start = 0
-        while True:
-            found = source.find(fragment, start)
-            if found < 0:
-                break
-            start = found + 1
+        for found in text.occurrences(fragment):
             if not spellings:
                 found_lines.append(text.line(found))
                 continue
@@ -188,12 +189,7 @@ def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str
         return set()
     source, lines = text.text, []
     for method in _MUTATING:
-        start = 0
-        while True:
-            found = source.find(method, start)
-            if found < 0:
-                break
-            start = found + 1
+        for found in text.occurrences(method):
             end = found + len(method)
             if end < len(source) and _identifier_char(source[end]):
                 continue
