@@ -23,6 +23,7 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
@@ -115,7 +116,7 @@ class TensorRecord:
                 t.copy_(self.copy)
         _set_version(t, self.version)
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
         Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
@@ -152,7 +153,7 @@ class GradRecord:
     def restore(self) -> None:
         self.parameter.grad = self.grad
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         return iter(())
 
 
@@ -213,13 +214,27 @@ def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
 
 
-#: per thread, while :meth:`Snapshot.track` runs: the fingerprints taken in that pass, by id
-#: (a record made later, by ``recapture``, prints its value afresh)
-_TRACKING = threading.local()
+#: per thread, while :meth:`Snapshot.track` or :meth:`Snapshot.observe` runs: the fingerprints
+#: taken in that pass, by id (nothing changes during a pass; a record made later, by
+#: ``recapture``, prints its value afresh)
+_PASS = threading.local()
 
 
-def _printed(value: Any, printed: dict[int, Any] | None) -> Any:
-    """``fingerprint(value)``, taken once per object in one pass that passes ``printed``."""
+@contextlib.contextmanager
+def _one_pass() -> Iterator[None]:
+    """One object held by many modules (a transformers config on every layer) is printed once
+    in the block."""
+    outer = getattr(_PASS, "printed", None)
+    _PASS.printed = {}
+    try:
+        yield
+    finally:
+        _PASS.printed = outer
+
+
+def _printed(value: Any) -> Any:
+    """``fingerprint(value)``, taken once per object in a :func:`_one_pass` block."""
+    printed = getattr(_PASS, "printed", None)
     if printed is None:
         return fingerprint(value)
     found = printed.get(id(value), MISSING)
@@ -239,7 +254,7 @@ class ValueRecord:
         self.present = key in namespace
         self.value = namespace.get(key)
         self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
-        self.print = _printed(self.value, getattr(_TRACKING, "printed", None)) if self.present else MISSING
+        self.print = _printed(self.value) if self.present else MISSING
 
     def unchanged(self) -> bool:
         """True when the key holds a value with the captured fingerprint (or is still absent)."""
@@ -257,12 +272,12 @@ class ValueRecord:
         if self.content is not None:
             self.content.restore()
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         value = self.namespace.get(self.key, MISSING)
         if value is MISSING:
             yield Observed(self.kind, self.subject, "<absent>", "<absent>")
             return
-        seen = _printed(value, printed)
+        seen = _printed(value)
         yield Observed(self.kind, self.subject, seen, show_printed(value, seen))
 
 
@@ -290,10 +305,10 @@ class NewKeysRecord:
         for key in self._new():
             del self.namespace[key]
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         for key in self._new():
             value = self.namespace[key]
-            seen = _printed(value, printed)
+            seen = _printed(value)
             yield Observed("state", attribute_subject(self.module, key), seen, show_printed(value, seen))
 
 
@@ -311,7 +326,7 @@ class BindingsRecord:
     def restore(self) -> None:
         self.content.restore()
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         return iter(())
 
 
@@ -329,7 +344,7 @@ class DefaultDtypeRecord:
         if torch.get_default_dtype() != self.dtype:
             torch.set_default_dtype(self.dtype)
 
-    def observe(self, printed: dict[int, Any] | None = None) -> Iterator[Observed]:
+    def observe(self) -> Iterator[Observed]:
         dtype = torch.get_default_dtype()
         yield Observed("context", DEFAULT_DTYPE_SUBJECT, str(dtype), str(dtype).removeprefix("torch."))
 
@@ -376,12 +391,8 @@ class Snapshot:
         parameters must not change; ``state`` for a step, whose optimizer changes them).
         Returns the parameters newly tracked, by dotted name.
         """
-        outer = getattr(_TRACKING, "printed", None)
-        _TRACKING.printed = {} if outer is None else outer  # nothing changes while it runs
-        try:
+        with _one_pass():
             return self._track(reach, param_kind)
-        finally:
-            _TRACKING.printed = outer
 
     def _track(self, reach: Reach, param_kind: str) -> dict[str, torch.Tensor]:
         add = self.add
@@ -467,10 +478,8 @@ class Snapshot:
         seen: dict[tuple[str, str], Observed] = {}
         for item in self.rng.observe():
             seen[(item.kind, item.subject)] = item
-        # one object held by many modules (a transformers config on every layer) is printed
-        # once per pass: nothing changes while the records are read
-        printed: dict[int, Any] = {}
-        for record in self.records:
-            for item in record.observe(printed):
-                seen[(item.kind, item.subject)] = item
+        with _one_pass():
+            for record in self.records:
+                for item in record.observe():
+                    seen[(item.kind, item.subject)] = item
         return seen
