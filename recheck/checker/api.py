@@ -82,28 +82,22 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
         raise TypeError(f"recheck.check(): kwargs must be a mapping of the region's keyword arguments, "
                         f"got {type(kwargs).__name__}")
     region = region_name(fn)
-    with collector_paused():  # see check_step
-        return _check(fn, args, kwargs, options, region, use_reentrant, preserve_rng_state, early_stop)
-
-
-def _check(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, options: CheckOptions,
-           region: str, use_reentrant: bool, preserve_rng_state: bool, early_stop: bool) -> Report:
-    __tracebackhide__ = True
-    runner = Runner(fn, args, dict(kwargs or {}), options)
-    replay = None
-    try:
-        plain = runner.execute("plain")
-        if plain.forward_error is not None:
-            raise plain.forward_error
-        if plain.backward_error is not None:
-            raise plain.backward_error
-        _validate(plain)
-        runner.restore()
-        user = runner.execute("user")
-        runner.restore()
-        replay = runner.replay(user)
-    finally:
-        runner.restore()
+    with collector_paused():  # the runs and restores; see check_step
+        runner = Runner(fn, args, dict(kwargs or {}), options)
+        replay = None
+        try:
+            plain = runner.execute("plain")
+            if plain.forward_error is not None:
+                raise plain.forward_error
+            if plain.backward_error is not None:
+                raise plain.backward_error
+            _validate(plain)
+            runner.restore()
+            user = runner.execute("user")
+            runner.restore()
+            replay = runner.replay(user)
+        finally:
+            runner.restore()
     ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=options.tolerance,
                   use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
     written = frozenset(ref.subject for ref in runner.reach.writes.values())
