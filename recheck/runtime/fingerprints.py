@@ -152,6 +152,41 @@ def is_module_state(name: str) -> bool:
 AS_IS = frozenset({int, str, bytes, type(None)})
 
 
+# what :func:`shallow` does with a value, by its type (an ``issubclass`` chain costs up to nine
+# calls a value; a state read at every invocation shallow-prints the same few types again)
+_SCALAR, _BOOL, _FLOAT, _TENSOR, _IDENTITY, _SEQUENCE, _DICT, _SET, _LOGGER, _OBJECT = range(10)
+_KINDS: dict[type, int] = {}
+_KINDS_SIZE = 4096
+
+
+def _kind(cls: type) -> int:
+    """The :func:`shallow` kind of values of type ``cls`` (what ``issubclass`` says of it)."""
+    if issubclass(cls, bool):
+        kind = _BOOL
+    elif issubclass(cls, (int, str, bytes)):
+        kind = _SCALAR
+    elif issubclass(cls, float):
+        kind = _FLOAT
+    elif issubclass(cls, torch.Tensor):
+        kind = _TENSOR
+    elif issubclass(cls, (torch.nn.Module, type, torch.Generator)):
+        kind = _IDENTITY
+    elif issubclass(cls, (list, tuple)):
+        kind = _SEQUENCE
+    elif issubclass(cls, dict):
+        kind = _DICT
+    elif issubclass(cls, (set, frozenset)):
+        kind = _SET
+    elif issubclass(cls, _LOGGERS):
+        kind = _LOGGER
+    else:
+        kind = _OBJECT
+    if len(_KINDS) >= _KINDS_SIZE:
+        _KINDS.clear()
+    _KINDS[cls] = kind
+    return kind
+
+
 def shallow(value: Any, depth: int = 2) -> Any:
     """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
 
@@ -162,34 +197,42 @@ def shallow(value: Any, depth: int = 2) -> Any:
     their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
     by identity and their ``__dict__``; numbers by bits.  Types are read with ``type()``, not
     ``isinstance``, which asks a value for its ``__class__``: a transformers config's
-    ``__getattribute__`` made each check cost 2 µs.
+    ``__getattribute__`` made each check cost 2 µs.  What a type is (a number, a container
+    ...) is looked up once per type (:func:`_kind`).
     """
     cls = type(value)
     if cls in AS_IS:
         return value
-    if issubclass(cls, (bool, int, str, bytes)):
-        return value if not issubclass(cls, bool) else ("bool", value)
-    if issubclass(cls, float):
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _kind(cls)
+    if kind == _SCALAR:
+        return value
+    if kind == _BOOL:
+        return ("bool", value)
+    if kind == _FLOAT:
         return ("float", float_bits(value))
-    if issubclass(cls, torch.Tensor):
+    if kind == _TENSOR:
         return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
-    if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
+    if depth <= 0 or kind == _IDENTITY or callable(value):
         return ("id", id(value))
-    if issubclass(cls, (list, tuple)):
-        return (type(value).__name__, len(value),
-                tuple(v if type(v) in AS_IS else shallow(v, depth - 1) for v in value[:_MAX_ITEMS]))
-    if issubclass(cls, dict):
-        return ("dict", len(value), tuple((k if isinstance(k, (str, int)) else id(k),
-                                           v if type(v) in AS_IS else shallow(v, depth - 1))
-                                          for k, v in list(dict.items(value))[:_MAX_ITEMS]))
-    if issubclass(cls, (set, frozenset)):
-        return (type(value).__name__, len(value), frozenset(shallow(v, 0) for v in list(value)[:_MAX_ITEMS]))
-    if issubclass(cls, _LOGGERS):
+    below = depth - 1
+    if kind == _SEQUENCE:
+        # a list or tuple itself is read as it is; a subclass through its slicing, as ever
+        items = value if (cls is list or cls is tuple) and len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
+        return (cls.__name__, len(value), tuple([v if type(v) in AS_IS else shallow(v, below) for v in items]))
+    if kind == _DICT:
+        pairs = list(dict.items(value))[:_MAX_ITEMS]
+        return ("dict", len(value), tuple([(k if isinstance(k, (str, int)) else id(k),
+                                            v if type(v) in AS_IS else shallow(v, below)) for k, v in pairs]))
+    if kind == _SET:
+        return (cls.__name__, len(value), frozenset([shallow(v, 0) for v in list(value)[:_MAX_ITEMS]]))
+    if kind == _LOGGER:
         return fingerprint(value)
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
-        return ("object", id(value), tuple((k, v if type(v) in AS_IS else shallow(v, depth - 1))
-                                      for k, v in list(attrs.items())[:_MAX_ITEMS]))
+        pairs = list(attrs.items())[:_MAX_ITEMS]
+        return ("object", id(value), tuple([(k, v if type(v) in AS_IS else shallow(v, below)) for k, v in pairs]))
     return ("id", id(value))
 
 

@@ -95,3 +95,41 @@ def test_shallow_tells_bools_ints_and_float_bits_apart_inside_containers():
     assert shallow((0.0,)) != shallow((-0.0,))
     assert shallow([float("nan")]) == shallow([float("nan")])
     assert shallow(["a", None, b"x", 3]) == shallow(["a", None, b"x", 3])
+
+
+class _Window(list):
+    """A list subclass whose slicing is its own (a view over part of it)."""
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(reversed(list.__getitem__(self, index)))
+        return list.__getitem__(self, index)
+
+
+class _Ticker:
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+def test_shallow_sorts_each_type_once_and_keeps_per_value_tests_per_value():
+    import enum
+
+    from recheck.runtime.fingerprints import shallow
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    # subclasses sort as their bases did with an issubclass chain: an IntEnum is an int
+    assert shallow(Level.LOW) is Level.LOW and shallow([Level.LOW]) == ("list", 1, (Level.LOW,))
+    # a list subclass is read through its own slicing, as before the table
+    assert shallow(_Window([1, 2])) == ("_Window", 2, (2, 1))
+    # callable() is asked of each value, not cached with its type
+    ticker = _Ticker()
+    before = shallow(ticker)
+    assert before[0] == "object"
+    _Ticker.__call__ = lambda self: None  # a class that gains __call__ later
+    try:
+        assert shallow(ticker) == ("id", id(ticker))
+    finally:
+        del _Ticker.__call__
+    assert shallow(ticker) == before
