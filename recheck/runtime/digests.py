@@ -126,7 +126,7 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
 
 def print_tensor(tensor: torch.Tensor, store: Store) -> TensorPrint:
     """The print of ``tensor`` under ``store`` ("digest" or "copy")."""
-    shape, dtype, device = tuple(tensor.shape), tensor.dtype, _device_name(tensor)
+    shape, dtype, device = tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor)
     plain = tensor
     try:
         if plain.layout is not torch.strided:
@@ -189,7 +189,8 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> i
     row-major bytes in a new tensor.  With XXH3 the header is the seed of one call over the
     bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
     """
-    header, seed, same_width = _header(tensor.dtype, tuple(tensor.shape) if shape is None else shape)
+    dtype, shape = tensor.dtype, tuple(tensor.shape) if shape is None else shape
+    header, seed, same_width = _HEADERS.get((dtype, shape)) or _header(dtype, shape)
     size = tensor.nbytes
     data: Any = b""
     if size:

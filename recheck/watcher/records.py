@@ -129,7 +129,8 @@ class Forward:
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
-        self._pointers()
+        if self.buffer_modules != len(self.reach.modules):
+            self._pointers()
         return bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
 
     def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
@@ -139,9 +140,9 @@ class Forward:
         """
         if not tensor.numel() or tensor.layout != torch.strided:
             return None
-        if refresh:
+        if refresh or self.buffer_modules != len(self.reach.modules):
             self.buffer_modules = -1
-        self._pointers()
+            self._pointers()
         return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
 
