@@ -112,10 +112,11 @@ class Twin:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def restore(self) -> None:
-        """Put everything back as it was before the first run."""
+    def restore(self, trust_observed: bool = False) -> None:
+        """Put everything back as it was before the first run (``trust_observed``: the
+        snapshot's last observe is current, so what it found unchanged is not compared again)."""
         try:
-            self.snapshot.restore()
+            self.snapshot.restore(trust_observed)
         finally:
             self._restore_loop()
 
@@ -131,7 +132,7 @@ class Twin:
                     subject = f"optimizer state `{label}.{key}`"
                     if isinstance(value, torch.Tensor):
                         run.post[("state", subject)] = Observed("state", subject, value.detach().clone())
-        self.restore()
+        self.restore(trust_observed=True)  # only reads since the observe
 
     # -- runs ----------------------------------------------------------------------------------
 

@@ -120,9 +120,11 @@ class TensorRecord:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
         Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
-        restore follows at once and so need not compare the bytes again.
+        restore follows at once and so need not compare the bytes again.  A tensor whose
+        version moved is copied without comparing its bytes first (an optimizer step moves
+        every parameter's): the copy holds the same bytes either way.
         """
-        if self.same_bytes():
+        if self.tensor._version == self.version and self.same_bytes():
             self._verified = True
             yield Observed(self.kind, self.subject, self.copy)
         else:
