@@ -120,6 +120,10 @@ def context_differences(forward: ComputeContext, recompute: ComputeContext, *,
     ``compare_grad=False`` leaves grad mode out: where the forward's grad mode is not
     known (a hand-written ``autograd.Function`` seen from inside), it cannot be compared.
     """
+    if forward is recompute or (forward.autocast == recompute.autocast  # the usual case: nothing to word
+                                and forward.default_dtype == recompute.default_dtype
+                                and (not compare_grad or forward.grad_enabled == recompute.grad_enabled)):
+        return []
     found: list[tuple[str, str, str]] = []
     if compare_grad and forward.grad_enabled != recompute.grad_enabled:
         def mode(on: bool) -> str:

@@ -26,15 +26,20 @@ __all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_states", "rng_su
 def _initialized_accelerators() -> Iterator[tuple[str, Any]]:
     if torch.cuda.is_initialized():  # cheap, and implies is_available() (which is not cheap)
         yield "cuda", torch.cuda
-    xpu = getattr(torch, "xpu", None)
     # initialized implies available (is_available() asks the driver: four reads a call)
-    if xpu is not None and getattr(xpu, "is_initialized", lambda: False)():
-        yield "xpu", xpu
+    if _XPU_IS_INITIALIZED is not None and _XPU_IS_INITIALIZED():
+        yield "xpu", torch.xpu
+
+
+_XPU_IS_INITIALIZED = getattr(getattr(torch, "xpu", None), "is_initialized", None)
 
 
 def rng_fingerprint(state: Any) -> Any:
     """An exact comparable form of an RNG state (tensor bytes, Python or numpy state)."""
     if isinstance(state, torch.Tensor):
+        if state.is_cpu and state.dtype is torch.uint8 and state.is_contiguous():  # what get_state() returns
+            size = state.numel()
+            return ("tensor", (ctypes.c_char * size).from_address(state.data_ptr()).raw if size else b"")
         return ("tensor", _state_bytes(state))
     if isinstance(state, tuple):
         try:
@@ -73,9 +78,13 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     regions whose code refers to them.  torch's own streams and explicit generators are always read.
     """
     states: dict[str, Any] = {"cpu RNG": torch.default_generator.get_state()}  # torch.get_rng_state()
-    for kind, module in _initialized_accelerators():
-        for index in range(module.device_count()):
-            states[f"{kind}:{index} RNG"] = module.get_rng_state(index)
+    # _initialized_accelerators(), spelt out: read four times a call
+    if torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            states[f"cuda:{index} RNG"] = torch.cuda.get_rng_state(index)
+    if _XPU_IS_INITIALIZED is not None and _XPU_IS_INITIALIZED():
+        for index in range(torch.xpu.device_count()):
+            states[f"xpu:{index} RNG"] = torch.xpu.get_rng_state(index)
     for name, generator in (generators or {}).items():
         states[f"generator `{name}`"] = generator.get_state()
     if "Python random" in host:

@@ -79,12 +79,24 @@ def _collect(value: Any, path: str, depth: int, out: list[tuple[str, Any]]) -> N
 
 def tensors(value: Any, root: str) -> list[tuple[str, torch.Tensor]]:
     """The tensors under ``value``, by path."""
+    if isinstance(value, torch.Tensor):  # what most regions return
+        return [(root, value)]
+    if type(value) is tuple and len(value) <= MAX_ITEMS:  # what most regions are called with
+        found = []
+        for index, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                found.append((f"{root}[{index}]", item))
+            elif type(item) not in _ATOMS:
+                break  # something nested: the walk below
+        else:
+            return found
     return [(path, leaf) for path, leaf in leaves(value, root) if isinstance(leaf, torch.Tensor)]
 
 
 def input_tensors(args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """The tensors a region is called with: ``args[0]``, ``kwargs['mask']``, ``args[1].a`` ..."""
-    return tensors(tuple(args), "args") + tensors(dict(kwargs), "kwargs")
+    found = tensors(tuple(args), "args")
+    return found + tensors(dict(kwargs), "kwargs") if kwargs else found
 
 
 def map_tensors(function: Callable[[str, torch.Tensor], Any], value: Any, root: str,

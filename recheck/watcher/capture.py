@@ -164,15 +164,14 @@ class _Flat:
         self.slots.append(slot)
         self.keys.append(key)
 
-    def entries(self) -> Iterable[tuple[dict[str, Any], str, Any]]:
-        return zip(self.owners, self.slots, self.keys)
-
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
         return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
                 and list(map(len, dicts)) == self.sizes
                 and list(map(dict.keys, self.filled)) == list(map(dict.keys, self.names)))
 
 
+#: the layout of no modules (shared: nothing is ever added to it)
+_NO_SLOTS = _Flat([])
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
 _NAME = operator.itemgetter(0)
@@ -213,6 +212,8 @@ def _slot_key(kind: str, module: str, name: str) -> tuple[str, str]:
 def _tensor_slots(reach: Reach) -> _Flat:
     """The buffer and parameter slots of every reached module: ``(dict, name, key)``, the key
     ``("buffer", subject)`` or ``("param_version", dotted name)``."""
+    if not reach.modules:
+        return _NO_SLOTS
     pairs = list(reach.modules.values())
     modules = [module for _, module in pairs]
     dicts = list(map(_BUFFERS, modules)) + list(map(_PARAMETERS, modules))
@@ -233,7 +234,10 @@ def _tensor_slots(reach: Reach) -> _Flat:
 def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
     """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
     found = []
-    for own, name, key in _tensor_slots(reach).entries():
+    if not reach.modules:
+        return []
+    flat = _tensor_slots(reach)
+    for own, name, key in zip(flat.owners, flat.slots, flat.keys):
         if key[0] == "param_version":
             param = own[name]
             if param is not None:
@@ -245,7 +249,8 @@ def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor
     """The buffers and the parameters of every reached module."""
     buffers: list[torch.Tensor] = []
     params: list[torch.Tensor] = []
-    for own, name, key in _tensor_slots(reach).entries():
+    flat = _tensor_slots(reach)
+    for own, name, key in zip(flat.owners, flat.slots, flat.keys):
         tensor = own[name]
         if tensor is not None:
             (params if key[0] == "param_version" else buffers).append(tensor)
@@ -322,6 +327,8 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None) -> _Flat:
     """The attribute and buffer slots of ``pairs``' modules with their state keys (see :func:`_layout`)."""
+    if not pairs:
+        return _NO_SLOTS
     modules = [module for _, module in pairs]
     dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
@@ -371,7 +378,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
 
     pairs = tuple(modules)
     flat = _state_layout(pairs, reach)
-    for own, slot, key in flat.entries():
+    for own, slot, key in zip(flat.owners, flat.slots, flat.keys):
         value = own[slot]
         if key[0] == "attribute":
             state[key] = (value, value) if type(value) in AS_IS else entry(value)

@@ -66,6 +66,8 @@ class Dispatcher(Interceptor):
         self._hook_users = 0
         self._keys = itertools.count()
         self._reach_cache: dict[Any, Any] = {}
+        #: ``_record_options()`` of the blocks active now (None: to be worked out)
+        self._options: dict[str, Any] | None = None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -81,10 +83,12 @@ class Dispatcher(Interceptor):
             if not self.sessions:
                 hold_logging()  # for the block, not for each recompute's capture
             self.sessions.append(session)
+            self._options = None
 
     def exit(self, session: SessionLike) -> None:
         with self._lock:
             self.sessions.remove(session)
+            self._options = None
             if not self.sessions:
                 for record in self.records:
                     record.closed = True
@@ -98,7 +102,13 @@ class Dispatcher(Interceptor):
 
     def _record_options(self) -> dict[str, Any]:
         """What the active blocks together ask of a new record (nested blocks share records):
-        copies if any keeps copies, a full replay if any asks, a tolerance only if all give one."""
+        copies if any keeps copies, a full replay if any asks, a tolerance only if all give one.
+        Worked out once per set of blocks (a block's options are frozen)."""
+        if self._options is None:
+            self._options = self._combined_options()
+        return self._options
+
+    def _combined_options(self) -> dict[str, Any]:
         options = [s.options for s in self.sessions]
         forced: bool | None = next((o.early_stop for o in options if o.early_stop is False), None)
         if forced is None:

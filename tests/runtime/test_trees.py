@@ -65,3 +65,24 @@ def test_every_tensor_is_found_once_under_a_unique_path(value):
     assert len(paths) == len(set(paths))
     rebuilt = map_tensors(lambda path, x: x, value, "output")
     assert [p for p, _ in tensors(rebuilt, "output")] == [p for p, _ in found]
+
+
+_ITEMS = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3), st.booleans(),
+                   st.builds(lambda n: torch.zeros(n), st.integers(0, 2)),
+                   st.lists(st.builds(lambda: torch.ones(1)), max_size=2),
+                   st.dictionaries(st.sampled_from("ab"), st.builds(lambda: torch.ones(1)), max_size=2),
+                   st.builds(lambda: Pair(torch.ones(1), 3)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_ITEMS, max_size=6), st.booleans())
+def test_the_shortcut_for_flat_arguments_finds_what_the_walk_finds(items, as_kwargs):
+    # a tuple of tensors and scalars is read without the walk; anything nested takes the walk
+    value = tuple(items)
+    walked = [(path, leaf) for path, leaf in leaves(value, "args") if isinstance(leaf, torch.Tensor)]
+    found = tensors(value, "args")
+    assert [p for p, _ in found] == [p for p, _ in walked]
+    assert all(a is b for (_, a), (_, b) in zip(found, walked))
+    kwargs = {f"k{i}": item for i, item in enumerate(items)} if as_kwargs else {}
+    assert [p for p, _ in input_tensors(value, kwargs)] == [p for p, _ in walked] + [
+        p for p, leaf in leaves(kwargs, "kwargs") if isinstance(leaf, torch.Tensor)]

@@ -1,0 +1,31 @@
+"""RNG streams: one exact encoding of a state, whatever tensor it comes in."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states
+
+
+def test_a_state_tensor_is_its_bytes_however_it_is_laid_out():
+    state = torch.default_generator.get_state()
+    exact = ("tensor", bytes(state.tolist()))
+    assert rng_fingerprint(state) == exact  # what get_state() returns: read in place
+    # the same bytes in a strided view, or in another dtype, read through a copy
+    doubled = torch.stack([state, state], dim=1)[:, 0]
+    assert not doubled.is_contiguous() and rng_fingerprint(doubled) == exact
+    assert rng_fingerprint(state.view(torch.int8)) == exact
+    assert rng_fingerprint(torch.empty(0, dtype=torch.uint8)) == ("tensor", b"")
+
+
+def test_a_draw_moves_the_cpu_stream_and_restore_puts_it_back():
+    record = RngRecord({})
+    before = rng_fingerprint(rng_states()["cpu RNG"])
+    torch.rand(1)
+    random.random()
+    assert rng_fingerprint(rng_states()["cpu RNG"]) != before
+    assert record.changed_streams() >= {"cpu RNG", "Python random"}
+    record.restore()
+    assert rng_fingerprint(rng_states()["cpu RNG"]) == before and not record.changed_streams()
