@@ -146,7 +146,7 @@ class _Flat:
     80 modules (timm's ``checkpoint_seq`` closes over every block) reads their parameters'
     versions twice per invocation."""
 
-    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys")
+    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys", "split")
 
     def __init__(self, dicts: list[dict[str, Any]]) -> None:
         self.dicts = dicts
@@ -158,6 +158,8 @@ class _Flat:
         self.owners: list[dict[str, Any]] = []
         self.slots: list[str] = []
         self.keys: list[Any] = []
+        #: where the parameters' slots start (a reach's tensor layout: its buffers, then its parameters)
+        self.split = 0
 
     def add(self, owner: dict[str, Any], slot: str, key: Any) -> None:
         self.owners.append(owner)
@@ -180,10 +182,14 @@ _NAME = operator.itemgetter(0)
 class _ReachLayouts:
     """A reach's cached layouts: its buffers and parameters, and the module state of each set of modules."""
 
-    __slots__ = ("tensors", "states")
+    __slots__ = ("tensors", "states", "modules", "counted")
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
+        #: the reach's modules as a list, made when it held ``counted`` of them (a reach's
+        #: modules are only ever added to, so the count tells whether the list is current)
+        self.modules: list[torch.nn.Module] = []
+        self.counted = -1
         #: by the names and ids of the modules (the reach holds the modules, so their ids stay
         #: theirs; a tuple of ids is hashed without asking the modules)
         self.states: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
@@ -214,16 +220,19 @@ def _tensor_slots(reach: Reach) -> _Flat:
     ``("buffer", subject)`` or ``("param_version", dotted name)``."""
     if not reach.modules:
         return _NO_SLOTS
-    pairs = list(reach.modules.values())
-    modules = [module for _, module in pairs]
-    dicts = list(map(_BUFFERS, modules)) + list(map(_PARAMETERS, modules))
     layouts = _layouts_of(reach)
+    if layouts.counted != len(reach.modules):
+        layouts.modules, layouts.counted = [module for _, module in reach.modules.values()], len(reach.modules)
+    modules = layouts.modules
+    dicts = list(map(_BUFFERS, modules)) + list(map(_PARAMETERS, modules))
     flat = layouts.tensors
     if flat is None or not flat.valid(dicts):
+        pairs = list(reach.modules.values())
         flat = _Flat(dicts)
         for name, module in pairs:
             for buffer in module._buffers:
                 flat.add(module._buffers, buffer, _slot_key("buffer", name, buffer))
+        flat.split = len(flat.slots)
         for name, module in pairs:
             for param in module._parameters:
                 flat.add(module._parameters, param, _slot_key("param_version", name, param))
@@ -233,28 +242,19 @@ def _tensor_slots(reach: Reach) -> _Flat:
 
 def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
     """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
-    found = []
     if not reach.modules:
         return []
     flat = _tensor_slots(reach)
-    for own, name, key in zip(flat.owners, flat.slots, flat.keys):
-        if key[0] == "param_version":
-            param = own[name]
-            if param is not None:
-                found.append((key, param._version))
-    return found
+    start = flat.split  # one comprehension over the parameters' slots: a reach may hold the whole model
+    return [(key, param._version) for own, name, key in zip(flat.owners[start:], flat.slots[start:], flat.keys[start:])
+            if (param := own[name]) is not None]
 
 
 def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The buffers and the parameters of every reached module."""
-    buffers: list[torch.Tensor] = []
-    params: list[torch.Tensor] = []
     flat = _tensor_slots(reach)
-    for own, name, key in zip(flat.owners, flat.slots, flat.keys):
-        tensor = own[name]
-        if tensor is not None:
-            (params if key[0] == "param_version" else buffers).append(tensor)
-    return buffers, params
+    values = list(map(operator.getitem, flat.owners, flat.slots))
+    return ([t for t in values[:flat.split] if t is not None], [t for t in values[flat.split:] if t is not None])
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,

@@ -80,3 +80,17 @@ def test_module_state_tells_a_bool_from_an_int_and_reads_floats_by_bits():
     model.flag = -0.0
     assert module_state(pairs, "digest", reach=reach)[key][0] != zero[0]
 
+
+
+def test_a_layout_grows_with_the_modules_a_forward_finds_and_keeps_buffers_apart_from_parameters():
+    model = nn.Sequential(nn.Linear(2, 2))
+    reach = _reach(model)
+    assert set(_versions(reach)) == {"0.weight", "0.bias"}
+    found = nn.BatchNorm1d(2)  # a module that ran without being reachable statically
+    reach.add_module("found", found)
+    assert set(_versions(reach)) == {"0.weight", "0.bias", "found.weight", "found.bias"}
+    buffers, params = reached_tensors(reach)
+    assert [id(t) for t in buffers] == [id(t) for t in found.buffers()]
+    assert [id(t) for t in params] == [id(t) for t in (*model.parameters(), *found.parameters())]
+    found.weight = None  # a parameter slot left empty is not a parameter
+    assert set(_versions(reach)) == {"0.weight", "0.bias", "found.bias"}
