@@ -269,6 +269,9 @@ REGISTRY: tuple[Entry, ...] = (
 )
 
 _BY_CODE: dict[str, Entry] = {e.code: e for e in REGISTRY}
+#: the entries that name each finding kind, in registry order (every finding asks :func:`explain`)
+_BY_KIND: dict[str, tuple[Entry, ...]] = {
+    kind: tuple(e for e in REGISTRY if kind in e.kinds) for kind in dict.fromkeys(k for e in REGISTRY for k in e.kinds)}
 
 #: Codes ``recheck lint --fix`` can fix.
 FIXABLE: frozenset[str] = frozenset(e.code for e in REGISTRY if e.fixable)
@@ -294,7 +297,7 @@ def explain(kind: str, subject: str = "", **context: object) -> str | None:
     >>> explain("buffer", "buffer `bn.running_mean`")
     'RC106'
     """
-    for candidate in REGISTRY:
+    for candidate in _BY_KIND.get(kind, ()):
         if candidate.explains(kind, subject, context):
             return candidate.code
     return None
