@@ -85,12 +85,31 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     for module in list(ran):
         if id(module) in selected:
             continue  # a submodule of one already walked
-        for sub in module.modules():
+        for sub in _subtree(module):
             if id(sub) not in selected:
                 if id(sub) not in reach.modules:
                     add_module(reach, sub)
                 selected[id(sub)] = reach.modules[id(sub)]
     return list(selected.values())
+
+
+def _subtree(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``list(module.modules())``, walked with a list for a stack: the same modules in the same
+    order (pre-order, each once), without a generator resumed at every level for every module
+    (every invocation walks the subtrees of the modules its forward ran)."""
+    found: list[torch.nn.Module] = []
+    seen: set[int] = set()
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append(current)
+        children = [child for child in current._modules.values() if child is not None]
+        children.reverse()
+        stack.extend(children)
+    return found
 
 
 #: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
@@ -294,6 +313,10 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
     return "?"
 
 
+#: what :func:`module_state` keeps of a bool attribute (``entry()``'s ``(("bool", value), value)``)
+_BOOL_ENTRIES = {True: (("bool", True), True), False: (("bool", False), False)}
+
+
 def _kept(value: Any) -> Any:
     """What a state entry keeps of a value to show it in a finding: a copy of a list, dict or
     set (they may grow later), the object itself otherwise."""
@@ -381,7 +404,9 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     for own, slot, key in zip(flat.owners, flat.slots, flat.keys):
         value = own[slot]
         if key[0] == "attribute":
-            state[key] = (value, value) if type(value) in AS_IS else entry(value)
+            kind = type(value)
+            # a module's `training` flag is a bool on every module: its entry is one of two
+            state[key] = (value, value) if kind in AS_IS else _BOOL_ENTRIES[value] if kind is bool else entry(value)
         elif value is not None:
             state[key] = print_tensor(value, store)
     for name, module in attributes_of:

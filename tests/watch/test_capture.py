@@ -94,3 +94,12 @@ def test_a_layout_grows_with_the_modules_a_forward_finds_and_keeps_buffers_apart
     assert [id(t) for t in params] == [id(t) for t in (*model.parameters(), *found.parameters())]
     found.weight = None  # a parameter slot left empty is not a parameter
     assert set(_versions(reach)) == {"0.weight", "0.bias", "found.bias"}
+
+
+def test_subtrees_are_walked_as_module_modules_walks_them():
+    from recheck.watcher.capture import _subtree
+
+    shared = nn.Linear(1, 1)
+    model = nn.Sequential(nn.Sequential(shared, nn.ReLU()), shared, nn.ModuleList([nn.Tanh(), shared]))
+    model.add_module("empty", None)
+    assert [id(m) for m in _subtree(model)] == [id(m) for m in model.modules()]
