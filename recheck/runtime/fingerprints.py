@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +188,25 @@ def _kind(cls: type) -> int:
     return kind
 
 
+_TRUE, _FALSE = ("bool", True), ("bool", False)
+
+
+def _item(value: Any, depth: int) -> Any:
+    """:func:`shallow` of an item inside a container: bools and floats (a config holds many)
+    without a second call."""
+    cls = type(value)
+    if cls in AS_IS:
+        return value
+    if cls is bool:
+        return _TRUE if value else _FALSE
+    if cls is float:
+        return ("float", _unpack_q(_pack_d(value))[0])  # float_bits(), spelt out
+    return shallow(value, depth)
+
+
+_pack_d, _unpack_q = struct.Struct("<d").pack, struct.Struct("<q").unpack
+
+
 def shallow(value: Any, depth: int = 2) -> Any:
     """A cheap, exact-enough comparable form of ``value`` for state read at every invocation.
 
@@ -220,11 +240,11 @@ def shallow(value: Any, depth: int = 2) -> Any:
     if kind == _SEQUENCE:
         # a list or tuple itself is read as it is; a subclass through its slicing, as ever
         items = value if (cls is list or cls is tuple) and len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
-        return (cls.__name__, len(value), tuple([v if type(v) in AS_IS else shallow(v, below) for v in items]))
+        return (cls.__name__, len(value), tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
     if kind == _DICT:
         pairs = list(dict.items(value))[:_MAX_ITEMS]
         return ("dict", len(value), tuple([(k if isinstance(k, (str, int)) else id(k),
-                                            v if type(v) in AS_IS else shallow(v, below)) for k, v in pairs]))
+                                            v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     if kind == _SET:
         return (cls.__name__, len(value), frozenset([shallow(v, 0) for v in list(value)[:_MAX_ITEMS]]))
     if kind == _LOGGER:
@@ -232,7 +252,7 @@ def shallow(value: Any, depth: int = 2) -> Any:
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
         pairs = list(attrs.items())[:_MAX_ITEMS]
-        return ("object", id(value), tuple([(k, v if type(v) in AS_IS else shallow(v, below)) for k, v in pairs]))
+        return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     return ("id", id(value))
 
 

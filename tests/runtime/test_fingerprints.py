@@ -133,3 +133,19 @@ def test_shallow_sorts_each_type_once_and_keeps_per_value_tests_per_value():
     finally:
         del _Ticker.__call__
     assert shallow(ticker) == before
+
+
+def test_items_are_printed_inside_containers_as_on_their_own():
+    import math
+    import struct
+
+    from recheck.runtime.fingerprints import shallow
+
+    payload = struct.unpack("<d", struct.pack("<q", 0x7FF8_0000_0000_0123))[0]
+    values = [True, False, 0.0, -0.0, math.inf, float("nan"), payload, 1e-300, 3, "s", None, [1.5], {"k": True}]
+    for value in values:
+        for container in ([value], (value,), {"k": value}):
+            inner = shallow(container)[2]
+            got = inner[0][1] if isinstance(container, dict) else inner[0]
+            assert got == shallow(value, 1), (container, got)
+    assert shallow([payload]) != shallow([float("nan")])  # a NaN's payload counts
