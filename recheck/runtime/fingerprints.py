@@ -192,8 +192,8 @@ _TRUE, _FALSE = ("bool", True), ("bool", False)
 
 
 def _item(value: Any, depth: int) -> Any:
-    """:func:`shallow` of an item inside a container: bools and floats (a config holds many)
-    without a second call."""
+    """:func:`shallow` of an item inside a container: bools, floats and classes (a config holds
+    many) without a second call."""
     cls = type(value)
     if cls in AS_IS:
         return value
@@ -201,6 +201,8 @@ def _item(value: Any, depth: int) -> Any:
         return _TRUE if value else _FALSE
     if cls is float:
         return ("float", _unpack_q(_pack_d(value))[0])  # float_bits(), spelt out
+    if cls is type:  # a class (a config's maps of classes): its identity, at any depth
+        return ("id", id(value))
     return shallow(value, depth)
 
 

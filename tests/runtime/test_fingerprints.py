@@ -142,7 +142,8 @@ def test_items_are_printed_inside_containers_as_on_their_own():
     from recheck.runtime.fingerprints import shallow
 
     payload = struct.unpack("<d", struct.pack("<q", 0x7FF8_0000_0000_0123))[0]
-    values = [True, False, 0.0, -0.0, math.inf, float("nan"), payload, 1e-300, 3, "s", None, [1.5], {"k": True}]
+    values = [True, False, 0.0, -0.0, math.inf, float("nan"), payload, 1e-300, 3, "s", None, [1.5], {"k": True},
+              int, torch.nn.Linear]
     for value in values:
         for container in ([value], (value,), {"k": value}):
             inner = shallow(container)[2]
