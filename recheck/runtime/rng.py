@@ -23,12 +23,15 @@ from recheck.runtime.fingerprints import Observed, show
 __all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_states", "rng_summary"]
 
 
-def _initialized_accelerators() -> Iterator[tuple[str, Any]]:
+def _initialized_accelerators() -> tuple[tuple[str, Any], ...]:
+    """The accelerator modules whose RNG state exists (a tuple, usually empty: read four times a call)."""
+    found: tuple[tuple[str, Any], ...] = ()
     if torch.cuda.is_initialized():  # cheap, and implies is_available() (which is not cheap)
-        yield "cuda", torch.cuda
+        found += (("cuda", torch.cuda),)
     # initialized implies available (is_available() asks the driver: four reads a call)
     if _XPU_IS_INITIALIZED is not None and _XPU_IS_INITIALIZED():
-        yield "xpu", torch.xpu
+        found += (("xpu", torch.xpu),)
+    return found
 
 
 _XPU_IS_INITIALIZED = getattr(getattr(torch, "xpu", None), "is_initialized", None)
@@ -37,9 +40,6 @@ _XPU_IS_INITIALIZED = getattr(getattr(torch, "xpu", None), "is_initialized", Non
 def rng_fingerprint(state: Any) -> Any:
     """An exact comparable form of an RNG state (tensor bytes, Python or numpy state)."""
     if isinstance(state, torch.Tensor):
-        if state.is_cpu and state.dtype is torch.uint8 and state.is_contiguous():  # what get_state() returns
-            size = state.numel()
-            return ("tensor", (ctypes.c_char * size).from_address(state.data_ptr()).raw if size else b"")
         return ("tensor", _state_bytes(state))
     if isinstance(state, tuple):
         try:
@@ -62,7 +62,9 @@ def _state_bytes(state: torch.Tensor) -> bytes:
         flat = state  # what get_state() returns: read as it is (it is read four times a call)
     else:
         flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
-    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
+    size = flat.numel()
+    # a ctypes array's raw bytes: string_at()'s own Python wrapper is one call more a read
+    return (ctypes.c_char * size).from_address(flat.data_ptr()).raw if size else b""
 
 
 #: The host streams a region's code may not reach at all (see ``Reach.host_rng``).
@@ -78,13 +80,9 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     regions whose code refers to them.  torch's own streams and explicit generators are always read.
     """
     states: dict[str, Any] = {"cpu RNG": torch.default_generator.get_state()}  # torch.get_rng_state()
-    # _initialized_accelerators(), spelt out: read four times a call
-    if torch.cuda.is_initialized():
-        for index in range(torch.cuda.device_count()):
-            states[f"cuda:{index} RNG"] = torch.cuda.get_rng_state(index)
-    if _XPU_IS_INITIALIZED is not None and _XPU_IS_INITIALIZED():
-        for index in range(torch.xpu.device_count()):
-            states[f"xpu:{index} RNG"] = torch.xpu.get_rng_state(index)
+    for kind, module in _initialized_accelerators():
+        for index in range(module.device_count()):
+            states[f"{kind}:{index} RNG"] = module.get_rng_state(index)
     for name, generator in (generators or {}).items():
         states[f"generator `{name}`"] = generator.get_state()
     if "Python random" in host:

@@ -29,3 +29,22 @@ def test_a_draw_moves_the_cpu_stream_and_restore_puts_it_back():
     assert record.changed_streams() >= {"cpu RNG", "Python random"}
     record.restore()
     assert rng_fingerprint(rng_states()["cpu RNG"]) == before and not record.changed_streams()
+
+
+def test_an_initialized_accelerator_is_read_per_device_and_skipped_at_restore_once_gone(monkeypatch):
+    # the CUDA path without a GPU: what an initialized CUDA runtime with two devices answers
+    states = {0: torch.zeros(16, dtype=torch.uint8), 1: torch.ones(16, dtype=torch.uint8)}
+    put: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda index: states[index])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: put.append(index))
+    found = rng_states()
+    assert rng_fingerprint(found["cuda:1 RNG"]) == ("tensor", bytes([1] * 16)) and "cuda:0 RNG" in found
+    record = RngRecord({})
+    record.restore()
+    assert put == [0, 1]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # a forked child: nothing to put back
+    put.clear()
+    record.restore()
+    assert put == []
