@@ -83,9 +83,8 @@ class TensorPrint:
 
     def matches(self, other: TensorPrint, tolerance: Tolerance | None = None) -> bool:
         """:meth:`same`, or within ``tolerance`` when both prints hold copies."""
-        if tolerance is None or self.copy is None or other.copy is None:  # same(), spelt out: once per saved tensor
-            return (self.shape, self.dtype, self.device, self.digest) == (
-                other.shape, other.dtype, other.device, other.digest)
+        if tolerance is None or self.copy is None or other.copy is None:
+            return self.same(other)
         return compare_tensors(self.copy, other.copy, tolerance=tolerance, check_requires_grad=False) is None
 
     def difference(self, other: TensorPrint, tolerance: Tolerance | None = None) -> str:

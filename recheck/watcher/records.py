@@ -119,13 +119,13 @@ class Forward:
                                     reach=self.reach)
 
     def _pointers(self) -> None:
-        """The storages of the reached modules' buffers and parameters (kept per module count)."""
-        if self.buffer_modules != len(self.reach.modules):
-            self.buffer_modules = len(self.reach.modules)
-            buffers, params = capture.reached_tensors(self.reach)
-            self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel())
-            self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
-                                       if param.numel() and param.layout == torch.strided}
+        """Read the storages of the reached modules' buffers and parameters (the callers keep
+        them while the reach holds ``buffer_modules`` modules)."""
+        self.buffer_modules = len(self.reach.modules)
+        buffers, params = capture.reached_tensors(self.reach)
+        self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel())
+        self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
+                                   if param.numel() and param.layout == torch.strided}
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
@@ -141,7 +141,6 @@ class Forward:
         if not tensor.numel() or tensor.layout != torch.strided:
             return None
         if refresh or self.buffer_modules != len(self.reach.modules):
-            self.buffer_modules = -1
             self._pointers()
         return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
@@ -169,12 +168,7 @@ class SavedPrint:
             self.record.compare_saved(self.index, self.print, other.tensor)
         return bool(self.base == other.base)
 
-    def __ne__(self, other: object) -> bool:  # what torch asks: __eq__ spelt out (once per saved tensor)
-        if not isinstance(other, SavedPrint):
-            return NotImplemented
-        if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
-            self.record.compare_saved(self.index, self.print, other.tensor)
-        return not self.base == other.base
+    # no __ne__: object's own inverts __eq__ in C (torch asks ``!=``, once per saved tensor)
 
     __hash__ = None  # type: ignore[assignment]
 
