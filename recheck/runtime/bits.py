@@ -363,4 +363,8 @@ def digest(t: torch.Tensor) -> int:
 
 def float_bits(value: float) -> int:
     """The IEEE-754 double bit pattern of a Python float (so ``-0.0 != 0.0``)."""
-    return struct.unpack("<q", struct.pack("<d", value))[0]
+    return _UNPACK_Q(_PACK_D(value))[0]
+
+
+#: compiled once: every float of every module attribute is read at every invocation
+_PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack

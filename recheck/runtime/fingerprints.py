@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,13 +199,11 @@ def _item(value: Any, depth: int) -> Any:
     if cls is bool:
         return _TRUE if value else _FALSE
     if cls is float:
-        return ("float", _unpack_q(_pack_d(value))[0])  # float_bits(), spelt out
+        return ("float", float_bits(value))
     if cls is type:  # a class (a config's maps of classes): its identity, at any depth
         return ("id", id(value))
     return shallow(value, depth)
 
-
-_pack_d, _unpack_q = struct.Struct("<d").pack, struct.Struct("<q").unpack
 
 
 def shallow(value: Any, depth: int = 2) -> Any:
