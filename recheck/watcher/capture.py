@@ -82,31 +82,28 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
     """
     selected: dict[int, tuple[str, torch.nn.Module]] = {}
-    for module in list(ran):
-        if id(module) in selected:
-            continue  # a submodule of one already walked
-        for sub in _subtree(module):
-            if id(sub) not in selected:
-                if id(sub) not in reach.modules:
-                    add_module(reach, sub)
-                selected[id(sub)] = reach.modules[id(sub)]
+    for sub in _preorder(list(ran), {}):
+        if id(sub) not in reach.modules:
+            add_module(reach, sub)
+        selected[id(sub)] = reach.modules[id(sub)]
     return list(selected.values())
 
 
-def _subtree(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """``list(module.modules())``, walked with a list for a stack: the same modules in the same
-    order (pre-order, each once), without a generator resumed at every level for every module
-    (every invocation walks the subtrees of the modules its forward ran)."""
+def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
+    """The modules of each root's ``modules()``, root after root, each once, in the same order,
+    leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
+    with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
+    module, and every invocation walks the subtrees of the modules its forward ran."""
     found: list[torch.nn.Module] = []
-    seen: set[int] = set()
-    stack = [module]
+    stack = list(roots)
+    stack.reverse()
     while stack:
-        current = stack.pop()
-        if id(current) in seen:
+        module = stack.pop()
+        if id(module) in walked:
             continue
-        seen.add(id(current))
-        found.append(current)
-        children = [child for child in current._modules.values() if child is not None]
+        walked[id(module)] = None
+        found.append(module)
+        children = [child for child in module._modules.values() if child is not None]
         children.reverse()
         stack.extend(children)
     return found
@@ -127,21 +124,11 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
     subtree once: the forward pre-hook calls this for every module that runs, and a module's
     subtree was walked with its parent's.
     """
-    walked = {} if walked is None else walked
-    stack = list(modules)
-    stack.reverse()
-    while stack:  # pre-order, as Module.modules()
-        module = stack.pop()
-        if id(module) in walked:
-            continue
-        walked[id(module)] = None
+    for module in _preorder(modules, {} if walked is None else walked):
         for name, buffer in module._buffers.items():
             key = (id(module), name)
             if buffer is not None and key not in into:
                 into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
-        children = [child for child in module._modules.values() if child is not None]
-        children.reverse()
-        stack.extend(children)
 
 
 def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str]]:
@@ -313,7 +300,7 @@ def global_text(reach: Reach, key: tuple[str, str]) -> str:
     return "?"
 
 
-#: what :func:`module_state` keeps of a bool attribute (``entry()``'s ``(("bool", value), value)``)
+#: what :func:`module_state` keeps of a bool attribute: its shallow print and the value
 _BOOL_ENTRIES = {True: (("bool", True), True), False: (("bool", False), False)}
 
 
@@ -393,7 +380,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         if type(value) in AS_IS:  # kept as they are: immutable, compared by ==
             return value, value
         if issubclass(type(value), (bool, int, str)):
-            return (value if type(value) is not bool else ("bool", value)), value
+            return (value, value) if type(value) is not bool else _BOOL_ENTRIES[value]
         key = id(value)
         if key not in printed:
             printed[key] = shallow(value)
@@ -405,7 +392,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         value = own[slot]
         if key[0] == "attribute":
             kind = type(value)
-            # a module's `training` flag is a bool on every module: its entry is one of two
+            # a module's `training` flag is a bool on every module: its entry is one of two, as entry() gives
             state[key] = (value, value) if kind in AS_IS else _BOOL_ENTRIES[value] if kind is bool else entry(value)
         elif value is not None:
             state[key] = print_tensor(value, store)

@@ -97,9 +97,13 @@ def test_a_layout_grows_with_the_modules_a_forward_finds_and_keeps_buffers_apart
 
 
 def test_subtrees_are_walked_as_module_modules_walks_them():
-    from recheck.watcher.capture import _subtree
+    from recheck.watcher.capture import _preorder
 
     shared = nn.Linear(1, 1)
     model = nn.Sequential(nn.Sequential(shared, nn.ReLU()), shared, nn.ModuleList([nn.Tanh(), shared]))
     model.add_module("empty", None)
-    assert [id(m) for m in _subtree(model)] == [id(m) for m in model.modules()]
+    assert [id(m) for m in _preorder([model], {})] == [id(m) for m in model.modules()]
+    # root after root, a subtree already walked left out: as buffer_versions walks a forward
+    walked = {id(shared): None}
+    assert [id(m) for m in _preorder([model[0], model], walked)] == [
+        id(m) for m in (model[0], model[0][1], model, model[2], model[2][0])]
