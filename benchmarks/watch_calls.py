@@ -19,20 +19,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import os
 import sys
 import warnings
 from typing import Any, Callable
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _watch_overhead() -> Any:
-    spec = importlib.util.spec_from_file_location("recheck_bench_watch_overhead", os.path.join(HERE, "watch_overhead.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+from watch_overhead import build  # this folder's, as timing.py is to the others
 
 
 def count(run: Callable[[], Any]) -> collections.Counter[str]:
@@ -65,12 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     import recheck
 
     torch.set_num_threads(1)
-    bench = _watch_overhead()
     print(f"recheck from {os.path.dirname(recheck.__file__)}")
     print(f"{'model':<8} {'plain calls':>12} {'added':>8} {'python':>8} {'C':>8} {'invocations':>12} {'per inv.':>9}")
     for name in ns.models.split(","):
         try:
-            _, step = bench.build(name, "cpu")
+            _, step = build(name, "cpu")
         except ImportError as exc:
             print(f"{name:<8} skipped: {exc}")
             continue
