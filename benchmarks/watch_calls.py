@@ -24,7 +24,7 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from watch_overhead import build  # this folder's, as timing.py is to the others
+from watch_overhead import MODELS, build  # this folder's, as timing.py is to the others
 
 
 def count(run: Callable[[], Any]) -> collections.Counter[str]:
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,llama,resnet,vit")
     parser.add_argument("--top", type=int, default=8)
     ns = parser.parse_args(argv)
+    unknown = [name for name in ns.models.split(",") if name not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     import torch
 
     import recheck
