@@ -199,12 +199,28 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> i
         else:
             bits = bit_view(tensor)
             size = bits.nbytes
-        data = (ctypes.c_char * size).from_address(bits.data_ptr())
+        array = _ARRAYS.get(size)
+        if array is None:
+            array = _array(size)
+        data = array.from_address(bits.data_ptr())
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
     hasher = _HASHER(header)
     hasher.update(data)
     return int.from_bytes(hasher.digest()[:16], "little")
+
+
+#: ``ctypes.c_char * size`` by size: ctypes keeps an array type only while something holds it,
+#: so a digest that made its own would build a new type (a class) for every tensor
+_ARRAYS: dict[int, Any] = {}
+_ARRAYS_SIZE = 1024
+
+
+def _array(size: int) -> Any:
+    if len(_ARRAYS) >= _ARRAYS_SIZE:
+        _ARRAYS.clear()
+    array = _ARRAYS[size] = ctypes.c_char * size
+    return array
 
 
 def _hasher() -> Any:

@@ -126,6 +126,9 @@ class Reach:
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
         self._anonymous = 0
+        #: what a layer above works out from the reach and keeps with it, dropped with it
+        #: (``recheck.watcher.capture``'s layouts); a copy starts without
+        self.derived: Any = None
 
     def copy(self) -> Reach:
         """A reach that can grow without changing this one (which a cache may share)."""

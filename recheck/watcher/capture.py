@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import weakref
 from typing import Any, Iterable
 
 import torch
@@ -22,8 +21,8 @@ from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallo
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.digests import Store, print_tensor
 
-__all__ = ["BufferVersions", "ModuleState", "add_module", "buffer_versions", "changed_buffers", "direct_modules",
-           "entry_state", "global_text", "module_state", "parameter_versions", "reached_tensors",
+__all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
+           "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions", "reached_tensors",
            "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
@@ -152,30 +151,45 @@ class _Flat:
     80 modules (timm's ``checkpoint_seq`` closes over every block) reads their parameters'
     versions twice per invocation."""
 
-    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys", "split")
+    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys", "split", "parameters")
 
-    def __init__(self, dicts: list[dict[str, Any]]) -> None:
+    def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.dicts = dicts
         self.sizes = list(map(len, dicts))
-        #: the dicts that hold names, and copies of those names (dicts of strings, which the
-        #: collector does not track; an empty dict is checked by its size)
-        self.filled = [d for d in dicts if d]
+        #: of the first ``keyed`` dicts (those only some of whose names are slots: a module's
+        #: ``__dict__``), those that hold names, and copies of those names (dicts of strings,
+        #: which the collector does not track; an empty dict is checked by its size).  A dict
+        #: all of whose names are slots is checked by its size alone: the same number of names
+        #: with one replaced leaves a slot whose name is gone, which raises ``KeyError`` where
+        #: it is read (see :func:`_read`)
+        self.filled = [d for d in dicts[:keyed] if d]
         self.names = [dict.fromkeys(d) for d in self.filled]
         self.owners: list[dict[str, Any]] = []
         self.slots: list[str] = []
         self.keys: list[Any] = []
         #: where the parameters' slots start (a reach's tensor layout: its buffers, then its parameters)
         self.split = 0
+        #: the parameters' owners, slots and keys (the lists past ``split``, cut once)
+        self.parameters: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
 
-    def add(self, owner: dict[str, Any], slot: str, key: Any) -> None:
-        self.owners.append(owner)
-        self.slots.append(slot)
-        self.keys.append(key)
+    def extend(self, triples: list[tuple[dict[str, Any], str, Any]]) -> None:
+        """Add slots, each ``(owner, slot, key)``: three list extensions, not a call per slot
+        (a block's first invocation lays out every module it reaches)."""
+        if triples:
+            owners, slots, keys = zip(*triples)
+            self.owners.extend(owners)
+            self.slots.extend(slots)
+            self.keys.extend(keys)
 
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
         return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
                 and list(map(len, dicts)) == self.sizes
                 and list(map(dict.keys, self.filled)) == list(map(dict.keys, self.names)))
+
+
+def _read(flat: _Flat) -> list[Any]:
+    """The value in every slot of ``flat``; ``KeyError`` where a slot's name is gone."""
+    return list(map(operator.getitem, flat.owners, flat.slots))
 
 
 #: the layout of no modules (shared: nothing is ever added to it)
@@ -201,14 +215,12 @@ class _ReachLayouts:
         self.states: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
 
 
-#: per reach (dropped with it; a layout holds the reach's own modules' dicts, nothing more)
-_REACH_LAYOUTS: weakref.WeakKeyDictionary[Reach, _ReachLayouts] = weakref.WeakKeyDictionary()
-
-
 def _layouts_of(reach: Reach) -> _ReachLayouts:
-    layouts = _REACH_LAYOUTS.get(reach)
+    """The layouts cached with ``reach`` (as its ``derived``: dropped with it; a layout holds
+    the reach's own modules' dicts, nothing more)."""
+    layouts = reach.derived
     if layouts is None:
-        layouts = _REACH_LAYOUTS[reach] = _ReachLayouts()
+        layouts = reach.derived = _ReachLayouts()
     return layouts
 
 
@@ -221,12 +233,15 @@ def _slot_key(kind: str, module: str, name: str) -> tuple[str, str]:
     return kind, f"{module}.{name}" if module else name
 
 
-def _tensor_slots(reach: Reach) -> _Flat:
+def _tensor_slots(reach: Reach, stale: bool = False) -> _Flat:
     """The buffer and parameter slots of every reached module: ``(dict, name, key)``, the key
-    ``("buffer", subject)`` or ``("param_version", dotted name)``."""
+    ``("buffer", subject)`` or ``("param_version", dotted name)``.  ``stale``: the cached
+    layout named a slot that is gone (made again)."""
     if not reach.modules:
         return _NO_SLOTS
     layouts = _layouts_of(reach)
+    if stale:
+        layouts.tensors = None
     if layouts.counted != len(reach.modules):
         layouts.modules, layouts.counted = [module for _, module in reach.modules.values()], len(reach.modules)
     modules = layouts.modules
@@ -235,42 +250,85 @@ def _tensor_slots(reach: Reach) -> _Flat:
     if flat is None or not flat.valid(dicts):
         pairs = list(reach.modules.values())
         flat = _Flat(dicts)
-        for name, module in pairs:
-            for buffer in module._buffers:
-                flat.add(module._buffers, buffer, _slot_key("buffer", name, buffer))
+        flat.extend([(module._buffers, buffer, _slot_key("buffer", name, buffer))
+                     for name, module in pairs for buffer in module._buffers])
         flat.split = len(flat.slots)
-        for name, module in pairs:
-            for param in module._parameters:
-                flat.add(module._parameters, param, _slot_key("param_version", name, param))
+        flat.extend([(module._parameters, param, _slot_key("param_version", name, param))
+                     for name, module in pairs for param in module._parameters])
+        flat.parameters = (flat.owners[flat.split:], flat.slots[flat.split:], flat.keys[flat.split:])
         layouts.tensors = flat
     return flat
 
 
-def parameter_versions(reach: Reach) -> list[tuple[tuple[str, str], int]]:
-    """``(("param_version", dotted name), version)`` of the own parameters of every reached module."""
+class ParameterVersions:
+    """The version counters of a reach's parameters at one moment, in its layout's order.
+
+    A list of integers (None for an empty slot) beside the layout it follows: a recompute's
+    versions are compared with its forward's as two lists, in one C-level comparison, and
+    paired by name only when the layout changed or a version moved (a region of timm's
+    ``checkpoint_seq`` reaches every block's parameters, read twice per invocation).
+    """
+
+    __slots__ = ("layout", "versions")
+
+    def __init__(self, layout: _Flat, versions: list[int | None]) -> None:
+        self.layout, self.versions = layout, versions
+
+    def items(self) -> list[tuple[tuple[str, str], int]]:
+        """``(("param_version", dotted name), version)`` of each parameter (empty slots left out)."""
+        return [(key, version) for key, version in zip(self.layout.parameters[2], self.versions) if version is not None]
+
+    def moved(self, now: ParameterVersions) -> list[tuple[str, int, int]]:
+        """``(dotted name, version then, version now)`` of each parameter in both whose version moved."""
+        if now.layout is self.layout:
+            if now.versions == self.versions:
+                return []
+            pairs = zip(self.layout.parameters[2], self.versions, now.versions)
+            return [(key[1], then, version) for key, then, version in pairs
+                    if then is not None and version is not None and then != version]
+        before = dict(self.items())
+        return [(key[1], before[key], version) for key, version in now.items()
+                if key in before and before[key] != version]
+
+
+_NO_VERSIONS = ParameterVersions(_NO_SLOTS, [])
+
+
+def parameter_versions(reach: Reach) -> ParameterVersions:
+    """The version counters of the own parameters of every reached module."""
     if not reach.modules:
-        return []
-    flat = _tensor_slots(reach)
-    start = flat.split  # one comprehension over the parameters' slots: a reach may hold the whole model
-    return [(key, param._version) for own, name, key in zip(flat.owners[start:], flat.slots[start:], flat.keys[start:])
-            if (param := own[name]) is not None]
+        return _NO_VERSIONS
+    for stale in (False, True):
+        flat = _tensor_slots(reach, stale)
+        owners, slots, _ = flat.parameters  # one comprehension over the parameters: a reach may hold the whole model
+        try:
+            return ParameterVersions(flat, [None if (param := own[name]) is None else param._version
+                                            for own, name in zip(owners, slots)])
+        except KeyError:  # a parameter's name replaced by another: lay the reach out again
+            continue
+    raise AssertionError("unreachable: a fresh layout names only slots that exist")
 
 
 def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The buffers and the parameters of every reached module."""
-    flat = _tensor_slots(reach)
-    values = list(map(operator.getitem, flat.owners, flat.slots))
+    try:
+        flat = _tensor_slots(reach)
+        values = _read(flat)
+    except KeyError:  # a name replaced by another: lay the reach out again
+        flat = _tensor_slots(reach, stale=True)
+        values = _read(flat)
     return ([t for t in values[:flat.split] if t is not None], [t for t in values[flat.split:] if t is not None])
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
                 ) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
-    """RNG streams, globals read and parameter versions as comparable values; globals also as text.
+    """RNG streams and globals read as comparable values; globals also as text (parameter
+    versions: :func:`parameter_versions`).
 
     The texts and the keys of globals and RNG streams are those of
-    ``recheck.checker.observe.Probe.read`` (a parameter's key is its name); RNG states are
+    ``recheck.checker.observe.Probe.read``; RNG states are
     compared in the one exact encoding of :func:`recheck.runtime.rng.rng_fingerprint` (every
-    invocation reads them four times).  ``rng_only`` skips globals and parameters, and ``with_text=False`` skips the
+    invocation reads them four times).  ``rng_only`` skips globals, and ``with_text=False`` skips the
     texts (a recompute only needs the text of what differs: :func:`global_text`).
     """
     values: dict[tuple[str, str], Any] = {}
@@ -285,7 +343,6 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
         values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
-    values.update(parameter_versions(reach))
     return values, shown
 
 
@@ -335,23 +392,26 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
     return entry
 
 
-def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None) -> _Flat:
-    """The attribute and buffer slots of ``pairs``' modules with their state keys (see :func:`_layout`)."""
+def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
+                  stale: bool = False) -> _Flat:
+    """The attribute and buffer slots of ``pairs``' modules with their state keys (see
+    :func:`_layout`); ``stale``: the cached one named a buffer that is gone (made again)."""
     if not pairs:
         return _NO_SLOTS
     modules = [module for _, module in pairs]
     dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
     modules_key = (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
-    flat = states.get(modules_key) if states is not None else None
+    flat = states.get(modules_key) if states is not None and not stale else None
     if flat is None or not flat.valid(dicts):
-        flat = _Flat(dicts)
+        flat = _Flat(dicts, keyed=len(modules))  # only some names of a __dict__ are slots
+        triples: list[tuple[dict[str, Any], str, Any]] = []
         for name, module in pairs:
             _, _, attribute_keys, buffer_keys = _layout(name, module)
-            for buffer_name, key in buffer_keys:
-                flat.add(module._buffers, buffer_name, key)
-            for attr, key in attribute_keys:
-                flat.add(vars(module), attr, key)
+            own_buffers, attributes = module._buffers, vars(module)
+            triples += [(own_buffers, buffer_name, key) for buffer_name, key in buffer_keys]
+            triples += [(attributes, attr, key) for attr, key in attribute_keys]
+        flat.extend(triples)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
                 states.clear()
@@ -388,12 +448,28 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
 
     pairs = tuple(modules)
     flat = _state_layout(pairs, reach)
-    for own, slot, key in zip(flat.owners, flat.slots, flat.keys):
-        value = own[slot]
+    try:
+        values = _read(flat)
+    except KeyError:  # a buffer's name replaced by another: lay the modules out again
+        flat = _state_layout(pairs, reach, stale=True)
+        values = _read(flat)
+    for value, key in zip(values, flat.keys):
         if key[0] == "attribute":
             kind = type(value)
-            # a module's `training` flag is a bool on every module: its entry is one of two, as entry() gives
-            state[key] = (value, value) if kind in AS_IS else _BOOL_ENTRIES[value] if kind is bool else entry(value)
+            # a module's `training` flag is a bool on every module: its entry is one of two, as entry()
+            # gives; a float (eps, p, momentum) is immutable, so kept as it is
+            if kind in AS_IS:
+                state[key] = (value, value)
+            elif kind is bool:
+                state[key] = _BOOL_ENTRIES[value]
+            elif kind is float:
+                state[key] = (shallow(value), value)
+            elif kind is tuple and all(map(AS_IS.__contains__, map(type, value))):
+                # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
+                # through and through: itself, tagged so as to equal no other print
+                state[key] = (("tuple", value), value)
+            else:
+                state[key] = entry(value)
         elif value is not None:
             state[key] = print_tensor(value, store)
     for name, module in attributes_of:

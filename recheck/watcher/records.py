@@ -55,6 +55,8 @@ class Forward:
     reach: Reach
     entry: dict[tuple[str, str], Any]
     shown: dict[tuple[str, str], str]
+    #: the reached parameters' versions at forward entry
+    params: capture.ParameterVersions | None = None
     rng_consumed: frozenset[tuple[str, str]] = _NONE
     state_exit: capture.ModuleState = field(default_factory=dict)
     outputs: list[tuple[str, TensorPrint]] | None = None
@@ -246,7 +248,8 @@ class InvocationRecord:
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
         intended = self.grad_enabled if self.intended_grad is None else self.intended_grad
-        self.forward = Forward(reach, entry, shown, context=current_context(intended))
+        self.forward = Forward(reach, entry, shown, capture.parameter_versions(reach),
+                               context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
         capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
@@ -261,10 +264,13 @@ class InvocationRecord:
     def add_module(self, module: torch.nn.Module) -> None:
         """A module ran inside the forward (found by the global forward pre-hook)."""
         forward = self.forward
-        if forward is not None and id(module) not in forward.ran:
-            capture.add_module(forward.reach, module)
-            forward.ran[id(module)] = module
-            capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
+        key = id(module)
+        if forward is not None and key not in forward.ran:
+            forward.ran[key] = module
+            if key not in forward.reach.modules:
+                capture.add_module(forward.reach, module)
+            if key not in forward.walked:  # else its subtree's buffers were seen with its parent's
+                capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -286,10 +292,11 @@ class InvocationRecord:
             self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
+        store, parameter_of = self.store, forward.parameter_of
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is not None:
-                saved.print = print_saved(tensor, self.store, forward.parameter_of(tensor))
+                saved.print = print_saved(tensor, store, parameter_of(tensor))
         self.forward_done = True
 
     def _check_inputs(self) -> None:
@@ -344,7 +351,10 @@ class InvocationRecord:
             index = len(forward.saved)
             saved = SavedPrint(base, None, self, index, tensor.detach())
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
-            if forward.is_buffer(tensor):
+            if forward.buffer_modules != len(forward.reach.modules):
+                forward._pointers()
+            # a region whose modules hold no buffers (most transformers) asks nothing more of the tensor
+            if forward.buffer_pointers and forward.is_buffer(tensor):
                 forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
@@ -367,18 +377,14 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         entry, _ = capture.entry_state(forward.reach, with_text=False)
-        versions: list[tuple[str, Any, Any]] = []
         for key, value in entry.items():
             kind, subject = key
-            before = forward.entry.get(key, value)
-            if kind == "rng" or before == value:
-                continue
-            if kind == "global":
+            if kind == "global" and forward.entry.get(key, value) != value:
                 now = capture.global_text(forward.reach, key)
                 self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
                           subject=subject)
-            elif kind == "param_version":
-                versions.append((subject, before, value))  # subject: the parameter's name
+        # (name, version at forward, version now) of the parameters modified in place since
+        versions = forward.params.moved(capture.parameter_versions(forward.reach)) if forward.params else []
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
@@ -460,7 +466,7 @@ class InvocationRecord:
         self.function = None
         forward = self.forward
         if forward is not None:
-            forward.saved, forward.outputs, forward.state_exit = (), None, {}
+            forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
             forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
             forward.parameter_storages, forward.buffer_pointers, forward.buffer_modules = {}, {}, -1

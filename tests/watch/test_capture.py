@@ -16,7 +16,7 @@ def _reach(model: nn.Module) -> Reach:
 
 
 def _versions(reach: Reach) -> dict[str, int]:
-    return {key[1]: version for key, version in parameter_versions(reach)}
+    return {key[1]: version for key, version in parameter_versions(reach).items()}
 
 
 def test_parameter_versions_follow_a_parameter_registered_replaced_or_bumped_later():
@@ -37,6 +37,25 @@ def test_parameter_versions_follow_a_parameter_registered_replaced_or_bumped_lat
     assert set(_versions(reach)) == {"0.weight", "0.gain", "1.slope"}
 
 
+def test_moved_parameters_in_the_same_layout_and_in_a_grown_one():
+    model = nn.Sequential(nn.Linear(2, 2))
+    reach = _reach(model)
+    before, then = parameter_versions(reach), model[0].bias._version
+    assert before.moved(parameter_versions(reach)) == []
+    with torch.no_grad():
+        model[0].bias.add_(1)
+    now = parameter_versions(reach)
+    assert now.layout is before.layout
+    assert before.moved(now) == [("0.bias", then, then + 1)]
+    model.append(nn.Linear(2, 2))  # a module found later: the reach's layout grows
+    reach.add_module("1", model[1])
+    grown = parameter_versions(reach)
+    assert grown.layout is not before.layout
+    assert before.moved(grown) == [("0.bias", then, then + 1)]  # names in both only: the new ones have no "then"
+    model[0].bias = None  # a slot emptied: nothing to compare it with
+    assert before.moved(parameter_versions(reach)) == []
+
+
 def test_reached_tensors_follow_a_buffer_rebound():
     model = nn.BatchNorm1d(2)
     reach = _reach(model)
@@ -45,6 +64,23 @@ def test_reached_tensors_follow_a_buffer_rebound():
     model.running_mean = torch.zeros(2)
     buffers, _ = reached_tensors(reach)
     assert any(b is model.running_mean for b in buffers)
+
+
+def test_a_buffer_name_replaced_by_another_is_seen_by_every_reading():
+    model = nn.BatchNorm1d(2)
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+
+    def buffers() -> set[str]:
+        return {k[1] for k in module_state(pairs, "digest", reach=reach) if k[0] == "buffer"}
+
+    assert len(buffers()) == 3
+    before = len(reached_tensors(reach)[0])
+    del model._buffers["num_batches_tracked"]
+    model.register_buffer("calls", torch.zeros(1))  # as many buffers as before, another name
+    assert [b for b in buffers() if "calls" in b] and not [b for b in buffers() if "num_batches" in b]
+    found = reached_tensors(reach)[0]
+    assert len(found) == before and any(b is model.calls for b in found)
 
 
 def test_module_state_with_a_reach_sees_attributes_that_appear_change_and_go():
@@ -80,6 +116,27 @@ def test_module_state_tells_a_bool_from_an_int_and_reads_floats_by_bits():
     model.flag = -0.0
     assert module_state(pairs, "digest", reach=reach)[key][0] != zero[0]
 
+
+
+def test_module_state_reads_a_tuple_of_ints_as_it_is_and_any_other_tuple_item_by_item():
+    model = nn.Conv2d(1, 1, 3)
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+    key = ("attribute", "attribute `self.stride`")
+
+    def stride() -> object:
+        return module_state(pairs, "digest", reach=reach)[key][0]
+
+    first = stride()
+    assert stride() == first
+    model.stride = (1, 1)  # another tuple, the same ints
+    assert stride() == first
+    model.stride = (1, 2)
+    assert stride() != first
+    model.stride = (1, 1.0)  # equal to (1, 1) by value, not by bits
+    assert stride() != first
+    model.stride = ("tuple", (1, 1))  # shaped like the print of (1, 1): still told apart
+    assert stride() != first
 
 
 def test_a_layout_grows_with_the_modules_a_forward_finds_and_keeps_buffers_apart_from_parameters():
