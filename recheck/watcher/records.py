@@ -458,7 +458,7 @@ class InvocationRecord:
         else:
             recomputed = print_tensor(tensor, self.store)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
-        if not original.matches(recomputed, self.tolerance):
+        if not (original.same(recomputed) if self.tolerance is None else original.matches(recomputed, self.tolerance)):
             self._saved_diffs.setdefault(index, (original, recomputed))
 
     def release(self) -> None:
