@@ -17,6 +17,7 @@ Public interface (stable; ``recheck.watch`` builds on it):
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 import zlib
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
-           "format_bits"]
+           "format_bits", "host_memory"]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -368,3 +369,21 @@ def float_bits(value: float) -> int:
 
 #: compiled once: every float of every module attribute is read at every invocation
 _PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack
+
+
+def host_memory(address: int, size: int) -> Any:
+    """The ``size`` bytes of host memory at ``address`` as a ctypes array, read in place (no copy;
+    ``.raw`` copies them into ``bytes``).  The caller keeps the memory alive while it reads."""
+    array = _ARRAYS.get(size)
+    if array is None:
+        if len(_ARRAYS) >= _ARRAYS_SIZE:
+            _ARRAYS.clear()
+        array = _ARRAYS[size] = ctypes.c_char * size
+    return array.from_address(address)
+
+
+#: ``ctypes.c_char * size`` by size: ctypes keeps an array type only while something holds it,
+#: and a type lives in a reference cycle, so after every garbage collection a reader that made
+#: its own would build a new class (every saved tensor's digest, every RNG state read)
+_ARRAYS: dict[int, Any] = {}
+_ARRAYS_SIZE = 1024

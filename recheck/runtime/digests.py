@@ -15,13 +15,12 @@ its first differing element with both bit patterns.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 from typing import Any, Literal
 
 import torch
 
-from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
 __all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "print_saved", "print_tensor"]
 
@@ -199,28 +198,12 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> i
         else:
             bits = bit_view(tensor)
             size = bits.nbytes
-        array = _ARRAYS.get(size)
-        if array is None:
-            array = _array(size)
-        data = array.from_address(bits.data_ptr())
+        data = host_memory(bits.data_ptr(), size)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
     hasher = _HASHER(header)
     hasher.update(data)
     return int.from_bytes(hasher.digest()[:16], "little")
-
-
-#: ``ctypes.c_char * size`` by size: ctypes keeps an array type only while something holds it,
-#: so a digest that made its own would build a new type (a class) for every tensor
-_ARRAYS: dict[int, Any] = {}
-_ARRAYS_SIZE = 1024
-
-
-def _array(size: int) -> Any:
-    if len(_ARRAYS) >= _ARRAYS_SIZE:
-        _ARRAYS.clear()
-    array = _ARRAYS[size] = ctypes.c_char * size
-    return array
 
 
 def _hasher() -> Any:

@@ -10,7 +10,6 @@ numpy's arrays as bytes); :class:`RngRecord` restores them all.
 
 from __future__ import annotations
 
-import ctypes
 import random
 import sys
 import zlib
@@ -18,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
+from recheck.runtime.bits import host_memory
 from recheck.runtime.fingerprints import Observed, show
 
 __all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_states", "rng_summary"]
@@ -63,8 +63,7 @@ def _state_bytes(state: torch.Tensor) -> bytes:
     else:
         flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
     size = flat.numel()
-    # a ctypes array's raw bytes: string_at()'s own Python wrapper is one call more a read
-    return (ctypes.c_char * size).from_address(flat.data_ptr()).raw if size else b""
+    return host_memory(flat.data_ptr(), size).raw if size else b""
 
 
 #: The host streams a region's code may not reach at all (see ``Reach.host_rng``).

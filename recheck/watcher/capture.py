@@ -298,15 +298,21 @@ def parameter_versions(reach: Reach) -> ParameterVersions:
     """The version counters of the own parameters of every reached module."""
     if not reach.modules:
         return _NO_VERSIONS
-    for stale in (False, True):
-        flat = _tensor_slots(reach, stale)
-        owners, slots, _ = flat.parameters  # one comprehension over the parameters: a reach may hold the whole model
-        try:
-            return ParameterVersions(flat, [None if (param := own[name]) is None else param._version
-                                            for own, name in zip(owners, slots)])
-        except KeyError:  # a parameter's name replaced by another: lay the reach out again
-            continue
-    raise AssertionError("unreachable: a fresh layout names only slots that exist")
+    flat = _tensor_slots(reach)
+    try:
+        versions = _versions(flat)
+    except KeyError:  # a parameter's name replaced by another: lay the reach out again
+        flat = _tensor_slots(reach, stale=True)
+        versions = _versions(flat)
+    return ParameterVersions(flat, versions)
+
+
+def _versions(flat: _Flat) -> list[int | None]:
+    """The version of the parameter in each of ``flat``'s parameter slots (None: empty);
+    ``KeyError`` where a slot's name is gone.  One comprehension over the parameters only: a
+    reach may hold the whole model."""
+    owners, slots, _ = flat.parameters
+    return [None if (param := own[name]) is None else param._version for own, name in zip(owners, slots)]
 
 
 def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -133,7 +133,8 @@ class Forward:
         """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
         if self.buffer_modules != len(self.reach.modules):
             self._pointers()
-        return bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
+        # a region whose modules hold no buffers (most transformers) asks nothing of the tensor
+        return bool(self.buffer_pointers) and bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
 
     def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
         """The reached module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
@@ -351,10 +352,7 @@ class InvocationRecord:
             index = len(forward.saved)
             saved = SavedPrint(base, None, self, index, tensor.detach())
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
-            if forward.buffer_modules != len(forward.reach.modules):
-                forward._pointers()
-            # a region whose modules hold no buffers (most transformers) asks nothing more of the tensor
-            if forward.buffer_pointers and forward.is_buffer(tensor):
+            if forward.is_buffer(tensor):
                 forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
@@ -458,7 +456,7 @@ class InvocationRecord:
         else:
             recomputed = print_tensor(tensor, self.store)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
-        if not (original.same(recomputed) if self.tolerance is None else original.matches(recomputed, self.tolerance)):
+        if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))
 
     def release(self) -> None:

@@ -132,3 +132,15 @@ def test_integer_state_under_a_tolerance_says_it_is_compared_exactly():
         assert "beyond tolerance" not in text
     floats = compare_tensors(torch.tensor([1.0]), torch.tensor([3.0]), tolerance=Tolerance.of(atol=1, rtol=0))
     assert "beyond tolerance (up to atol=1, rtol=0 allowed)" in str(floats)
+
+
+def test_host_memory_reads_a_tensor_in_place_with_one_type_per_size():
+    from recheck.runtime import bits
+
+    t = torch.arange(12, dtype=torch.uint8)
+    view = bits.host_memory(t.data_ptr(), t.numel())
+    assert view.raw == bytes(t.tolist())
+    t[0] = 99  # in place: no copy was made
+    assert view.raw[0] == 99
+    assert type(bits.host_memory(t.data_ptr(), 12)) is type(view)
+    assert type(bits.host_memory(t.data_ptr(), 5)) is not type(view)
