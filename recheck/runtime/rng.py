@@ -20,21 +20,32 @@ import torch
 from recheck.runtime.bits import host_memory
 from recheck.runtime.fingerprints import Observed, show
 
-__all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_states", "rng_summary"]
+__all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_fingerprints", "rng_states", "rng_summary"]
 
 
 def _initialized_accelerators() -> tuple[tuple[str, Any], ...]:
     """The accelerator modules whose RNG state exists (a tuple, usually empty: read four times a call)."""
     found: tuple[tuple[str, Any], ...] = ()
-    if torch.cuda.is_initialized():  # cheap, and implies is_available() (which is not cheap)
-        found += (("cuda", torch.cuda),)
-    # initialized implies available (is_available() asks the driver: four reads a call)
-    if _XPU_IS_INITIALIZED is not None and _XPU_IS_INITIALIZED():
-        found += (("xpu", torch.xpu),)
+    for kind, module in _ACCELERATORS:
+        # initialized implies available (is_available() asks the driver: four reads a call)
+        if module.is_initialized():
+            found += ((kind, module),)
     return found
 
 
-_XPU_IS_INITIALIZED = getattr(getattr(torch, "xpu", None), "is_initialized", None)
+def _accelerators() -> tuple[tuple[str, Any], ...]:
+    """``(kind, module)`` of the accelerator backends this torch is built with (a backend it is
+    not built with is never initialized, so it is not asked)."""
+    found = []
+    for kind, built in (("cuda", "_has_cuda"), ("xpu", "_has_xpu")):
+        module = getattr(torch, kind, None)
+        if getattr(module, "is_initialized", None) is not None and getattr(torch._C, built, True):
+            found.append((kind, module))
+    return tuple(found)
+
+
+#: the accelerator backends of this torch build
+_ACCELERATORS = _accelerators()
 
 
 def rng_fingerprint(state: Any) -> Any:
@@ -78,7 +89,12 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     Python's state costs about 35 µs and numpy's about 110 µs, so ``watch()`` reads them only for
     regions whose code refers to them.  torch's own streams and explicit generators are always read.
     """
-    states: dict[str, Any] = {"cpu RNG": torch.default_generator.get_state()}  # torch.get_rng_state()
+    return {"cpu RNG": torch.default_generator.get_state(), **_other_states(generators, host)}
+
+
+def _other_states(generators: dict[str, torch.Generator] | None, host: frozenset[str] | set[str]) -> dict[str, Any]:
+    """:func:`rng_states` but torch's default CPU generator."""
+    states: dict[str, Any] = {}
     for kind, module in _initialized_accelerators():
         for index in range(module.device_count()):
             states[f"{kind}:{index} RNG"] = module.get_rng_state(index)
@@ -90,6 +106,22 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     if numpy is not None:
         states["numpy global RNG"] = numpy.random.get_state()
     return states
+
+
+def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
+                     host: frozenset[str] | set[str] = HOST_STREAMS) -> dict[str, Any]:
+    """``rng_fingerprint`` of every state :func:`rng_states` reads, by the same names.
+
+    ``watch()`` reads these four times per invocation, so torch's default CPU generator (a
+    ``uint8`` tensor of 5,056 bytes) is read without the general path.
+    """
+    cpu = torch.default_generator.get_state()
+    prints: dict[str, Any] = {"cpu RNG": ("tensor", host_memory(cpu.data_ptr(), cpu.numel()).raw)
+                              if cpu.is_contiguous() else rng_fingerprint(cpu)}
+    if _ACCELERATORS or generators or host:
+        for name, state in _other_states(generators, host).items():
+            prints[name] = rng_fingerprint(state)
+    return prints
 
 
 def _set_rng_state(name: str, state: Any, generators: dict[str, torch.Generator]) -> None:

@@ -18,7 +18,7 @@ import torch
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, filled
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
-from recheck.runtime.rng import rng_fingerprint, rng_states
+from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
@@ -339,8 +339,8 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     """
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
-    for name, state in rng_states(reach.generators, frozenset(reach.host_rng)).items():
-        values[("rng", name)] = rng_fingerprint(state)
+    for name, fingerprint in rng_fingerprints(reach.generators, reach.host_rng).items():
+        values[("rng", name)] = fingerprint
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):

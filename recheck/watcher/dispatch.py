@@ -166,17 +166,57 @@ class Dispatcher(Interceptor):
         record: InvocationRecord = call.state
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
-        undo = contextlib.ExitStack()
+        stop = None
         if record.forced_early_stop is not None:  # whatever the call or a set_checkpoint_early_stop block says
             arguments["early_stop"] = record.forced_early_stop
-            undo.enter_context(torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop))
+            stop = torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop)
+            stop.__enter__()
+        key = None
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"
             _METADATA_FNS[key] = _SavedPrinter(record, base)
             arguments["determinism_check"] = key
-            undo.callback(_METADATA_FNS.pop, key, None)
-        return undo.close
+
+        def undo() -> None:
+            try:
+                if key is not None:
+                    _METADATA_FNS.pop(key, None)
+            finally:
+                if stop is not None:
+                    stop.__exit__(None, None, None)
+        return undo
+
+    def run_region(self, call: CheckpointCall, phase: Phase, function: Callable[..., Any],
+                   args: tuple, kwargs: dict) -> Any:
+        """One run of the region function: its forward or a recompute, bracketed by the record
+        directly (a run inside torch's machinery: no context manager, no generator)."""
+        record: InvocationRecord | None = call.state
+        if record is None or record.closed or record.failed or (phase is Phase.FORWARD
+                                                                 and self._replayed(call) is not None):
+            return super().run_region(call, phase, function, args, kwargs)
+        if phase is Phase.FORWARD:
+            capture = self._open_forward(record, call, args, kwargs)
+            try:
+                output = function(*args, **kwargs)
+            except BaseException:
+                self._close_forward(record, capture, None, False, failed=True)
+                raise
+            self._close_forward(record, capture, output, True, failed=False)
+            return output
+        opened = self._open_recompute(record)
+        if opened is None:
+            return function(*args, **kwargs)
+        output, has_output = None, False
+        try:
+            output = function(*args, **kwargs)
+            has_output = True
+        except BaseException as exc:
+            self._recompute_failed(record, exc)
+            raise
+        finally:
+            self._close_recompute(record, opened, output, has_output)
+        return output
 
     @contextlib.contextmanager
     def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
@@ -210,21 +250,27 @@ class Dispatcher(Interceptor):
     def _forward(self, record: InvocationRecord, call: CheckpointCall, args: tuple | None, kwargs: dict | None,
                  run: Run) -> Iterator[Run]:
         """The forward bracket of one run: record what it sees, compare what it changed."""
-        self._begin_forward(record, call.function, args, kwargs)
-        # a full replay tells latent effects apart by what the forward emitted before its
-        # last saved tensor: the forward's effects are counted (and still reach the user)
-        capture = EffectCapture(passthrough=True) if record.replay_fully and not self._capturing() else None
+        capture = self._open_forward(record, call, args, kwargs)
         try:
-            if capture is not None:
-                record.forward_effects = capture.effects
-                with self._capture(capture):
-                    yield run
-            else:
-                yield run
+            yield run
         except BaseException:
-            self._end_forward(record, None, False, failed=True)
+            self._close_forward(record, capture, None, False, failed=True)
             raise
-        self._end_forward(record, run.output, run.has_output, failed=False)
+        self._close_forward(record, capture, run.output, run.has_output, failed=False)
+
+    def _recompute(self, record: InvocationRecord, run: Run, grad_enabled: bool | None = None) -> Iterator[Run]:
+        """The recompute bracket of one run: compare what it starts from, computes and changes."""
+        opened = self._open_recompute(record, grad_enabled)
+        if opened is None:
+            yield run
+            return
+        try:
+            yield run
+        except BaseException as exc:
+            self._recompute_failed(record, exc)
+            raise
+        finally:
+            self._close_recompute(record, opened, run.output, run.has_output)
 
     # -- forward and recompute -------------------------------------------------------------
 
@@ -278,37 +324,69 @@ class Dispatcher(Interceptor):
         """Whether an outer run on this thread is capturing effects already (captures do not nest)."""
         return bool(getattr(self._local, "capturing", False))
 
-    @contextlib.contextmanager
-    def _capture(self, effects: EffectCapture) -> Iterator[None]:
+    def _start_capture(self, effects: EffectCapture) -> None:
+        effects.__enter__()
         self._local.capturing = True
-        try:
-            with effects:
-                yield
-        finally:
-            self._local.capturing = False
 
-    def _recompute(self, record: InvocationRecord, run: Run, grad_enabled: bool | None = None) -> Iterator[Run]:
+    def _stop_capture(self, effects: EffectCapture) -> None:
+        self._local.capturing = False
+        effects.__exit__(None, None, None)
+
+    def _open_forward(self, record: InvocationRecord, call: CheckpointCall, args: tuple | None,
+                      kwargs: dict | None) -> EffectCapture | None:
+        """Record what a forward starts from; the effect capture it runs in, if any."""
+        self._begin_forward(record, call.function, args, kwargs)
+        # a full replay tells latent effects apart by what the forward emitted before its
+        # last saved tensor: the forward's effects are counted (and still reach the user)
+        if not record.replay_fully or self._capturing():
+            return None
+        capture = EffectCapture(passthrough=True)
+        record.forward_effects = capture.effects
+        try:
+            self._start_capture(capture)
+        except BaseException:
+            self._end_forward(record, None, False, failed=True)
+            raise
+        return capture
+
+    def _close_forward(self, record: InvocationRecord, capture: EffectCapture | None, output: Any,
+                       has_output: bool, *, failed: bool) -> None:
+        try:
+            if capture is not None:
+                self._stop_capture(capture)
+        finally:
+            self._end_forward(record, output, has_output, failed=failed)
+
+    def _open_recompute(self, record: InvocationRecord, grad_enabled: bool | None = None,
+                        ) -> tuple[Any, Any, EffectCapture | None] | None:
+        """Compare what a recompute starts from with its forward: the entry snapshot and the
+        effect capture it runs in (None: the bookkeeping failed, the run is not compared)."""
         try:
             rng_entry, state_entry = record.begin_recompute(grad_enabled)
         except Exception as exc:  # noqa: BLE001
             self._internal_error("starting a recompute", exc)
-            yield run
-            return
-        effects = EffectCapture(passthrough=True)
-        capturing = not self._capturing()
+            return None
+        effects = None
+        if not self._capturing():
+            effects = EffectCapture(passthrough=True)
+            self._start_capture(effects)
+        return rng_entry, state_entry, effects
+
+    @staticmethod
+    def _recompute_failed(record: InvocationRecord, exc: BaseException) -> None:
+        if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
+            record.recompute_raised(exc)
+
+    def _close_recompute(self, record: InvocationRecord, opened: tuple[Any, Any, EffectCapture | None],
+                         output: Any, has_output: bool) -> None:
+        rng_entry, state_entry, effects = opened
         try:
-            if capturing:
-                with self._capture(effects):
-                    yield run
-            else:
-                yield run
-        except BaseException as exc:
-            if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
-                record.recompute_raised(exc)
-            raise
+            if effects is not None:
+                self._stop_capture(effects)
         finally:
             try:
-                record.end_recompute(rng_entry, state_entry, run.output, run.has_output, effects.effects)
+                record.end_recompute(rng_entry, state_entry, output, has_output,
+                                     effects.effects if effects is not None else [])
             except Exception as exc:  # noqa: BLE001
                 self._internal_error("comparing a recompute", exc)
 

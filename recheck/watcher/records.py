@@ -399,10 +399,14 @@ class InvocationRecord:
                       output: Any, has_output: bool, effects: list[Any]) -> None:
         forward = self.forward
         assert forward is not None
-        exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
-        consumed = {k for k, v in exit_state.items() if k[0] == "rng" and k in forward.entry and entry.get(k) != v}
-        for key in sorted(consumed | forward.rng_consumed):
-            if entry.get(key) != forward.entry.get(key):
+        # a stream is reported when the recompute started from another state than the forward
+        # and either run drew from it: where every stream started as at the forward (torch
+        # restored them), what the recompute drew needs no second read
+        differ = [key for key, value in forward.entry.items() if key[0] == "rng" and entry.get(key) != value]
+        if differ:
+            exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
+            consumed = {k for k in differ if k in exit_state and exit_state[k] != entry.get(k)}
+            for key in sorted(consumed | (forward.rng_consumed & set(differ))):
                 self._add("rng", f"{key[1]} state at recompute differs from the forward's; the region draws from it",
                           subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "

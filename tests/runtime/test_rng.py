@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states
+from recheck.runtime import rng
+from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_fingerprints, rng_states
 
 
 def test_a_state_tensor_is_its_bytes_however_it_is_laid_out():
@@ -35,6 +36,7 @@ def test_an_initialized_accelerator_is_read_per_device_and_skipped_at_restore_on
     # the CUDA path without a GPU: what an initialized CUDA runtime with two devices answers
     states = {0: torch.zeros(16, dtype=torch.uint8), 1: torch.ones(16, dtype=torch.uint8)}
     put: list[int] = []
+    monkeypatch.setattr(rng, "_ACCELERATORS", (("cuda", torch.cuda),))  # a CUDA build, as on a GPU machine
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda index: states[index])
@@ -48,3 +50,23 @@ def test_an_initialized_accelerator_is_read_per_device_and_skipped_at_restore_on
     put.clear()
     record.restore()
     assert put == []
+
+
+def test_fingerprints_are_the_fingerprints_of_the_states(monkeypatch):
+    import numpy
+
+    generator = torch.Generator().manual_seed(3)
+    numpy.random.seed(1)
+    random.seed(2)
+    states = rng_states({"g": generator})
+    assert rng_fingerprints({"g": generator}) == {name: rng_fingerprint(s) for name, s in states.items()}
+    torch.rand(1)
+    assert rng_fingerprints({"g": generator})["cpu RNG"] != rng_fingerprint(states["cpu RNG"])
+    # only the host streams asked for are read
+    assert set(rng_fingerprints(None, frozenset())) == {"cpu RNG"}
+    assert set(rng_fingerprints(None, {"Python random"})) == {"cpu RNG", "Python random"}
+    monkeypatch.setattr(rng, "_ACCELERATORS", (("cuda", torch.cuda),))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda index: torch.full((4,), 7, dtype=torch.uint8))
+    assert rng_fingerprints(None, frozenset())["cuda:0 RNG"] == ("tensor", bytes([7] * 4))
