@@ -32,11 +32,12 @@ from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
-from recheck.watcher.records import InvocationRecord
+from recheck.watcher.records import LAZY, InvocationRecord
 
 __all__ = ["DISPATCHER", "Dispatcher", "SessionLike"]
 
 _METADATA_FNS = torch_checkpoint._allowed_determinism_checks_to_fns
+_DEFAULT_METADATA = getattr(torch_checkpoint, "_default_meta_extractor", None)
 
 
 class SessionLike(Protocol):
@@ -402,7 +403,9 @@ class _SavedPrinter:
         self.record, self.base = record, base
 
     def __call__(self, tensor: torch.Tensor) -> Any:
-        return self.record.saved_print(tensor, self.base(tensor))
+        base = self.base
+        # torch's default check (shape, dtype, device) is read from the print when compared
+        return self.record.saved_print(tensor, LAZY if base is _DEFAULT_METADATA else base(tensor))
 
 
 _STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)

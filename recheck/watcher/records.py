@@ -42,7 +42,7 @@ from recheck.watcher import capture
 from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor
 from recheck.runtime.naming import RegionKey
 
-__all__ = ["Forward", "InvocationRecord", "SavedPrint"]
+__all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
@@ -155,7 +155,11 @@ class SavedPrint:
     messages are unchanged; the comparison also hands the forward's print and the recomputed
     tensor to the record, which prints it the way the forward's was printed.  A forward's
     ``print`` is None until its forward returns, and its ``tensor`` is held until then; a
-    recompute's holds its tensor only.
+    recompute's holds its tensor only, until the comparison gives it its print.
+
+    ``base`` is :data:`LAZY` for torch's default check: its metadata (shape, dtype, device)
+    is read from the print, or the tensor, when torch compares, not made for every saved
+    tensor as a dict of a ``torch.Size`` and a ``torch.device``.
     """
 
     __slots__ = ("base", "print", "record", "index", "tensor")
@@ -168,15 +172,38 @@ class SavedPrint:
         if not isinstance(other, SavedPrint):
             return NotImplemented
         if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
-            self.record.compare_saved(self.index, self.print, other.tensor)
+            other.print = self.record.compare_saved(self.index, self.print, other.tensor)
+        if self.base is LAZY and other.base is LAZY:
+            mine, theirs = self.print, other.print
+            if mine is not None and theirs is not None:
+                return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
+            return self.metadata() == other.metadata()
         return bool(self.base == other.base)
 
     # no __ne__: object's own inverts __eq__ in C (torch asks ``!=``, once per saved tensor)
 
     __hash__ = None  # type: ignore[assignment]
 
+    def metadata(self) -> tuple[tuple[int, ...], torch.dtype, str] | None:
+        """Shape, dtype and device, as torch's default check compares them (None: not known)."""
+        if self.print is not None:
+            return self.print.shape, self.print.dtype, self.print.device
+        if self.tensor is not None:
+            return tuple(self.tensor.shape), self.tensor.dtype, str(self.tensor.device)
+        return None
+
     def __repr__(self) -> str:
-        return repr(self.base)
+        if self.base is not LAZY:
+            return repr(self.base)
+        metadata = self.metadata()
+        if metadata is None:
+            return "{}"
+        shape, dtype, device = metadata
+        return repr({"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)})
+
+
+#: the ``base`` of a :class:`SavedPrint` under torch's default determinism check
+LAZY: Any = object()
 
 
 def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, TensorPrint]]:
@@ -443,14 +470,15 @@ class InvocationRecord:
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
-    def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> None:
-        """The recomputed saved tensor ``index`` against the forward's print of it."""
+    def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> TensorPrint | None:
+        """The recomputed saved tensor ``index`` against the forward's print of it; the
+        recomputed print (None where it is not compared here)."""
         if index in self._pass_saved:
-            return
+            return None
         self._pass_saved[index] = None
         forward = self.forward
         if forward is not None and index in forward.saved_buffers:
-            return  # a module buffer autograd saved: the buffer comparison reports it
+            return None  # a module buffer autograd saved: the buffer comparison reports it
         if original.version is not None and forward is not None:
             # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
             owner = forward.parameter_of(tensor)
@@ -462,6 +490,7 @@ class InvocationRecord:
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
         if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))
+        return recomputed
 
     def release(self) -> None:
         """Drop what only a later recompute would need (called when torch frees the graph)."""

@@ -54,3 +54,37 @@ def test_the_global_hook_goes_when_a_regions_forward_raises():
         except ValueError:
             pass
         assert _global_pre_hooks() == before
+
+
+def _shape_changing_step(watched: bool) -> str:
+    """A region whose recompute saves a tensor of another shape: torch's own check raises."""
+    calls = []
+
+    def region(x):
+        calls.append(None)
+        return (x[: 4 if len(calls) == 1 else 3] * 2).sin().sum()
+
+    x = torch.randn(5, requires_grad=True)
+    try:
+        if watched:
+            with recheck.watch(raise_on_finding=False):
+                checkpoint(region, x, use_reentrant=False).backward()
+        else:
+            checkpoint(region, x, use_reentrant=False).backward()
+    except torch.utils.checkpoint.CheckpointError as exc:
+        return str(exc)
+    raise AssertionError("torch's metadata check did not raise")
+
+
+def test_torchs_own_metadata_check_and_message_are_unchanged_under_watch():
+    # the saved tensors' metadata is read from recheck's prints, not made per tensor by torch
+    plain, watched = _shape_changing_step(False), _shape_changing_step(True)
+    assert "saved metadata: {'shape': torch.Size([4])" in plain
+    assert watched == plain
+
+
+def test_the_none_determinism_check_still_compares_nothing_but_recheck_still_prints():
+    x = torch.randn(3, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(lambda t: t.sin().sum(), x, use_reentrant=False, determinism_check="none").backward()
+    assert w.report.ok and w.report.stats["verified"] == 1
