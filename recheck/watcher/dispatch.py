@@ -370,7 +370,11 @@ class Dispatcher(Interceptor):
         effects = None
         if not self._capturing():
             effects = EffectCapture(passthrough=True)
-            self._start_capture(effects)
+            try:
+                self._start_capture(effects)
+            except Exception as exc:  # noqa: BLE001 - the run is compared without its effects
+                effects = None
+                self._internal_error("capturing a recompute's effects", exc)
         return rng_entry, state_entry, effects
 
     @staticmethod
