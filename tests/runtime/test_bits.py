@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from recheck.runtime import bits
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest
 
 
@@ -144,3 +145,66 @@ def test_host_memory_reads_a_tensor_in_place_with_one_type_per_size():
     assert view.raw[0] == 99
     assert type(bits.host_memory(t.data_ptr(), 12)) is type(view)
     assert type(bits.host_memory(t.data_ptr(), 5)) is not type(view)
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool,
+          torch.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(DTYPES), st.integers(1, 300), st.data())
+def test_bits_equal_finds_every_single_bit_flip_in_place(dtype, length, data):
+    # contiguous CPU tensors are compared with memcmp: a flip of any bit of any byte shows
+    a = torch.randn(length, dtype=torch.float64).mul(7).to(dtype) if dtype is not torch.bool \
+        else torch.rand(length) > 0.5
+    b = a.clone()
+    assert bits.bits_equal(a, b)
+    raw = b.view(torch.uint8) if dtype is not torch.bool else b.view(torch.uint8)
+    if dtype.is_complex:
+        raw = torch.view_as_real(b).view(torch.uint8).reshape(-1)
+    position = data.draw(st.integers(0, raw.numel() - 1))
+    bit = data.draw(st.integers(0, 7))
+    raw.view(-1)[position] ^= 1 << bit
+    assert not bits.bits_equal(a, b) and not bits.bits_equal(b, a)
+    assert bits.bits_equal(a, b) == torch.equal(bit_view(a), bit_view(b))
+
+
+def test_bits_equal_counts_nan_payloads_and_negative_zero():
+    nan = torch.tensor([float("nan")])
+    other = nan.clone()
+    other.view(torch.int32)[0] ^= 1
+    assert bits.bits_equal(nan, nan.clone()) and not bits.bits_equal(nan, other)
+    assert not bits.bits_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
+
+
+def test_bits_equal_reads_values_not_memory_where_the_two_differ():
+    a = torch.randn(6)
+    neg = torch._neg_view(a)  # memory of a, values of -a
+    assert bits.bits_equal(neg, -a) and not bits.bits_equal(neg, a)
+    c = torch.randn(4, dtype=torch.complex64)
+    assert bits.bits_equal(c.conj(), c.conj().resolve_conj()) and not bits.bits_equal(c.conj(), c)
+    t = torch.randn(3, 5)
+    assert bits.bits_equal(t.t(), t.t().contiguous())
+    assert bits.bits_equal(t[:, 1:], t.clone()[:, 1:]) and not bits.bits_equal(t[:, 1:], t[:, :4])
+    empty = torch.empty(0, 3)
+    assert bits.bits_equal(empty, empty.clone())
+
+
+def test_bits_equal_never_reads_a_freed_storage():
+    # FSDP frees a parameter's storage with resize_(0) and keeps its shape
+    a = torch.randn(8)
+    freed = a.clone()
+    freed.untyped_storage().resize_(0)
+    assert not bits.bits_equal(a, freed) and not bits.bits_equal(freed, a)
+    assert bits.bits_equal(freed, freed)
+
+
+def test_bits_equal_falls_back_for_tensor_subclasses():
+    class Tagged(torch.Tensor):
+        pass
+
+    a = torch.randn(5)
+    assert bits.bits_equal(a.as_subclass(Tagged), a.clone().as_subclass(Tagged))
+    b = a.clone()
+    b[2] += 1
+    assert not bits.bits_equal(a.as_subclass(Tagged), b.as_subclass(Tagged))
