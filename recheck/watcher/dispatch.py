@@ -32,7 +32,7 @@ from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
-from recheck.watcher.records import LAZY, InvocationRecord
+from recheck.watcher.records import InvocationRecord
 
 __all__ = ["DISPATCHER", "Dispatcher", "SessionLike"]
 
@@ -176,7 +176,8 @@ class Dispatcher(Interceptor):
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error
             key = f"recheck-{next(self._keys)}"
-            _METADATA_FNS[key] = _SavedPrinter(record, base)
+            # torch's default check is answered from the prints: the record's hook itself
+            _METADATA_FNS[key] = record.saved_print if base is _DEFAULT_METADATA else _SavedPrinter(record, base)
             arguments["determinism_check"] = key
 
         def undo() -> None:
@@ -407,9 +408,7 @@ class _SavedPrinter:
         self.record, self.base = record, base
 
     def __call__(self, tensor: torch.Tensor) -> Any:
-        base = self.base
-        # torch's default check (shape, dtype, device) is read from the print when compared
-        return self.record.saved_print(tensor, LAZY if base is _DEFAULT_METADATA else base(tensor))
+        return self.record.saved_print(tensor, self.base(tensor))
 
 
 _STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)

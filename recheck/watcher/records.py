@@ -365,8 +365,11 @@ class InvocationRecord:
             for saved in self.forward.saved:
                 saved.tensor = None
 
-    def saved_print(self, tensor: torch.Tensor, base: Any) -> SavedPrint:
+    def saved_print(self, tensor: torch.Tensor, base: Any = LAZY) -> SavedPrint:
         """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.
+
+        ``base`` is what another determinism check made of the tensor (``"none"``'s is None);
+        without one, torch's default check is answered from the prints (see :class:`SavedPrint`).
 
         The forward's print is taken when its forward returns, not now: a kernel may fill a
         tensor after saving it (RReLU saves its noise buffer, then draws into it), so bytes

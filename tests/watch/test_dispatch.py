@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
@@ -88,3 +91,24 @@ def test_the_none_determinism_check_still_compares_nothing_but_recheck_still_pri
     with recheck.watch(raise_on_finding=False) as w:
         checkpoint(lambda t: t.sin().sum(), x, use_reentrant=False, determinism_check="none").backward()
     assert w.report.ok and w.report.stats["verified"] == 1
+
+
+def test_the_none_determinism_check_lets_a_changed_shape_through_as_torch_does():
+    # under "none" torch compares no metadata: the backward then fails on its own, watched or not
+    def failure(watched: bool, mode: str) -> BaseException:
+        calls = []
+
+        def region(x):
+            calls.append(None)
+            return x.sum().expand(4 if len(calls) == 1 else 3).clone().sin().sum()
+
+        x = torch.randn(5, requires_grad=True)
+        with pytest.raises(Exception) as caught:
+            with recheck.watch(raise_on_finding=False) if watched else contextlib.nullcontext():
+                checkpoint(region, x, use_reentrant=False, determinism_check=mode).backward()
+        return caught.value
+
+    plain, watched = failure(False, "none"), failure(True, "none")
+    assert not isinstance(plain, torch.utils.checkpoint.CheckpointError)
+    assert type(watched) is type(plain) and str(watched) == str(plain)
+    assert isinstance(failure(True, "default"), torch.utils.checkpoint.CheckpointError)
