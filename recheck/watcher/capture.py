@@ -81,18 +81,35 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
     """
     selected: dict[int, tuple[str, torch.nn.Module]] = {}
-    for sub in _preorder(list(ran), {}):
+    for sub in _preorder(list(ran), {}, reach):
         if id(sub) not in reach.modules:
             add_module(reach, sub)
         selected[id(sub)] = reach.modules[id(sub)]
     return list(selected.values())
 
 
-def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
+def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None],
+              reach: Reach | None = None) -> list[torch.nn.Module]:
     """The modules of each root's ``modules()``, root after root, each once, in the same order,
     leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
     with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
-    module, and every invocation walks the subtrees of the modules its forward ran."""
+    module, and every invocation walks the subtrees of the modules its forward ran.  With the
+    ``reach`` a root belongs to, its subtree is kept with the reach and walked again only when
+    the tree below it changed (see :func:`_subtree`)."""
+    found: list[torch.nn.Module] = []
+    for root in roots:
+        if id(root) in walked:
+            continue
+        modules = _subtree(reach, root) if reach is not None and id(root) in reach.modules else None
+        if modules is not None and walked.keys().isdisjoint(map(id, modules)):
+            walked.update(dict.fromkeys(map(id, modules)))
+            found += modules
+        else:
+            found += _walk((root,), walked)
+    return found
+
+
+def _walk(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
     found: list[torch.nn.Module] = []
     stack = list(roots)
     stack.reverse()
@@ -108,13 +125,40 @@ def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list
     return found
 
 
+_MODULES = operator.attrgetter("_modules")
+
+
+def _subtree(reach: Reach, root: torch.nn.Module) -> list[torch.nn.Module]:
+    """``root``'s subtree in preorder, each module once, kept with the reach (which holds
+    ``root``) beside the ids of every module's children.  It is walked again when any of
+    those changed: a child added, removed or replaced is another tuple of ids, read in
+    C-level passes (a block's forward walks its subtree twice per invocation)."""
+    walks = _layouts_of(reach).walks
+    kept = walks.get(id(root))
+    if kept is not None:
+        modules, children = kept
+        if _children(modules) == children:
+            return modules
+    modules = _walk((root,), {})
+    if len(walks) >= 4096:
+        walks.clear()
+    walks[id(root)] = (modules, _children(modules))
+    return modules
+
+
+def _children(modules: list[torch.nn.Module]) -> list[tuple[int, ...]]:
+    """The ids of each module's children (None included), in C-level passes.  The ids stay
+    theirs while the modules are held (the subtree a reach keeps holds every module in it)."""
+    return list(map(tuple, map(functools.partial(map, id), map(dict.values, map(_MODULES, modules)))))
+
+
 #: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
 #: each buffer slot held and what it held when first seen in a forward
 BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
 
 
 def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
-                    walked: dict[int, None] | None = None) -> None:
+                    walked: dict[int, None] | None = None, reach: Reach | None = None) -> None:
     """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
 
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
@@ -123,8 +167,11 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
     subtree once: the forward pre-hook calls this for every module that runs, and a module's
     subtree was walked with its parent's.
     """
-    for module in _preorder(modules, {} if walked is None else walked):
-        for name, buffer in module._buffers.items():
+    for module in _preorder(modules, {} if walked is None else walked, reach):
+        buffers = module._buffers
+        if not buffers:  # most modules hold none (a region may reach every block of a model)
+            continue
+        for name, buffer in buffers.items():
             key = (id(module), name)
             if buffer is not None and key not in into:
                 into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
@@ -202,10 +249,12 @@ _NAME = operator.itemgetter(0)
 class _ReachLayouts:
     """A reach's cached layouts: its buffers and parameters, and the module state of each set of modules."""
 
-    __slots__ = ("tensors", "states", "modules", "counted")
+    __slots__ = ("tensors", "states", "modules", "counted", "walks")
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
+        #: by the id of a reached module: its subtree in preorder and each one's children (see ``_subtree``)
+        self.walks: dict[int, tuple[list[torch.nn.Module], list[tuple[Any, ...]]]] = {}
         #: the reach's modules as a list, made when it held ``counted`` of them (a reach's
         #: modules are only ever added to, so the count tells whether the list is current)
         self.modules: list[torch.nn.Module] = []

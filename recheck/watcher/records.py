@@ -63,7 +63,8 @@ class Forward:
     #: what torch saved, in order; each holds its tensor until the forward returns and its
     #: print is taken (see ``saved_print``)
     saved: list[SavedPrint] | tuple[()] = field(default_factory=list)
-    #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys
+    #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys;
+    #: told when the forward returns
     saved_buffers: dict[int, None] = field(default_factory=dict)
     #: data pointers of the reached modules' buffers (keys), and how many modules they cover
     buffer_pointers: dict[int, None] = field(default_factory=dict)
@@ -280,7 +281,7 @@ class InvocationRecord:
                                context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
-        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked, reach)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -298,7 +299,7 @@ class InvocationRecord:
             if key not in forward.reach.modules:
                 capture.add_module(forward.reach, module)
             if key not in forward.walked:  # else its subtree's buffers were seen with its parent's
-                capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
+                capture.buffer_versions((module,), forward.buffers_seen, forward.walked, forward.reach)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -320,10 +321,15 @@ class InvocationRecord:
             self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
-        store, parameter_of = self.store, forward.parameter_of
+        # which saved tensors are buffers is told now that the reach holds every module the
+        # forward ran (at each save, the pointers would be read again after each new module)
+        store, parameter_of, is_buffer, buffers = self.store, forward.parameter_of, forward.is_buffer, \
+            forward.saved_buffers
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is not None:
+                if is_buffer(tensor):
+                    buffers[saved.index] = None
                 saved.print = print_saved(tensor, store, parameter_of(tensor))
         self.forward_done = True
 
@@ -382,8 +388,6 @@ class InvocationRecord:
             index = len(forward.saved)
             saved = SavedPrint(base, None, self, index, tensor.detach())
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
-            if forward.is_buffer(tensor):
-                forward.saved_buffers[index] = None
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)

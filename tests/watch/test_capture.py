@@ -164,3 +164,41 @@ def test_subtrees_are_walked_as_module_modules_walks_them():
     walked = {id(shared): None}
     assert [id(m) for m in _preorder([model[0], model], walked)] == [
         id(m) for m in (model[0], model[0][1], model, model[2], model[2][0])]
+
+
+def _names(model: nn.Module, modules: list[nn.Module]) -> list[str]:
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    return [names[id(m)] for m in modules]
+
+
+def test_a_kept_subtree_is_walked_again_when_a_child_is_added_replaced_or_removed():
+    from recheck.watcher.capture import _preorder, with_submodules
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Tanh()))
+    reach = _reach(model)
+    expected = [m for m in model.modules()]
+    assert _preorder([model], {}, reach) == expected
+    assert _preorder([model], {}, reach) == expected  # kept
+    model[1].append(nn.Sigmoid())  # a grandchild added
+    assert _names(model, _preorder([model], {}, reach)) == ["", "0", "1", "1.0", "1.1", "1.2"]
+    model[1][0] = nn.GELU()  # replaced by another module
+    assert _preorder([model], {}, reach)[3] is model[1][0]
+    model[1]._modules["1"] = None  # removed, its slot left empty
+    assert _names(model, _preorder([model], {}, reach)) == ["", "0", "1", "1.0", "1.2"]
+    # the same answer as a walk without the reach, also past modules already walked
+    walked = {id(model[1]): None}
+    assert _preorder([model], dict(walked), reach) == _preorder([model], dict(walked))
+    assert [m for _, m in with_submodules(reach, [model])] == _preorder([model], {})
+
+
+def test_a_shared_submodule_is_walked_once():
+    from recheck.watcher.capture import _preorder
+
+    shared = nn.Linear(2, 2)
+    model = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
+    reach = _reach(model)
+    walked: dict[int, None] = {}
+    first = _preorder([model["a"]], walked, reach)
+    second = _preorder([model["b"]], walked, reach)
+    assert first == [model["a"], shared] and second == [model["b"]]
+    assert _preorder([model], {}, reach) == list(model.modules())
