@@ -202,3 +202,15 @@ def test_a_shared_submodule_is_walked_once():
     second = _preorder([model["b"]], walked, reach)
     assert first == [model["a"], shared] and second == [model["b"]]
     assert _preorder([model], {}, reach) == list(model.modules())
+
+
+def test_equal_states_whose_values_compare_badly_are_compared_one_by_one():
+    import numpy
+
+    from recheck.watcher.records import _all_equal
+
+    before = {("attribute", "self.items"): (("list", 1, ("x",)), [numpy.zeros(3)])}
+    after = {("attribute", "self.items"): (("list", 1, ("x",)), [numpy.zeros(3)])}
+    assert _all_equal(before, before)
+    assert not _all_equal(before, after)  # numpy's == is not a bool: the slow comparison decides
+    assert not _all_equal(before, {})
