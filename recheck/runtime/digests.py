@@ -22,7 +22,7 @@ import torch
 
 from recheck.runtime.bits import HOST_ARRAYS, Tolerance, bit_view, compare_tensors, digest, host_array
 
-__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "print_saved", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -36,20 +36,23 @@ class TensorPrint:
     ``__init__`` (``object.__setattr__`` per field) cost more than digesting a small tensor.
     """
 
-    __slots__ = ("copy", "device", "digest", "dtype", "requires_grad", "shape", "unreadable", "version")
+    __slots__ = ("copy", "device", "digest", "dtype", "order", "requires_grad", "shape", "unreadable", "version")
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: str, digest: int,
                  copy: torch.Tensor | None = None, requires_grad: bool = False, unreadable: str | None = None,
-                 version: int | None = None) -> None:
+                 version: int | None = None, order: tuple[int, ...] | None = None) -> None:
         self.shape, self.dtype, self.device, self.digest = shape, dtype, device, digest
         self.copy, self.requires_grad, self.unreadable = copy, requires_grad, unreadable
         #: for a parameter (or a view of one): its version counter, which identifies it instead of
         #: its bytes (see :func:`print_saved`)
         self.version = version
+        #: the order of dimensions the bytes were hashed in, outermost first (None: row-major;
+        #: see :func:`print_tensor`)
+        self.order = order
 
     def _fields(self) -> tuple[Any, ...]:
         return (self.shape, self.dtype, self.device, self.digest, self.copy, self.requires_grad,
-                self.unreadable, self.version)
+                self.unreadable, self.version, self.order)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorPrint):
@@ -62,7 +65,8 @@ class TensorPrint:
     def __repr__(self) -> str:
         return (f"TensorPrint(shape={self.shape!r}, dtype={self.dtype!r}, device={self.device!r}, "
                 f"digest={self.digest:#034x}, copy={'...' if self.copy is not None else None}, "
-                f"requires_grad={self.requires_grad!r}, unreadable={self.unreadable!r}, version={self.version!r})")
+                f"requires_grad={self.requires_grad!r}, unreadable={self.unreadable!r}, version={self.version!r}, "
+                f"order={self.order!r})")
 
     @property
     def description(self) -> str:
@@ -119,30 +123,58 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     """
     base = parameter if parameter is not None else tensor._base if tensor._base is not None else tensor
     if not (base.is_leaf and base.requires_grad) or base.layout != torch.strided:
-        return print_tensor(tensor, store)
+        # a transposed activation (attention's keys) is hashed where it lies, in its own order
+        return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor))
     identity = hash((id(base), tensor.storage_offset(), tensor.stride(), base._version))
     return TensorPrint(tuple(tensor.shape), tensor.dtype, _device_name(tensor), identity & ((1 << 64) - 1),
                        None, tensor.requires_grad, None, base._version)
 
 
-def print_tensor(tensor: torch.Tensor, store: Store) -> TensorPrint:
-    """The print of ``tensor`` under ``store`` ("digest" or "copy")."""
+def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None) -> TensorPrint:
+    """The print of ``tensor`` under ``store`` ("digest" or "copy").
+
+    ``order`` (a permutation of the dimensions, outermost first; CPU tensors) hashes the bytes
+    in that order of dimensions instead of row-major: ``tensor.permute(order)``'s row-major
+    bytes.  Where ``order`` is the tensor's own :func:`memory_order`, that is its memory as it
+    lies, read without a copy.  Two prints are comparable when they were hashed in the same
+    order (the order is part of the hashed header): a recompute prints its saved tensor in the
+    order its forward's print was taken (``order=original.order``), so equal values give equal
+    digests, whatever the recomputed tensor's strides.
+    """
     shape, dtype, device = tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor)
     plain = tensor
     try:
         if plain.layout is not torch.strided:
             plain = plain.detach().to_dense()
         if device == "cpu":
-            value = _cpu_digest(plain, shape)
+            if order is None:
+                value = _cpu_digest(plain, shape)
+            else:
+                permuted = plain.permute(order)
+                value = _cpu_digest(permuted, tuple(permuted.shape), order)
         else:
+            order = None
             with torch.no_grad():
                 value = digest(plain.detach())
-    except (TypeError, RuntimeError, NotImplementedError) as exc:
+    except (TypeError, RuntimeError, NotImplementedError, IndexError) as exc:
         # a tensor without plain bytes (a subclass, an exotic layout or dtype): metadata only
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return TensorPrint(shape, dtype, device, 0, None, tensor.requires_grad, reason)
     copy = plain.detach().clone() if store == "copy" else None
-    return TensorPrint(shape, dtype, device, value, copy, tensor.requires_grad)
+    return TensorPrint(shape, dtype, device, value, copy, tensor.requires_grad, None, None, order)
+
+
+def memory_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The dimensions of a non-overlapping, dense tensor from outermost to innermost in memory
+    (``tensor.permute(order)`` is contiguous: its row-major bytes are the tensor's memory as it
+    lies); None for a tensor with gaps, overlaps or broadcast dimensions (hashed row-major,
+    through a copy)."""
+    strides = tensor.stride()
+    order = tuple(sorted(range(len(strides)), key=strides.__getitem__, reverse=True))
+    try:
+        return order if tensor.permute(order).is_contiguous() else None
+    except RuntimeError:
+        return None
 
 
 #: the names of devices other than the CPU (``str(torch.device)`` costs a microsecond)
@@ -161,26 +193,29 @@ def _device_name(tensor: torch.Tensor) -> str:
 
 #: integer dtype of each element width, for the in-place byte view of plain CPU tensors
 _SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-#: per (dtype, shape): the hash's header, its 64-bit XXH3 (the seed of the one-shot XXH3-128),
+#: per (dtype, shape, order): the hash's header, its 64-bit XXH3 (the seed of the one-shot XXH3-128),
 #: and the integer dtype the tensor is viewed as, or None where ``bit_view`` must convert
 #: (complex, or widths without an integer dtype)
-_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], tuple[bytes, int, torch.dtype | None]] = {}
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...], tuple[int, ...] | None], tuple[bytes, int, torch.dtype | None]] = {}
 _HEADERS_SIZE = 4096
 
 
-def _header(dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[bytes, int, torch.dtype | None]:
-    entry = _HEADERS.get((dtype, shape))
+def _header(dtype: torch.dtype, shape: tuple[int, ...],
+            order: tuple[int, ...] | None = None) -> tuple[bytes, int, torch.dtype | None]:
+    entry = _HEADERS.get((dtype, shape, order))
     if entry is None:
         same_width = None if dtype.is_complex else _SAME_WIDTH.get(torch.empty((), dtype=dtype).element_size())
         if len(_HEADERS) >= _HEADERS_SIZE:
             _HEADERS.clear()
-        header = f"{dtype}{shape}\0".encode()
+        # row-major bytes of a shape, or the bytes of the dimensions in ``order`` (another header)
+        header = (f"{dtype}{shape}\0" if order is None else f"{dtype}{shape} in order {order}\0").encode()
         seed = _XXH3_64(header) if _XXH3_64 is not None else 0
-        entry = _HEADERS[(dtype, shape)] = (header, seed, same_width)
+        entry = _HEADERS[(dtype, shape, order)] = (header, seed, same_width)
     return entry
 
 
-def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> int:
+def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
+                order: tuple[int, ...] | None = None) -> int:
     """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
     A contiguous real tensor is hashed in place, its memory read through a ``ctypes`` array
@@ -191,7 +226,7 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None) -> i
     bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
     """
     dtype, shape = tensor.dtype, tuple(tensor.shape) if shape is None else shape
-    header, seed, same_width = _HEADERS.get((dtype, shape)) or _header(dtype, shape)
+    header, seed, same_width = _HEADERS.get((dtype, shape, order)) or _header(dtype, shape, order)
     size = tensor.nbytes
     data: Any = b""
     if size:

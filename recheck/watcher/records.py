@@ -491,9 +491,12 @@ class InvocationRecord:
             owner = forward.parameter_of(tensor)
             if owner is None:
                 owner = forward.parameter_of(tensor, refresh=True)
-            recomputed = print_saved(tensor, self.store, owner) if owner is not None else print_tensor(tensor, self.store)
+            recomputed = print_saved(tensor, self.store, owner) if owner is not None \
+                else print_tensor(tensor, self.store, original.order)
         else:
-            recomputed = print_tensor(tensor, self.store)
+            # hashed in the order the forward's print was (its memory order: no copy when the
+            # recompute lays it out as the forward did)
+            recomputed = print_tensor(tensor, self.store, original.order)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
         if not original.matches(recomputed, self.tolerance):
             self._saved_diffs.setdefault(index, (original, recomputed))

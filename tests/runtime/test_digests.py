@@ -91,3 +91,43 @@ def test_the_digest_is_of_the_row_major_bytes():
     assert print_tensor(tensor.t(), "digest").same(print_tensor(tensor.t().contiguous(), "digest"))
     assert not print_tensor(tensor, "digest").same(print_tensor(tensor.t().contiguous(), "digest"))
     assert print_tensor(-tensor, "digest").same(print_tensor(tensor.neg().resolve_neg(), "digest"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data())
+def test_a_saved_tensor_is_hashed_where_it_lies_and_equal_values_print_alike(shape, data):
+    from recheck.runtime.digests import memory_order, print_saved
+
+    permutation = data.draw(st.permutations(range(len(shape))))
+    base = torch.randn(*shape)
+    lying = base.permute(permutation)  # dense, in another order of dimensions (attention's keys)
+    forward = print_saved(lying, "digest")
+    assert forward.order == (None if lying.is_contiguous() else memory_order(lying))
+    # the recompute prints in the forward's order: equal values are equal prints, however laid out
+    for again in (lying.clone(), lying.contiguous(), lying.clone(memory_format=torch.preserve_format)):
+        assert forward.same(print_tensor(again, "digest", forward.order))
+    # one bit of one element flipped, anywhere, is found
+    flipped = lying.contiguous()
+    raw = flipped.view(torch.int32).view(-1)
+    index = data.draw(st.integers(0, raw.numel() - 1))
+    raw[index] ^= 1 << data.draw(st.integers(0, 31))
+    assert not forward.same(print_tensor(flipped, "digest", forward.order))
+
+
+def test_an_order_is_part_of_what_is_hashed():
+    from recheck.runtime.digests import memory_order, print_saved
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t()
+    assert memory_order(t) == (1, 0)
+    in_order = print_tensor(t, "digest", (1, 0))
+    assert not in_order.same(print_tensor(t, "digest"))  # another order: another print
+    assert not in_order.same(print_tensor(t.contiguous().t().contiguous(), "digest"))
+    # NaN payloads and -0.0 still count
+    z = torch.tensor([[0.0, 1.0], [2.0, 3.0]]).t()
+    neg = z.clone()
+    neg[0, 0] = -0.0
+    assert not print_saved(z, "digest").same(print_tensor(neg, "digest", memory_order(z)))
+    # gaps, overlaps and broadcast dimensions are hashed row-major (through a copy), as before
+    assert memory_order(torch.randn(4, 4)[:, ::2]) is None
+    assert memory_order(torch.randn(3).expand(2, 3)) is None
+    assert print_saved(torch.randn(3).expand(2, 3), "digest").order is None
