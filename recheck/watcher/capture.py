@@ -22,7 +22,7 @@ from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
-           "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions", "reached_tensors",
+           "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
            "with_submodules"]
 
 #: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
@@ -198,7 +198,7 @@ class _Flat:
     80 modules (timm's ``checkpoint_seq`` closes over every block) reads their parameters'
     versions twice per invocation."""
 
-    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys", "split", "parameters")
+    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.dicts = dicts
@@ -214,10 +214,6 @@ class _Flat:
         self.owners: list[dict[str, Any]] = []
         self.slots: list[str] = []
         self.keys: list[Any] = []
-        #: where the parameters' slots start (a reach's tensor layout: its buffers, then its parameters)
-        self.split = 0
-        #: the parameters' owners, slots and keys (the lists past ``split``, cut once)
-        self.parameters: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
 
     def extend(self, triples: list[tuple[dict[str, Any], str, Any]]) -> None:
         """Add slots, each ``(owner, slot, key)``: three list extensions, not a call per slot
@@ -247,7 +243,7 @@ _NAME = operator.itemgetter(0)
 
 
 class _ReachLayouts:
-    """A reach's cached layouts: its buffers and parameters, and the module state of each set of modules."""
+    """A reach's cached layouts: its parameters, the module state of each set of modules, and subtrees."""
 
     __slots__ = ("tensors", "states", "modules", "counted", "walks")
 
@@ -274,18 +270,16 @@ def _layouts_of(reach: Reach) -> _ReachLayouts:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _slot_key(kind: str, module: str, name: str) -> tuple[str, str]:
-    """The key of a module's buffer or parameter (one object per name: a region of timm's
+def _parameter_key(module: str, name: str) -> tuple[str, str]:
+    """The key of a module's parameter (one object per name: a region of timm's
     ``checkpoint_seq`` reaches every module of the model, and each block makes its layout)."""
-    if kind == "buffer":
-        return kind, buffer_subject(module, name)
-    return kind, f"{module}.{name}" if module else name
+    return "param_version", f"{module}.{name}" if module else name
 
 
 def _tensor_slots(reach: Reach, stale: bool = False) -> _Flat:
-    """The buffer and parameter slots of every reached module: ``(dict, name, key)``, the key
-    ``("buffer", subject)`` or ``("param_version", dotted name)``.  ``stale``: the cached
-    layout named a slot that is gone (made again)."""
+    """The parameter slots of every reached module: ``(dict, name, key)``, the key
+    ``("param_version", dotted name)``.  ``stale``: the cached layout named a slot that is
+    gone (made again)."""
     if not reach.modules:
         return _NO_SLOTS
     layouts = _layouts_of(reach)
@@ -293,18 +287,12 @@ def _tensor_slots(reach: Reach, stale: bool = False) -> _Flat:
         layouts.tensors = None
     if layouts.counted != len(reach.modules):
         layouts.modules, layouts.counted = [module for _, module in reach.modules.values()], len(reach.modules)
-    modules = layouts.modules
-    dicts = list(map(_BUFFERS, modules)) + list(map(_PARAMETERS, modules))
+    dicts = list(map(_PARAMETERS, layouts.modules))
     flat = layouts.tensors
     if flat is None or not flat.valid(dicts):
-        pairs = list(reach.modules.values())
         flat = _Flat(dicts)
-        flat.extend([(module._buffers, buffer, _slot_key("buffer", name, buffer))
-                     for name, module in pairs for buffer in module._buffers])
-        flat.split = len(flat.slots)
-        flat.extend([(module._parameters, param, _slot_key("param_version", name, param))
-                     for name, module in pairs for param in module._parameters])
-        flat.parameters = (flat.owners[flat.split:], flat.slots[flat.split:], flat.keys[flat.split:])
+        flat.extend([(module._parameters, param, _parameter_key(name, param))
+                     for name, module in reach.modules.values() for param in module._parameters])
         layouts.tensors = flat
     return flat
 
@@ -325,14 +313,14 @@ class ParameterVersions:
 
     def items(self) -> list[tuple[tuple[str, str], int]]:
         """``(("param_version", dotted name), version)`` of each parameter (empty slots left out)."""
-        return [(key, version) for key, version in zip(self.layout.parameters[2], self.versions) if version is not None]
+        return [(key, version) for key, version in zip(self.layout.keys, self.versions) if version is not None]
 
     def moved(self, now: ParameterVersions) -> list[tuple[str, int, int]]:
         """``(dotted name, version then, version now)`` of each parameter in both whose version moved."""
         if now.layout is self.layout:
             if now.versions == self.versions:
                 return []
-            pairs = zip(self.layout.parameters[2], self.versions, now.versions)
+            pairs = zip(self.layout.keys, self.versions, now.versions)
             return [(key[1], then, version) for key, then, version in pairs
                     if then is not None and version is not None and then != version]
         before = dict(self.items())
@@ -360,19 +348,8 @@ def _versions(flat: _Flat) -> list[int | None]:
     """The version of the parameter in each of ``flat``'s parameter slots (None: empty);
     ``KeyError`` where a slot's name is gone.  One comprehension over the parameters only: a
     reach may hold the whole model."""
-    owners, slots, _ = flat.parameters
+    owners, slots = flat.owners, flat.slots
     return [None if (param := own[name]) is None else param._version for own, name in zip(owners, slots)]
-
-
-def reached_tensors(reach: Reach) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The buffers and the parameters of every reached module."""
-    try:
-        flat = _tensor_slots(reach)
-        values = _read(flat)
-    except KeyError:  # a name replaced by another: lay the reach out again
-        flat = _tensor_slots(reach, stale=True)
-        values = _read(flat)
-    return ([t for t in values[:flat.split] if t is not None], [t for t in values[flat.split:] if t is not None])
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,

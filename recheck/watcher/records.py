@@ -66,11 +66,11 @@ class Forward:
     #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys;
     #: told when the forward returns
     saved_buffers: dict[int, None] = field(default_factory=dict)
-    #: data pointers of the reached modules' buffers (keys), and how many modules they cover
+    #: data pointers of the compared modules' buffers (keys), and the storages of their
+    #: parameters, to the parameter; read for the scope in ``pointed`` (see ``_pointers``)
     buffer_pointers: dict[int, None] = field(default_factory=dict)
-    #: the storages of their parameters, to the parameter
     parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
-    buffer_modules: int = -1
+    pointed: tuple[Any, ...] | None = None
     #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
     direct: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: the modules whose forward ran in the region, by id
@@ -122,29 +122,42 @@ class Forward:
                                     reach=self.reach)
 
     def _pointers(self) -> None:
-        """Read the storages of the reached modules' buffers and parameters (the callers keep
-        them while the reach holds ``buffer_modules`` modules)."""
-        self.buffer_modules = len(self.reach.modules)
-        buffers, params = capture.reached_tensors(self.reach)
+        """Read the storages of the compared modules' buffers and parameters: those of the
+        modules that ran and their submodules, the callable's own modules and the buffers the
+        forward wrote (:meth:`scope`).  A region of timm's ``checkpoint_seq`` reaches every
+        block of the model and runs a few: their parameters only.  A saved tensor outside
+        them is digested by its bytes, which is exact either way."""
+        self.pointed = (self.state_modules, self.attribute_modules, self.touched_buffers)
+        modules = [module for _, module in self.state_modules] + [module for _, module in self.attribute_modules]
+        buffers = [buffer for module in modules for buffer in module._buffers.values() if buffer is not None]
+        buffers += [buffer for _, module, name in self.touched_buffers
+                    if (buffer := module._buffers.get(name)) is not None]
         self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel())
-        self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
-                                   if param.numel() and param.layout == torch.strided}
+        self.parameter_storages = {param.untyped_storage().data_ptr(): param
+                                   for module in modules for param in module._parameters.values()
+                                   if param is not None and param.numel() and param.layout == torch.strided}
+
+    def _pointed(self) -> bool:
+        """Whether the pointers were read for the scope as it is."""
+        pointed = self.pointed
+        return (pointed is not None and pointed[0] is self.state_modules and pointed[1] is self.attribute_modules
+                and pointed[2] is self.touched_buffers)
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is a buffer of a module the region reaches (by data pointer)."""
-        if self.buffer_modules != len(self.reach.modules):
+        """Whether ``tensor`` is a buffer of a compared module (by data pointer)."""
+        if not self._pointed():
             self._pointers()
         # a region whose modules hold no buffers (most transformers) asks nothing of the tensor
         return bool(self.buffer_pointers) and bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
 
     def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
-        """The reached module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
+        """The compared module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
 
         ``refresh`` reads the parameters' storages again (FSDP allocates them at each gather).
         """
         if not tensor.numel() or tensor.layout != torch.strided:
             return None
-        if refresh or self.buffer_modules != len(self.reach.modules):
+        if refresh or not self._pointed():
             self._pointers()
         return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
@@ -510,7 +523,7 @@ class InvocationRecord:
             forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
             forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
-            forward.parameter_storages, forward.buffer_pointers, forward.buffer_modules = {}, {}, -1
+            forward.parameter_storages, forward.buffer_pointers, forward.pointed = {}, {}, None
 
     # -- findings ------------------------------------------------------------------------
 

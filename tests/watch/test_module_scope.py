@@ -198,3 +198,46 @@ def test_an_attribute_that_appears_in_a_later_recompute_is_reported():
     assert ("attribute `self.seen`", 2) in subjects, str(w.report)  # call 2 of 2
     seen = next(f for f in w.report.by_kind("state") if f.subject == "attribute `self.seen`")
     assert "<absent> -> 4" in seen.message
+
+
+def _segmented(blocks: nn.ModuleList, start: int, end: int):
+    """timm's ``checkpoint_seq``: a closure over every block, running a few of them."""
+    functions = list(blocks)
+
+    def run(x):
+        for j in range(start, end):
+            x = functions[j](x)
+        return x
+
+    return run
+
+
+def test_saved_parameters_of_the_blocks_that_ran_are_told_by_version_and_others_by_bytes():
+    from recheck.watcher.records import Forward
+    from recheck.runtime.reach import Reach
+
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+    reach = Reach()
+    reach.add_module("blocks", blocks)
+    forward = Forward(reach, {}, {})
+    forward.ran = {id(blocks[1]): blocks[1]}
+    forward.scope()
+    assert forward.parameter_of(blocks[1].weight.t().detach()) is blocks[1].weight
+    # a block that did not run is none of the scope: its weight, if saved, is digested by its bytes
+    assert forward.parameter_of(blocks[2].weight.t().detach()) is None
+    forward.ran[id(blocks[2])] = blocks[2]
+    forward.scope()  # a new scope: the pointers are read again
+    assert forward.parameter_of(blocks[2].weight.t().detach()) is blocks[2].weight
+
+
+def test_a_segment_that_saves_a_weight_changed_in_place_is_reported_either_way():
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+    x = torch.randn(2, 4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
+        with torch.no_grad():
+            blocks[2].weight.add_(1)  # between forward and recompute
+        out.sum().backward()
+    assert any(f.kind == "param_version" for f in w.report.findings), str(w.report)
