@@ -67,10 +67,10 @@ class Forward:
     #: told when the forward returns
     saved_buffers: dict[int, None] = field(default_factory=dict)
     #: data pointers of the compared modules' buffers (keys), and the storages of their
-    #: parameters, to the parameter; read for the scope in ``pointed`` (see ``_pointers``)
+    #: parameters, to the parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
     buffer_pointers: dict[int, None] = field(default_factory=dict)
     parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
-    pointed: tuple[Any, ...] | None = None
+    pointed: bool = False
     #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
     direct: dict[int, torch.nn.Module] = field(default_factory=dict)
     #: the modules whose forward ran in the region, by id
@@ -114,6 +114,7 @@ class Forward:
             if id(module) not in covered:
                 touched.append((prefix, module, name))
         self.attribute_modules, self.touched_buffers = tuple(attribute_modules), tuple(touched)
+        self.pointed = False  # a new scope: its storages are read when first asked for
 
     def state(self, store: Store) -> capture.ModuleState:
         """The compared state now: buffers and attributes of the scope, the globals written."""
@@ -127,7 +128,7 @@ class Forward:
         forward wrote (:meth:`scope`).  A region of timm's ``checkpoint_seq`` reaches every
         block of the model and runs a few: their parameters only.  A saved tensor outside
         them is digested by its bytes, which is exact either way."""
-        self.pointed = (self.state_modules, self.attribute_modules, self.touched_buffers)
+        self.pointed = True
         modules = [module for _, module in self.state_modules] + [module for _, module in self.attribute_modules]
         buffers = [buffer for module in modules for buffer in module._buffers.values() if buffer is not None]
         buffers += [buffer for _, module, name in self.touched_buffers
@@ -137,15 +138,9 @@ class Forward:
                                    for module in modules for param in module._parameters.values()
                                    if param is not None and param.numel() and param.layout == torch.strided}
 
-    def _pointed(self) -> bool:
-        """Whether the pointers were read for the scope as it is."""
-        pointed = self.pointed
-        return (pointed is not None and pointed[0] is self.state_modules and pointed[1] is self.attribute_modules
-                and pointed[2] is self.touched_buffers)
-
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a compared module (by data pointer)."""
-        if not self._pointed():
+        if not self.pointed:
             self._pointers()
         # a region whose modules hold no buffers (most transformers) asks nothing of the tensor
         return bool(self.buffer_pointers) and bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
@@ -157,7 +152,7 @@ class Forward:
         """
         if not tensor.numel() or tensor.layout != torch.strided:
             return None
-        if refresh or not self._pointed():
+        if refresh or not self.pointed:
             self._pointers()
         return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
 
@@ -523,7 +518,7 @@ class InvocationRecord:
             forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
             forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
-            forward.parameter_storages, forward.buffer_pointers, forward.pointed = {}, {}, None
+            forward.parameter_storages, forward.buffer_pointers, forward.pointed = {}, {}, False
 
     # -- findings ------------------------------------------------------------------------
 
