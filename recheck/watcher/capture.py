@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -81,27 +82,26 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
     """
     selected: dict[int, tuple[str, torch.nn.Module]] = {}
-    for sub in _preorder(list(ran), {}, reach):
+    for sub in _preorder(list(ran), {}):
         if id(sub) not in reach.modules:
             add_module(reach, sub)
         selected[id(sub)] = reach.modules[id(sub)]
     return list(selected.values())
 
 
-def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None],
-              reach: Reach | None = None) -> list[torch.nn.Module]:
+def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
     """The modules of each root's ``modules()``, root after root, each once, in the same order,
     leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
     with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
-    module, and every invocation walks the subtrees of the modules its forward ran.  With the
-    ``reach`` a root belongs to, its subtree is kept with the reach and walked again only when
-    the tree below it changed (see :func:`_subtree`)."""
+    module, and every invocation walks the subtrees of the modules its forward ran, so each
+    root's subtree is kept and walked again only when the tree below it changed (see
+    :func:`_subtree`)."""
     found: list[torch.nn.Module] = []
     for root in roots:
         if id(root) in walked:
             continue
-        modules = _subtree(reach, root) if reach is not None and id(root) in reach.modules else None
-        if modules is not None and walked.keys().isdisjoint(map(id, modules)):
+        modules = _subtree(root)
+        if walked.keys().isdisjoint(map(id, modules)):
             walked.update(dict.fromkeys(map(id, modules)))
             found += modules
         else:
@@ -128,27 +128,40 @@ def _walk(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[tor
 _MODULES = operator.attrgetter("_modules")
 
 
-def _subtree(reach: Reach, root: torch.nn.Module) -> list[torch.nn.Module]:
-    """``root``'s subtree in preorder, each module once, kept with the reach (which holds
-    ``root``) beside the ids of every module's children.  It is walked again when any of
-    those changed: a child added, removed or replaced is another tuple of ids, read in
-    C-level passes (a block's forward walks its subtree twice per invocation)."""
-    walks = _layouts_of(reach).walks
-    kept = walks.get(id(root))
+def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """``root``'s subtree in preorder, each module once, kept between invocations and
+    ``watch()`` blocks (a test suite watches each test in its own block) beside the ids of
+    every module's children.  It is walked again when any of those changed (a child added,
+    removed or replaced is another tuple of ids) or any of its modules is gone.  What is
+    kept holds the modules weakly: a model is freed when its user drops it."""
+    kept = _WALKS.get(id(root))
     if kept is not None:
-        modules, children = kept
-        if _children(modules) == children:
-            return modules
+        owner, refs, children = kept
+        if owner() is root:
+            alive: list[Any] = list(map(_DEREF, refs))
+            if None not in alive and _children(alive) == children:
+                return alive
     modules = _walk((root,), {})
-    if len(walks) >= 4096:
-        walks.clear()
-    walks[id(root)] = (modules, _children(modules))
+    try:
+        refs = tuple(map(weakref.ref, modules))
+    except TypeError:  # a module class with __slots__ and no __weakref__: not kept
+        return modules
+    if len(_WALKS) >= 4096:
+        _WALKS.clear()
+    _WALKS[id(root)] = (refs[0], refs, _children(modules))
     return modules
 
 
+#: id(root) -> (a weak reference to the root, to each module of its subtree in preorder, the
+#: ids of each one's children): the subtrees :func:`_subtree` keeps (the root's reference tells
+#: a root that died, and a new module with its id, from the one the entry is about)
+_WALKS: dict[int, tuple[Any, tuple[Any, ...], list[tuple[int, ...]]]] = {}
+_DEREF = weakref.ref.__call__
+
+
 def _children(modules: list[torch.nn.Module]) -> list[tuple[int, ...]]:
-    """The ids of each module's children (None included), in C-level passes.  The ids stay
-    theirs while the modules are held (the subtree a reach keeps holds every module in it)."""
+    """The ids of each module's children (None included), in C-level passes.  Compared while
+    every module of the subtree is alive (its weak reference answers), so no id is another's."""
     return list(map(tuple, map(functools.partial(map, id), map(dict.values, map(_MODULES, modules)))))
 
 
@@ -158,7 +171,7 @@ BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
 
 
 def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
-                    walked: dict[int, None] | None = None, reach: Reach | None = None) -> None:
+                    walked: dict[int, None] | None = None) -> None:
     """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
 
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
@@ -167,7 +180,7 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
     subtree once: the forward pre-hook calls this for every module that runs, and a module's
     subtree was walked with its parent's.
     """
-    for module in _preorder(modules, {} if walked is None else walked, reach):
+    for module in _preorder(modules, {} if walked is None else walked):
         buffers = module._buffers
         if not buffers:  # most modules hold none (a region may reach every block of a model)
             continue
@@ -243,14 +256,12 @@ _NAME = operator.itemgetter(0)
 
 
 class _ReachLayouts:
-    """A reach's cached layouts: its parameters, the module state of each set of modules, and subtrees."""
+    """A reach's cached layouts: its parameters, and the module state of each set of modules."""
 
-    __slots__ = ("tensors", "states", "modules", "counted", "walks")
+    __slots__ = ("tensors", "states", "modules", "counted")
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
-        #: by the id of a reached module: its subtree in preorder and each one's children (see ``_subtree``)
-        self.walks: dict[int, tuple[list[torch.nn.Module], list[tuple[Any, ...]]]] = {}
         #: the reach's modules as a list, made when it held ``counted`` of them (a reach's
         #: modules are only ever added to, so the count tells whether the list is current)
         self.modules: list[torch.nn.Module] = []

@@ -289,7 +289,7 @@ class InvocationRecord:
                                context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
-        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked, reach)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -307,7 +307,7 @@ class InvocationRecord:
             if key not in forward.reach.modules:
                 capture.add_module(forward.reach, module)
             if key not in forward.walked:  # else its subtree's buffers were seen with its parent's
-                capture.buffer_versions((module,), forward.buffers_seen, forward.walked, forward.reach)
+                capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward

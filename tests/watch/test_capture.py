@@ -166,22 +166,22 @@ def _names(model: nn.Module, modules: list[nn.Module]) -> list[str]:
 
 
 def test_a_kept_subtree_is_walked_again_when_a_child_is_added_replaced_or_removed():
-    from recheck.watcher.capture import _preorder, with_submodules
+    from recheck.watcher.capture import _preorder, _walk, with_submodules
 
     model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU(), nn.Tanh()))
     reach = _reach(model)
     expected = [m for m in model.modules()]
-    assert _preorder([model], {}, reach) == expected
-    assert _preorder([model], {}, reach) == expected  # kept
+    assert _preorder([model], {}) == expected
+    assert _preorder([model], {}) == expected  # kept
     model[1].append(nn.Sigmoid())  # a grandchild added
-    assert _names(model, _preorder([model], {}, reach)) == ["", "0", "1", "1.0", "1.1", "1.2"]
+    assert _names(model, _preorder([model], {})) == ["", "0", "1", "1.0", "1.1", "1.2"]
     model[1][0] = nn.GELU()  # replaced by another module
-    assert _preorder([model], {}, reach)[3] is model[1][0]
+    assert _preorder([model], {})[3] is model[1][0]
     model[1]._modules["1"] = None  # removed, its slot left empty
-    assert _names(model, _preorder([model], {}, reach)) == ["", "0", "1", "1.0", "1.2"]
-    # the same answer as a walk without the reach, also past modules already walked
+    assert _names(model, _preorder([model], {})) == ["", "0", "1", "1.0", "1.2"]
+    # the same answer as a walk, also past modules already walked
     walked = {id(model[1]): None}
-    assert _preorder([model], dict(walked), reach) == _preorder([model], dict(walked))
+    assert _preorder([model], dict(walked)) == _walk([model], dict(walked))
     assert [m for _, m in with_submodules(reach, [model])] == _preorder([model], {})
 
 
@@ -190,12 +190,11 @@ def test_a_shared_submodule_is_walked_once():
 
     shared = nn.Linear(2, 2)
     model = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
-    reach = _reach(model)
     walked: dict[int, None] = {}
-    first = _preorder([model["a"]], walked, reach)
-    second = _preorder([model["b"]], walked, reach)
+    first = _preorder([model["a"]], walked)
+    second = _preorder([model["b"]], walked)
     assert first == [model["a"], shared] and second == [model["b"]]
-    assert _preorder([model], {}, reach) == list(model.modules())
+    assert _preorder([model], {}) == list(model.modules())
 
 
 def test_equal_states_whose_values_compare_badly_are_compared_one_by_one():
@@ -208,3 +207,21 @@ def test_equal_states_whose_values_compare_badly_are_compared_one_by_one():
     assert _all_equal(before, before)
     assert not _all_equal(before, after)  # numpy's == is not a bool: the slow comparison decides
     assert not _all_equal(before, {})
+
+
+def test_a_kept_subtree_keeps_no_module_alive():
+    import gc
+    import weakref
+
+    from recheck.watcher import capture
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
+    assert capture._preorder([model], {}) == list(model.modules())
+    gone = [weakref.ref(m) for m in model.modules()]
+    del model
+    gc.collect()
+    assert all(ref() is None for ref in gone)
+    # a new module that happens to get a dead root's id is walked as itself
+    for _ in range(50):
+        other = nn.Sequential(nn.Tanh())
+        assert capture._preorder([other], {}) == list(other.modules())
