@@ -126,8 +126,8 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
         # a transposed activation (attention's keys) is hashed where it lies, in its own order
         return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor))
     identity = hash((id(base), tensor.storage_offset(), tensor.stride(), base._version))
-    return TensorPrint(tuple(tensor.shape), tensor.dtype, _device_name(tensor), identity & ((1 << 64) - 1),
-                       None, tensor.requires_grad, None, base._version)
+    return TensorPrint(tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor),
+                       identity & ((1 << 64) - 1), None, tensor.requires_grad, None, base._version)
 
 
 def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None) -> TensorPrint:

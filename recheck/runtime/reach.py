@@ -126,9 +126,11 @@ class Reach:
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
         self._anonymous = 0
-        #: what a layer above works out from the reach and keeps with it, dropped with it
-        #: (``recheck.watcher.capture``'s layouts); a copy starts without
-        self.derived: Any = None
+        #: what a layer above works out from the reach and keeps with it, by the layer's key
+        #: (``recheck.watcher.capture``'s layouts); a copy starts without.  A dormant reach
+        #: carries it to the reach it revives (see :class:`_Dormant`), so what is in it must
+        #: hold none of the reach's objects
+        self.derived: dict[str, Any] = {}
 
     def copy(self) -> Reach:
         """A reach that can grow without changing this one (which a cache may share)."""
@@ -430,13 +432,17 @@ class _Dormant:
 
     The live reach (weakly: while a block's cache holds it, it is the one returned), and a
     copy of it as it was when walked whose modules, generators, tensors and plain objects
-    are weak references: revived into a new :class:`Reach` of those still alive.
+    are weak references: revived into a new :class:`Reach` of those still alive, which starts
+    from what was ``derived`` from the first (the layouts of ``recheck.watcher.capture``).
     """
 
-    __slots__ = ("live", "template", "refs")
+    __slots__ = ("live", "template", "refs", "derived")
 
     def __init__(self, reach: Reach, template: Reach, refs: dict[str, dict[Any, Any]]) -> None:
         self.live, self.template, self.refs = weakref.ref(reach), template, refs
+        #: the live reach's ``derived`` (the same dict): what a layer above worked out, which a
+        #: revived reach starts from (it holds none of the reach's objects)
+        self.derived = reach.derived
 
     @classmethod
     def of(cls, reach: Reach) -> _Dormant | None:
@@ -477,6 +483,7 @@ class _Dormant:
         reach = self.template.copy()
         reach.modules, reach.generators = found["modules"], found["generators"]
         reach.tensors, reach.objects = found["tensors"], found["objects"]
+        reach.derived = self.derived
         self.live = weakref.ref(reach)
         return reach
 

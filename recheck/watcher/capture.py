@@ -204,33 +204,37 @@ def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str
 
 class _Flat:
     """The slots of several dicts (modules' ``__dict__``, ``_buffers``, ``_parameters``): three
-    parallel lists, the dict, the name in it and the state key of each slot (lists, not a tuple
-    per slot: what a layout keeps adds few objects for the garbage collector to walk), valid
-    while each dict is the same object holding the same names.  Checking that takes a few
-    C-level passes over the dicts, not a Python loop over the modules: a region that reaches
-    80 modules (timm's ``checkpoint_seq`` closes over every block) reads their parameters'
-    versions twice per invocation."""
+    parallel lists, which dict (its index in the list the layout was made from), the name in it
+    and the state key of each slot (lists, not a tuple per slot: what a layout keeps adds few
+    objects for the garbage collector to walk).  A layout holds no dict and no module: it is
+    read against the dicts as they are now (:func:`_read`), so it can be kept with a dormant
+    reach between ``watch()`` blocks without keeping a model alive.  It is valid while the
+    dicts hold as many names, and the first ``keyed`` the same names.  Checking that takes a
+    few C-level passes over the dicts, not a Python loop over the modules: a region that
+    reaches 80 modules (timm's ``checkpoint_seq`` closes over every block) reads their
+    parameters' versions twice per invocation."""
 
-    __slots__ = ("dicts", "sizes", "filled", "names", "owners", "slots", "keys")
+    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
-        self.dicts = dicts
         self.sizes = list(map(len, dicts))
         #: of the first ``keyed`` dicts (those only some of whose names are slots: a module's
-        #: ``__dict__``), those that hold names, and copies of those names (dicts of strings,
-        #: which the collector does not track; an empty dict is checked by its size).  A dict
-        #: all of whose names are slots is checked by its size alone: the same number of names
-        #: with one replaced leaves a slot whose name is gone, which raises ``KeyError`` where
-        #: it is read (see :func:`_read`)
-        self.filled = [d for d in dicts[:keyed] if d]
-        self.names = [dict.fromkeys(d) for d in self.filled]
-        self.owners: list[dict[str, Any]] = []
+        #: ``__dict__``), the indices of those that hold names, and their names (tuples of
+        #: strings, which the collector does not track; an empty dict is checked by its size).
+        #: A dict all of whose names are slots is checked by its size alone: the same number of
+        #: names with one replaced leaves a slot whose name is gone, which raises ``KeyError``
+        #: where it is read (see :func:`_read`)
+        self.filled = [index for index, d in enumerate(dicts[:keyed]) if d]
+        self.names = [tuple(dicts[index]) for index in self.filled]
+        self.owners: list[int] = []
         self.slots: list[str] = []
         self.keys: list[Any] = []
+        #: the ids of the modules the dicts belong to, where the caller's key does not say
+        self.ids: list[int] = []
 
-    def extend(self, triples: list[tuple[dict[str, Any], str, Any]]) -> None:
-        """Add slots, each ``(owner, slot, key)``: three list extensions, not a call per slot
-        (a block's first invocation lays out every module it reaches)."""
+    def extend(self, triples: list[tuple[int, str, Any]]) -> None:
+        """Add slots, each ``(index of its dict, slot, key)``: three list extensions, not a call
+        per slot (a block's first invocation lays out every module it reaches)."""
         if triples:
             owners, slots, keys = zip(*triples)
             self.owners.extend(owners)
@@ -238,14 +242,13 @@ class _Flat:
             self.keys.extend(keys)
 
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
-        return (len(dicts) == len(self.dicts) and all(map(operator.is_, dicts, self.dicts))
-                and list(map(len, dicts)) == self.sizes
-                and list(map(dict.keys, self.filled)) == list(map(dict.keys, self.names)))
+        return (list(map(len, dicts)) == self.sizes
+                and list(map(tuple, map(dicts.__getitem__, self.filled))) == self.names)
 
 
-def _read(flat: _Flat) -> list[Any]:
-    """The value in every slot of ``flat``; ``KeyError`` where a slot's name is gone."""
-    return list(map(operator.getitem, flat.owners, flat.slots))
+def _read(flat: _Flat, dicts: list[dict[str, Any]]) -> list[Any]:
+    """The value in every slot of ``flat`` in ``dicts``; ``KeyError`` where a slot's name is gone."""
+    return list(map(operator.getitem, map(dicts.__getitem__, flat.owners), flat.slots))
 
 
 #: the layout of no modules (shared: nothing is ever added to it)
@@ -253,30 +256,29 @@ _NO_SLOTS = _Flat([])
 _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
 _NAME = operator.itemgetter(0)
+_MODULE = operator.itemgetter(1)
 
 
 class _ReachLayouts:
-    """A reach's cached layouts: its parameters, and the module state of each set of modules."""
+    """A reach's layouts: its parameters, and the module state of each set of modules.  They
+    hold no module and no dict (see :class:`_Flat`), so a dormant reach keeps them between
+    ``watch()`` blocks (a test suite watches each test in its own block)."""
 
-    __slots__ = ("tensors", "states", "modules", "counted")
+    __slots__ = ("tensors", "states")
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
-        #: the reach's modules as a list, made when it held ``counted`` of them (a reach's
-        #: modules are only ever added to, so the count tells whether the list is current)
-        self.modules: list[torch.nn.Module] = []
-        self.counted = -1
-        #: by the names and ids of the modules (the reach holds the modules, so their ids stay
-        #: theirs; a tuple of ids is hashed without asking the modules)
+        #: by the names and ids of the modules (a tuple of ids is hashed without asking the
+        #: modules; a layout is checked against the modules' dicts, and its keys are made of
+        #: the names, so a new module with a dead one's id and name is laid out rightly)
         self.states: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
 
 
 def _layouts_of(reach: Reach) -> _ReachLayouts:
-    """The layouts cached with ``reach`` (as its ``derived``: dropped with it; a layout holds
-    the reach's own modules' dicts, nothing more)."""
-    layouts = reach.derived
+    """The layouts kept with ``reach`` (in its ``derived``, which a dormant reach carries)."""
+    layouts = reach.derived.get("layouts")
     if layouts is None:
-        layouts = reach.derived = _ReachLayouts()
+        layouts = reach.derived["layouts"] = _ReachLayouts()
     return layouts
 
 
@@ -287,25 +289,23 @@ def _parameter_key(module: str, name: str) -> tuple[str, str]:
     return "param_version", f"{module}.{name}" if module else name
 
 
-def _tensor_slots(reach: Reach, stale: bool = False) -> _Flat:
+def _tensor_slots(reach: Reach, stale: bool = False) -> tuple[_Flat, list[dict[str, Any]]]:
     """The parameter slots of every reached module: ``(dict, name, key)``, the key
-    ``("param_version", dotted name)``.  ``stale``: the cached layout named a slot that is
-    gone (made again)."""
+    ``("param_version", dotted name)``, and the dicts they are read in.  ``stale``: the
+    kept layout named a slot that is gone (made again)."""
     if not reach.modules:
-        return _NO_SLOTS
+        return _NO_SLOTS, []
     layouts = _layouts_of(reach)
-    if stale:
-        layouts.tensors = None
-    if layouts.counted != len(reach.modules):
-        layouts.modules, layouts.counted = [module for _, module in reach.modules.values()], len(reach.modules)
-    dicts = list(map(_PARAMETERS, layouts.modules))
-    flat = layouts.tensors
-    if flat is None or not flat.valid(dicts):
+    modules = list(map(_MODULE, reach.modules.values()))
+    dicts = list(map(_PARAMETERS, modules))
+    flat = None if stale else layouts.tensors
+    if flat is None or not flat.valid(dicts) or list(map(id, modules)) != flat.ids:
         flat = _Flat(dicts)
-        flat.extend([(module._parameters, param, _parameter_key(name, param))
-                     for name, module in reach.modules.values() for param in module._parameters])
+        flat.ids = list(map(id, modules))
+        flat.extend([(index, param, _parameter_key(name, param))
+                     for index, (name, module) in enumerate(reach.modules.values()) for param in module._parameters])
         layouts.tensors = flat
-    return flat
+    return flat, dicts
 
 
 class ParameterVersions:
@@ -346,21 +346,21 @@ def parameter_versions(reach: Reach) -> ParameterVersions:
     """The version counters of the own parameters of every reached module."""
     if not reach.modules:
         return _NO_VERSIONS
-    flat = _tensor_slots(reach)
+    flat, dicts = _tensor_slots(reach)
     try:
-        versions = _versions(flat)
+        versions = _versions(flat, dicts)
     except KeyError:  # a parameter's name replaced by another: lay the reach out again
-        flat = _tensor_slots(reach, stale=True)
-        versions = _versions(flat)
+        flat, dicts = _tensor_slots(reach, stale=True)
+        versions = _versions(flat, dicts)
     return ParameterVersions(flat, versions)
 
 
-def _versions(flat: _Flat) -> list[int | None]:
+def _versions(flat: _Flat, dicts: list[dict[str, Any]]) -> list[int | None]:
     """The version of the parameter in each of ``flat``'s parameter slots (None: empty);
     ``KeyError`` where a slot's name is gone.  One comprehension over the parameters only: a
     reach may hold the whole model."""
-    owners, slots = flat.owners, flat.slots
-    return [None if (param := own[name]) is None else param._version for own, name in zip(owners, slots)]
+    return [None if (param := own[name]) is None else param._version
+            for own, name in zip(map(dicts.__getitem__, flat.owners), flat.slots)]
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
@@ -436,30 +436,31 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
 
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
-                  stale: bool = False) -> _Flat:
+                  stale: bool = False) -> tuple[_Flat, list[dict[str, Any]]]:
     """The attribute and buffer slots of ``pairs``' modules with their state keys (see
-    :func:`_layout`); ``stale``: the cached one named a buffer that is gone (made again)."""
+    :func:`_layout`), and the dicts they are read in; ``stale``: the kept one named a buffer
+    that is gone (made again)."""
     if not pairs:
-        return _NO_SLOTS
-    modules = [module for _, module in pairs]
+        return _NO_SLOTS, []
+    modules = list(map(_MODULE, pairs))
     dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
     modules_key = (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
     flat = states.get(modules_key) if states is not None and not stale else None
     if flat is None or not flat.valid(dicts):
         flat = _Flat(dicts, keyed=len(modules))  # only some names of a __dict__ are slots
-        triples: list[tuple[dict[str, Any], str, Any]] = []
-        for name, module in pairs:
+        triples: list[tuple[int, str, Any]] = []
+        count = len(modules)
+        for index, (name, module) in enumerate(pairs):
             _, _, attribute_keys, buffer_keys = _layout(name, module)
-            own_buffers, attributes = module._buffers, vars(module)
-            triples += [(own_buffers, buffer_name, key) for buffer_name, key in buffer_keys]
-            triples += [(attributes, attr, key) for attr, key in attribute_keys]
+            triples += [(count + index, buffer_name, key) for buffer_name, key in buffer_keys]
+            triples += [(index, attr, key) for attr, key in attribute_keys]
         flat.extend(triples)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
                 states.clear()
             states[modules_key] = flat
-    return flat
+    return flat, dicts
 
 
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
@@ -490,12 +491,12 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         return printed[key], _kept(value)
 
     pairs = tuple(modules)
-    flat = _state_layout(pairs, reach)
+    flat, dicts = _state_layout(pairs, reach)
     try:
-        values = _read(flat)
+        values = _read(flat, dicts)
     except KeyError:  # a buffer's name replaced by another: lay the modules out again
-        flat = _state_layout(pairs, reach, stale=True)
-        values = _read(flat)
+        flat, dicts = _state_layout(pairs, reach, stale=True)
+        values = _read(flat, dicts)
     for value, key in zip(values, flat.keys):
         if key[0] == "attribute":
             kind = type(value)

@@ -117,3 +117,15 @@ def test_a_partial_whose_call_tensors_died_is_revived_without_them(monkeypatch):
     again = reach_of(functools.partial(block.__call__, mask=torch.zeros(2)), {})
     assert walks == []
     assert {key: name for key, (name, _) in again.modules.items()} == names
+
+
+def test_a_revived_reach_starts_from_what_was_derived_from_the_first():
+    import gc
+
+    block = _Block()
+    first = reach_of(block, {})
+    first.derived["layer above"] = "worked out"
+    del first
+    gc.collect()
+    assert reach_of(block, {}).derived == {"layer above": "worked out"}
+    assert reach_of(_Block(), {}).derived == {}  # another block: its own

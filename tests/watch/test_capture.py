@@ -225,3 +225,41 @@ def test_a_kept_subtree_keeps_no_module_alive():
     for _ in range(50):
         other = nn.Sequential(nn.Tanh())
         assert capture._preorder([other], {}) == list(other.modules())
+
+
+def test_layouts_are_kept_between_blocks_and_keep_no_module_alive():
+    import gc
+    import weakref
+
+    from recheck.runtime.reach import reach_of
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(2)
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(self.norm(x))
+
+    layer = Layer()
+
+    def read(reach):
+        pairs = tuple(reach.modules.values())
+        return parameter_versions(reach).layout, module_state(pairs, "digest", reach=reach)
+
+    first = reach_of(layer, {})
+    layout, state = read(first)
+    del first
+    gc.collect()
+    again = reach_of(layer, {})  # revived from the dormant reach: a new Reach
+    layout_again, state_again = read(again)
+    assert layout_again is layout and state_again.keys() == state.keys()
+    # read against the dicts as they are: a buffer rebound is seen through a kept layout
+    layer.norm.running_mean = torch.ones(2)
+    key = next(k for k in state if "running_mean" in k[1])
+    assert not state[key].same(module_state(tuple(again.modules.values()), "digest", reach=again)[key])
+    gone = weakref.ref(layer)
+    del layer, again, layout, layout_again
+    gc.collect()
+    assert gone() is None
