@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import operator
 import sys
 import types
 import weakref
@@ -438,7 +439,7 @@ class _Dormant:
 
     __slots__ = ("live", "template", "refs", "derived")
 
-    def __init__(self, reach: Reach, template: Reach, refs: dict[str, dict[Any, Any]]) -> None:
+    def __init__(self, reach: Reach, template: Reach, refs: dict[str, tuple[list[Any], list[Any], list[Any]]]) -> None:
         self.live, self.template, self.refs = weakref.ref(reach), template, refs
         #: the live reach's ``derived`` (the same dict): what a layer above worked out, which a
         #: revived reach starts from (it holds none of the reach's objects)
@@ -448,11 +449,12 @@ class _Dormant:
     def of(cls, reach: Reach) -> _Dormant | None:
         """None where something the reach holds cannot be weakly referenced."""
         try:
-            refs: dict[str, dict[Any, Any]] = {
-                "modules": {k: (name, weakref.ref(module)) for k, (name, module) in reach.modules.items()},
-                "generators": {k: weakref.ref(v) for k, v in reach.generators.items()},
-                "tensors": {k: weakref.ref(v) for k, v in reach.tensors.items()},
-                "objects": {k: weakref.ref(v) for k, v in reach.objects.items()},
+            refs: dict[str, tuple[list[Any], list[Any], list[Any]]] = {
+                "modules": (list(reach.modules), [name for name, _ in reach.modules.values()],
+                            [weakref.ref(module) for _, module in reach.modules.values()]),
+                **{what: (list(held), [], [weakref.ref(v) for v in held.values()])
+                   for what, held in (("generators", reach.generators), ("tensors", reach.tensors),
+                                      ("objects", reach.objects))},
             }
         except TypeError:
             return None
@@ -472,14 +474,15 @@ class _Dormant:
         if live is not None:
             return live
         found: dict[str, dict[Any, Any]] = {}
-        for what, refs in self.refs.items():
-            values: dict[Any, Any] = {}
-            for key, held in refs.items():
-                name, ref = held if what == "modules" else (None, held)
-                value = ref()
-                if value is not None:
-                    values[key] = (name, value) if what == "modules" else value
-            found[what] = values
+        for what, (keys, names, refs) in self.refs.items():
+            # dereferenced in C-level passes: a region of timm's checkpoint_seq reaches every
+            # module of the model, and a test suite revives its reach in every test's block
+            alive = list(map(_DEREF, refs))
+            values: Any = zip(names, alive) if what == "modules" else alive
+            if any(map(_IS_NONE, alive)):  # left out (`in` would ask each object's ==)
+                found[what] = {key: value for key, value, one in zip(keys, values, alive) if one is not None}
+            else:
+                found[what] = dict(zip(keys, values))
         reach = self.template.copy()
         reach.modules, reach.generators = found["modules"], found["generators"]
         reach.tensors, reach.objects = found["tensors"], found["objects"]
@@ -487,6 +490,9 @@ class _Dormant:
         self.live = weakref.ref(reach)
         return reach
 
+
+_DEREF = weakref.ref.__call__
+_IS_NONE = functools.partial(operator.is_, None)
 
 #: reaches kept across watch() blocks, by cache key, with weak references to their objects
 _LASTING: collections.OrderedDict[Any, tuple[_Dormant, tuple]] = collections.OrderedDict()

@@ -139,7 +139,7 @@ def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
         owner, refs, children = kept
         if owner() is root:
             alive: list[Any] = list(map(_DEREF, refs))
-            if None not in alive and _children(alive) == children:
+            if not any(map(_IS_NONE, alive)) and _children(alive) == children:
                 return alive
     modules = _walk((root,), {})
     try:
@@ -157,6 +157,7 @@ def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
 #: a root that died, and a new module with its id, from the one the entry is about)
 _WALKS: dict[int, tuple[Any, tuple[Any, ...], list[tuple[int, ...]]]] = {}
 _DEREF = weakref.ref.__call__
+_IS_NONE = functools.partial(operator.is_, None)
 
 
 def _children(modules: list[torch.nn.Module]) -> list[tuple[int, ...]]:

@@ -129,3 +129,29 @@ def test_a_revived_reach_starts_from_what_was_derived_from_the_first():
     gc.collect()
     assert reach_of(block, {}).derived == {"layer above": "worked out"}
     assert reach_of(_Block(), {}).derived == {}  # another block: its own
+
+
+def test_a_dormant_reach_revives_objects_without_asking_them_anything():
+    import gc
+
+    from recheck.runtime.reach import Reach, _Dormant
+
+    class Touchy:  # a cache whose == raises (a numpy array's is not a bool)
+        def __eq__(self, other):
+            raise AssertionError("asked for ==")
+
+        __hash__ = object.__hash__
+
+    block, cache, gone = _Block(), Touchy(), Touchy()
+    reach = Reach()
+    reach.add_module("", block)
+    reach.objects.update({"cache": cache, "gone": gone})
+    dormant = _Dormant.of(reach)
+    assert dormant is not None
+    names = dict(reach.modules)
+    del reach, gone
+    gc.collect()
+    revived = dormant.revive()
+    assert list(revived.objects) == ["cache"]
+    assert revived.objects["cache"] is cache
+    assert {key: (name, module) for key, (name, module) in revived.modules.items()} == names
