@@ -413,22 +413,16 @@ _PACK_D, _UNPACK_Q = struct.Struct("<d").pack, struct.Struct("<q").unpack
 def host_memory(address: int, size: int) -> Any:
     """The ``size`` bytes of host memory at ``address`` as a ctypes array, read in place (no copy;
     ``.raw`` copies them into ``bytes``).  The caller keeps the memory alive while it reads."""
-    array = HOST_ARRAYS.get(size)
-    return (array if array is not None else host_array(size)).from_address(address)
-
-
-def host_array(size: int) -> Any:
-    """``ctypes.c_char * size``, made once per size (see :data:`HOST_ARRAYS`)."""
-    array = HOST_ARRAYS.get(size)
+    array = _ARRAYS.get(size)
     if array is None:
-        if len(HOST_ARRAYS) >= _ARRAYS_SIZE:
-            HOST_ARRAYS.clear()
-        array = HOST_ARRAYS[size] = ctypes.c_char * size
-    return array
+        if len(_ARRAYS) >= _ARRAYS_SIZE:
+            _ARRAYS.clear()
+        array = _ARRAYS[size] = ctypes.c_char * size
+    return array.from_address(address)
 
 
 #: ``ctypes.c_char * size`` by size: ctypes keeps an array type only while something holds it,
 #: and a type lives in a reference cycle, so after every garbage collection a reader that made
 #: its own would build a new class (every saved tensor's digest, every RNG state read)
-HOST_ARRAYS: dict[int, Any] = {}
+_ARRAYS: dict[int, Any] = {}
 _ARRAYS_SIZE = 1024

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import torch
 
-from recheck.runtime.bits import HOST_ARRAYS, Tolerance, bit_view, compare_tensors, digest, host_array
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
 __all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "print_saved", "print_tensor"]
 
@@ -87,9 +87,7 @@ class TensorPrint:
     def matches(self, other: TensorPrint, tolerance: Tolerance | None = None) -> bool:
         """:meth:`same`, or within ``tolerance`` when both prints hold copies."""
         if tolerance is None or self.copy is None or other.copy is None:
-            # :meth:`same`, spelt out: every saved tensor of every recompute is compared here
-            return (self.digest == other.digest and self.shape == other.shape and self.dtype == other.dtype
-                    and self.device == other.device)
+            return self.same(other)
         return compare_tensors(self.copy, other.copy, tolerance=tolerance, check_requires_grad=False) is None
 
     def difference(self, other: TensorPrint, tolerance: Tolerance | None = None) -> str:
@@ -235,8 +233,7 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
         else:
             bits = bit_view(tensor)
             size = bits.nbytes
-        array = HOST_ARRAYS.get(size)  # bits.host_memory, spelt out: one print per saved tensor and run
-        data = (array if array is not None else host_array(size)).from_address(bits.data_ptr())
+        data = host_memory(bits.data_ptr(), size)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
     hasher = _HASHER(header)

@@ -23,11 +23,11 @@ import sys
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "filled", "reach_of", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "dereferenced", "filled", "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -477,18 +477,25 @@ class _Dormant:
         for what, (keys, names, refs) in self.refs.items():
             # dereferenced in C-level passes: a region of timm's checkpoint_seq reaches every
             # module of the model, and a test suite revives its reach in every test's block
-            alive = list(map(_DEREF, refs))
+            alive, all_alive = dereferenced(refs)
             values: Any = zip(names, alive) if what == "modules" else alive
-            if any(map(_IS_NONE, alive)):  # left out (`in` would ask each object's ==)
-                found[what] = {key: value for key, value, one in zip(keys, values, alive) if one is not None}
-            else:
+            if all_alive:
                 found[what] = dict(zip(keys, values))
+            else:  # the dead are left out
+                found[what] = {key: value for key, value, one in zip(keys, values, alive) if one is not None}
         reach = self.template.copy()
         reach.modules, reach.generators = found["modules"], found["generators"]
         reach.tensors, reach.objects = found["tensors"], found["objects"]
         reach.derived = self.derived
         self.live = weakref.ref(reach)
         return reach
+
+
+def dereferenced(refs: Iterable[Any]) -> tuple[list[Any], bool]:
+    """The objects of weak references ``refs`` (None for the dead) and whether all are alive,
+    in C-level passes: no object is asked for ``==`` (``None in objects`` would ask each)."""
+    alive = list(map(_DEREF, refs))
+    return alive, not any(map(_IS_NONE, alive))
 
 
 _DEREF = weakref.ref.__call__

@@ -115,9 +115,7 @@ def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
     ``watch()`` reads these four times per invocation, so torch's default CPU generator (a
     ``uint8`` tensor of 5,056 bytes) is read without the general path.
     """
-    cpu = torch.default_generator.get_state()
-    prints: dict[str, Any] = {"cpu RNG": ("tensor", host_memory(cpu.data_ptr(), cpu.numel()).raw)
-                              if cpu.is_contiguous() else rng_fingerprint(cpu)}
+    prints: dict[str, Any] = {"cpu RNG": ("tensor", _state_bytes(torch.default_generator.get_state()))}
     if _ACCELERATORS or generators or host:
         for name, state in _other_states(generators, host).items():
             prints[name] = rng_fingerprint(state)

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
-from recheck.runtime.reach import GlobalRef, Reach, filled
+from recheck.runtime.reach import GlobalRef, Reach, dereferenced, filled
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_tensor
@@ -138,8 +138,8 @@ def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
     if kept is not None:
         owner, refs, children = kept
         if owner() is root:
-            alive: list[Any] = list(map(_DEREF, refs))
-            if not any(map(_IS_NONE, alive)) and _children(alive) == children:
+            alive, all_alive = dereferenced(refs)
+            if all_alive and _children(alive) == children:
                 return alive
     modules = _walk((root,), {})
     try:
@@ -156,8 +156,6 @@ def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
 #: ids of each one's children): the subtrees :func:`_subtree` keeps (the root's reference tells
 #: a root that died, and a new module with its id, from the one the entry is about)
 _WALKS: dict[int, tuple[Any, tuple[Any, ...], list[tuple[int, ...]]]] = {}
-_DEREF = weakref.ref.__call__
-_IS_NONE = functools.partial(operator.is_, None)
 
 
 def _children(modules: list[torch.nn.Module]) -> list[tuple[int, ...]]:

@@ -183,9 +183,6 @@ class SavedPrint:
         if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
             other.print = self.record.compare_saved(self.index, self.print, other.tensor)
         if self.base is LAZY and other.base is LAZY:
-            mine, theirs = self.print, other.print
-            if mine is not None and theirs is not None:
-                return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
 
@@ -329,8 +326,8 @@ class InvocationRecord:
             self._at_last_save = None
         self._check_grad_reaches()
         self._check_inputs()
-        # which saved tensors are buffers is told now that the reach holds every module the
-        # forward ran (at each save, the pointers would be read again after each new module)
+        # which saved tensors are buffers is told now that the scope (the modules the forward
+        # ran) is settled: at each save it would still be growing
         store, parameter_of, is_buffer, buffers = self.store, forward.parameter_of, forward.is_buffer, \
             forward.saved_buffers
         for saved in forward.saved:

@@ -112,3 +112,25 @@ def test_the_none_determinism_check_lets_a_changed_shape_through_as_torch_does()
     assert not isinstance(plain, torch.utils.checkpoint.CheckpointError)
     assert type(watched) is type(plain) and str(watched) == str(plain)
     assert isinstance(failure(True, "default"), torch.utils.checkpoint.CheckpointError)
+
+
+def test_a_recompute_whose_effect_capture_cannot_start_is_still_compared(monkeypatch):
+    from recheck.runtime import effects
+
+    entered = []
+    original = effects.EffectCapture.__enter__
+
+    def enter(self):
+        entered.append(None)
+        raise RuntimeError("no capture today")
+
+    x = torch.randn(3, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(lambda t: t.sin().sum(), x, use_reentrant=False)
+        monkeypatch.setattr(effects.EffectCapture, "__enter__", enter)
+        out.backward()
+        monkeypatch.setattr(effects.EffectCapture, "__enter__", original)
+    assert entered and x.grad is not None
+    assert w.report.stats["verified"] == 1
+    assert any("internal error while capturing a recompute's effects (RuntimeError: no capture today)" in note
+               for note in w.report.notes), w.report.notes
