@@ -138,17 +138,17 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
     findings: list[Finding] = []
     for key, a in original.items():
         b = other.get(key)
-        if b is None:
+        # the same object: a piece of state both runs left as captured (its copy, its print)
+        if b is None or b is a or b.value is a.value:
             continue
         kind, subject = key
-        code = ctx.explain(kind, subject)
         message = f"{subject} differs {when}"
         if isinstance(a.value, torch.Tensor) and isinstance(b.value, torch.Tensor):
             findings += _tensor_finding(ctx, kind, subject, a.value, b.value, message,
-                                        check_requires_grad=False, code=code, latent=latent)
+                                        check_requires_grad=False, code=ctx.explain(kind, subject), latent=latent)
         elif a.value != b.value:
             detail = value_detail(a.shown or show(a.value), b.shown or show(b.value), labels)
-            findings.append(ctx.finding(kind, subject, message, detail, code, latent))
+            findings.append(ctx.finding(kind, subject, message, detail, ctx.explain(kind, subject), latent))
     return findings
 
 

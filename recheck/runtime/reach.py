@@ -32,6 +32,10 @@ __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "dereferenced
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
 
+#: exact types of module attributes that cannot be a ``torch.Generator``
+_NOT_GENERATORS = frozenset({dict, collections.OrderedDict, bool, int, float, str, tuple, list, set, type(None),
+                              types.FunctionType, torch.dtype, torch.device})
+
 
 @dataclass(frozen=True)
 class GlobalRef:
@@ -170,7 +174,9 @@ class Reach:
 
     def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
         for attr, value in vars(module).items():
-            if isinstance(value, torch.Generator):
+            # a module's own dicts and flags are never generators: asked without torch's
+            # ``isinstance`` hook for Generator (a Python-level call per attribute)
+            if type(value) not in _NOT_GENERATORS and isinstance(value, torch.Generator):
                 self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
 
     def _walk_class(self, cls: type) -> None:

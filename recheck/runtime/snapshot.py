@@ -212,6 +212,10 @@ def _same_items(now: list, then: list) -> bool:
     return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
+#: exact types whose objects never change: the same object has the same fingerprint
+_IMMUTABLE = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device})
+
+
 def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
 
@@ -257,12 +261,18 @@ class ValueRecord:
         self.value = namespace.get(key)
         self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
         self.print = _printed(self.value) if self.present else MISSING
+        #: the captured value is immutable (a module's flags and sizes: ``training``,
+        #: ``in_features``): while the key holds that very object, its print is the captured one
+        self._immutable = self.present and type(self.value) in _IMMUTABLE
+        self._seen: Observed | None = None  # observe's answer for that case, made once
 
     def unchanged(self) -> bool:
         """True when the key holds a value with the captured fingerprint (or is still absent)."""
         value = self.namespace.get(self.key, MISSING)
         if value is MISSING or not self.present:
             return value is MISSING and not self.present
+        if self._immutable and value is self.value:
+            return True
         return fingerprint(value) == self.print
 
     def restore(self) -> None:
@@ -278,6 +288,11 @@ class ValueRecord:
         value = self.namespace.get(self.key, MISSING)
         if value is MISSING:
             yield Observed(self.kind, self.subject, "<absent>", "<absent>")
+            return
+        if self._immutable and value is self.value:
+            if self._seen is None:
+                self._seen = Observed(self.kind, self.subject, self.print, show_printed(value, self.print))
+            yield self._seen
             return
         seen = _printed(value)
         yield Observed(self.kind, self.subject, seen, show_printed(value, seen))
@@ -444,7 +459,10 @@ class Snapshot:
         """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
         if self.rng.changed_streams() - except_rng:
             return False
-        return all(record.unchanged() for record in self.records)
+        for record in self.records:  # a loop, not all() over a generator: hundreds of records
+            if not record.unchanged():
+                return False
+        return True
 
     def observe_and_restore(self) -> dict[tuple[str, str], Observed]:
         """:meth:`observe`, then :meth:`restore`, comparing each tensor's bytes only once."""

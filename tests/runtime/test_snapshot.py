@@ -69,6 +69,29 @@ def test_value_record_restores_bindings_and_container_content():
     assert namespace["items"] is items and items[1] is inner
 
 
+@pytest.mark.parametrize("then, now, same", [
+    (1, 1, True), (1, 2, False), (0.0, -0.0, False), (float("nan"), float("nan"), True), (True, 1, False),
+    ("a", "a", True), (None, None, True), (None, 0, False), (torch.float32, torch.float64, False)])
+def test_value_record_compares_immutable_values_by_print_also_when_rebound(then, now, same):
+    namespace = {"k": then}
+    record = ValueRecord("state", "attribute `k`", namespace, "k")
+    first = list(record.observe())[0]
+    assert record.unchanged() and list(record.observe())[0].value == first.value  # the same object
+    namespace["k"] = now  # another object (an equal int is another object past the small-int cache)
+    assert record.unchanged() is same
+    assert (list(record.observe())[0].value == first.value) is same
+    record.restore()
+    assert namespace["k"] is then
+
+
+def test_value_record_of_an_int_rebound_to_an_equal_one_is_unchanged():
+    big = 10**30
+    namespace = {"k": big}
+    record = ValueRecord("state", "attribute `k`", namespace, "k")
+    namespace["k"] = int(str(big))
+    assert namespace["k"] is not big and record.unchanged()
+
+
 def test_fingerprint_semantics():
     assert fingerprint(0.0) != fingerprint(-0.0)
     assert fingerprint([1, 2]) != fingerprint([1, 2, 3])
