@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -116,7 +117,7 @@ class TensorRecord:
                 t.copy_(self.copy)
         _set_version(t, self.version)
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self) -> tuple[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
         Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
@@ -126,10 +127,9 @@ class TensorRecord:
         """
         if self.tensor._version == self.version and self.same_bytes():
             self._verified = True
-            yield Observed(self.kind, self.subject, self.copy)
-        else:
-            self._verified = False
-            yield Observed(self.kind, self.subject, self.tensor.detach().clone())
+            return (Observed(self.kind, self.subject, self.copy),)
+        self._verified = False
+        return (Observed(self.kind, self.subject, self.tensor.detach().clone()),)
 
 
 class GradRecord:
@@ -191,7 +191,7 @@ class _Content:
         if isinstance(obj, list) and not _same_items(obj, items):
             obj[:] = items
         elif isinstance(obj, dict):
-            if dict.keys(obj) != items.keys() or any(dict.__getitem__(obj, k) is not v for k, v in items.items()):
+            if not _same_mapping(obj, items):
                 dict.clear(obj)
                 dict.update(obj, items)
         elif isinstance(obj, set) and not (len(obj) == len(items) and all(any(x is y for y in items) for x in obj)):
@@ -205,6 +205,14 @@ class _Content:
                 with torch.no_grad():
                     obj.copy_(copy)
                 _set_version(obj, version)
+
+
+def _same_mapping(now: dict, then: dict) -> bool:
+    """The same keys, in the same order, bound to the same objects (one C-level pass)."""
+    if not then:  # most: a leaf module's ``_modules``, a module without buffers
+        return not dict.__len__(now)
+    return (dict.__len__(now) == len(then) and list(dict.keys(now)) == list(then)
+            and all(map(operator.is_, dict.values(now), then.values())))
 
 
 def _same_items(now: list, then: list) -> bool:
@@ -284,18 +292,16 @@ class ValueRecord:
         if self.content is not None:
             self.content.restore()
 
-    def observe(self) -> Iterator[Observed]:
+    def observe(self) -> tuple[Observed]:
         value = self.namespace.get(self.key, MISSING)
         if value is MISSING:
-            yield Observed(self.kind, self.subject, "<absent>", "<absent>")
-            return
+            return (Observed(self.kind, self.subject, "<absent>", "<absent>"),)
         if self._immutable and value is self.value:
             if self._seen is None:
                 self._seen = Observed(self.kind, self.subject, self.print, show_printed(value, self.print))
-            yield self._seen
-            return
+            return (self._seen,)
         seen = _printed(value)
-        yield Observed(self.kind, self.subject, seen, show_printed(value, seen))
+        return (Observed(self.kind, self.subject, seen, show_printed(value, seen)),)
 
 
 class NewKeysRecord:
@@ -312,6 +318,8 @@ class NewKeysRecord:
         self.module = module
 
     def _new(self) -> list[str]:
+        if self.namespace.keys() <= self.keys:  # no key appeared (the common case, in C)
+            return []
         return [k for k in self.namespace if k not in self.keys and is_module_state(k)]
 
     def unchanged(self) -> bool:
@@ -337,8 +345,7 @@ class BindingsRecord:
 
     def unchanged(self) -> bool:
         """True when the dict maps the same keys to the same objects."""
-        now, then = self.content.obj, self.content.items
-        return now.keys() == then.keys() and all(now[k] is v for k, v in then.items())
+        return _same_mapping(self.content.obj, self.content.items)
 
     def restore(self) -> None:
         self.content.restore()
