@@ -33,8 +33,11 @@ def current_place() -> Place | None:
         if world_size > 1:
             return Place(dist.get_rank(), world_size, str(dist.get_backend()))
         return None
+    environ = os.environ
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:  # a single process: asked per invocation
+        return None
     try:
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
     except (KeyError, ValueError):
         return None
     return Place(rank, world_size) if world_size > 1 and 0 <= rank < world_size else None
