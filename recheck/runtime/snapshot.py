@@ -224,6 +224,12 @@ def _same_items(now: list, then: list) -> bool:
 _IMMUTABLE = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device})
 
 
+def _is_immutable(value: Any) -> bool:
+    """An object of an :data:`_IMMUTABLE` type, or a tuple of them (``(3, 3)``, ``("q", "v")``)."""
+    kind = type(value)
+    return kind in _IMMUTABLE or kind is tuple and len(value) <= 16 and all(type(v) in _IMMUTABLE for v in value)
+
+
 def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
 
@@ -267,11 +273,13 @@ class ValueRecord:
         self.key = key
         self.present = key in namespace
         self.value = namespace.get(key)
-        self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
-        self.print = _printed(self.value) if self.present else MISSING
         #: the captured value is immutable (a module's flags and sizes: ``training``,
-        #: ``in_features``): while the key holds that very object, its print is the captured one
-        self._immutable = self.present and type(self.value) in _IMMUTABLE
+        #: ``in_features``, a convolution's ``kernel_size``): while the key holds that very
+        #: object, its print is the captured one, and there is no content to put back
+        self._immutable = self.present and _is_immutable(self.value)
+        self.content = _Content(self.value, _MAX_DEPTH) if not self._immutable and _is_container(self.value) \
+            else None
+        self.print = _printed(self.value) if self.present else MISSING
         self._seen: Observed | None = None  # observe's answer for that case, made once
 
     def unchanged(self) -> bool:

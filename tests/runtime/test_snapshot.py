@@ -71,7 +71,8 @@ def test_value_record_restores_bindings_and_container_content():
 
 @pytest.mark.parametrize("then, now, same", [
     (1, 1, True), (1, 2, False), (0.0, -0.0, False), (float("nan"), float("nan"), True), (True, 1, False),
-    ("a", "a", True), (None, None, True), (None, 0, False), (torch.float32, torch.float64, False)])
+    ("a", "a", True), (None, None, True), (None, 0, False), (torch.float32, torch.float64, False),
+    ((3, 3), (3, 3), True), ((3, 3), (3, 4), False), ((1, 0.0), (1, -0.0), False)])
 def test_value_record_compares_immutable_values_by_print_also_when_rebound(then, now, same):
     namespace = {"k": then}
     record = ValueRecord("state", "attribute `k`", namespace, "k")
@@ -82,6 +83,16 @@ def test_value_record_compares_immutable_values_by_print_also_when_rebound(then,
     assert (list(record.observe())[0].value == first.value) is same
     record.restore()
     assert namespace["k"] is then
+
+
+def test_value_record_of_a_tuple_holding_a_list_puts_the_list_content_back():
+    inner = [1]
+    namespace = {"t": (inner, 2)}
+    record = ValueRecord("state", "attribute `t`", namespace, "t")
+    inner.append(5)
+    assert not record.unchanged()
+    record.restore()
+    assert namespace["t"][0] is inner and inner == [1]
 
 
 def test_value_record_of_an_int_rebound_to_an_equal_one_is_unchanged():
