@@ -111,8 +111,12 @@ class Observer:
             with capture:
                 result = self.fn(*args, **kwargs)
         except BaseException as exc:
-            record.outcome = "stopped" if _STOP is not None and isinstance(exc, _STOP) else "raised"
-            record.error = exc
+            stopped = _STOP is not None and isinstance(exc, _STOP)
+            record.outcome = "stopped" if stopped else "raised"
+            # torch's early stop is not kept: its traceback holds the frames of the recompute,
+            # this one's among them, whose locals hold the record (a reference cycle that would
+            # keep every tensor of the check alive until the garbage collector ran)
+            record.error = None if stopped else exc
             raise
         finally:
             record.effects = capture.effects
