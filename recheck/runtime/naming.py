@@ -41,6 +41,17 @@ class RegionKey:
     defined_at: str | None
     callsite: str | None
 
+    def __post_init__(self) -> None:
+        # the hash, made once: a key is hashed several times at every invocation
+        object.__setattr__(self, "_hash", hash((self.qualname, self.defined_at, self.callsite)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
+    def __reduce__(self) -> tuple[type[RegionKey], tuple[str, str | None, str | None]]:
+        # made again where it is unpickled: a string's hash differs from process to process
+        return RegionKey, (self.qualname, self.defined_at, self.callsite)
+
     def __str__(self) -> str:
         return f"{self.qualname} ({self.defined_at})" if self.defined_at else self.qualname
 

@@ -1,0 +1,50 @@
+"""Naming a region: its key, its definition and the call site."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import subprocess
+import sys
+
+import torch
+
+from recheck.runtime.naming import RegionKey, describe, region_name, relative
+
+
+def test_region_keys_are_equal_and_hash_alike_by_their_three_parts() -> None:
+    key = RegionKey("Block.forward", "model.py:10", "train.py:3")
+    assert key == RegionKey("Block.forward", "model.py:10", "train.py:3")
+    assert hash(key) == hash(RegionKey("Block.forward", "model.py:10", "train.py:3"))
+    assert key != RegionKey("Block.forward", "model.py:10", "train.py:4")
+    assert {key: 1}[RegionKey("Block.forward", "model.py:10", "train.py:3")] == 1
+    assert str(key) == "Block.forward (model.py:10)"
+
+
+def test_a_region_key_unpickled_in_another_process_hashes_as_that_process_does() -> None:
+    """The hash is made once per key; a pickled key must not carry its maker's (string hashes
+    are salted per process)."""
+    key = RegionKey("Block.forward", "model.py:10", None)
+    code = ("import pickle, sys\n"
+            "from recheck.runtime.naming import RegionKey\n"
+            "key = pickle.loads(sys.stdin.buffer.read())\n"
+            "assert hash(key) == hash(RegionKey('Block.forward', 'model.py:10', None))\n"
+            "assert {RegionKey('Block.forward', 'model.py:10', None): 1}[key] == 1\n")
+    env = {**os.environ, "PYTHONHASHSEED": "123"}
+    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(key), env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+class Block(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_describe_names_a_module_partial_and_bound_method_by_the_forward_they_run() -> None:
+    block = Block()
+    keys = {describe(f, "train.py:1") for f in (block, block.forward, functools.partial(Block.forward, block))}
+    (key,) = keys
+    assert key.qualname == "Block.forward"
+    assert key.defined_at == f"{relative(__file__)}:{Block.forward.__code__.co_firstlineno}"
+    assert region_name(block).startswith("Block.forward")
