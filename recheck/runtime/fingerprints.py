@@ -79,6 +79,10 @@ def _holds_tensors(items: Any) -> bool:
     return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
+#: exact types :func:`fingerprint` prints as ``(type name, value)``
+_SCALARS = {int: "int", str: "str", bytes: "bytes", bool: "bool", type(None): "NoneType"}
+
+
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     """A hashable, comparable summary of ``value`` that changes when its content does.
 
@@ -112,11 +116,15 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                 tuple(map(id, logger.handlers)))
     if depth <= 0 or issubclass(cls, (torch.nn.Module, type)) or callable(value):
         return ("id", type(value).__name__, id(value))
+    # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
+    # (a transformers config holds a hundred of them, printed at every observation)
     if issubclass(cls, (list, tuple)):
-        items = tuple(fingerprint(v, depth - 1) for v in value[:_MAX_ITEMS])
+        items = tuple((_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1)
+                      for v in value[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if issubclass(cls, dict):
-        items = tuple((fingerprint(k, 1), fingerprint(v, depth - 1))
+        items = tuple(((_SCALARS[kind], k) if (kind := type(k)) in _SCALARS else fingerprint(k, 1),
+                       (_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
                       for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if issubclass(cls, (set, frozenset)):
@@ -127,7 +135,8 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                 value.tobytes())
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
-        items = tuple((k, fingerprint(v, depth - 1)) for k, v in list(attrs.items())[:_MAX_ITEMS])
+        items = tuple((k, (_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
+                      for k, v in list(attrs.items())[:_MAX_ITEMS])
         return ("object", type(value).__qualname__, id(value), items)
     return ("id", type(value).__name__, id(value))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from recheck.runtime.fingerprints import MISSING, fingerprint, show, show_printed
 
@@ -150,3 +152,43 @@ def test_items_are_printed_inside_containers_as_on_their_own():
             got = inner[0][1] if isinstance(container, dict) else inner[0]
             assert got == shallow(value, 1), (container, got)
     assert shallow([payload]) != shallow([float("nan")])  # a NaN's payload counts
+
+
+_SCALAR_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4), st.binary(max_size=4),
+                           st.floats(allow_nan=True))
+_NESTED = st.recursive(_SCALAR_VALUES, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner),
+    st.dictionaries(st.one_of(st.integers(), st.text(max_size=3)), inner, max_size=4)), max_leaves=12)
+
+
+def _reference(value, depth=3):
+    """The print item by item, every item through fingerprint() itself (no scalar fast path)."""
+    if type(value) in (list, tuple):
+        return (type(value).__name__, len(value), tuple(fingerprint(v, depth - 1) for v in value))
+    if type(value) is dict:
+        return ("dict", len(value), tuple((fingerprint(k, 1), fingerprint(v, depth - 1)) for k, v in value.items()))
+    return fingerprint(value, depth)
+
+
+@given(_NESTED)
+def test_containers_print_their_items_as_fingerprint_prints_each(value) -> None:
+    assert fingerprint(value) == _reference(value)
+
+
+class _Config:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "hidden_size", "name"]), _NESTED, max_size=4))
+def test_objects_print_their_attributes_as_fingerprint_prints_each(attributes) -> None:
+    config = _Config(**attributes)
+    kind, qualname, ident, items = fingerprint(config)
+    assert (kind, ident) == ("object", id(config))
+    assert items == tuple((k, fingerprint(v, 2)) for k, v in attributes.items())
+
+
+def test_scalar_items_keep_their_type_in_the_print() -> None:
+    assert fingerprint([1]) != fingerprint([True]) != fingerprint([1.0])
+    assert fingerprint((0.0,)) != fingerprint((-0.0,))
+    assert fingerprint({"k": None}) != fingerprint({"k": "None"})
