@@ -139,7 +139,7 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
     for key, a in original.items():
         b = other.get(key)
         # the same object: a piece of state both runs left as captured (its copy, its print)
-        if b is None or b is a or b.value is a.value:
+        if b is None or b.value is a.value:
             continue
         kind, subject = key
         message = f"{subject} differs {when}"

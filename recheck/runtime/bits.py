@@ -174,23 +174,13 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.layout != torch.strided:
         return torch.equal(bit_view(a), bit_view(b))  # raises TypeError, as bit_view does
     if type(a) is torch.Tensor and type(b) is torch.Tensor:
-        if _MEMCMP is not None and a.is_cpu and _in_place_bytes(a) and _in_place_bytes(b):
-            size = a.nbytes  # contiguous: the elements are the ``size`` bytes from data_ptr() on
-            if not size:
-                return True
-            held_a, held_b = _holds_bytes(a, size), _holds_bytes(b, size)
-            if not (held_a and held_b):  # a freed storage (FSDP's ``resize_(0)``) has no bytes to read
-                return held_a == held_b
-            return _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
         held_a, held_b = _holds_elements(a), _holds_elements(b)
-        if not (held_a and held_b):
+        if not (held_a and held_b):  # a freed storage (FSDP's ``resize_(0)``) has no bytes to read
             return held_a == held_b
+        if _MEMCMP is not None and a.is_cpu and _in_place_bytes(a) and _in_place_bytes(b):
+            size = a.nbytes
+            return not size or _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
     return torch.equal(_reinterpreted(a), _reinterpreted(b))
-
-
-def _holds_bytes(t: torch.Tensor, size: int) -> bool:
-    """:func:`_holds_elements` of a contiguous tensor of ``size`` bytes (no walk over its strides)."""
-    return t.storage_offset() * t.element_size() + size <= t.untyped_storage().nbytes()
 
 
 def _holds_elements(t: torch.Tensor) -> bool:
@@ -198,6 +188,8 @@ def _holds_elements(t: torch.Tensor) -> bool:
     ``resize_(0)``, leaving the tensor's shape: reading it would read freed memory)."""
     if not t.numel():
         return True
+    if t.is_contiguous():  # its elements are the ``nbytes`` from its offset on: no walk over strides
+        return t.storage_offset() * t.element_size() + t.nbytes <= t.untyped_storage().nbytes()
     last = t.storage_offset() + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if stride > 0)
     return (last + 1) * t.element_size() <= t.untyped_storage().nbytes()
 

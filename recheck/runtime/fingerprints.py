@@ -79,10 +79,6 @@ def _holds_tensors(items: Any) -> bool:
     return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
-#: exact types :func:`fingerprint` prints as ``(type name, value)``
-_SCALARS = {int: "int", str: "str", bytes: "bytes", bool: "bool", type(None): "NoneType"}
-
-
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     """A hashable, comparable summary of ``value`` that changes when its content does.
 
@@ -119,12 +115,12 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
     # (a transformers config holds a hundred of them, printed at every observation)
     if issubclass(cls, (list, tuple)):
-        items = tuple((_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1)
+        items = tuple((kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1)
                       for v in value[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if issubclass(cls, dict):
-        items = tuple(((_SCALARS[kind], k) if (kind := type(k)) in _SCALARS else fingerprint(k, 1),
-                       (_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
+        items = tuple(((kind.__name__, k) if (kind := type(k)) in _SCALARS else fingerprint(k, 1),
+                       (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
                       for k, v in list(dict.items(value))[:_MAX_ITEMS])
         return (type(value).__name__, len(value), items)
     if issubclass(cls, (set, frozenset)):
@@ -135,7 +131,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                 value.tobytes())
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
-        items = tuple((k, (_SCALARS[kind], v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
+        items = tuple((k, (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
                       for k, v in list(attrs.items())[:_MAX_ITEMS])
         return ("object", type(value).__qualname__, id(value), items)
     return ("id", type(value).__name__, id(value))
@@ -159,6 +155,10 @@ def is_module_state(name: str) -> bool:
 
 #: types :func:`shallow` returns as they are (a container's items of these skip the call)
 AS_IS = frozenset({int, str, bytes, type(None)})
+
+#: exact types :func:`fingerprint` prints as ``(type name, value)``: a container's items of
+#: these are printed in place
+_SCALARS = AS_IS | {bool}
 
 
 # what :func:`shallow` does with a value, by its type (an ``issubclass`` chain costs up to nine
