@@ -25,19 +25,15 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import resource
 import subprocess
 import sys
 import warnings
 from typing import Any, Callable
 
 from check_cost import SIZES, build as build_stack, floor_step  # this folder's, as timing.py is
+from timing import minor_faults
 from watch_calls import count
 from watch_overhead import MODELS, build
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _resident() -> int:
@@ -53,9 +49,9 @@ def _row(name: str, base: Callable[[], Any], checked: Callable[[], Any], repeats
     base(), checked()  # warm-up: lazy imports, caches
     plain, inside = count(base), count(checked)
     added = {kind: inside[kind] - plain[kind] for kind in ("py", "c")}
-    before = _faults()
+    before = minor_faults()
     checked()
-    faults = _faults() - before
+    faults = minor_faults() - before
     resident = _resident()
     for _ in range(repeats):
         checked()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import resource
 import statistics
 import sys
 import time
@@ -33,12 +32,9 @@ from typing import Any, Callable
 import torch
 
 from check_cost import SIZES, build  # this folder's, as timing.py is
+from timing import minor_faults
 
 CPU = time.process_time
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 class Phases:
@@ -53,12 +49,12 @@ class Phases:
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             key = label(args) if callable(label) else label  # before the call: it may set the mode
-            faults, start = _faults(), CPU()
+            faults, start = minor_faults(), CPU()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.times[key].append(CPU() - start)
-                self.faults[key].append(_faults() - faults)
+                self.faults[key].append(minor_faults() - faults)
 
         setattr(owner, name, timed)
 
@@ -124,14 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     saved_tensors.SavedTensorLog.freeze = sizing
 
     def parts(step: Callable[[], torch.Tensor]) -> tuple[float, float, int, int]:
-        faults, start = _faults(), CPU()
+        faults, start = minor_faults(), CPU()
         out = step()
-        middle, faults_middle = CPU(), _faults()
+        middle, faults_middle = CPU(), minor_faults()
         out.backward(torch.randn_like(out))
         end = CPU()
         blocks.zero_grad(set_to_none=True)
         x.grad = None
-        return middle - start, end - middle, faults_middle - faults, _faults() - faults_middle
+        return middle - start, end - middle, faults_middle - faults, minor_faults() - faults_middle
 
     floor = {"plain": lambda: parts(lambda: blocks(x)),
              "checkpoint": lambda: parts(lambda: checkpoint(blocks, x, use_reentrant=False))}

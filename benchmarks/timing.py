@@ -1,7 +1,8 @@
-"""The timing the benchmarks share: the best of several runs of a callable."""
+"""The measures the benchmarks share: the best of several runs of a callable, minor page faults."""
 
 from __future__ import annotations
 
+import resource
 import time
 from typing import Any, Callable
 
@@ -15,3 +16,8 @@ def best(run: Callable[[], Any], repeats: int, clock: Callable[[], float] = time
         run()
         times.append(clock() - start)
     return min(times)
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far: fresh memory the kernel had to map."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
