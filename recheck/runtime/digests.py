@@ -15,7 +15,9 @@ its first differing element with both bit patterns.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import math
 from typing import Any, Literal
 
 import torch
@@ -192,23 +194,27 @@ def _device_name(tensor: torch.Tensor) -> str:
 #: integer dtype of each element width, for the in-place byte view of plain CPU tensors
 _SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: per (dtype, shape, order): the hash's header, its 64-bit XXH3 (the seed of the one-shot XXH3-128),
-#: and the integer dtype the tensor is viewed as, or None where ``bit_view`` must convert
-#: (complex, or widths without an integer dtype)
-_HEADERS: dict[tuple[torch.dtype, tuple[int, ...], tuple[int, ...] | None], tuple[bytes, int, torch.dtype | None]] = {}
+#: the integer dtype the tensor is viewed as, or None where ``bit_view`` must convert (complex,
+#: or widths without an integer dtype), and the ctypes array type its bytes are read through in
+#: place (None: no bytes, or no in-place read)
+_Header = tuple[bytes, int, "torch.dtype | None", Any]
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...], tuple[int, ...] | None], _Header] = {}
 _HEADERS_SIZE = 4096
 
 
-def _header(dtype: torch.dtype, shape: tuple[int, ...],
-            order: tuple[int, ...] | None = None) -> tuple[bytes, int, torch.dtype | None]:
+def _header(dtype: torch.dtype, shape: tuple[int, ...], order: tuple[int, ...] | None = None) -> _Header:
     entry = _HEADERS.get((dtype, shape, order))
     if entry is None:
-        same_width = None if dtype.is_complex else _SAME_WIDTH.get(torch.empty((), dtype=dtype).element_size())
+        width = torch.empty((), dtype=dtype).element_size()
+        same_width = None if dtype.is_complex else _SAME_WIDTH.get(width)
         if len(_HEADERS) >= _HEADERS_SIZE:
             _HEADERS.clear()
         # row-major bytes of a shape, or the bytes of the dimensions in ``order`` (another header)
         header = (f"{dtype}{shape}\0" if order is None else f"{dtype}{shape} in order {order}\0").encode()
         seed = _XXH3_64(header) if _XXH3_64 is not None else 0
-        entry = _HEADERS[(dtype, shape, order)] = (header, seed, same_width)
+        size = math.prod(shape) * width
+        array = ctypes.c_char * size if same_width is not None and size else None
+        entry = _HEADERS[(dtype, shape, order)] = (header, seed, same_width, array)
     return entry
 
 
@@ -224,16 +230,14 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
     bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
     """
     dtype, shape = tensor.dtype, tuple(tensor.shape) if shape is None else shape
-    header, seed, same_width = _HEADERS.get((dtype, shape, order)) or _header(dtype, shape, order)
-    size = tensor.nbytes
+    header, seed, same_width, array = _HEADERS.get((dtype, shape, order)) or _header(dtype, shape, order)
     data: Any = b""
-    if size:
-        if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
-            bits = tensor
-        else:
-            bits = bit_view(tensor)
-            size = bits.nbytes
-        data = host_memory(bits.data_ptr(), size)
+    if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
+        if array is not None:  # read in place through the array type of its size
+            data = array.from_address(tensor.data_ptr())
+    elif tensor.nbytes:
+        bits = bit_view(tensor)
+        data = host_memory(bits.data_ptr(), bits.nbytes)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
     hasher = _HASHER(header)

@@ -24,6 +24,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -43,6 +44,10 @@ from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tenso
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
+
+#: a (name, module) pair's module; a module's own buffers (C-level passes over the scope)
+_MODULE = operator.itemgetter(1)
+_BUFFERS = operator.attrgetter("_buffers")
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
@@ -129,11 +134,17 @@ class Forward:
         block of the model and runs a few: their parameters only.  A saved tensor outside
         them is digested by its bytes, which is exact either way."""
         self.pointed = True
-        modules = [module for _, module in self.state_modules] + [module for _, module in self.attribute_modules]
-        buffers = [buffer for module in modules for buffer in module._buffers.values() if buffer is not None]
-        buffers += [buffer for _, module, name in self.touched_buffers
-                    if (buffer := module._buffers.get(name)) is not None]
-        self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel())
+        modules = list(map(_MODULE, self.state_modules))
+        if self.attribute_modules:
+            modules += map(_MODULE, self.attribute_modules)
+        # most regions' modules hold no buffers (transformers): no pass over them then
+        buffers = [buffer for module in modules for buffer in module._buffers.values() if buffer is not None] \
+            if any(map(len, map(_BUFFERS, modules))) else []
+        if self.touched_buffers:
+            buffers += [buffer for _, module, name in self.touched_buffers
+                        if (buffer := module._buffers.get(name)) is not None]
+        self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
+            if buffers else {}
         self.parameter_storages = {param.untyped_storage().data_ptr(): param
                                    for module in modules for param in module._parameters.values()
                                    if param is not None and param.numel() and param.layout == torch.strided}
@@ -183,6 +194,9 @@ class SavedPrint:
         if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
             other.print = self.record.compare_saved(self.index, self.print, other.tensor)
         if self.base is LAZY and other.base is LAZY:
+            mine, theirs = self.print, other.print
+            if mine is not None and theirs is not None:  # the common case: both printed (no call)
+                return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
 
