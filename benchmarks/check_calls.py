@@ -16,8 +16,9 @@ faults.
 
     python benchmarks/check_calls.py [--models mlp,llama,resnet,vit] [--top 6] [--repeats 5]
 
-It is a proxy, not a time: compare two versions of recheck with ``PYTHONPATH=other/checkout``.
-Nothing here is asserted.
+It is a proxy, not a time: to compare two versions of recheck, run each checkout's own copy of
+this script (it imports ``check_cost.py``, which puts its checkout first on ``sys.path``, so
+``PYTHONPATH`` does not choose the version).  Nothing here is asserted.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ phases of :class:`recheck.checker.run.Runner`, each timed in process CPU time (t
   minor page faults of each phase (fresh memory the kernel had to map).
 
 The phases are timed by wrapping the Runner's methods (nothing else changes); the wrappers add
-a few microseconds each.  It is a profile, not a target: compare two versions of recheck with
-``PYTHONPATH=other/checkout``.  Nothing here is asserted.
+a few microseconds each.  It is a profile, not a target: to compare two versions of recheck,
+run each checkout's own copy of this script (``check_cost.py`` puts its checkout first on
+``sys.path``, so ``PYTHONPATH`` does not choose the version).  Nothing here is asserted.
 
     python benchmarks/check_phases.py [--size small|large] [--repeats 15]
 """

@@ -56,6 +56,38 @@ def test_dropout_without_preserved_rng_is_found(use_reentrant):
     assert "elements differ bitwise" in grad.detail and "first difference at index" in grad.detail
 
 
+def test_a_saved_tensor_that_differs_shows_its_first_differing_element():
+    # the forward's saved tensors are held and compared byte for byte: the detail names the element
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 4))
+    report = check(model, _x(3, 4), preserve_rng_state=False)
+    [saved] = [f for f in report.by_kind("recompute") if f.subject == "saved tensors"]
+    assert saved.detail.startswith("saved tensor #") and "first difference at index" in saved.detail, saved.detail
+    assert report.stats["runs"] == 3  # plain, checkpointed, full replay
+
+
+def test_a_clean_check_runs_twice():
+    torch.manual_seed(0)
+    report = check(_mlp(), _x(3, 4))
+    assert report.ok and report.stats["runs"] == 2 and report.stats["saved_tensors_compared"] > 0
+
+
+def test_a_tolerance_compares_the_saved_tensors_by_value():
+    # the saved tensors are compared within the tolerance, not bit for bit
+    torch.manual_seed(0)
+    scale = {"calls": 0}
+
+    def region(x):
+        scale["calls"] += 1
+        return (x * (1 + 1e-7 * (scale["calls"] % 2))).sin()
+
+    exact = check(region, _x(3, 4), early_stop=False)
+    loose = check(region, _x(3, 4), early_stop=False, atol=1e-5, rtol=1e-5)
+    saved = [f for f in exact.by_kind("recompute") if f.subject == "saved tensors"]
+    assert saved and "first difference at index" in saved[0].detail, str(exact)
+    assert "recompute" not in loose.kinds, str(loose)
+
+
 @VARIANTS
 def test_batchnorm_in_training_mode_is_a_buffer_finding(use_reentrant):
     torch.manual_seed(0)
