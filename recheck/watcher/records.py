@@ -344,10 +344,13 @@ class InvocationRecord:
         # ran) is settled: at each save it would still be growing
         store, parameter_of, is_buffer, buffers = self.store, forward.parameter_of, forward.is_buffer, \
             forward.saved_buffers
+        if forward.saved and not forward.pointed:
+            forward._pointers()
+        any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is not None:
-                if is_buffer(tensor):
+                if any_buffers and is_buffer(tensor):
                     buffers[saved.index] = None
                 saved.print = print_saved(tensor, store, parameter_of(tensor))
         self.forward_done = True
@@ -517,7 +520,8 @@ class InvocationRecord:
             # recompute lays it out as the forward did)
             recomputed = print_tensor(tensor, self.store, original.order)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
-        if not original.matches(recomputed, self.tolerance):
+        tolerance = self.tolerance
+        if not (original.same(recomputed) if tolerance is None else original.matches(recomputed, tolerance)):
             self._saved_diffs.setdefault(index, (original, recomputed))
         return recomputed
 
