@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
@@ -26,8 +26,6 @@ __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
            "with_submodules"]
 
-#: ("buffer" | "attribute" | "global", subject) -> a buffer's print, or (shallow print, value)
-ModuleState = dict[tuple[str, str], Any]
 #: entries of the per-module caches of state keys and parameter names (cleared when full)
 _LAYOUTS_SIZE = 1 << 14
 
@@ -213,7 +211,7 @@ class _Flat:
     reaches 80 modules (timm's ``checkpoint_seq`` closes over every block) reads their
     parameters' versions twice per invocation."""
 
-    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids")
+    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.sizes = list(map(len, dicts))
@@ -230,6 +228,10 @@ class _Flat:
         self.keys: list[Any] = []
         #: the ids of the modules the dicts belong to, where the caller's key does not say
         self.ids: list[int] = []
+        #: the types of the values last read in the slots, and the indices of the slots among
+        #: them that :func:`module_state` prints (see :class:`ModuleState`): worked out again
+        #: only when a slot holds a value of another type (one tuple: threads may share a layout)
+        self.typed: tuple[list[type], list[int]] | None = None
 
     def extend(self, triples: list[tuple[int, str, Any]]) -> None:
         """Add slots, each ``(index of its dict, slot, key)``: three list extensions, not a call
@@ -462,6 +464,97 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
     return flat, dicts
 
 
+class ModuleState(Mapping[tuple[str, str], Any]):
+    """The compared state of a region's modules at one moment: ``(what, subject) -> entry``.
+
+    An attribute's entry is ``(shallow print, value)``, a buffer's its tensor print, a written
+    global's ``(shallow print, value)``.  A record reads the state three times per invocation
+    (forward exit, recompute entry and exit) and almost always finds it unchanged, so the state
+    is kept as it was read, in the slot order of its layout: the values of the slots that hold
+    immutable values (ints, strings, bools, floats, None: a module's flags and sizes), the
+    entries of the others (``printed``, with their slot index), and the entries of what is not
+    in the layout (``extra``).  :meth:`same` tells two states of one layout equal in C-level
+    passes, with no dict made; the mapping of entries is made when first asked for (a finding,
+    a full replay's keys).
+    """
+
+    __slots__ = ("flat", "raw", "printed", "extra", "_entries")
+
+    def __init__(self, flat: _Flat, raw: list[Any], printed: list[tuple[int, Any]],
+                 extra: dict[tuple[str, str], Any]) -> None:
+        self.flat, self.raw, self.printed, self.extra = flat, raw, printed, extra
+        self._entries: dict[tuple[str, str], Any] | None = None
+
+    def same(self, other: Any) -> bool:
+        """Whether every entry equals ``other``'s (False: compare them one by one).
+
+        Two states of one layout are equal when each immutable slot holds the very same object
+        (an int or a float rebound to an equal one answers False, and is then compared by its
+        print: ``0.0`` against ``-0.0`` is a change) and the printed entries and extras are
+        equal.  A value whose ``==`` raises (an array kept in a list) answers False.
+        """
+        try:
+            if type(other) is ModuleState and other.flat is self.flat:
+                return (all(map(operator.is_, self.raw, other.raw)) and self.printed == other.printed
+                        and self.extra == other.extra)
+            return bool(self.entries() == (other.entries() if type(other) is ModuleState else other))
+        except Exception:  # noqa: BLE001 - a user's __eq__ or __bool__
+            return False
+
+    def entries(self) -> dict[tuple[str, str], Any]:
+        """The state as a dict, in the order :func:`module_state` has always given it."""
+        entries = self._entries
+        if entries is None:
+            entries = self._entries = {}
+            printed = dict(self.printed)
+            for index, (value, key) in enumerate(zip(self.raw, self.flat.keys)):
+                entry = printed.get(index, _UNPRINTED)
+                if entry is not _UNPRINTED:
+                    entries[key] = entry
+                elif key[0] == "attribute":
+                    entries[key] = _immutable_entry(value)
+                # a buffer slot holding None: no entry
+            for key, entry in self.extra.items():
+                entries.setdefault(key, entry)
+        return entries
+
+    def __getitem__(self, key: tuple[str, str]) -> Any:
+        return self.entries()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.entries())
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ModuleState):
+            return self.same(other)
+        return self.entries() == other if isinstance(other, Mapping) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ModuleState({self.entries()!r})"
+
+
+#: a slot :class:`ModuleState` did not print
+_UNPRINTED: Any = object()
+#: the exact types whose values a state keeps as they are (immutable; ``bool`` and ``float``
+#: get their prints only when a dict of entries is made)
+_IMMUTABLE = AS_IS | {bool, float}
+
+
+def _immutable_entry(value: Any) -> tuple[Any, Any]:
+    """The entry of an immutable attribute value, as :func:`module_state` has always made it."""
+    kind = type(value)
+    if kind is bool:
+        return _BOOL_ENTRIES[value]
+    if kind is float:
+        return shallow(value), value
+    return value, value
+
+
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
                  written: Iterable[GlobalRef] = (), *,
                  attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
@@ -474,8 +567,8 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.  With
     the ``reach`` the modules belong to, their layout is cached with it (a record reads the
     same modules three times per invocation, and every invocation of a layer reads the same).
+    What is read is kept as :class:`ModuleState` describes.
     """
-    state: ModuleState = {}
     # one object held by many modules (a transformers config on every layer) is printed once
     printed: dict[int, Any] = {}
 
@@ -484,6 +577,10 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             return value, value
         if issubclass(type(value), (bool, int, str)):
             return (value, value) if type(value) is not bool else _BOOL_ENTRIES[value]
+        if type(value) is tuple and all(map(AS_IS.__contains__, map(type, value))):
+            # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
+            # through and through: itself, tagged so as to equal no other print
+            return ("tuple", value), value
         key = id(value)
         if key not in printed:
             printed[key] = shallow(value)
@@ -496,34 +593,29 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     except KeyError:  # a buffer's name replaced by another: lay the modules out again
         flat, dicts = _state_layout(pairs, reach, stale=True)
         values = _read(flat, dicts)
-    for value, key in zip(values, flat.keys):
-        if key[0] == "attribute":
-            kind = type(value)
-            # a module's `training` flag is a bool on every module: its entry is one of two, as entry()
-            # gives; a float (eps, p, momentum) is immutable, so kept as it is
-            if kind in AS_IS:
-                state[key] = (value, value)
-            elif kind is bool:
-                state[key] = _BOOL_ENTRIES[value]
-            elif kind is float:
-                state[key] = (shallow(value), value)
-            elif kind is tuple and all(map(AS_IS.__contains__, map(type, value))):
-                # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
-                # through and through: itself, tagged so as to equal no other print
-                state[key] = (("tuple", value), value)
-            else:
-                state[key] = entry(value)
+    types = list(map(type, values))
+    typed = flat.typed
+    if typed is None or typed[0] != types:  # a slot holds a value of another type than at the last read
+        typed = flat.typed = (types, [index for index, kind in enumerate(types) if kind not in _IMMUTABLE])
+    entries: list[tuple[int, Any]] = []
+    keys = flat.keys
+    for index in typed[1]:
+        value = values[index]
+        values[index] = None  # kept as its entry only (a buffer's tensor is not held)
+        if keys[index][0] == "attribute":
+            entries.append((index, entry(value)))
         elif value is not None:
-            state[key] = print_tensor(value, store)
+            entries.append((index, print_tensor(value, store)))
+    extra: dict[tuple[str, str], Any] = {}
     for name, module in attributes_of:
         attributes = vars(module)
         for attr, key in _layout(name, module)[2]:
-            state.setdefault(key, entry(attributes[attr]))
+            extra.setdefault(key, entry(attributes[attr]))
     for name, module, buffer_name in buffers:
         buffer = module._buffers.get(buffer_name)
         if buffer is not None:
-            state.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
+            extra.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
-        state[("global", ref.subject)] = (shallow(value), _kept(value))
-    return state
+        extra[("global", ref.subject)] = (shallow(value), _kept(value))
+    return ModuleState(flat, values, entries, extra)

@@ -141,6 +141,7 @@ class Dispatcher(Interceptor):
             record.preserve_rng_state = call.preserve_rng_state
             record.replaced, record.during_backward = call.replaced, call.during_backward
             record.intended_grad = bool(call.intended_grad)
+            record.nested = call.outer is not None
             self.records.append(record)
             for session in self.sessions:
                 session.add_record(record)

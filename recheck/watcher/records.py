@@ -268,6 +268,8 @@ class InvocationRecord:
         #: made again by another region's recompute: the record of the call it makes again, to
         #: whose forward its run was compared (a recompute of that record)
         self.replay_of: InvocationRecord | None = None
+        #: made while another region's forward ran (its recompute makes this call again)
+        self.nested = False
         self.early_stop: bool | None = None
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
         self.preserve_rng_state: bool | None = None
@@ -330,7 +332,7 @@ class InvocationRecord:
                                          if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
         forward.scope()
         forward.state_exit = forward.state(self.store)
-        if has_output:
+        if has_output and not self._stops_early():
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
             state, effects = self._at_last_save
@@ -354,6 +356,15 @@ class InvocationRecord:
                     buffers[saved.index] = None
                 saved.print = print_saved(tensor, store, parameter_of(tensor))
         self.forward_done = True
+
+    def _stops_early(self) -> bool:
+        """Whether no recompute of this call can return its output: torch's non-reentrant
+        checkpoint with early stop ends every recompute at its last saved tensor (one that runs
+        to the end saved fewer tensors than the forward, which :meth:`end_recompute` reports),
+        so the forward's outputs are not printed.  A call made inside another region's forward
+        is made again by that region's recompute, whose run returns: its outputs are printed."""
+        return (self.early_stop is True and not self.replay_fully and not self.nested and not self.reentrant
+                and self.implementation == "torch" and self.entry in ("checkpoint", "generator"))
 
     def _check_inputs(self) -> None:
         forward = self.forward
@@ -476,6 +487,11 @@ class InvocationRecord:
         written = forward.written_buffers
         self._compare_state(state_entry, state_exit, "updated again by the recompute", late,
                             leave_out=lambda key: key[0] == "buffer" and key[1] not in written)
+        if has_output and forward.outputs is None and self._stops_early():
+            self._add("recompute", f"the recompute saved fewer than the {len(forward.saved)} tensors its forward "
+                      "saved for backward", subject="saved tensors",
+                      detail="it ran to its end, where torch's early stop ends a recompute at its forward's "
+                             "last saved tensor")
         if has_output and forward.outputs is not None:
             recomputed = dict(_tensor_leaves(output, "output", self.store))
             for path, original in forward.outputs:
@@ -613,13 +629,16 @@ class InvocationRecord:
 
 
 def _all_equal(before: capture.ModuleState, after: capture.ModuleState) -> bool:
-    """Whether two states are equal entry for entry, in one C-level comparison (the common case).
+    """Whether two states are equal entry for entry, without a finding to look for (the common
+    case): C-level passes over two states of one layout (:meth:`capture.ModuleState.same`).
 
     Equal entries are equal by their prints, so no finding can come from them: an attribute's
     entry is (print, value), a buffer's a print without a copy (compared by all its fields).
     A value whose ``==`` raises (an array kept in a list) answers False: the entries are then
     compared one by one, by their prints.
     """
+    if isinstance(before, capture.ModuleState):
+        return before.same(after)
     try:
         return bool(before == after)
     except Exception:  # noqa: BLE001 - a user's __eq__ or __bool__

@@ -263,3 +263,42 @@ def test_layouts_are_kept_between_blocks_and_keep_no_module_alive():
     del layer, again, layout, layout_again
     gc.collect()
     assert gone() is None
+
+
+def test_module_state_is_the_same_only_while_every_slot_holds_the_same_object_or_an_equal_print():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.25))
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+
+    def state():
+        return module_state(pairs, "digest", reach=reach)
+
+    first = state()
+    assert first.same(state()) and first == state() and dict(first) == dict(state())
+    model[1].p = 0.25 * 1.0  # an equal float, another object: compared by its print, still the same
+    assert dict(first) == dict(state())
+    model[1].p = -0.0
+    zero = state()
+    model[1].p = 0.0  # equal by ==, another sign bit
+    assert not zero.same(state()) and dict(zero) != dict(state())
+    model[1].calls = [1]
+    listed = state()
+    model[1].calls.append(2)  # the same list, grown in place: its printed entry differs
+    assert not listed.same(state())
+    assert listed[("attribute", "attribute `1.calls`")][1] == [1]  # the value as it was read
+    model[1].calls = (1, 2)  # a slot that held a list holds a tuple now
+    assert not listed.same(state())
+
+
+def test_module_state_keeps_no_buffer_tensor_and_reads_as_a_mapping():
+    model = nn.BatchNorm1d(2)
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+    state = module_state(pairs, "digest", reach=reach)
+    assert not any(isinstance(value, torch.Tensor) for value in state.raw)
+    keys = {key for key in state if key[0] == "buffer"}
+    assert keys == {("buffer", f"buffer `{name}`") for name in ("running_mean", "running_var", "num_batches_tracked")}
+    assert len(state) == len(dict(state)) and set(state.keys()) == set(dict(state))
+    with torch.no_grad():
+        model.running_mean.add_(1)  # in place: the same tensor, other bytes
+    assert not state.same(module_state(pairs, "digest", reach=reach))

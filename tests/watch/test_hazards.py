@@ -386,3 +386,24 @@ def test_a_recompute_that_raises_is_a_finding_naming_the_region_and_the_error():
     assert finding.message == "the region raised during recompute: RuntimeError: weight cache was cleared"
     assert "Flaky.forward" in finding.region
     assert not any("never recomputed" in note for note in w.report.notes), w.report.notes
+
+
+def test_a_recompute_that_saves_fewer_tensors_than_its_forward_is_a_finding():
+    # under early stop the forward's outputs are not printed (no recompute returns them);
+    # a recompute that returns all the same saved fewer tensors, and says so
+    calls = [0]
+
+    def region(x):
+        calls[0] += 1
+        y = x.sin()
+        if calls[0] == 1:
+            y = y.cos()  # one more saved tensor in the forward only
+        return y * 2
+
+    x = torch.randn(4, requires_grad=True)
+    watcher = recheck.watch(raise_on_finding=False)
+    with pytest.raises(torch.utils.checkpoint.CheckpointError), watcher:
+        checkpoint(region, x, use_reentrant=False).sum().backward()
+    found = [f for f in watcher.report if f.kind == "recompute"]
+    assert [f.subject for f in found] == ["saved tensors"]
+    assert "fewer than the 2 tensors its forward saved" in found[0].message
