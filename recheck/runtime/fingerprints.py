@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,8 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "shallow", "show",
-           "show_printed"]
+__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "forget_kept", "is_module_state",
+           "kept_shallow", "shallow", "show", "show_printed"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -262,6 +263,120 @@ def shallow(value: Any, depth: int = 2) -> Any:
         pairs = list(attrs.items())[:_MAX_ITEMS]
         return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     return ("id", id(value))
+
+
+#: exact types of a container's items whose print, one level down, is the same while the item
+#: is the same object: immutable values, classes, and tuples without a tensor (checked when kept)
+_STABLE = AS_IS | {bool, float, type}
+#: id(value) -> (value, its names, the objects it held, the indices of those whose print is read
+#: again, their prints, its print): what :func:`kept_shallow` answered last, per object
+_KEPT: dict[int, tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]] = {}
+_KEPT_SIZE = 256
+
+
+def kept_shallow(value: Any) -> Any:
+    """:func:`shallow` of ``value``, answered from its last print while the same object holds
+    the same names and the very same objects (one C-level pass over each), only the prints of
+    its mutable items (a list, a dict, an object, a tensor) made again.
+
+    ``watch()`` reads the same large objects at every invocation, three or four times: a
+    transformers config held by every layer (about 40 attributes), a module-level table a
+    region reads (transformers' ``ACT2FN``, 24 classes and tuples).  Their prints are made of
+    their items' identities and, one level down, of their mutable items' contents; an item that
+    is the same immutable object prints the same, so only the mutable ones are read again.
+    Exact as :func:`shallow` is: a name added, removed or rebound, or a mutable item changed
+    within the depth :func:`shallow` reads, is a new print.  What is kept holds the objects
+    until :func:`forget_kept` (a ``watch()`` block's end).
+    """
+    cls = type(value)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _kind(cls)
+    if kind == _DICT:
+        mapping = value
+    elif kind == _OBJECT and not callable(value):
+        mapping = getattr(value, "__dict__", None)
+        if not isinstance(mapping, dict):
+            return shallow(value)
+    else:
+        return shallow(value)
+    if len(mapping) > _MAX_ITEMS:
+        return shallow(value)
+    names, items = tuple(dict.keys(mapping)), tuple(dict.values(mapping))
+    kept = _KEPT.get(id(value))
+    # names by identity too: a key that is another object equal to the old one prints by its id
+    if kept is not None and kept[0] is value and _same_objects(kept[1], names) and _same_objects(kept[2], items):
+        _, _, _, unstable, held, printed = kept
+        if all(_same_item(items[index], before) for index, before in zip(unstable, held)):
+            return printed
+    printed = shallow(value)
+    unstable = tuple(index for index, item in enumerate(items) if not _stable(item))
+    if len(_KEPT) >= _KEPT_SIZE:
+        _KEPT.clear()
+    _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
+    return printed
+
+
+def _hold(item: Any) -> tuple[bool, Any]:
+    """What tells whether a mutable item prints the same one level down: the objects its print is
+    made of (``(True, objects)``, see :func:`_held`), else its print (``(False, print)``)."""
+    objects = _held(item)
+    return (True, objects) if objects is not None else (False, _item(item, 1))
+
+
+def _same_item(item: Any, before: tuple[bool, Any]) -> bool:
+    held, kept = before
+    return _same_objects(kept, _held(item)) if held else _item(item, 1) == kept
+
+
+def _same_objects(before: tuple | None, now: tuple | None) -> bool:
+    """Whether two tuples hold the very same objects (None: not comparable)."""
+    return before is not None and now is not None and len(before) == len(now) and all(map(_IS, before, now))
+
+
+def _held(item: Any) -> tuple | None:
+    """The objects a mutable item's print one level down is made of (its names and values, or
+    its elements), or None where it is read again at every print: a tensor (its version), a
+    container holding one, a set, anything else.  One level down an item's own items print by
+    their identity or, for numbers, by value, so the same objects make the same print."""
+    cls = type(item)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _kind(cls)
+    if kind == _SEQUENCE and (cls is list or cls is tuple) and len(item) <= _MAX_ITEMS:
+        objects = tuple(item)
+    elif kind == _DICT and len(item) <= _MAX_ITEMS:
+        objects = (*dict.keys(item), _SEPARATOR, *dict.values(item))
+    else:
+        return None
+    for item_type in set(map(type, objects)):  # a few types; ``issubclass(t, Tensor)`` asks torch's metaclass
+        item_kind = _KINDS.get(item_type)
+        if (_kind(item_type) if item_kind is None else item_kind) == _TENSOR:
+            return None
+    return objects
+
+
+#: between a dict's keys and its values in what :func:`_held` keeps (one key moved to the values
+#: is another tuple)
+_SEPARATOR = object()
+
+
+def _stable(item: Any) -> bool:
+    """Whether ``item``'s print one level down (``_item(item, 1)``) stays while it is the same object."""
+    cls = type(item)
+    if cls in _STABLE:
+        return True
+    if cls is tuple:  # its items print by identity, but a tensor by its version
+        return not any(isinstance(x, torch.Tensor) for x in item[:_MAX_ITEMS])
+    return False
+
+
+_IS = operator.is_
+
+
+def forget_kept() -> None:
+    """Let go of every object :func:`kept_shallow` holds."""
+    _KEPT.clear()
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, dereferenced, filled
-from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
+from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_tensor
 
@@ -384,7 +384,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = ("global", ref.subject)
-        values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
+        values[key] = kept_shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
     return values, shown
@@ -583,7 +583,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             return ("tuple", value), value
         key = id(value)
         if key not in printed:
-            printed[key] = shallow(value)
+            printed[key] = kept_shallow(value)
         return printed[key], _kept(value)
 
     pairs = tuple(modules)
@@ -617,5 +617,5 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             extra.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
-        extra[("global", ref.subject)] = (shallow(value), _kept(value))
+        extra[("global", ref.subject)] = (kept_shallow(value), _kept(value))
     return ModuleState(flat, values, entries, extra)

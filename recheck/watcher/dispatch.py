@@ -30,6 +30,7 @@ from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
+from recheck.runtime.fingerprints import forget_kept
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -98,6 +99,7 @@ class Dispatcher(Interceptor):
                     self._hook_handle.remove()
                     self._hook_handle, self._hook_users = None, 0
                 release_logging()
+                forget_kept()  # the objects the block's state prints held
             pipelining.release()
             patches.release()
 

@@ -192,3 +192,75 @@ def test_scalar_items_keep_their_type_in_the_print() -> None:
     assert fingerprint([1]) != fingerprint([True]) != fingerprint([1.0])
     assert fingerprint((0.0,)) != fingerprint((-0.0,))
     assert fingerprint({"k": None}) != fingerprint({"k": "None"})
+
+
+# -- kept_shallow: the last print of an object, while what it is made of stays ------------------
+
+from hypothesis import settings  # noqa: E402
+
+from recheck.runtime.fingerprints import forget_kept, kept_shallow, shallow  # noqa: E402
+
+
+class _KeptConfig:
+    """A config-like object: scalars, small dicts and lists, a nested object, a tensor."""
+
+    def __init__(self) -> None:
+        self.hidden = 32
+        self.flag = True
+        self.eps = 1e-6
+        self.labels = {0: "a", 1: "b"}
+        self.sizes = [1, 2]
+        self.pair = (int, {"k": 1})
+        self.inner = type("Inner", (), {})()
+        self.inner.depth = 1
+        self.weights = torch.zeros(2)
+
+
+_KEY = object()
+
+_MUTATIONS = [
+    lambda c: setattr(c, "hidden", 33),
+    lambda c: setattr(c, "flag", 1),                      # a bool rebound to an equal int
+    lambda c: setattr(c, "eps", -0.0),
+    lambda c: setattr(c, "eps", 0.0),                     # equal to -0.0 by ==, other bits
+    lambda c: c.labels.__setitem__(2, "c"),               # a dict item grown in place
+    lambda c: c.labels.__setitem__(0, "z"),               # a dict item changed in place
+    lambda c: c.sizes.append(3),
+    lambda c: c.sizes.__setitem__(0, 1.5),
+    lambda c: c.pair[1].__setitem__("k", 2),              # two levels down: past shallow's depth
+    lambda c: setattr(c.inner, "depth", 2),               # inside a nested object, one level down
+    lambda c: c.weights.add_(1),                          # a tensor's version
+    lambda c: setattr(c, "weights", torch.zeros(2)),
+    lambda c: setattr(c, "extra", [1]),                   # a name added
+    lambda c: c.__dict__.pop("extra", None),              # and removed
+    lambda c: setattr(c, "labels", {0: "a", 1: "b"}),     # rebound to an equal dict
+    lambda c: c.labels.__setitem__(_KEY, 1),              # a key that prints by its identity
+    lambda c: (c.labels.pop(_KEY, None), c.labels.__setitem__(object(), 1)),
+    lambda c: None,                                       # nothing changed: the kept print
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, len(_MUTATIONS) - 1), max_size=12), st.booleans())
+def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict):
+    forget_kept()
+    config = _KeptConfig()
+    value = vars(config) if as_dict else config  # a dict is kept the same way as an object
+    assert kept_shallow(value) == shallow(value)
+    for step in steps:
+        _MUTATIONS[step](config)
+        assert kept_shallow(value) == shallow(value)
+    forget_kept()
+
+
+def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
+    from recheck.runtime import fingerprints
+
+    forget_kept()
+    config = _KeptConfig()
+    first = kept_shallow(config)
+    assert kept_shallow(config) is first  # the same print object: nothing was printed again
+    config.labels[0] = "changed"
+    assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
+    forget_kept()
+    assert not fingerprints._KEPT
