@@ -117,20 +117,23 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     which moves its version counter.  So its print is its identity, view and version, and no
     byte is read (on ResNet-18 that skips about 37 MiB of hashing per step, and the contiguous
     copy of every transposed weight).  A write through ``.data`` bypasses version counters; it
-    still shows in the activations the parameter computes, which are digested.  Everything else
-    is :func:`print_tensor`.  ``parameter`` names the parameter a detached view belongs to (autograd
-    hands the saved-tensor hooks detached views, which no longer know their ``_base``).
+    still shows in the activations the parameter computes, which are digested.  ``parameter`` is
+    the compared module's parameter whose storage ``tensor`` views (None: not one); anything
+    else is :func:`print_tensor` of its bytes.
+
+    ``tensor`` is the tensor as the saved-tensor hook got it, not detached: its print is what a
+    detached one's would be (``requires_grad`` False), and nothing here records autograd history.
     """
-    base = parameter if parameter is not None else tensor._base if tensor._base is not None else tensor
-    if not (base.is_leaf and base.requires_grad) or base.layout != torch.strided:
+    if parameter is None or not (parameter.is_leaf and parameter.requires_grad) or parameter.layout != torch.strided:
         # a transposed activation (attention's keys) is hashed where it lies, in its own order
-        return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor))
-    identity = hash((id(base), tensor.storage_offset(), tensor.stride(), base._version))
+        return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
+    identity = hash((id(parameter), tensor.storage_offset(), tensor.stride(), parameter._version))
     return TensorPrint(tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor),
-                       identity & ((1 << 64) - 1), None, tensor.requires_grad, None, base._version)
+                       identity & ((1 << 64) - 1), None, False, None, parameter._version)
 
 
-def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None) -> TensorPrint:
+def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None, *,
+                 saved: bool = False) -> TensorPrint:
     """The print of ``tensor`` under ``store`` ("digest" or "copy").
 
     ``order`` (a permutation of the dimensions, outermost first; CPU tensors) hashes the bytes
@@ -150,7 +153,7 @@ def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | No
             if order is None:
                 value = _cpu_digest(plain, shape)
             else:
-                permuted = plain.permute(order)
+                permuted = plain.detach().permute(order)
                 value = _cpu_digest(permuted, tuple(permuted.shape), order)
         else:
             order = None
@@ -159,9 +162,9 @@ def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | No
     except (TypeError, RuntimeError, NotImplementedError, IndexError) as exc:
         # a tensor without plain bytes (a subclass, an exotic layout or dtype): metadata only
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return TensorPrint(shape, dtype, device, 0, None, tensor.requires_grad, reason)
+        return TensorPrint(shape, dtype, device, 0, None, not saved and tensor.requires_grad, reason)
     copy = plain.detach().clone() if store == "copy" else None
-    return TensorPrint(shape, dtype, device, value, copy, tensor.requires_grad, None, None, order)
+    return TensorPrint(shape, dtype, device, value, copy, not saved and tensor.requires_grad, None, None, order)
 
 
 def memory_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
@@ -172,7 +175,7 @@ def memory_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
     strides = tensor.stride()
     order = tuple(sorted(range(len(strides)), key=strides.__getitem__, reverse=True))
     try:
-        return order if tensor.permute(order).is_contiguous() else None
+        return order if tensor.detach().permute(order).is_contiguous() else None
     except RuntimeError:
         return None
 
@@ -236,7 +239,7 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
         if array is not None:  # read in place through the array type of its size
             data = array.from_address(tensor.data_ptr())
     elif tensor.nbytes:
-        bits = bit_view(tensor)
+        bits = bit_view(tensor.detach())
         data = host_memory(bits.data_ptr(), bits.nbytes)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)

@@ -413,20 +413,23 @@ class InvocationRecord:
         The forward's print is taken when its forward returns, not now: a kernel may fill a
         tensor after saving it (RReLU saves its noise buffer, then draws into it), so bytes
         read at pack time can be uninitialized memory.  The tensor is held until then, as
-        the uncheckpointed forward would hold it.  torch computes the recompute's metadata
+        the uncheckpointed forward would hold it: as the hook got it, not detached (its print
+        reads it in place and records no autograd history; its graph, which holds the checkpoint's
+        frame that holds this print, lives at least as long in the forward anyway, and the
+        reference goes when the forward returns or raises).  torch computes the recompute's metadata
         after the recompute ran, so its print is taken here.
         """
         forward = self.forward
         if not self.forward_done and forward is not None:
             index = len(forward.saved)
-            saved = SavedPrint(base, None, self, index, tensor.detach())
+            saved = SavedPrint(base, None, self, index, tensor)
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)
                 self._at_last_save = (forward.state(self.store), effects)
             return saved
-        return SavedPrint(base, None, None, -1, tensor.detach())
+        return SavedPrint(base, None, None, -1, tensor)
 
     # -- recompute -----------------------------------------------------------------------
 
@@ -530,11 +533,11 @@ class InvocationRecord:
             if owner is None:
                 owner = forward.parameter_of(tensor, refresh=True)
             recomputed = print_saved(tensor, self.store, owner) if owner is not None \
-                else print_tensor(tensor, self.store, original.order)
+                else print_tensor(tensor, self.store, original.order, saved=True)
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
             # recompute lays it out as the forward did)
-            recomputed = print_tensor(tensor, self.store, original.order)
+            recomputed = print_tensor(tensor, self.store, original.order, saved=True)
         self._saved_compared = max(self._saved_compared, len(self._pass_saved))
         tolerance = self.tolerance
         if not (original.same(recomputed) if tolerance is None else original.matches(recomputed, tolerance)):

@@ -131,3 +131,51 @@ def test_an_order_is_part_of_what_is_hashed():
     assert memory_order(torch.randn(4, 4)[:, ::2]) is None
     assert memory_order(torch.randn(3).expand(2, 3)) is None
     assert print_saved(torch.randn(3).expand(2, 3), "digest").order is None
+
+
+def test_a_saved_tensor_is_printed_as_it_was_saved_without_recording_autograd_history():
+    from recheck.runtime.digests import memory_order, print_saved
+
+    from torch.overrides import TorchFunctionMode
+
+    class History(TorchFunctionMode):
+        """The ops that made a tensor with autograd history."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.made: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and result.grad_fn is not None:
+                self.made.append(getattr(func, "__name__", str(func)))
+            return result
+
+    leaf = torch.randn(3, 4, requires_grad=True)
+    activation = (leaf * 2).t()  # a non-contiguous view with a grad_fn, as a pack hook gets it
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t), History() as history:
+        order = memory_order(activation)
+        printed = print_saved(activation, "digest")
+        again = print_tensor(activation, "digest", order, saved=True)
+        row_major = print_tensor(activation, "digest", saved=True)  # through a row-major copy
+        copied = print_tensor(activation, "copy", order, saved=True)
+    assert history.made == [] and packed == []  # no autograd history, nothing saved for backward
+    assert row_major.order is None and not row_major.requires_grad
+    assert printed.same(again) and printed.digest == print_tensor(activation.detach(), "digest", order).digest
+    assert not printed.requires_grad and not again.requires_grad and not copied.requires_grad
+    assert print_tensor(activation, "digest").requires_grad  # a tensor that was not saved says it
+
+
+def test_a_saved_parameter_view_is_its_identity_and_version_and_any_other_tensor_its_bytes():
+    from recheck.runtime.digests import print_saved
+
+    weight = torch.nn.Parameter(torch.randn(2, 3))
+    view = weight.t()
+    by_identity = print_saved(view, "digest", weight)
+    assert by_identity.version == weight._version and not by_identity.requires_grad
+    with torch.no_grad():
+        weight.add_(1)
+    assert not by_identity.same(print_saved(view, "digest", weight))
+    # without the parameter it views (not a compared module's), the bytes are printed
+    assert print_saved(view, "digest").version is None

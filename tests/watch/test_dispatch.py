@@ -134,3 +134,40 @@ def test_a_recompute_whose_effect_capture_cannot_start_is_still_compared(monkeyp
     assert w.report.stats["verified"] == 1
     assert any("internal error while capturing a recompute's effects (RuntimeError: no capture today)" in note
                for note in w.report.notes), w.report.notes
+
+
+@pytest.mark.parametrize("early_stop", [True, False], ids=["early-stop", "full-replay"])
+def test_a_watched_step_leaves_no_reference_cycle_holding_tensors(early_stop):
+    """Saved prints hold the tensors the hook got (not detached copies), whose graph holds the
+    checkpoint frame that holds the prints: what a watched step made is still freed when it ends,
+    by reference counts, not when the garbage collector next runs."""
+    import gc
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Dropout(0.1))
+                                 for _ in range(2))
+
+    def step():
+        x = torch.randn(4, 8, requires_grad=True)
+        for block in blocks:
+            x = checkpoint(block, x.t().contiguous().t(), use_reentrant=False)  # a non-contiguous input too
+        x.sum().backward()
+
+    with recheck.watch(raise_on_finding=False, early_stop=early_stop):
+        step()  # warm-up: lazy imports, caches
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        with recheck.watch(raise_on_finding=False, early_stop=early_stop) as watcher:
+            step()
+        gc.collect()
+        kept = [type(o).__qualname__ for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    assert watcher.report.ok, str(watcher.report)
+    assert kept == []
