@@ -211,7 +211,7 @@ class _Flat:
     reaches 80 modules (timm's ``checkpoint_seq`` closes over every block) reads their
     parameters' versions twice per invocation."""
 
-    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed")
+    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed", "places")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.sizes = list(map(len, dicts))
@@ -232,6 +232,8 @@ class _Flat:
         #: them that :func:`module_state` prints (see :class:`ModuleState`): worked out again
         #: only when a slot holds a value of another type (one tuple: threads may share a layout)
         self.typed: tuple[list[type], list[int]] | None = None
+        #: the layout :meth:`places_in` last placed this one in, and the places
+        self.places: tuple[_Flat, tuple[int, ...] | None] | None = None
 
     def extend(self, triples: list[tuple[int, str, Any]]) -> None:
         """Add slots, each ``(index of its dict, slot, key)``: three list extensions, not a call
@@ -241,6 +243,17 @@ class _Flat:
             self.owners.extend(owners)
             self.slots.extend(slots)
             self.keys.extend(keys)
+
+    def places_in(self, other: _Flat) -> tuple[int, ...] | None:
+        """The index in ``other`` of each of this layout's slots, by key (None: a key it lacks);
+        worked out once per pair of layouts (kept by the other's id, with the layout itself)."""
+        known = self.places
+        if known is not None and known[0] is other:
+            return known[1]
+        index = {key: place for place, key in enumerate(other.keys)}
+        places = tuple(index[key] for key in self.keys) if all(key in index for key in self.keys) else None
+        self.places = (other, places)
+        return places
 
     def valid(self, dicts: list[dict[str, Any]]) -> bool:
         return (list(map(len, dicts)) == self.sizes
@@ -265,10 +278,13 @@ class _ReachLayouts:
     hold no module and no dict (see :class:`_Flat`), so a dormant reach keeps them between
     ``watch()`` blocks (a test suite watches each test in its own block)."""
 
-    __slots__ = ("tensors", "states")
+    __slots__ = ("tensors", "scoped", "states")
 
     def __init__(self) -> None:
         self.tensors: _Flat | None = None
+        #: the parameter layouts of sets of the reach's modules (a forward's scope), keyed as
+        #: ``states`` is
+        self.scoped: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
         #: by the names and ids of the modules (a tuple of ids is hashed without asking the
         #: modules; a layout is checked against the modules' dicts, and its keys are made of
         #: the names, so a new module with a dead one's id and name is laid out rightly)
@@ -290,22 +306,31 @@ def _parameter_key(module: str, name: str) -> tuple[str, str]:
     return "param_version", f"{module}.{name}" if module else name
 
 
-def _tensor_slots(reach: Reach, stale: bool = False) -> tuple[_Flat, list[dict[str, Any]]]:
+def _tensor_slots(reach: Reach, stale: bool = False,
+                  pairs: tuple[tuple[str, torch.nn.Module], ...] | None = None) -> tuple[_Flat, list[dict[str, Any]]]:
     """The parameter slots of every reached module: ``(dict, name, key)``, the key
     ``("param_version", dotted name)``, and the dicts they are read in.  ``stale``: the
-    kept layout named a slot that is gone (made again)."""
-    if not reach.modules:
+    kept layout named a slot that is gone (made again).  ``pairs``: the own parameters of
+    those (name, module) pairs of the reach only."""
+    if pairs is None and not reach.modules or pairs is not None and not pairs:
         return _NO_SLOTS, []
     layouts = _layouts_of(reach)
-    modules = list(map(_MODULE, reach.modules.values()))
+    named = list(reach.modules.values()) if pairs is None else pairs
+    modules = list(map(_MODULE, named))
     dicts = list(map(_PARAMETERS, modules))
-    flat = None if stale else layouts.tensors
-    if flat is None or not flat.valid(dicts) or list(map(id, modules)) != flat.ids:
+    key = None if pairs is None else (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
+    flat = None if stale else layouts.tensors if key is None else layouts.scoped.get(key)
+    if flat is None or not flat.valid(dicts) or key is None and list(map(id, modules)) != flat.ids:
         flat = _Flat(dicts)
         flat.ids = list(map(id, modules))
         flat.extend([(index, param, _parameter_key(name, param))
-                     for index, (name, module) in enumerate(reach.modules.values()) for param in module._parameters])
-        layouts.tensors = flat
+                     for index, (name, module) in enumerate(named) for param in module._parameters])
+        if key is None:
+            layouts.tensors = flat
+        else:
+            if len(layouts.scoped) >= 64:  # sets of modules of one reach: one per distinct scope
+                layouts.scoped.clear()
+            layouts.scoped[key] = flat
     return flat, dicts
 
 
@@ -328,11 +353,23 @@ class ParameterVersions:
         return [(key, version) for key, version in zip(self.layout.keys, self.versions) if version is not None]
 
     def moved(self, now: ParameterVersions) -> list[tuple[str, int, int]]:
-        """``(dotted name, version then, version now)`` of each parameter in both whose version moved."""
+        """``(dotted name, version then, version now)`` of each parameter in both whose version moved.
+
+        ``now`` may follow another layout (the parameters of a forward's scope only, see
+        :func:`parameter_versions`): its slots are found in this one's by key, once per pair of
+        layouts, and compared in one C-level comparison."""
         if now.layout is self.layout:
             if now.versions == self.versions:
                 return []
             pairs = zip(self.layout.keys, self.versions, now.versions)
+            return [(key[1], then, version) for key, then, version in pairs
+                    if then is not None and version is not None and then != version]
+        places = now.layout.places_in(self.layout)
+        if places is not None:
+            then_versions = [self.versions[index] for index in places]
+            if then_versions == now.versions:
+                return []
+            pairs = zip(now.layout.keys, then_versions, now.versions)
             return [(key[1], then, version) for key, then, version in pairs
                     if then is not None and version is not None and then != version]
         before = dict(self.items())
@@ -343,15 +380,18 @@ class ParameterVersions:
 _NO_VERSIONS = ParameterVersions(_NO_SLOTS, [])
 
 
-def parameter_versions(reach: Reach) -> ParameterVersions:
-    """The version counters of the own parameters of every reached module."""
-    if not reach.modules:
+def parameter_versions(reach: Reach, pairs: tuple[tuple[str, torch.nn.Module], ...] | None = None,
+                       ) -> ParameterVersions:
+    """The version counters of the own parameters of every reached module, or of the modules of
+    ``pairs`` (names and modules of the reach: a forward's scope, whose parameters a recompute
+    compares; a region of timm's ``checkpoint_seq`` reaches every block and runs a few)."""
+    if pairs is None and not reach.modules or pairs is not None and not pairs:
         return _NO_VERSIONS
-    flat, dicts = _tensor_slots(reach)
+    flat, dicts = _tensor_slots(reach, pairs=pairs)
     try:
         versions = _versions(flat, dicts)
     except KeyError:  # a parameter's name replaced by another: lay the reach out again
-        flat, dicts = _tensor_slots(reach, stale=True)
+        flat, dicts = _tensor_slots(reach, stale=True, pairs=pairs)
         versions = _versions(flat, dicts)
     return ParameterVersions(flat, versions)
 

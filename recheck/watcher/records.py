@@ -452,7 +452,10 @@ class InvocationRecord:
                 self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
                           subject=subject)
         # (name, version at forward, version now) of the parameters modified in place since
-        versions = forward.params.moved(capture.parameter_versions(forward.reach)) if forward.params else []
+        # the parameters of the forward's scope (the modules that ran, their submodules, the
+        # callable's own): a region of timm's checkpoint_seq reaches every block of the model
+        versions = forward.params.moved(capture.parameter_versions(
+            forward.reach, forward.state_modules + forward.attribute_modules)) if forward.params else []
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)

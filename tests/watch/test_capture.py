@@ -302,3 +302,21 @@ def test_module_state_keeps_no_buffer_tensor_and_reads_as_a_mapping():
     with torch.no_grad():
         model.running_mean.add_(1)  # in place: the same tensor, other bytes
     assert not state.same(module_state(pairs, "digest", reach=reach))
+
+
+def test_the_versions_of_a_scope_are_compared_with_the_whole_reach_by_name():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2))
+    reach = _reach(model)
+    before = parameter_versions(reach)
+    scope = (reach.modules[id(model[1])],)  # ("1", model[1])
+    now = parameter_versions(reach, scope)
+    assert [key[1] for key, _ in now.items()] == ["1.weight", "1.bias"]
+    assert before.moved(now) == []
+    with torch.no_grad():
+        model[0].weight.add_(1)  # outside the scope: none of its business
+        model[1].bias.add_(1)
+    then = before.versions[list(before.layout.keys).index(("param_version", "1.bias"))]
+    assert before.moved(parameter_versions(reach, scope)) == [("1.bias", then, then + 1)]
+    model[1].extra = nn.Parameter(torch.ones(1))  # a slot the forward's layout lacks: not compared
+    assert before.moved(parameter_versions(reach, scope)) == [("1.bias", then, then + 1)]
+    assert parameter_versions(reach, ()).items() == [] and before.moved(parameter_versions(reach, ())) == []

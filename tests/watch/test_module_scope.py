@@ -241,3 +241,23 @@ def test_a_segment_that_saves_a_weight_changed_in_place_is_reported_either_way()
             blocks[2].weight.add_(1)  # between forward and recompute
         out.sum().backward()
     assert any(f.kind == "param_version" for f in w.report.findings), str(w.report)
+
+
+def test_a_parameter_of_a_block_the_segment_did_not_run_is_none_of_its_business():
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+    x = torch.randn(2, 4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
+        with torch.no_grad():
+            blocks[0].weight.add_(1)  # reached through the closure, never run by this segment
+            blocks[3].bias.add_(1)
+        out.sum().backward()
+    assert w.report.ok, str(w.report)
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
+        with torch.no_grad():
+            blocks[1].bias.add_(1)  # run by it: changed between its forward and its recompute
+        out.sum().backward()
+    found = [f for f in w.report.findings if f.kind == "param_version"]
+    assert [f.subject for f in found] == ["parameter `functions[1].bias`"], str(w.report)
