@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 
 import torch
 
@@ -551,15 +551,34 @@ class ModuleState(Mapping[tuple[str, str], Any]):
                 entry = printed.get(index, _UNPRINTED)
                 if entry is not _UNPRINTED:
                     entries[key] = entry
-                elif key[0] == "attribute":
-                    entries[key] = _immutable_entry(value)
+                elif key[0] == "attribute":  # an immutable value: its entry as module_state made it
+                    kind = type(value)
+                    entries[key] = _BOOL_ENTRIES[value] if kind is bool else (shallow(value), value) \
+                        if kind is float else (value, value)
                 # a buffer slot holding None: no entry
             for key, entry in self.extra.items():
                 entries.setdefault(key, entry)
         return entries
 
+    # the mapping's reads go to the dict of entries at once (Mapping's own would call
+    # ``__getitem__`` per key: a state with a difference is compared entry by entry)
     def __getitem__(self, key: tuple[str, str]) -> Any:
         return self.entries()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries()
+
+    def get(self, key: tuple[str, str], default: Any = None) -> Any:
+        return self.entries().get(key, default)
+
+    def keys(self) -> KeysView[tuple[str, str]]:
+        return self.entries().keys()
+
+    def items(self) -> ItemsView[tuple[str, str], Any]:
+        return self.entries().items()
+
+    def values(self) -> ValuesView[Any]:
+        return self.entries().values()
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self.entries())
@@ -583,16 +602,6 @@ _UNPRINTED: Any = object()
 #: the exact types whose values a state keeps as they are (immutable; ``bool`` and ``float``
 #: get their prints only when a dict of entries is made)
 _IMMUTABLE = AS_IS | {bool, float}
-
-
-def _immutable_entry(value: Any) -> tuple[Any, Any]:
-    """The entry of an immutable attribute value, as :func:`module_state` has always made it."""
-    kind = type(value)
-    if kind is bool:
-        return _BOOL_ENTRIES[value]
-    if kind is float:
-        return shallow(value), value
-    return value, value
 
 
 def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
@@ -643,7 +652,12 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         value = values[index]
         values[index] = None  # kept as its entry only (a buffer's tensor is not held)
         if keys[index][0] == "attribute":
-            entries.append((index, entry(value)))
+            if type(value) is tuple and all(map(AS_IS.__contains__, map(type, value))):
+                # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
+                # through and through: itself, tagged so as to equal no other print
+                entries.append((index, (("tuple", value), value)))
+            else:
+                entries.append((index, entry(value)))
         elif value is not None:
             entries.append((index, print_tensor(value, store)))
     extra: dict[tuple[str, str], Any] = {}

@@ -336,7 +336,8 @@ class InvocationRecord:
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
             state, effects = self._at_last_save
-            self._late_keys = frozenset(k for k, v in forward.state_exit.items()
+            state = _entries(state)
+            self._late_keys = frozenset(k for k, v in _entries(forward.state_exit).items()
                                         if k not in state or not _same(state[k], v))
             self._early_effects = effects
             self._at_last_save = None
@@ -567,6 +568,7 @@ class InvocationRecord:
         tolerance = self.tolerance
         if tolerance is None and self.store == "digest" and _all_equal(before, after):
             return
+        before, after = _entries(before), _entries(after)  # compared entry by entry: plain dicts
         for key, now in after.items():
             then = before.get(key)
             if then is not None:
@@ -649,6 +651,11 @@ def _all_equal(before: capture.ModuleState, after: capture.ModuleState) -> bool:
         return bool(before == after)
     except Exception:  # noqa: BLE001 - a user's __eq__ or __bool__
         return False
+
+
+def _entries(state: capture.ModuleState | Mapping[tuple[str, str], Any]) -> Mapping[tuple[str, str], Any]:
+    """A state's entries as a dict (a released forward's state is an empty dict already)."""
+    return state.entries() if isinstance(state, capture.ModuleState) else state
 
 
 def _is_global(key: tuple[str, str]) -> bool:
