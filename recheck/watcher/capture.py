@@ -79,12 +79,12 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     a parent updates without calling the child's forward
     (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
     """
-    selected: dict[int, tuple[str, torch.nn.Module]] = {}
-    for sub in _preorder(list(ran), {}):
-        if id(sub) not in reach.modules:
+    subs = _preorder(list(ran), {})  # each module once
+    ids, named = list(map(id, subs)), reach.modules
+    if not all(map(named.__contains__, ids)):  # one ran without being reachable statically
+        for sub in subs:
             add_module(reach, sub)
-        selected[id(sub)] = reach.modules[id(sub)]
-    return list(selected.values())
+    return list(map(named.__getitem__, ids))
 
 
 def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
@@ -177,9 +177,12 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
     subtree once: the forward pre-hook calls this for every module that runs, and a module's
     subtree was walked with its parent's.
     """
-    for module in _preorder(modules, {} if walked is None else walked):
+    found = _preorder(modules, {} if walked is None else walked)
+    if not any(map(len, map(_BUFFERS, found))):  # most modules hold none (transformers): one C-level pass
+        return
+    for module in found:
         buffers = module._buffers
-        if not buffers:  # most modules hold none (a region may reach every block of a model)
+        if not buffers:
             continue
         for name, buffer in buffers.items():
             key = (id(module), name)
