@@ -249,7 +249,8 @@ class _Flat:
 
     def places_in(self, other: _Flat) -> tuple[int, ...] | None:
         """The index in ``other`` of each of this layout's slots, by key (None: a key it lacks);
-        worked out once per pair of layouts (kept by the other's id, with the layout itself)."""
+        worked out once per pair of layouts (kept with the last ``other`` it was asked for: a
+        forward's scope is placed in the layout of the whole reach, the same one every time)."""
         known = self.places
         if known is not None and known[0] is other:
             return known[1]
@@ -277,7 +278,8 @@ _MODULE = operator.itemgetter(1)
 
 
 class _ReachLayouts:
-    """A reach's layouts: its parameters, and the module state of each set of modules.  They
+    """A reach's layouts: its parameters, the parameters and the module state of each set of
+    modules (a forward's scope).  They
     hold no module and no dict (see :class:`_Flat`), so a dormant reach keeps them between
     ``watch()`` blocks (a test suite watches each test in its own block)."""
 
@@ -629,10 +631,6 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             return value, value
         if issubclass(type(value), (bool, int, str)):
             return (value, value) if type(value) is not bool else _BOOL_ENTRIES[value]
-        if type(value) is tuple and all(map(AS_IS.__contains__, map(type, value))):
-            # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
-            # through and through: itself, tagged so as to equal no other print
-            return ("tuple", value), value
         key = id(value)
         if key not in printed:
             printed[key] = kept_shallow(value)
