@@ -326,7 +326,8 @@ def _hold(item: Any) -> tuple[bool, Any]:
 
 def _same_item(item: Any, before: tuple[bool, Any]) -> bool:
     held, kept = before
-    return _same_objects(kept, _held(item)) if held else _item(item, 1) == kept
+    # the same objects as when kept, which were checked then to hold no tensor
+    return _same_objects(kept, _objects(item)) if held else _item(item, 1) == kept
 
 
 def _same_objects(before: tuple | None, now: tuple | None) -> bool:
@@ -334,20 +335,26 @@ def _same_objects(before: tuple | None, now: tuple | None) -> bool:
     return before is not None and now is not None and len(before) == len(now) and all(map(_IS, before, now))
 
 
-def _held(item: Any) -> tuple | None:
-    """The objects a mutable item's print one level down is made of (its names and values, or
-    its elements), or None where it is read again at every print: a tensor (its version), a
-    container holding one, a set, anything else.  One level down an item's own items print by
-    their identity or, for numbers, by value, so the same objects make the same print."""
+def _objects(item: Any) -> tuple | None:
+    """The objects a list's, a tuple's or a dict's print one level down is made of (a dict's
+    names and values), or None for anything else."""
     cls = type(item)
-    kind = _KINDS.get(cls)
-    if kind is None:
-        kind = _kind(cls)
-    if kind == _SEQUENCE and (cls is list or cls is tuple) and len(item) <= _MAX_ITEMS:
-        objects = tuple(item)
-    elif kind == _DICT and len(item) <= _MAX_ITEMS:
-        objects = (*dict.keys(item), _SEPARATOR, *dict.values(item))
-    else:
+    if cls is list or cls is tuple:
+        return tuple(item) if len(item) <= _MAX_ITEMS else None
+    if cls is not dict:
+        kind = _KINDS.get(cls)
+        if (_kind(cls) if kind is None else kind) != _DICT:
+            return None
+    return (*dict.keys(item), _SEPARATOR, *dict.values(item)) if len(item) <= _MAX_ITEMS else None
+
+
+def _held(item: Any) -> tuple | None:
+    """The objects a mutable item's print one level down is made of (:func:`_objects`), or None
+    where it is read again at every print: a container holding a tensor (printed by its
+    version), a set, anything else.  One level down an item's own items print by their identity
+    or, for numbers, by value, so the same objects make the same print."""
+    objects = _objects(item)
+    if objects is None:
         return None
     for item_type in set(map(type, objects)):  # a few types; ``issubclass(t, Tensor)`` asks torch's metaclass
         item_kind = _KINDS.get(item_type)

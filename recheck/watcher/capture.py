@@ -482,25 +482,32 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
 
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
-                  stale: bool = False) -> tuple[_Flat, list[dict[str, Any]]]:
-    """The attribute and buffer slots of ``pairs``' modules with their state keys (see
-    :func:`_layout`), and the dicts they are read in; ``stale``: the kept one named a buffer
-    that is gone (made again)."""
-    if not pairs:
+                  stale: bool = False, attributes_of: tuple[tuple[str, torch.nn.Module], ...] = (),
+                  ) -> tuple[_Flat, list[dict[str, Any]]]:
+    """The attribute and buffer slots of ``pairs``' modules, then the attribute slots of
+    ``attributes_of``'s (their own attributes only), with their state keys (see :func:`_layout`),
+    and the dicts they are read in; ``stale``: the kept one named a buffer that is gone (made
+    again)."""
+    if not pairs and not attributes_of:
         return _NO_SLOTS, []
     modules = list(map(_MODULE, pairs))
-    dicts = list(map(vars, modules)) + list(map(_BUFFERS, modules))
+    others = list(map(_MODULE, attributes_of))
+    # the __dicts__ first (only some of their names are slots: checked by name), the buffers after
+    dicts = list(map(vars, modules)) + list(map(vars, others)) + list(map(_BUFFERS, modules))
     states = _layouts_of(reach).states if reach is not None else None
-    modules_key = (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
+    modules_key = (tuple(map(_NAME, pairs)) + tuple(map(_NAME, attributes_of)),
+                   tuple(map(id, modules)) + tuple(map(id, others)), len(pairs))
     flat = states.get(modules_key) if states is not None and not stale else None
     if flat is None or not flat.valid(dicts):
-        flat = _Flat(dicts, keyed=len(modules))  # only some names of a __dict__ are slots
+        keyed = len(modules) + len(others)
+        flat = _Flat(dicts, keyed=keyed)
         triples: list[tuple[int, str, Any]] = []
-        count = len(modules)
         for index, (name, module) in enumerate(pairs):
             _, _, attribute_keys, buffer_keys = _layout(name, module)
-            triples += [(count + index, buffer_name, key) for buffer_name, key in buffer_keys]
+            triples += [(keyed + index, buffer_name, key) for buffer_name, key in buffer_keys]
             triples += [(index, attr, key) for attr, key in attribute_keys]
+        for index, (name, module) in enumerate(attributes_of, start=len(modules)):
+            triples += [(index, attr, key) for attr, key in _layout(name, module)[2]]
         flat.extend(triples)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
@@ -636,12 +643,12 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             printed[key] = kept_shallow(value)
         return printed[key], _kept(value)
 
-    pairs = tuple(modules)
-    flat, dicts = _state_layout(pairs, reach)
+    pairs, own = tuple(modules), tuple(attributes_of)
+    flat, dicts = _state_layout(pairs, reach, attributes_of=own)
     try:
         values = _read(flat, dicts)
     except KeyError:  # a buffer's name replaced by another: lay the modules out again
-        flat, dicts = _state_layout(pairs, reach, stale=True)
+        flat, dicts = _state_layout(pairs, reach, stale=True, attributes_of=own)
         values = _read(flat, dicts)
     types = list(map(type, values))
     typed = flat.typed
@@ -662,10 +669,6 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         elif value is not None:
             entries.append((index, print_tensor(value, store)))
     extra: dict[tuple[str, str], Any] = {}
-    for name, module in attributes_of:
-        attributes = vars(module)
-        for attr, key in _layout(name, module)[2]:
-            extra.setdefault(key, entry(attributes[attr]))
     for name, module, buffer_name in buffers:
         buffer = module._buffers.get(buffer_name)
         if buffer is not None:

@@ -320,3 +320,26 @@ def test_the_versions_of_a_scope_are_compared_with_the_whole_reach_by_name():
     model[1].extra = nn.Parameter(torch.ones(1))  # a slot the forward's layout lacks: not compared
     assert before.moved(parameter_versions(reach, scope)) == [("1.bias", then, then + 1)]
     assert parameter_versions(reach, ()).items() == [] and before.moved(parameter_versions(reach, ())) == []
+
+
+def test_the_own_attributes_of_a_module_named_directly_are_slots_of_the_same_layout():
+    ran = nn.Linear(2, 2)
+    owner = nn.Sequential(nn.BatchNorm1d(2))  # named by the callable, its forward not run
+    owner.calls = 0
+    reach = Reach()
+    reach.add_module("ran", ran)
+    reach.add_module("owner", owner)
+    pairs, own = (reach.modules[id(ran)],), (reach.modules[id(owner)],)
+
+    def state():
+        return module_state(pairs, "digest", reach=reach, attributes_of=own)
+
+    first = state()
+    assert ("attribute", "attribute `owner.calls`") in first
+    assert not any(key[0] == "buffer" for key in first)  # its own attributes only, not its child's buffers
+    assert first.same(state()) and first.flat is state().flat
+    owner.calls += 1
+    assert not first.same(state())
+    assert dict(state())[("attribute", "attribute `owner.calls`")] == (1, 1)
+    owner.label = "new"  # a name that appears
+    assert ("attribute", "attribute `owner.label`") in state()
