@@ -24,7 +24,7 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from watch_overhead import MODELS, build  # this folder's, as timing.py is to the others
+from watch_overhead import MODELS, built  # this folder's, as timing.py is to the others
 
 
 def count(run: Callable[[], Any]) -> collections.Counter[str]:
@@ -62,11 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     print(f"recheck from {os.path.dirname(recheck.__file__)}")
     print(f"{'model':<8} {'plain calls':>12} {'added':>8} {'python':>8} {'C':>8} {'invocations':>12} {'per inv.':>9}")
-    for name in ns.models.split(","):
-        try:
-            _, step = build(name, "cpu")
-        except ImportError as exc:
-            print(f"{name:<8} skipped: {exc}")
+    for name, step, why in built(ns.models):
+        if step is None:
+            print(f"{name:<8} skipped: {why}")
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -22,7 +22,7 @@ import resource
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("mlp", "llama", "resnet", "vit")
@@ -81,6 +81,18 @@ def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
         return loss
 
     return model, step
+
+
+def built(names: str, device: str = "cpu") -> Iterator[tuple[str, Callable[[], Any] | None, str]]:
+    """Each model of the comma-separated ``names`` with its training step, or None and why it
+    cannot be built (its library is not installed)."""
+    for name in names.split(","):
+        try:
+            _, step = build(name, device)
+        except ImportError as exc:
+            yield name, None, f"{type(exc).__name__}: {exc}"
+            continue
+        yield name, step, ""
 
 
 def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import time
 import warnings
 from typing import Any, Callable
 
-from watch_overhead import MODELS, build  # this folder's, as timing.py is to the others
+from watch_overhead import MODELS, built  # this folder's, as timing.py is to the others
 
 CPU = time.process_time
 
@@ -123,11 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     import recheck
 
     torch.set_num_threads(1)
-    for name in ns.models.split(","):
-        try:
-            _, step = build(name, "cpu")
-        except ImportError as exc:
-            print(f"{name}: skipped: {exc}")
+    for name, step, why in built(ns.models):
+        if step is None:
+            print(f"{name}: skipped: {why}")
             continue
         invocations = [0]
 

@@ -231,33 +231,29 @@ def test_saved_parameters_of_the_blocks_that_ran_are_told_by_version_and_others_
     assert forward.parameter_of(blocks[2].weight.t().detach()) is blocks[2].weight
 
 
-def test_a_segment_that_saves_a_weight_changed_in_place_is_reported_either_way():
+def _segment_with(change):
+    """The report of a ``checkpoint_seq`` segment running blocks 1 and 2 of 4, with ``change``
+    made to the blocks between its forward and its recompute."""
     torch.manual_seed(0)
     blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
     x = torch.randn(2, 4, requires_grad=True)
     with recheck.watch(raise_on_finding=False) as w:
         out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
         with torch.no_grad():
-            blocks[2].weight.add_(1)  # between forward and recompute
+            change(blocks)
         out.sum().backward()
-    assert any(f.kind == "param_version" for f in w.report.findings), str(w.report)
+    return w.report
+
+
+def test_a_segment_that_saves_a_weight_changed_in_place_is_reported_either_way():
+    report = _segment_with(lambda blocks: blocks[2].weight.add_(1))
+    assert any(f.kind == "param_version" for f in report.findings), str(report)
 
 
 def test_a_parameter_of_a_block_the_segment_did_not_run_is_none_of_its_business():
-    torch.manual_seed(0)
-    blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
-    x = torch.randn(2, 4, requires_grad=True)
-    with recheck.watch(raise_on_finding=False) as w:
-        out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
-        with torch.no_grad():
-            blocks[0].weight.add_(1)  # reached through the closure, never run by this segment
-            blocks[3].bias.add_(1)
-        out.sum().backward()
-    assert w.report.ok, str(w.report)
-    with recheck.watch(raise_on_finding=False) as w:
-        out = checkpoint(_segmented(blocks, 1, 3), x, use_reentrant=False)
-        with torch.no_grad():
-            blocks[1].bias.add_(1)  # run by it: changed between its forward and its recompute
-        out.sum().backward()
-    found = [f for f in w.report.findings if f.kind == "param_version"]
-    assert [f.subject for f in found] == ["parameter `functions[1].bias`"], str(w.report)
+    # blocks 0 and 3 are reached through the closure and never run by this segment
+    report = _segment_with(lambda blocks: (blocks[0].weight.add_(1), blocks[3].bias.add_(1)))
+    assert report.ok, str(report)
+    report = _segment_with(lambda blocks: blocks[1].bias.add_(1))  # run by it
+    found = [f for f in report.findings if f.kind == "param_version"]
+    assert [f.subject for f in found] == ["parameter `functions[1].bias`"], str(report)
