@@ -14,6 +14,7 @@ import collections
 import functools
 import logging
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,8 @@ import torch
 
 from recheck.runtime.bits import digest, float_bits
 
-__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "forget_kept", "is_module_state",
-           "kept_shallow", "shallow", "show", "show_printed"]
+__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "hold_kept", "is_module_state",
+           "kept_shallow", "release_kept", "shallow", "show", "show_printed"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -285,9 +286,13 @@ def kept_shallow(value: Any) -> Any:
     their items' identities and, one level down, of their mutable items' contents; an item that
     is the same immutable object prints the same, so only the mutable ones are read again.
     Exact as :func:`shallow` is: a name added, removed or rebound, or a mutable item changed
-    within the depth :func:`shallow` reads, is a new print.  What is kept holds the objects
-    until :func:`forget_kept` (a ``watch()`` block's end).
+    within the depth :func:`shallow` reads, is a new print.  Prints are kept only while some
+    reader holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe), and what is
+    kept, which holds the objects, goes when the last one lets go; with no reader this is
+    :func:`shallow`.
     """
+    if not _HOLDERS:
+        return shallow(value)
     cls = type(value)
     kind = _KINDS.get(cls)
     if kind is None:
@@ -354,13 +359,7 @@ def _held(item: Any) -> tuple | None:
     version), a set, anything else.  One level down an item's own items print by their identity
     or, for numbers, by value, so the same objects make the same print."""
     objects = _objects(item)
-    if objects is None:
-        return None
-    for item_type in set(map(type, objects)):  # a few types; ``issubclass(t, Tensor)`` asks torch's metaclass
-        item_kind = _KINDS.get(item_type)
-        if (_kind(item_type) if item_kind is None else item_kind) == _TENSOR:
-            return None
-    return objects
+    return None if objects is None or _holds_tensor(objects) else objects
 
 
 #: between a dict's keys and its values in what :func:`_held` keeps (one key moved to the values
@@ -374,16 +373,40 @@ def _stable(item: Any) -> bool:
     if cls in _STABLE:
         return True
     if cls is tuple:  # its items print by identity, but a tensor by its version
-        return not any(isinstance(x, torch.Tensor) for x in item[:_MAX_ITEMS])
+        return not _holds_tensor(item[:_MAX_ITEMS])
+    return False
+
+
+def _holds_tensor(objects: tuple) -> bool:
+    """Whether any of ``objects`` is a tensor, by its type's kind (``isinstance(x, Tensor)`` asks
+    torch's metaclass): a few types a container."""
+    for item_type in set(map(type, objects)):
+        item_kind = _KINDS.get(item_type)
+        if (_kind(item_type) if item_kind is None else item_kind) == _TENSOR:
+            return True
     return False
 
 
 _IS = operator.is_
+#: how many readers hold the kept prints (see :func:`hold_kept`)
+_HOLDERS = 0
+_HOLDERS_LOCK = threading.Lock()
 
 
-def forget_kept() -> None:
-    """Let go of every object :func:`kept_shallow` holds."""
-    _KEPT.clear()
+def hold_kept() -> None:
+    """Keep :func:`kept_shallow`'s prints until as many :func:`release_kept` calls."""
+    global _HOLDERS
+    with _HOLDERS_LOCK:
+        _HOLDERS += 1
+
+
+def release_kept() -> None:
+    """Let go of one hold; with the last, let go of every object the kept prints hold."""
+    global _HOLDERS
+    with _HOLDERS_LOCK:
+        _HOLDERS = max(0, _HOLDERS - 1)
+        if not _HOLDERS:
+            _KEPT.clear()
 
 
 @dataclass

@@ -278,10 +278,10 @@ _MODULE = operator.itemgetter(1)
 
 
 class _ReachLayouts:
-    """A reach's layouts: its parameters, the parameters and the module state of each set of
-    modules (a forward's scope).  They
-    hold no module and no dict (see :class:`_Flat`), so a dormant reach keeps them between
-    ``watch()`` blocks (a test suite watches each test in its own block)."""
+    """A reach's layouts: its parameters, and the parameters and the module state of each set
+    of modules (a forward's scope).  They hold no module and no dict (see :class:`_Flat`), so a
+    dormant reach keeps them between ``watch()`` blocks (a test suite watches each test in its
+    own block)."""
 
     __slots__ = ("tensors", "scoped", "states")
 

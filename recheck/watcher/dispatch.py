@@ -30,7 +30,7 @@ from recheck.distributed.world import current_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
-from recheck.runtime.fingerprints import forget_kept
+from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -84,6 +84,7 @@ class Dispatcher(Interceptor):
             pipelining.acquire()
             if not self.sessions:
                 hold_logging()  # for the block, not for each recompute's capture
+                hold_kept()  # the state prints of large objects, kept between reads
             self.sessions.append(session)
             self._options = None
 
@@ -99,7 +100,7 @@ class Dispatcher(Interceptor):
                     self._hook_handle.remove()
                     self._hook_handle, self._hook_users = None, 0
                 release_logging()
-                forget_kept()  # the objects the block's state prints held
+                release_kept()  # and the objects they hold
             pipelining.release()
             patches.release()
 

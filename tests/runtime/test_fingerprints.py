@@ -198,7 +198,7 @@ def test_scalar_items_keep_their_type_in_the_print() -> None:
 
 from hypothesis import settings  # noqa: E402
 
-from recheck.runtime.fingerprints import forget_kept, kept_shallow, shallow  # noqa: E402
+from recheck.runtime.fingerprints import hold_kept, kept_shallow, release_kept, shallow  # noqa: E402
 
 
 class _KeptConfig:
@@ -243,24 +243,26 @@ _MUTATIONS = [
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(0, len(_MUTATIONS) - 1), max_size=12), st.booleans())
 def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict):
-    forget_kept()
+    hold_kept()
     config = _KeptConfig()
     value = vars(config) if as_dict else config  # a dict is kept the same way as an object
     assert kept_shallow(value) == shallow(value)
     for step in steps:
         _MUTATIONS[step](config)
         assert kept_shallow(value) == shallow(value)
-    forget_kept()
+    release_kept()
 
 
 def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
     from recheck.runtime import fingerprints
 
-    forget_kept()
+    hold_kept()
     config = _KeptConfig()
     first = kept_shallow(config)
     assert kept_shallow(config) is first  # the same print object: nothing was printed again
     config.labels[0] = "changed"
     assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
-    forget_kept()
+    release_kept()
+    assert not fingerprints._KEPT
+    kept_shallow(config)  # with no reader holding them, nothing is kept
     assert not fingerprints._KEPT

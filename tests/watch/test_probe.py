@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 from imitations import CHECKPOINTING, dropout_model, imitation, run_blocks
 from source_modules import load_file
 from torch.nn.modules import module as module_hooks
@@ -146,3 +147,43 @@ def test_a_module_called_twice_meets_each_of_its_forwards():
         shared(shared(x, emb), emb).sum().backward()
     assert probe.stats["matched"] == probe.stats["recomputes"] == 6, probe.stats
     assert probe.findings == [], probe.findings
+
+
+def test_a_probe_keeps_no_object_after_it_ends():
+    """The prints of large objects kept between reads (a config a module holds) go with the
+    probe: what it read is not held once it exits."""
+    from recheck.runtime import fingerprints
+
+    class Config:
+        def __init__(self) -> None:
+            self.width, self.labels = 2, {0: "a"}
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config, self.linear = Config(), nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.linear(x)
+
+    class Recompute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, block, x):
+            ctx.block = block
+            ctx.save_for_backward(x)
+            with torch.no_grad():
+                return block(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                torch.autograd.backward(ctx.block(x), grad)
+            return None, x.grad
+
+    x = torch.randn(3, 2, requires_grad=True)
+    with RecomputeProbe() as probe:
+        Recompute.apply(Block(), x).sum().backward()
+    assert probe.stats["matched"] == 1 and probe.findings == []
+    assert not fingerprints._KEPT
