@@ -634,10 +634,9 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     printed: dict[int, Any] = {}
 
     def entry(value: Any) -> tuple[Any, Any]:
-        if type(value) in AS_IS:  # kept as they are: immutable, compared by ==
+        """The entry of a value of a type a state does not keep as it is (see ``_IMMUTABLE``)."""
+        if issubclass(type(value), (int, str)):  # an enum's member: immutable, compared by ==
             return value, value
-        if issubclass(type(value), (bool, int, str)):
-            return (value, value) if type(value) is not bool else _BOOL_ENTRIES[value]
         key = id(value)
         if key not in printed:
             printed[key] = kept_shallow(value)
