@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,llama,resnet,vit")
     parser.add_argument("--rounds", type=int, default=10, help="watched blocks of 5 steps per figure")
     ns = parser.parse_args(argv)
+    if ns.rounds < 1:
+        parser.error(f"--rounds must be at least 1 (got {ns.rounds})")
     unknown = [name for name in ns.models.split(",") if name not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
