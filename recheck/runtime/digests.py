@@ -152,6 +152,9 @@ def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | No
         if device == "cpu":
             if order is None:
                 value = _cpu_digest(plain, shape)
+            elif len(order) == len(shape) and _lies_in(shape, plain.stride(), order):
+                # its memory as it lies is ``permute(order)``'s row-major bytes: read in place
+                value = _cpu_digest(plain, tuple([shape[d] for d in order]), order, lies=True)
             else:
                 permuted = plain.detach().permute(order)
                 value = _cpu_digest(permuted, tuple(permuted.shape), order)
@@ -174,10 +177,24 @@ def memory_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
     through a copy)."""
     strides = tensor.stride()
     order = tuple(sorted(range(len(strides)), key=strides.__getitem__, reverse=True))
-    try:
-        return order if tensor.detach().permute(order).is_contiguous() else None
-    except RuntimeError:
-        return None
+    return order if _lies_in(tuple(tensor.shape), strides, order) else None
+
+
+def _lies_in(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple[int, ...]) -> bool:
+    """Whether ``permute(order)`` of a tensor of ``shape`` and ``strides`` is contiguous, by
+    torch's own rule (a dimension of size 1 has any stride; no elements is contiguous), worked
+    out from the numbers without making the permuted view: a saved transposed activation is
+    printed at every forward and every recompute."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for dim in reversed(order):
+        size = shape[dim]
+        if size != 1:
+            if strides[dim] != expected:
+                return False
+            expected *= size
+    return True
 
 
 #: the names of devices other than the CPU (``str(torch.device)`` costs a microsecond)
@@ -222,7 +239,7 @@ def _header(dtype: torch.dtype, shape: tuple[int, ...], order: tuple[int, ...] |
 
 
 def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
-                order: tuple[int, ...] | None = None) -> int:
+                order: tuple[int, ...] | None = None, *, lies: bool = False) -> int:
     """128 bits of a hash of the tensor's dtype, shape and bytes in row-major order.
 
     A contiguous real tensor is hashed in place, its memory read through a ``ctypes`` array
@@ -231,15 +248,21 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
     (non-contiguous, complex, negative views) goes through ``bit_view``, which makes the same
     row-major bytes in a new tensor.  With XXH3 the header is the seed of one call over the
     bytes (XXH3-128 seeded by the header's XXH3-64), which saves the hasher object per print.
+
+    ``lies``: the caller found that ``tensor``'s memory as it lies is its bytes in ``order`` (a
+    permutation of its dimensions; ``shape`` is the permuted one), so they are read in place too.
     """
     dtype, shape = tensor.dtype, tuple(tensor.shape) if shape is None else shape
     header, seed, same_width, array = _HEADERS.get((dtype, shape, order)) or _header(dtype, shape, order)
     data: Any = b""
-    if same_width is not None and tensor.is_contiguous() and not tensor.is_neg():
+    plain = same_width is not None and not tensor.is_neg()  # its bytes are its elements' bits
+    if plain and (lies or tensor.is_contiguous()):
         if array is not None:  # read in place through the array type of its size
             data = array.from_address(tensor.data_ptr())
     elif tensor.nbytes:
-        bits = bit_view(tensor.detach())
+        detached = tensor.detach().permute(order) if lies and order is not None else tensor.detach()
+        # the same bits as ``bit_view`` gives, in one view and one copy where no bit is to resolve
+        bits = detached.view(same_width).contiguous() if plain else bit_view(detached)
         data = host_memory(bits.data_ptr(), bits.nbytes)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)

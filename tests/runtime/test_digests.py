@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recheck.runtime import digests
-from recheck.runtime.bits import digest as device_digest
+from recheck.runtime.bits import bit_view, digest as device_digest
 from recheck.runtime.digests import print_tensor
 
 HASHERS = [hashlib.sha256]
@@ -112,6 +112,33 @@ def test_a_saved_tensor_is_hashed_where_it_lies_and_equal_values_print_alike(sha
     index = data.draw(st.integers(0, raw.numel() - 1))
     raw[index] ^= 1 << data.draw(st.integers(0, 31))
     assert not forward.same(print_tensor(flipped, "digest", forward.order))
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=4), data=st.data())
+def test_memory_order_follows_torchs_own_rule_of_contiguity(shape, data):
+    from recheck.runtime.digests import memory_order
+
+    # a permuted, sliced or broadcast view: gaps, overlaps, sizes 0 and 1 (any stride)
+    tensor = torch.randn(*shape).permute(data.draw(st.permutations(range(len(shape)))))
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    kind = data.draw(st.sampled_from(["as is", "step", "expand", "narrow"]))
+    if kind == "step":
+        tensor = tensor[(slice(None),) * dim + (slice(None, None, 2),)]
+    elif kind == "expand" and tensor.shape[dim] == 1:
+        tensor = tensor.expand(*[3 if d == dim else -1 for d in range(tensor.dim())])
+    elif kind == "narrow" and tensor.shape[dim] > 1:
+        tensor = tensor.narrow(dim, 1, tensor.shape[dim] - 1)
+    strides = tensor.stride()
+    expected = tuple(sorted(range(len(strides)), key=strides.__getitem__, reverse=True))
+    lies = tensor.permute(expected).is_contiguous()
+    assert memory_order(tensor) == (expected if lies else None)
+    if lies and tensor.numel():  # read in place: the same print as through a row-major copy
+        copied = tensor.permute(expected).contiguous()
+        assert print_tensor(tensor, "digest", expected).digest == \
+            digests._cpu_digest(copied, tuple(copied.shape), expected)
+    # row-major, gaps or not: the bits of a row-major copy
+    assert print_tensor(tensor, "digest").digest == digests._cpu_digest(bit_view(tensor).view(tensor.dtype))
 
 
 def test_an_order_is_part_of_what_is_hashed():
