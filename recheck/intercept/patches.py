@@ -209,7 +209,29 @@ def _install(hooks: Hooks) -> Installation:
     return installation
 
 
+#: the replacement functions made so far, by what they replace and the hooks they call: one
+#: object per pair for the life of the process, so that what torch caches on a replacement
+#: (``_disable_dynamo``'s ``inner`` wraps it in ``torch._dynamo.disable`` at its first call and
+#: keeps that on it) is made once, not once per ``watch()`` block
+_REPLACEMENTS: dict[tuple[str, Any, Any], Callable[..., Any]] = {}
+
+
+def _replacement(kind: str, original: Any, hooks: Hooks, make: Callable[[Any, Hooks], Callable[..., Any]],
+                 ) -> Callable[..., Any]:
+    """``make(original, hooks)``, made once per ``(kind, original, hooks)`` (the key holds them,
+    so no id is reused while the entry lives; a process has a handful of hooks objects)."""
+    key = (kind, original, hooks)
+    replacement = _REPLACEMENTS.get(key)
+    if replacement is None:
+        replacement = _REPLACEMENTS[key] = make(original, hooks)
+    return replacement
+
+
 def _checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+    return _replacement("checkpoint", real, hooks, _make_checkpoint_replacement)
+
+
+def _make_checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
     # ``updated=()``: ``inner`` caches ``torch._dynamo.disable(fn)`` as an attribute of
     # ``fn``; copying the real function's ``__dict__`` would copy that cache and route
     # every call around the replacement.
@@ -247,15 +269,7 @@ def _patch_generator(installation: Installation) -> None:
         )
         return
     original = getattr(torch_checkpoint, name)
-    hooks = installation.hooks
-
-    @functools.wraps(original, updated=())
-    def watched_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
-        if torch.compiler.is_compiling():
-            hooks.compiled()
-            return original(*args, **kwargs)
-        return hooks.generator(original, args, kwargs)
-
+    watched_generator = _replacement("generator", original, installation.hooks, _make_generator_replacement)
     installation.generator_name = name
     installation.original_generator = original
     installation.generator_replacement = watched_generator
@@ -270,6 +284,17 @@ def _patch_generator(installation: Installation) -> None:
                 installation.replaced_globals.append((namespace, bound_name, original, watched_generator))
 
 
+def _make_generator_replacement(original: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+    @functools.wraps(original, updated=())
+    def watched_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+        if torch.compiler.is_compiling():
+            hooks.compiled()
+            return original(*args, **kwargs)
+        return hooks.generator(original, args, kwargs)
+
+    return watched_generator
+
+
 def _patch_reentrant_forward(installation: Installation) -> None:
     function_class = torch_checkpoint.CheckpointFunction
     original = function_class.__dict__.get("forward")
@@ -279,12 +304,14 @@ def _patch_reentrant_forward(installation: Installation) -> None:
             "CheckpointFunction.apply calls are observed only through checkpoint()"
         )
         return
-    real_forward = original.__func__
-    hooks = installation.hooks
+    watched_forward = _replacement("forward", original.__func__, installation.hooks, _make_forward_replacement)
+    installation.original_forward = original
+    function_class.forward = staticmethod(watched_forward)  # type: ignore[method-assign]
 
+
+def _make_forward_replacement(real_forward: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
     @functools.wraps(real_forward, updated=())
     def watched_forward(ctx: Any, run_function: Any, preserve_rng_state: bool, *args: Any) -> Any:
         return hooks.reentrant_forward(real_forward, ctx, run_function, preserve_rng_state, args)
 
-    installation.original_forward = original
-    function_class.forward = staticmethod(watched_forward)  # type: ignore[method-assign]
+    return watched_forward
