@@ -201,7 +201,7 @@ def _install(hooks: Hooks) -> Installation:
     if cell is not None:
         real = cell.cell_contents
         installation.cell, installation.real_checkpoint = cell, real
-        cell.cell_contents = _checkpoint_replacement(real, hooks)
+        cell.cell_contents = _checkpoint_replacement(real)
     else:
         _rebind_exported(installation, exported)
     _patch_generator(installation)
@@ -209,34 +209,43 @@ def _install(hooks: Hooks) -> Installation:
     return installation
 
 
-#: the replacement functions made so far, by what they replace and the hooks they call: one
-#: object per pair for the life of the process, so that what torch caches on a replacement
-#: (``_disable_dynamo``'s ``inner`` wraps it in ``torch._dynamo.disable`` at its first call and
-#: keeps that on it) is made once, not once per ``watch()`` block
-_REPLACEMENTS: dict[tuple[str, Any, Any], Callable[..., Any]] = {}
+#: the replacement functions made so far, one per patched original for the life of the process,
+#: so that what torch caches on a replacement (``_disable_dynamo``'s ``inner`` wraps it in
+#: ``torch._dynamo.disable`` at its first call and keeps that on it) is made once, not in every
+#: ``watch()`` block.  A replacement holds no hooks object: it calls the installed one's, or the
+#: original when nothing is installed (a replacement bound by name somewhere the undo missed).
+_REPLACEMENTS: dict[tuple[str, Any], Callable[..., Any]] = {}
 
 
-def _replacement(kind: str, original: Any, hooks: Hooks, make: Callable[[Any, Hooks], Callable[..., Any]],
-                 ) -> Callable[..., Any]:
-    """``make(original, hooks)``, made once per ``(kind, original, hooks)`` (the key holds them,
-    so no id is reused while the entry lives; a process has a handful of hooks objects)."""
-    key = (kind, original, hooks)
+def _replacement(kind: str, original: Any, make: Callable[[Any], Callable[..., Any]]) -> Callable[..., Any]:
+    """``make(original)``, made once per ``(kind, original)`` (the key holds the original, so
+    its id is not reused while the entry lives; there are a handful of originals)."""
+    key = (kind, original)
     replacement = _REPLACEMENTS.get(key)
     if replacement is None:
-        replacement = _REPLACEMENTS[key] = make(original, hooks)
+        replacement = _REPLACEMENTS[key] = make(original)
     return replacement
 
 
-def _checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
-    return _replacement("checkpoint", real, hooks, _make_checkpoint_replacement)
+def _hooks() -> Hooks | None:
+    """The installed patches' hooks (None: nothing is installed)."""
+    installation = _installation
+    return installation.hooks if installation is not None else None
 
 
-def _make_checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+def _checkpoint_replacement(real: Callable[..., Any]) -> Callable[..., Any]:
+    return _replacement("checkpoint", real, _make_checkpoint_replacement)
+
+
+def _make_checkpoint_replacement(real: Callable[..., Any]) -> Callable[..., Any]:
     # ``updated=()``: ``inner`` caches ``torch._dynamo.disable(fn)`` as an attribute of
     # ``fn``; copying the real function's ``__dict__`` would copy that cache and route
     # every call around the replacement.
     @functools.wraps(real, updated=())
     def watched_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        hooks = _hooks()
+        if hooks is None:
+            return real(*args, **kwargs)
         if torch.compiler.is_compiling():
             hooks.compiled()
             return real(*args, **kwargs)
@@ -247,7 +256,7 @@ def _make_checkpoint_replacement(real: Callable[..., Any], hooks: Hooks) -> Call
 
 def _rebind_exported(installation: Installation, exported: Any) -> None:
     """Fallback: replace the module attribute and every module global bound to it."""
-    replacement = _checkpoint_replacement(exported, installation.hooks)
+    replacement = _checkpoint_replacement(exported)
     installation.replaced_globals.extend(implementations.rebind_everywhere(exported, replacement))
     installation.missed.append(
         "recheck: torch.utils.checkpoint.checkpoint does not have the layout recheck expects "
@@ -269,7 +278,7 @@ def _patch_generator(installation: Installation) -> None:
         )
         return
     original = getattr(torch_checkpoint, name)
-    watched_generator = _replacement("generator", original, installation.hooks, _make_generator_replacement)
+    watched_generator = _replacement("generator", original, _make_generator_replacement)
     installation.generator_name = name
     installation.original_generator = original
     installation.generator_replacement = watched_generator
@@ -284,9 +293,12 @@ def _patch_generator(installation: Installation) -> None:
                 installation.replaced_globals.append((namespace, bound_name, original, watched_generator))
 
 
-def _make_generator_replacement(original: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+def _make_generator_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original, updated=())
     def watched_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+        hooks = _hooks()
+        if hooks is None:
+            return original(*args, **kwargs)
         if torch.compiler.is_compiling():
             hooks.compiled()
             return original(*args, **kwargs)
@@ -304,14 +316,17 @@ def _patch_reentrant_forward(installation: Installation) -> None:
             "CheckpointFunction.apply calls are observed only through checkpoint()"
         )
         return
-    watched_forward = _replacement("forward", original.__func__, installation.hooks, _make_forward_replacement)
+    watched_forward = _replacement("forward", original.__func__, _make_forward_replacement)
     installation.original_forward = original
     function_class.forward = staticmethod(watched_forward)  # type: ignore[method-assign]
 
 
-def _make_forward_replacement(real_forward: Callable[..., Any], hooks: Hooks) -> Callable[..., Any]:
+def _make_forward_replacement(real_forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(real_forward, updated=())
     def watched_forward(ctx: Any, run_function: Any, preserve_rng_state: bool, *args: Any) -> Any:
+        hooks = _hooks()
+        if hooks is None:
+            return real_forward(ctx, run_function, preserve_rng_state, *args)
         return hooks.reentrant_forward(real_forward, ctx, run_function, preserve_rng_state, args)
 
     return watched_forward

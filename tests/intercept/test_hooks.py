@@ -75,3 +75,30 @@ def test_torch_dropping_the_graph_releases_the_call():
 
 def test_the_phases_are_the_three_it_names():
     assert {p.value for p in Phase} == {"forward", "recompute", "bypass"}
+
+
+def test_a_replacement_is_made_once_and_holds_no_hooks_object():
+    import gc
+    import weakref
+
+    import torch.utils.checkpoint as torch_checkpoint
+
+    cell = patches.closure_cell(torch_checkpoint.checkpoint)
+    layer, x = torch.nn.Linear(2, 2), torch.randn(1, 2, requires_grad=True)
+    seen = []
+    for _ in range(2):
+        recorder = Recorder()
+        patches.acquire(recorder)
+        try:
+            seen.append(cell.cell_contents)
+            checkpoint(layer, x, use_reentrant=False).sum().backward()
+        finally:
+            patches.release()
+        assert len(recorder.calls) == 1  # each installation's calls reach its own hooks
+        gone = weakref.ref(recorder)
+        del recorder
+        gc.collect()
+        assert gone() is None  # the patches keep no hooks object once released
+    assert seen[0] is seen[1]  # the same replacement (torch's dynamo wrapper on it is made once)
+    # a replacement called with nothing installed runs the original
+    assert torch.equal(seen[0](layer, x, use_reentrant=False), layer(x))
