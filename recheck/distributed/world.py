@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["Place", "current_place"]
+__all__ = ["Place", "current_place", "launched_place"]
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,14 @@ class Place:
         return f"rank {self.rank} of {self.world_size}"
 
 
-def current_place() -> Place | None:
+def current_place(launched: Any = None) -> Place | None:
     """The initialised default process group's rank, else ``RANK``/``WORLD_SIZE`` set by
     torchrun or another launcher; None for a single process (world size 1 or unknown).
 
-    torch.distributed is consulted only if it is already imported.
+    torch.distributed is consulted only if it is already imported.  ``launched`` is what
+    :func:`launched_place` gave earlier, to use instead of reading the environment again (a
+    ``watch()`` block reads it once: the launcher sets it before the process starts, and each
+    invocation's record asks for the place).
     """
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -33,11 +37,17 @@ def current_place() -> Place | None:
         if world_size > 1:
             return Place(dist.get_rank(), world_size, str(dist.get_backend()))
         return None
+    place = launched_place() if launched is None else launched
+    return place or None
+
+
+def launched_place() -> Place | Literal[False]:
+    """The place ``RANK``/``WORLD_SIZE`` give (False: they give none)."""
     environ = os.environ
-    if "RANK" not in environ or "WORLD_SIZE" not in environ:  # a single process: asked per invocation
-        return None
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return False
     try:
         rank, world_size = int(environ["RANK"]), int(environ["WORLD_SIZE"])
     except (KeyError, ValueError):
-        return None
-    return Place(rank, world_size) if world_size > 1 and 0 <= rank < world_size else None
+        return False
+    return Place(rank, world_size) if world_size > 1 and 0 <= rank < world_size else False

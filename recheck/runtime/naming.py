@@ -14,6 +14,7 @@ import functools
 import inspect
 import os
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,8 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["DEFAULT_DTYPE_SUBJECT", "GRAD_MODE_SUBJECT", "RegionKey", "attribute_subject", "autocast_subject",
-           "buffer_subject", "call_site", "describe", "grad_subject", "parameter_subject", "region_name",
-           "relative", "unwrap"]
+           "buffer_subject", "call_site", "describe", "grad_subject", "hold_cwd", "parameter_subject", "region_name",
+           "relative", "release_cwd", "unwrap"]
 
 _SKIPPED_DIRS = tuple(
     str(Path(str(module.__file__)).resolve().parent) + os.sep
@@ -89,12 +90,52 @@ def relative(path: str) -> str:
     calls): a path under the working directory, or in a sibling folder, is shown relative;
     anything further away (site-packages) stays absolute.
     """
-    return _relative_to(path, os.getcwd())
+    return _relative_to(path, _working_directory())
+
+
+def _working_directory() -> str:
+    held = _held_cwd[0]
+    return held if held is not None else _getcwd()
+
+
+def _getcwd() -> str:
+    """The working directory, or "" where it is gone (deleted): paths then stay absolute."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+#: the working directory read when the first holder took it, and how many hold it
+_held_cwd: list[Any] = [None, 0]
+_cwd_lock = threading.Lock()
+
+
+def hold_cwd() -> None:
+    """Read the working directory once until :func:`release_cwd`: paths are made relative to
+    it meanwhile.  A ``watch()`` block holds it: every invocation names its call site, and
+    asking the system for the working directory each time cost more than naming the rest."""
+    with _cwd_lock:
+        if not _held_cwd[1]:
+            _held_cwd[0] = _getcwd()
+        _held_cwd[1] += 1
+
+
+def release_cwd() -> None:
+    """Undo one :func:`hold_cwd`; after the last one the working directory is read at each use."""
+    with _cwd_lock:
+        if _held_cwd[1] <= 0:
+            raise RuntimeError("recheck: release_cwd() without hold_cwd()")
+        _held_cwd[1] -= 1
+        if not _held_cwd[1]:
+            _held_cwd[0] = None
 
 
 @functools.lru_cache(maxsize=1024)
 def _relative_to(path: str, cwd: str) -> str:
     """``path`` relative to ``cwd`` when it is inside or beside it (cached: once per call site)."""
+    if not cwd:  # the working directory is gone
+        return path
     try:
         rel = os.path.relpath(path, cwd)
     except ValueError:  # another drive on Windows
@@ -119,7 +160,31 @@ def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
 
 
 def describe(function: Any, callsite: str | None) -> RegionKey:
-    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``."""
+    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``.
+
+    What a module or a bound method is named is kept by its class and function (every
+    invocation of a layer names it again; a class's ``forward`` replaced is another key)."""
+    kind = type(function)
+    if kind is types.MethodType:
+        key: Any = (_working_directory(), function.__func__, type(function.__self__))
+    elif isinstance(function, torch.nn.Module):
+        key = (_working_directory(), kind, getattr(kind, "forward", None))
+    else:
+        return _key(*_named(function), callsite)
+    named = _NAMED.get(key)
+    if named is None:
+        if len(_NAMED) >= 4096:
+            _NAMED.clear()
+        named = _NAMED[key] = _named(function)
+    return _key(*named, callsite)
+
+
+#: ``_named`` of modules and bound methods, by working directory, class and function
+_NAMED: dict[Any, tuple[str, str | None]] = {}
+
+
+def _named(function: Any) -> tuple[str, str | None]:
+    """The qualified name of a checkpointed callable and where it is defined."""
     plain, owner = unwrap(function)
     if plain is not None:
         try:
@@ -130,9 +195,8 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
         qualname = getattr(plain, "__qualname__", code.co_name)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
             qualname = f"{type(owner).__qualname__}.{qualname}"
-        return _key(qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}", callsite)
-    name = getattr(function, "__qualname__", None) or type(function).__qualname__
-    return _key(name, None, callsite)
+        return qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}"
+    return getattr(function, "__qualname__", None) or type(function).__qualname__, None
 
 
 @functools.lru_cache(maxsize=4096)

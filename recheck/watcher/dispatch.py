@@ -26,11 +26,12 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from recheck.distributed.world import current_place
+from recheck.distributed.world import current_place, launched_place
 from recheck.intercept import patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.fingerprints import hold_kept, release_kept
+from recheck.runtime.naming import hold_cwd, release_cwd
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -70,6 +71,9 @@ class Dispatcher(Interceptor):
         self._reach_cache: dict[Any, Any] = {}
         #: ``_record_options()`` of the blocks active now (None: to be worked out)
         self._options: dict[str, Any] | None = None
+        #: what the launcher's variables say of this process's place, read when the first
+        #: block starts (``distributed.world.launched_place``)
+        self._launched: Any = None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -85,6 +89,8 @@ class Dispatcher(Interceptor):
             if not self.sessions:
                 hold_logging()  # for the block, not for each recompute's capture
                 hold_kept()  # the state prints of large objects, kept between reads
+                hold_cwd()  # call sites are named relative to the working directory at the start
+                self._launched = launched_place()
             self.sessions.append(session)
             self._options = None
 
@@ -101,6 +107,7 @@ class Dispatcher(Interceptor):
                     self._hook_handle, self._hook_users = None, 0
                 release_logging()
                 release_kept()  # and the objects they hold
+                release_cwd()
             pipelining.release()
             patches.release()
 
@@ -136,7 +143,7 @@ class Dispatcher(Interceptor):
         with self._lock:
             index = self.region_calls.get(region, 0) + 1
             self.region_calls[region] = index
-            record = InvocationRecord(region, index, _labels(call.tags), entry=call.entry,
+            record = InvocationRecord(region, index, _labels(call.tags, self._launched), entry=call.entry,
                                       function=call.function, implementation=call.implementation,
                                       reentrant=call.reentrant, needs_input_grad=call.needs_input_grad,
                                       **self._record_options())
@@ -423,10 +430,11 @@ def _ends_early(exc: BaseException) -> bool:
     return _STOP is not None and isinstance(exc, _STOP)
 
 
-def _labels(tags: Mapping[str, Any]) -> dict[str, Any]:
+def _labels(tags: Mapping[str, Any], launched: Any = None) -> dict[str, Any]:
     """The tags of a new record: ``rank`` first in a distributed process, then the user's
-    and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins."""
-    place = current_place()
+    and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins.  ``launched``: what
+    the launcher's variables said when the block started."""
+    place = current_place(launched)
     if place is None or "rank" in tags:
         return dict(tags)
     return {"rank": place.rank, **tags}

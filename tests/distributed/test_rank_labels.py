@@ -133,3 +133,11 @@ def test_pytest_report_keeps_its_name_in_a_single_process(pytester, monkeypatch)
     result.stdout.fnmatch_lines(["*= recheck summary =*"])
     document = json.loads((pytester.path / "report.json").read_text())
     assert "rank" not in document
+
+
+def test_the_launchers_variables_are_read_when_the_block_starts(rank_1_of_2, monkeypatch):
+    with recheck.watch(raise_on_finding=False) as w:
+        monkeypatch.setenv("RANK", "0")  # set by the launcher before the process starts: read once
+        flipped_global_step()
+    (finding,) = w.report.by_kind("global")
+    assert dict(finding.invocation.tags) == {"rank": 1}

@@ -48,3 +48,45 @@ def test_describe_names_a_module_partial_and_bound_method_by_the_forward_they_ru
     assert key.qualname == "Block.forward"
     assert key.defined_at == f"{relative(__file__)}:{Block.forward.__code__.co_firstlineno}"
     assert region_name(block).startswith("Block.forward")
+
+
+def test_a_replaced_forward_is_named_anew() -> None:
+    class Layer(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    layer = Layer()
+    assert describe(layer, None).qualname.endswith("Layer.forward")
+
+    def other(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    Layer.forward = other  # type: ignore[method-assign]
+    assert describe(layer, None).qualname.endswith("other")
+    assert describe(layer.forward, None).qualname.endswith("other")
+
+
+def test_a_held_working_directory_names_paths_until_its_last_release(tmp_path, monkeypatch) -> None:
+    from recheck.runtime.naming import hold_cwd, release_cwd
+
+    here = os.getcwd()
+    path = os.path.join(here, "model.py")
+    hold_cwd()
+    hold_cwd()
+    try:
+        monkeypatch.chdir(tmp_path)  # a program that changes directory inside a watch() block
+        assert relative(path) == "model.py"  # its call sites keep the names they had
+        release_cwd()
+        assert relative(path) == "model.py"
+    finally:
+        release_cwd()
+    assert relative(path) == os.path.relpath(path, str(tmp_path)) or relative(path) == path
+    assert relative(path) != "model.py"
+
+
+def test_a_deleted_working_directory_leaves_paths_absolute(tmp_path, monkeypatch) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert relative(__file__) == __file__
