@@ -206,3 +206,25 @@ def test_a_saved_parameter_view_is_its_identity_and_version_and_any_other_tensor
     assert not by_identity.same(print_saved(view, "digest", weight))
     # without the parameter it views (not a compared module's), the bytes are printed
     assert print_saved(view, "digest").version is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool,
+                              torch.complex64, torch.uint8]),
+       view=st.sampled_from(["as is", "neg", "transposed", "sliced"]))
+def test_the_row_major_fast_print_is_the_general_print_or_declines(shape, dtype, view):
+    from recheck.runtime.digests import row_major_print
+
+    tensor = (torch.randn(tuple(shape)) * 10).to(dtype)
+    if view == "neg" and dtype.is_floating_point:
+        tensor = torch._neg_view(tensor)
+    elif view == "transposed" and tensor.dim() >= 2:
+        tensor = tensor.transpose(0, 1)
+    elif view == "sliced" and tensor.dim() >= 1 and tensor.shape[0] > 1:
+        tensor = tensor[1:]
+    fast = row_major_print(tensor)
+    if fast is not None:
+        assert fast == print_tensor(tensor, "digest", saved=True)  # every field
+    else:  # declined: not plain, not contiguous, or no integer view of its width
+        assert tensor.is_neg() or not tensor.is_contiguous() or dtype.is_complex
