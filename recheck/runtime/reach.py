@@ -319,13 +319,23 @@ MISSING_VALUE = object()
 
 def _identities(value: Any, depth: int = 2) -> Any:
     """The ids of ``value`` and of what :meth:`Reach.add_value` walks into (two levels of
-    containers): equal exactly while the same objects are held at the same places."""
-    if depth > 0 and isinstance(value, (list, tuple)):
-        return (id(value), tuple(_identities(v, depth - 1) for v in value))
-    if depth > 0 and isinstance(value, dict):
-        return (id(value), tuple((k, _identities(v, depth - 1)) for k, v in dict.items(value)
-                                 if isinstance(k, (str, int))))
+    containers): equal exactly while the same objects are held at the same places.  An item
+    that is no container is its id without a call (every ``watch()`` block checks the globals
+    its reaches took: transformers' ``ACT2FN`` holds 24 classes and tuples)."""
+    if depth <= 0:
+        return id(value)
+    inner = depth - 1
+    if isinstance(value, (list, tuple)):
+        return (id(value), tuple([_identities(v, inner) if inner and isinstance(v, _NESTED) else id(v)
+                                  for v in value]))
+    if isinstance(value, dict):
+        return (id(value), tuple([(k, _identities(v, inner) if inner and isinstance(v, _NESTED) else id(v))
+                                  for k, v in dict.items(value) if isinstance(k, (str, int))]))
     return id(value)
+
+
+#: the containers :func:`_identities` looks into
+_NESTED = (list, tuple, dict)
 
 
 def _host_stream(value: Any) -> str | None:

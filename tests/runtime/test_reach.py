@@ -155,3 +155,32 @@ def test_a_dormant_reach_revives_objects_without_asking_them_anything():
     assert list(revived.objects) == ["cache"]
     assert revived.objects["cache"] is cache
     assert {key: (name, module) for key, (name, module) in revived.modules.items()} == names
+
+
+TABLE = {"relu": nn.ReLU, "gelu": (nn.GELU, {"approximate": "tanh"})}
+
+
+def _tabled(x):
+    return x * len(TABLE)
+
+
+def test_a_reach_holds_while_a_global_table_holds_the_same_objects_two_levels_down():
+    reach = static_reach(_tabled, (), {})
+    assert reach.still_bound()
+    gelu = TABLE["gelu"]
+    TABLE["gelu"] = (nn.GELU, gelu[1])  # a new tuple of the same objects: another place
+    try:
+        assert not reach.still_bound()
+    finally:
+        TABLE["gelu"] = gelu
+    assert reach.still_bound()
+    TABLE["relu"] = nn.SiLU  # another object at a place the reach walked
+    try:
+        assert not reach.still_bound()
+    finally:
+        TABLE["relu"] = nn.ReLU
+    gelu[1]["approximate"] = "none"  # three levels down: not what the reach walks into
+    try:
+        assert reach.still_bound()
+    finally:
+        gelu[1]["approximate"] = "tanh"
