@@ -225,6 +225,7 @@ class SavedPrint:
 
 #: the ``base`` of a :class:`SavedPrint` under torch's default determinism check
 LAZY: Any = object()
+_NEW_SAVED = object.__new__
 
 
 def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, TensorPrint]]:
@@ -426,16 +427,20 @@ class InvocationRecord:
         after the recompute ran, so its print is taken here.
         """
         forward = self.forward
+        # made without a call to ``__init__`` (torch asks for one per saved tensor, at the forward
+        # and at each recompute): every slot is set here, as ``__init__`` sets them
+        saved = _NEW_SAVED(SavedPrint)
+        saved.base, saved.print, saved.tensor = base, None, tensor
         if not self.forward_done and forward is not None:
-            index = len(forward.saved)
-            saved = SavedPrint(base, None, self, index, tensor)
+            saved.record, saved.index = self, len(forward.saved)
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
             if self.replay_fully:  # what early stop would have left behind, were this the last save
                 forward.scope()
                 effects = None if self.forward_effects is None else len(self.forward_effects)
                 self._at_last_save = (forward.state(self.store), effects)
             return saved
-        return SavedPrint(base, None, None, -1, tensor)
+        saved.record, saved.index = None, -1
+        return saved
 
     # -- recompute -----------------------------------------------------------------------
 

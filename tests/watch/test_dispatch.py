@@ -171,3 +171,23 @@ def test_a_watched_step_leaves_no_reference_cycle_holding_tensors(early_stop):
             gc.enable()
     assert watcher.report.ok, str(watcher.report)
     assert kept == []
+
+
+def test_a_saved_print_has_every_slot_its_constructor_sets():
+    from recheck.runtime.naming import RegionKey
+    from recheck.runtime.reach import Reach
+    from recheck.watcher.records import LAZY, InvocationRecord, SavedPrint
+
+    record = InvocationRecord(RegionKey("r", None, None), 1, {}, entry="checkpoint", function=None)
+    record.begin_forward(Reach())
+    tensor = torch.randn(2)
+    at_forward = record.saved_print(tensor)
+    made = SavedPrint(LAZY, None, record, 0, tensor)
+    assert [getattr(at_forward, n) for n in SavedPrint.__slots__] == [getattr(made, n) for n in SavedPrint.__slots__]
+    record.end_forward(None, False)
+    assert at_forward.print is not None and at_forward.tensor is None
+    at_recompute = record.saved_print(tensor)
+    made = SavedPrint(LAZY, None, None, -1, tensor)
+    assert [getattr(at_recompute, n) for n in SavedPrint.__slots__] == \
+        [getattr(made, n) for n in SavedPrint.__slots__]
+    assert not (at_forward != at_recompute) and at_recompute.print is not None  # compared, printed alike
