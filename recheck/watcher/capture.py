@@ -483,17 +483,30 @@ def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[s
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
                   stale: bool = False, attributes_of: tuple[tuple[str, torch.nn.Module], ...] = (),
-                  ) -> tuple[_Flat, list[dict[str, Any]]]:
+                  memo: list[Any] | None = None) -> tuple[_Flat, list[dict[str, Any]]]:
     """The attribute and buffer slots of ``pairs``' modules, then the attribute slots of
     ``attributes_of``'s (their own attributes only), with their state keys (see :func:`_layout`),
     and the dicts they are read in; ``stale``: the kept one named a buffer that is gone (made
-    again)."""
+    again).  ``memo`` (a caller's list, ``[pairs, attributes_of, layout]``) keeps the layout last
+    found for these very tuples: a record reads the same scope three times an invocation."""
     if not pairs and not attributes_of:
         return _NO_SLOTS, []
     modules = list(map(_MODULE, pairs))
     others = list(map(_MODULE, attributes_of))
     # the __dicts__ first (only some of their names are slots: checked by name), the buffers after
     dicts = list(map(vars, modules)) + list(map(vars, others)) + list(map(_BUFFERS, modules))
+    if memo and not stale and memo[0] is pairs and memo[1] is attributes_of and memo[2].valid(dicts):
+        return memo[2], dicts
+    flat, dicts = _laid_out(pairs, reach, stale, attributes_of, modules, others, dicts)
+    if memo is not None:
+        memo[:] = (pairs, attributes_of, flat)
+    return flat, dicts
+
+
+def _laid_out(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None, stale: bool,
+              attributes_of: tuple[tuple[str, torch.nn.Module], ...], modules: list[torch.nn.Module],
+              others: list[torch.nn.Module], dicts: list[dict[str, Any]]) -> tuple[_Flat, list[dict[str, Any]]]:
+    """:func:`_state_layout` from the layouts kept with the reach, or made anew."""
     states = _layouts_of(reach).states if reach is not None else None
     modules_key = (tuple(map(_NAME, pairs)) + tuple(map(_NAME, attributes_of)),
                    tuple(map(id, modules)) + tuple(map(id, others)), len(pairs))
@@ -620,14 +633,15 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
                  written: Iterable[GlobalRef] = (), *,
                  attributes_of: Iterable[tuple[str, torch.nn.Module]] = (),
                  buffers: Iterable[tuple[str, torch.nn.Module, str]] = (),
-                 reach: Reach | None = None) -> ModuleState:
+                 reach: Reach | None = None, memo: list[Any] | None = None) -> ModuleState:
     """Every buffer (printed) and attribute (shallow print and value) of each module, and the
     globals the region writes, keyed by (what, subject) with the subjects findings use.
 
     ``attributes_of`` adds modules whose own attributes only are compared (not their buffers
     or submodules), ``buffers`` single buffers ``(module name, module, buffer name)``.  With
     the ``reach`` the modules belong to, their layout is cached with it (a record reads the
-    same modules three times per invocation, and every invocation of a layer reads the same).
+    same modules three times per invocation, and every invocation of a layer reads the same);
+    ``memo``, a list the caller keeps, holds the layout last found for the same tuples of modules.
     What is read is kept as :class:`ModuleState` describes.
     """
     # one object held by many modules (a transformers config on every layer) is printed once
@@ -643,7 +657,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         return printed[key], _kept(value)
 
     pairs, own = tuple(modules), tuple(attributes_of)
-    flat, dicts = _state_layout(pairs, reach, attributes_of=own)
+    flat, dicts = _state_layout(pairs, reach, attributes_of=own, memo=memo)
     try:
         values = _read(flat, dicts)
     except KeyError:  # a buffer's name replaced by another: lay the modules out again

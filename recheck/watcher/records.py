@@ -99,6 +99,8 @@ class Forward:
     inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
     #: whether any input tensor requires grad (None: the inputs were not seen)
     inputs_need_grad: bool | None = None
+    #: the layout of the state of the scope, as last found (see ``capture.module_state``)
+    layout_memo: list[Any] = field(default_factory=list)
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
@@ -126,7 +128,7 @@ class Forward:
         """The compared state now: buffers and attributes of the scope, the globals written."""
         return capture.module_state(self.state_modules, store, self.reach.writes.values(),
                                     attributes_of=self.attribute_modules, buffers=self.touched_buffers,
-                                    reach=self.reach)
+                                    reach=self.reach, memo=self.layout_memo)
 
     def _pointers(self) -> None:
         """Read the storages of the compared modules' buffers and parameters: those of the
@@ -573,6 +575,7 @@ class InvocationRecord:
             forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
             forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
+            forward.layout_memo = []
             forward.parameter_storages, forward.buffer_pointers, forward.pointed = {}, {}, False
 
     # -- findings ------------------------------------------------------------------------
