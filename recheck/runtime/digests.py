@@ -148,11 +148,15 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
     _, seed, same_width, array = _HEADERS.get((dtype, shape, None)) or _header(dtype, shape)
     if same_width is None:
         return None
-    value = _XXH3_128_SEEDED(b"" if array is None else array.from_address(tensor.data_ptr()), seed)
-    return TensorPrint(shape, dtype, "cpu", value)
+    printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
+    printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, "cpu", False
+    printed.copy = printed.unreadable = printed.version = printed.order = None
+    printed.digest = _XXH3_128_SEEDED(b"" if array is None else array.from_address(tensor.data_ptr()), seed)
+    return printed
 
 
 _STRIDED = torch.strided
+_NEW_PRINT = object.__new__
 
 
 def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None, *,
