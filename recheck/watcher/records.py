@@ -235,7 +235,41 @@ def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, Tenso
 
 
 class InvocationRecord:
-    """A checkpoint invocation: its forward, its recomputations and their findings."""
+    """A checkpoint invocation: its forward, its recomputations and their findings.
+
+    What every new record starts from is said once, here, as class attributes (immutable
+    values; a record is made for every invocation): an assignment gives a record its own.
+    """
+
+    #: made inside a reentrant forward (under its no_grad): its recompute makes it again
+    replaced = False
+    #: made while autograd ran a backward (during another region's recompute)
+    during_backward = False
+    #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
+    intended_grad: bool | None = None
+    #: made again by another region's recompute: the record of the call it makes again, to
+    #: whose forward its run was compared (a recompute of that record)
+    replay_of: InvocationRecord | None = None
+    #: made while another region's forward ran (its recompute makes this call again)
+    nested = False
+    early_stop: bool | None = None
+    #: the call's ``preserve_rng_state`` (None when the entry point does not say)
+    preserve_rng_state: bool | None = None
+    grad_enabled = True
+    forward: Forward | None = None
+    forward_done = False
+    failed = False
+    recomputes = 0
+    closed = False
+    #: a list from the first finding on (most records have none)
+    findings: list[Finding] | tuple[()] = ()
+    #: under a full replay: what the forward's state and effects were at its last saved
+    #: tensor (where early stop would end a recompute), and which keys changed after it
+    forward_effects: list[Any] | None = None
+    _at_last_save: tuple[capture.ModuleState, int | None] | None = None
+    _late_keys: frozenset[tuple[str, str]] = _NONE
+    _early_effects: int | None = None
+    _saved_compared = 0
 
     def __init__(
         self,
@@ -263,39 +297,10 @@ class InvocationRecord:
         self.needs_input_grad = self.reentrant if needs_input_grad is None else needs_input_grad
         #: ``"torch"``, or the library of another implementation (``"deepspeed"`` ...)
         self.implementation = implementation
-        #: made inside a reentrant forward (under its no_grad): its recompute makes it again
-        self.replaced = False
-        #: made while autograd ran a backward (during another region's recompute)
-        self.during_backward = False
-        #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
-        self.intended_grad: bool | None = None
-        #: made again by another region's recompute: the record of the call it makes again, to
-        #: whose forward its run was compared (a recompute of that record)
-        self.replay_of: InvocationRecord | None = None
-        #: made while another region's forward ran (its recompute makes this call again)
-        self.nested = False
-        self.early_stop: bool | None = None
-        #: the call's ``preserve_rng_state`` (None when the entry point does not say)
-        self.preserve_rng_state: bool | None = None
-        self.grad_enabled = True
-        self.forward: Forward | None = None
-        self.forward_done = False
-        self.failed = False
-        self.recomputes = 0
-        self.closed = False
-        #: a list from the first finding on (most records have none)
-        self.findings: list[Finding] | tuple[()] = ()
         #: indices of the saved tensors the current recompute compared (keys)
         self._pass_saved: dict[int, None] = {}
-        #: under a full replay: what the forward's state and effects were at its last saved
-        #: tensor (where early stop would end a recompute), and which keys changed after it
-        self.forward_effects: list[Any] | None = None
-        self._at_last_save: tuple[capture.ModuleState, int | None] | None = None
-        self._late_keys: frozenset[tuple[str, str]] = _NONE
-        self._early_effects: int | None = None
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
-        self._saved_compared = 0
 
     # -- forward -------------------------------------------------------------------------
 
