@@ -534,13 +534,14 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     seen = 0
     while seen < 8:
         seen += 1
+        # a module first: a missing attribute of a module is asked of its __getattr__, which raises
+        if isinstance(function, torch.nn.Module):
+            holders.append(function)
+            return tuple(map(id, holders)), tuple(holders)
         if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
             bound = (*function.args, *getattr(function, "keywords", {}).values())
             holders.extend(a for a in bound if isinstance(a, (torch.nn.Module, torch.Generator)))
             function = function.func
-        elif isinstance(function, torch.nn.Module):
-            holders.append(function)
-            return tuple(map(id, holders)), tuple(holders)
         elif hasattr(function, "__self__") and hasattr(function, "__func__"):
             holders.append(function.__self__)
             function = function.__func__
