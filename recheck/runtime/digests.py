@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
+import sys
 from typing import Any, Literal
 
 import torch
@@ -140,9 +141,10 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
     """The digest print of a saved tensor whose bytes are read in place, row-major (a plain,
     contiguous CPU tensor: most saved activations), or None for any other (then
     :func:`print_tensor`, whose print this equals).  One call where the general path makes
-    three: every saved tensor is printed at its forward and at each recompute."""
-    if not (tensor.is_cpu and tensor.layout is _STRIDED and tensor.is_contiguous()) or tensor.is_neg() \
-            or _XXH3_128_SEEDED is None or _HASHER is not _XXH3_128:
+    three: every saved tensor is printed at its forward and at each recompute.  A subclass
+    (a fake, functional or distributed tensor, whose bytes may not be there to read) is declined."""
+    if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED and tensor.is_contiguous()) \
+            or tensor.is_neg() or _XXH3_128_SEEDED is None or _HASHER is not _XXH3_128:
         return None
     shape, dtype = tuple(tensor.shape), tensor.dtype
     _, seed, same_width, array = _HEADERS.get((dtype, shape, None)) or _header(dtype, shape)
@@ -156,6 +158,7 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
 
 
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
 _NEW_PRINT = object.__new__
 
 
@@ -285,17 +288,31 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
     plain = same_width is not None and not tensor.is_neg()  # its bytes are its elements' bits
     if plain and (lies or tensor.is_contiguous()):
         if array is not None:  # read in place through the array type of its size
-            data = array.from_address(tensor.data_ptr())
+            data = array.from_address(_address(tensor))
     elif tensor.nbytes:
         detached = tensor.detach().permute(order) if lies and order is not None else tensor.detach()
         # the same bits as ``bit_view`` gives, in one view and one copy where no bit is to resolve
         bits = detached.view(same_width).contiguous() if plain else bit_view(detached)
-        data = host_memory(bits.data_ptr(), bits.nbytes)
+        data = host_memory(_address(bits), bits.nbytes)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
     hasher = _HASHER(header)
     hasher.update(data)
     return int.from_bytes(hasher.digest()[:16], "little")
+
+
+def _address(tensor: torch.Tensor) -> int:
+    """Where a CPU tensor's bytes are, to read them in place; ``RuntimeError`` where it has none
+    (a fake tensor, made under ``FakeTensorMode`` by a tracer, has the address 0: read, that
+    would crash the process)."""
+    if type(tensor) is not _TENSOR:
+        fake = sys.modules.get("torch._subclasses.fake_tensor")
+        if fake is not None and isinstance(tensor, fake.FakeTensor):
+            raise RuntimeError("a fake tensor has no bytes")
+    address = tensor.data_ptr()
+    if not address and tensor.nbytes:
+        raise RuntimeError("the tensor has no bytes to read (its data pointer is null)")
+    return address
 
 
 def _hasher() -> Any:

@@ -228,3 +228,19 @@ def test_the_row_major_fast_print_is_the_general_print_or_declines(shape, dtype,
         assert fast == print_tensor(tensor, "digest", saved=True)  # every field
     else:  # declined: not plain, not contiguous, or no integer view of its width
         assert tensor.is_neg() or not tensor.is_contiguous() or dtype.is_complex
+
+
+def test_the_row_major_fast_print_declines_a_tensor_subclass():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from recheck.runtime.digests import row_major_print
+
+    class Tagged(torch.Tensor):
+        pass
+
+    assert row_major_print(torch.randn(3).as_subclass(Tagged)) is None
+    assert row_major_print(torch.nn.Parameter(torch.randn(3))) is None
+    with FakeTensorMode():
+        fake = torch.randn(3)
+    assert row_major_print(fake) is None
+    assert print_tensor(fake, "digest", saved=True).unreadable  # the general path: metadata only
