@@ -315,7 +315,9 @@ def kept_shallow(value: Any) -> Any:
         if all(_same_item(items[index], before) for index, before in zip(unstable, held)):
             return printed
     printed = shallow(value)
-    unstable = tuple(index for index, item in enumerate(items) if not _stable(item))
+    # an item of a type that is stable as such is passed over without a call (a config's ~40)
+    unstable = tuple([index for index, (item, cls) in enumerate(zip(items, map(type, items)))
+                      if cls not in _STABLE and not _stable(item)])
     if len(_KEPT) >= _KEPT_SIZE:
         _KEPT.clear()
     _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
