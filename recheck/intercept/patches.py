@@ -234,24 +234,27 @@ def _hooks() -> Hooks | None:
 
 
 def _checkpoint_replacement(real: Callable[..., Any]) -> Callable[..., Any]:
-    return _replacement("checkpoint", real, _make_checkpoint_replacement)
+    return _replacement("checkpoint", real, functools.partial(_routed, route="checkpoint"))
 
 
-def _make_checkpoint_replacement(real: Callable[..., Any]) -> Callable[..., Any]:
+def _routed(original: Callable[..., Any], route: str) -> Callable[..., Any]:
+    """What replaces ``checkpoint`` or the non-reentrant generator: the call goes to the installed
+    hooks' method of that name (``route``), or to ``original`` while torch.compile traces or
+    when nothing is installed."""
     # ``updated=()``: ``inner`` caches ``torch._dynamo.disable(fn)`` as an attribute of
     # ``fn``; copying the real function's ``__dict__`` would copy that cache and route
     # every call around the replacement.
-    @functools.wraps(real, updated=())
-    def watched_checkpoint(*args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(original, updated=())
+    def replacement(*args: Any, **kwargs: Any) -> Any:
         hooks = _hooks()
         if hooks is None:
-            return real(*args, **kwargs)
+            return original(*args, **kwargs)
         if torch.compiler.is_compiling():
             hooks.compiled()
-            return real(*args, **kwargs)
-        return hooks.checkpoint(real, args, kwargs)
+            return original(*args, **kwargs)
+        return getattr(hooks, route)(original, args, kwargs)
 
-    return watched_checkpoint
+    return replacement
 
 
 def _rebind_exported(installation: Installation, exported: Any) -> None:
@@ -278,7 +281,7 @@ def _patch_generator(installation: Installation) -> None:
         )
         return
     original = getattr(torch_checkpoint, name)
-    watched_generator = _replacement("generator", original, _make_generator_replacement)
+    watched_generator = _replacement("generator", original, functools.partial(_routed, route="generator"))
     installation.generator_name = name
     installation.original_generator = original
     installation.generator_replacement = watched_generator
@@ -291,20 +294,6 @@ def _patch_generator(installation: Installation) -> None:
             if namespace.get(bound_name) is original:
                 namespace[bound_name] = watched_generator
                 installation.replaced_globals.append((namespace, bound_name, original, watched_generator))
-
-
-def _make_generator_replacement(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original, updated=())
-    def watched_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
-        hooks = _hooks()
-        if hooks is None:
-            return original(*args, **kwargs)
-        if torch.compiler.is_compiling():
-            hooks.compiled()
-            return original(*args, **kwargs)
-        return hooks.generator(original, args, kwargs)
-
-    return watched_generator
 
 
 def _patch_reentrant_forward(installation: Installation) -> None:
