@@ -150,10 +150,14 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
     _, seed, same_width, array = _HEADERS.get((dtype, shape, None)) or _header(dtype, shape)
     if same_width is None:
         return None
+    try:
+        data = b"" if array is None else array.from_address(_address(tensor))
+    except RuntimeError:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
+        return None
     printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
     printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, "cpu", False
     printed.copy = printed.unreadable = printed.version = printed.order = None
-    printed.digest = _XXH3_128_SEEDED(b"" if array is None else array.from_address(tensor.data_ptr()), seed)
+    printed.digest = _XXH3_128_SEEDED(data, seed)
     return printed
 
 

@@ -244,3 +244,15 @@ def test_the_row_major_fast_print_declines_a_tensor_subclass():
         fake = torch.randn(3)
     assert row_major_print(fake) is None
     assert print_tensor(fake, "digest", saved=True).unreadable  # the general path: metadata only
+
+
+def test_a_tensor_whose_storage_was_freed_is_printed_by_its_metadata():
+    # Megatron's CheckpointWithoutOutput and FSDP free a storage with resize_(0): the data
+    # pointer is then null, and reading the bytes there would crash the process
+    from recheck.runtime.digests import print_saved, row_major_print
+
+    tensor = torch.randn(4, 8)
+    tensor.untyped_storage().resize_(0)
+    assert row_major_print(tensor) is None
+    for printed in (print_saved(tensor, "digest"), print_tensor(tensor, "digest")):
+        assert printed.unreadable and "no bytes" in printed.unreadable and printed.shape == (4, 8)
