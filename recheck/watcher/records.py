@@ -359,7 +359,6 @@ class InvocationRecord:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
-        digesting = store == "digest"
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is not None:
@@ -367,8 +366,7 @@ class InvocationRecord:
                     buffers[saved.index] = None
                 owner = storages.get(tensor.untyped_storage().data_ptr()) \
                     if storages and tensor.layout is _STRIDED and tensor.numel() else None
-                fast = row_major_print(tensor) if owner is None and digesting else None
-                saved.print = fast if fast is not None else print_saved(tensor, store, owner)
+                saved.print = print_saved(tensor, store, owner)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
