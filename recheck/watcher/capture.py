@@ -364,22 +364,18 @@ class ParameterVersions:
         :func:`parameter_versions`): its slots are found in this one's by key, once per pair of
         layouts, and compared in one C-level comparison."""
         if now.layout is self.layout:
-            if now.versions == self.versions:
-                return []
-            pairs = zip(self.layout.keys, self.versions, now.versions)
-            return [(key[1], then, version) for key, then, version in pairs
-                    if then is not None and version is not None and then != version]
-        places = now.layout.places_in(self.layout)
-        if places is not None:
+            then_versions = self.versions
+        else:
+            places = now.layout.places_in(self.layout)
+            if places is None:
+                before = dict(self.items())
+                return [(key[1], before[key], version) for key, version in now.items()
+                        if key in before and before[key] != version]
             then_versions = [self.versions[index] for index in places]
-            if then_versions == now.versions:
-                return []
-            pairs = zip(now.layout.keys, then_versions, now.versions)
-            return [(key[1], then, version) for key, then, version in pairs
-                    if then is not None and version is not None and then != version]
-        before = dict(self.items())
-        return [(key[1], before[key], version) for key, version in now.items()
-                if key in before and before[key] != version]
+        if then_versions == now.versions:
+            return []
+        return [(key[1], then, version) for key, then, version in zip(now.layout.keys, then_versions, now.versions)
+                if then is not None and version is not None and then != version]
 
 
 _NO_VERSIONS = ParameterVersions(_NO_SLOTS, [])
