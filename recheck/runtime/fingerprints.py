@@ -370,13 +370,10 @@ _SEPARATOR = object()
 
 
 def _stable(item: Any) -> bool:
-    """Whether ``item``'s print one level down (``_item(item, 1)``) stays while it is the same object."""
-    cls = type(item)
-    if cls in _STABLE:
-        return True
-    if cls is tuple:  # its items print by identity, but a tensor by its version
-        return not _holds_tensor(item[:_MAX_ITEMS])
-    return False
+    """Whether ``item``, of a type not in ``_STABLE`` (:func:`kept_shallow` passes those over),
+    prints the same one level down (``_item(item, 1)``) while it is the same object: a tuple
+    without a tensor (its items print by identity, a tensor by its version)."""
+    return type(item) is tuple and not _holds_tensor(item[:_MAX_ITEMS])
 
 
 def _holds_tensor(objects: tuple) -> bool:
