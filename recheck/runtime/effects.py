@@ -20,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from recheck.runtime.holds import Hold
+
 __all__ = ["Effect", "EffectCapture", "hold_logging", "release_logging"]
 
 _LOG_METHODS = {
@@ -91,7 +93,7 @@ class EffectCapture:
 
     def __enter__(self) -> EffectCapture:
         with _LOCK:
-            if not _ACTIVE and not _held:
+            if not _ACTIVE and not _HOLD.count:
                 _install()
             _ACTIVE.append(self)
         self._saved["stdout"], self._saved["stderr"] = sys.stdout, sys.stderr
@@ -115,14 +117,12 @@ class EffectCapture:
         with _LOCK:
             if self in _ACTIVE:
                 _ACTIVE.remove(self)
-            if not _ACTIVE and not _held:
+            if not _ACTIVE and not _HOLD.count:
                 _uninstall()
 
 
 #: the active captures, in the order they were entered
 _ACTIVE: list[EffectCapture] = []
-#: how many holders keep the patches installed between captures (see :func:`hold_logging`)
-_held = 0
 _LOCK = threading.Lock()
 #: per patched method: what ``logging.Logger.__dict__`` held before (None: nothing) and the
 #: method the patch calls on, both read when the first capture is entered
@@ -174,19 +174,25 @@ def hold_logging() -> None:
     attributes each time.  Between captures the patched methods record nothing and call the
     originals.
     """
-    global _held
-    with _LOCK:
-        if not _held and not _ACTIVE:
-            _install()
-        _held += 1
+    _HOLD.take()
 
 
 def release_logging() -> None:
-    """Undo one :func:`hold_logging`; the last one restores ``logging.Logger`` (when no capture is active)."""
-    global _held
-    with _LOCK:
-        if _held <= 0:
-            raise RuntimeError("recheck: release_logging() without hold_logging()")
-        _held -= 1
-        if not _held and not _ACTIVE:
-            _uninstall()
+    """Undo one :func:`hold_logging`; the last one restores ``logging.Logger`` (when no capture is
+    active).  Raises without a hold."""
+    _HOLD.release()
+
+
+def _install_unless_active() -> None:
+    if not _ACTIVE:
+        _install()
+
+
+def _uninstall_unless_active() -> None:
+    if not _ACTIVE:
+        _uninstall()
+
+
+#: the holders that keep the patches installed between captures (under the captures' lock:
+#: a capture asks whether any holds them)
+_HOLD = Hold("hold_logging", _install_unless_active, _uninstall_unless_active, _LOCK)

@@ -14,13 +14,13 @@ import collections
 import functools
 import logging
 import operator
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from recheck.runtime.bits import digest, float_bits
+from recheck.runtime.holds import Hold
 
 __all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "hold_kept", "is_module_state",
            "kept_shallow", "release_kept", "shallow", "show", "show_printed"]
@@ -291,7 +291,7 @@ def kept_shallow(value: Any) -> Any:
     kept, which holds the objects, goes when the last one lets go; with no reader this is
     :func:`shallow`.
     """
-    if not _HOLDERS:
+    if not _KEPT_HOLD.count:
         return shallow(value)
     cls = type(value)
     kind = _KINDS.get(cls)
@@ -387,25 +387,20 @@ def _holds_tensor(objects: tuple) -> bool:
 
 
 _IS = operator.is_
-#: how many readers hold the kept prints (see :func:`hold_kept`)
-_HOLDERS = 0
-_HOLDERS_LOCK = threading.Lock()
+#: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go lets go
+#: of every object they hold
+_KEPT_HOLD = Hold("hold_kept", last=_KEPT.clear)
 
 
 def hold_kept() -> None:
     """Keep :func:`kept_shallow`'s prints until as many :func:`release_kept` calls."""
-    global _HOLDERS
-    with _HOLDERS_LOCK:
-        _HOLDERS += 1
+    _KEPT_HOLD.take()
 
 
 def release_kept() -> None:
-    """Let go of one hold; with the last, let go of every object the kept prints hold."""
-    global _HOLDERS
-    with _HOLDERS_LOCK:
-        _HOLDERS = max(0, _HOLDERS - 1)
-        if not _HOLDERS:
-            _KEPT.clear()
+    """Let go of one hold; with the last, let go of every object the kept prints hold.  Raises
+    without a hold."""
+    _KEPT_HOLD.release()
 
 
 @dataclass

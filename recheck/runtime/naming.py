@@ -14,13 +14,14 @@ import functools
 import inspect
 import os
 import sys
-import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from recheck.runtime.holds import Hold
 
 __all__ = ["DEFAULT_DTYPE_SUBJECT", "GRAD_MODE_SUBJECT", "RegionKey", "attribute_subject", "autocast_subject",
            "buffer_subject", "call_site", "describe", "grad_subject", "hold_cwd", "parameter_subject", "region_name",
@@ -106,29 +107,32 @@ def _getcwd() -> str:
         return ""
 
 
-#: the working directory read when the first holder took it, and how many hold it
-_held_cwd: list[Any] = [None, 0]
-_cwd_lock = threading.Lock()
+#: the working directory read when the first holder took it (None: not held)
+_held_cwd: list[str | None] = [None]
+
+
+def _take_cwd() -> None:
+    _held_cwd[0] = _getcwd()
+
+
+def _drop_cwd() -> None:
+    _held_cwd[0] = None
+
+
+_CWD_HOLD = Hold("hold_cwd", _take_cwd, _drop_cwd)
 
 
 def hold_cwd() -> None:
     """Read the working directory once until :func:`release_cwd`: paths are made relative to
     it meanwhile.  A ``watch()`` block holds it: every invocation names its call site, and
     asking the system for the working directory each time cost more than naming the rest."""
-    with _cwd_lock:
-        if not _held_cwd[1]:
-            _held_cwd[0] = _getcwd()
-        _held_cwd[1] += 1
+    _CWD_HOLD.take()
 
 
 def release_cwd() -> None:
-    """Undo one :func:`hold_cwd`; after the last one the working directory is read at each use."""
-    with _cwd_lock:
-        if _held_cwd[1] <= 0:
-            raise RuntimeError("recheck: release_cwd() without hold_cwd()")
-        _held_cwd[1] -= 1
-        if not _held_cwd[1]:
-            _held_cwd[0] = None
+    """Undo one :func:`hold_cwd`; after the last one the working directory is read at each use.
+    Raises without a hold."""
+    _CWD_HOLD.release()
 
 
 @functools.lru_cache(maxsize=1024)
