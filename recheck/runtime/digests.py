@@ -132,9 +132,17 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
                 return fast
         # a transposed activation (attention's keys) is hashed where it lies, in its own order
         return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
-    identity = hash((id(parameter), tensor.storage_offset(), tensor.stride(), parameter._version))
-    return TensorPrint(tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor),
-                       identity & ((1 << 64) - 1), None, False, None, parameter._version)
+    version = parameter._version
+    # made without a call to ``__init__`` (a saved weight is printed at every forward and
+    # recompute): every slot set, as ``TensorPrint(shape, dtype, device, identity, None, False,
+    # None, version)`` sets them
+    printed = _NEW_PRINT(TensorPrint)
+    printed.shape, printed.dtype, printed.requires_grad = tuple(tensor.shape), tensor.dtype, False
+    printed.device = "cpu" if tensor.is_cpu else _device_name(tensor)
+    printed.digest = hash((id(parameter), tensor.storage_offset(), tensor.stride(), version)) & ((1 << 64) - 1)
+    printed.copy = printed.unreadable = printed.order = None
+    printed.version = version
+    return printed
 
 
 def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
@@ -150,10 +158,14 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
     _, seed, same_width, array = _HEADERS.get((dtype, shape, None)) or _header(dtype, shape)
     if same_width is None:
         return None
-    try:
-        data = b"" if array is None else array.from_address(_address(tensor))
-    except RuntimeError:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
-        return None
+    if array is None:
+        data = b""
+    else:
+        # ``_address``'s refusal of a null pointer, without its call (a plain tensor is no fake one)
+        address = tensor.data_ptr()
+        if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
+            return None
+        data = array.from_address(address)
     printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
     printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, "cpu", False
     printed.copy = printed.unreadable = printed.version = printed.order = None

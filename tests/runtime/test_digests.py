@@ -256,3 +256,15 @@ def test_a_tensor_whose_storage_was_freed_is_printed_by_its_metadata():
     assert row_major_print(tensor) is None
     for printed in (print_saved(tensor, "digest"), print_tensor(tensor, "digest")):
         assert printed.unreadable and "no bytes" in printed.unreadable and printed.shape == (4, 8)
+
+
+def test_the_print_of_a_saved_parameter_sets_every_slot_as_the_constructor_does():
+    # made without ``__init__``: no slot may be left unset or set otherwise
+    from recheck.runtime.digests import TensorPrint, print_saved
+
+    weight = torch.nn.Parameter(torch.randn(2, 3))
+    for view in (weight, weight.t(), weight[1:]):
+        printed = print_saved(view, "digest", weight)
+        made = TensorPrint(tuple(view.shape), view.dtype, "cpu", printed.digest, None, False, None, weight._version)
+        assert all(getattr(printed, slot) == getattr(made, slot) for slot in TensorPrint.__slots__)
+        assert printed == made
