@@ -11,7 +11,10 @@ Two models, plain torch (no other library):
 * ``block``: four checkpointed transformer blocks (LayerNorm, attention with a transposed key,
   GELU MLP, dropout; 26 saved tensors an invocation), one training step each;
 * ``one-op``: a region of one ``sin`` of a one-element tensor, 50 and 150 invocations a step:
-  the fixed cost per invocation, with nothing to digest.
+  the fixed cost per invocation, with nothing to digest;
+* ``block-each``: ``block`` with each step in a ``watch()`` block of its own, as ``pytest
+  --recheck`` watches each test and ``watch_sweep.py`` each step: what a block costs besides
+  its invocations (less ``block``'s figure).
 
 Each figure is a slope, so torch's import and the first block's set-up cancel out: instructions
 of a run with more steps (or invocations) less a run with fewer, divided by the difference.
@@ -43,7 +46,7 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 #: model -> (the two sizes whose difference is measured, invocations a size unit, what a unit is)
-MODELS = {"block": ((1, 3), 4, "step"), "one-op": ((50, 150), 1, "invocation")}
+MODELS = {"block": ((1, 3), 4, "step"), "block-each": ((1, 3), 4, "step"), "one-op": ((50, 150), 1, "invocation")}
 
 
 def _child(model: str, mode: str, size: int) -> None:
@@ -55,7 +58,7 @@ def _child(model: str, mode: str, size: int) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    if model == "block":
+    if model in ("block", "block-each"):
         block_class = _make_block()
         blocks = torch.nn.ModuleList(block_class(32) for _ in range(4))
         optimizer = torch.optim.SGD(blocks.parameters(), lr=1e-3)
@@ -79,7 +82,11 @@ def _child(model: str, mode: str, size: int) -> None:
             total.sum().backward()
 
     def measured(count: int) -> None:
-        if mode == "watch":
+        if mode == "watch" and model == "block-each":
+            for _ in range(count):  # a block per step
+                with recheck.watch(raise_on_finding=False):
+                    run(1)
+        elif mode == "watch":
             with recheck.watch(raise_on_finding=False):
                 run(count)
         else:
@@ -137,7 +144,7 @@ def _instructions(model: str, mode: str, size: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="block,one-op",
-                        help=f"comma-separated, of: {', '.join(MODELS)} (default: both)")
+                        help=f"comma-separated, of: {', '.join(MODELS)} (default: block,one-op)")
     parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once (default 2)")
     parser.add_argument("--child", nargs=3, metavar=("MODEL", "MODE", "SIZE"), help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
