@@ -47,6 +47,7 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
     for _ in range(8):
         if isinstance(function, torch.nn.Module):
             found.append(function)
+            function = None  # no closure to read (asked of a module, ``__closure__`` raises in its __getattr__)
             break
         if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
             found.extend(a for a in (*function.args, *getattr(function, "keywords", {}).values())
