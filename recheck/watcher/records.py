@@ -571,10 +571,16 @@ class InvocationRecord:
         return recomputed
 
     def release(self) -> None:
-        """Drop what only a later recompute would need (called when torch frees the graph)."""
+        """Drop what only a later recompute would need (called when torch frees the graph).
+
+        A block keeps every record until it ends (a training loop watched for 10,000 steps
+        keeps 10,000 times its invocations): what stays is the findings and the counts, not
+        the states read (the CPU generator's state alone is 5 KiB an invocation)."""
         self.function = None
+        self._pass_saved = {}
         forward = self.forward
         if forward is not None:
+            forward.entry, forward.shown = {}, {}
             forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
             forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
             forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
