@@ -225,6 +225,10 @@ class SavedPrint:
         return repr({"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)})
 
 
+#: the forward of every released record (see ``InvocationRecord.release``): nothing reads or
+#: writes it after the release, and it holds nothing
+_RELEASED = Forward(Reach(), {}, {})
+
 #: the ``base`` of a :class:`SavedPrint` under torch's default determinism check
 LAZY: Any = object()
 _NEW_SAVED = object.__new__
@@ -237,29 +241,18 @@ def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, Tenso
 class InvocationRecord:
     """A checkpoint invocation: its forward, its recomputations and their findings.
 
-    What every new record starts from is said once, here, as class attributes (immutable
-    values; a record is made for every invocation): an assignment gives a record its own.
+    What an invocation sets on its record is set first by ``__init__``, always in the same
+    order: a block keeps every record until it ends, and records that gain their attributes
+    in one order share one table of names (a record whose attributes came in another order
+    kept a dict of its own, 1.6 KB).  What only some records set (a finding, a replay, a
+    failure, the block's end) starts from the class attributes below: an assignment gives a
+    record its own.
     """
 
-    #: made inside a reentrant forward (under its no_grad): its recompute makes it again
-    replaced = False
-    #: made while autograd ran a backward (during another region's recompute)
-    during_backward = False
-    #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
-    intended_grad: bool | None = None
     #: made again by another region's recompute: the record of the call it makes again, to
     #: whose forward its run was compared (a recompute of that record)
     replay_of: InvocationRecord | None = None
-    #: made while another region's forward ran (its recompute makes this call again)
-    nested = False
-    early_stop: bool | None = None
-    #: the call's ``preserve_rng_state`` (None when the entry point does not say)
-    preserve_rng_state: bool | None = None
-    grad_enabled = True
-    forward: Forward | None = None
-    forward_done = False
     failed = False
-    recomputes = 0
     closed = False
     #: a list from the first finding on (most records have none)
     findings: list[Finding] | tuple[()] = ()
@@ -269,7 +262,6 @@ class InvocationRecord:
     _at_last_save: tuple[capture.ModuleState, int | None] | None = None
     _late_keys: frozenset[tuple[str, str]] = _NONE
     _early_effects: int | None = None
-    _saved_compared = 0
 
     def __init__(
         self,
@@ -301,6 +293,24 @@ class InvocationRecord:
         self._pass_saved: dict[int, None] = {}
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
+        # what the dispatcher sets on every record as the call starts (see the class docstring)
+        self.grad_enabled = True
+        #: the call's ``preserve_rng_state`` (None when the entry point does not say)
+        self.preserve_rng_state: bool | None = None
+        #: made inside a reentrant forward (under its no_grad): its recompute makes it again
+        self.replaced = False
+        #: made while autograd ran a backward (during another region's recompute)
+        self.during_backward = False
+        #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
+        self.intended_grad: bool | None = None
+        #: made while another region's forward ran (its recompute makes this call again)
+        self.nested = False
+        self.early_stop: bool | None = None
+        self.forward: Forward | None = None
+        self.forward_done = False
+        self.recomputes = 0
+        #: the most saved tensors one recompute compared
+        self._saved_compared = 0
 
     # -- forward -------------------------------------------------------------------------
 
@@ -574,18 +584,14 @@ class InvocationRecord:
         """Drop what only a later recompute would need (called when torch frees the graph).
 
         A block keeps every record until it ends (a training loop watched for 10,000 steps
-        keeps 10,000 times its invocations): what stays is the findings and the counts, not
-        the states read (the CPU generator's state alone is 5 KiB an invocation)."""
+        keeps 10,000 times its invocations): what stays is the findings and the counts.  The
+        forward, with all it read (the CPU generator's state alone is 5 KiB, the prints, the
+        modules of its scope), goes; the record keeps one shared empty forward in its place, so
+        that it still tells a call whose forward ran from one that never ran."""
         self.function = None
         self._pass_saved = {}
-        forward = self.forward
-        if forward is not None:
-            forward.entry, forward.shown = {}, {}
-            forward.saved, forward.outputs, forward.state_exit, forward.params = (), None, {}, None
-            forward.ran, forward.direct, forward.buffers_seen, forward.walked = {}, {}, {}, {}
-            forward.state_modules, forward.attribute_modules, forward.touched_buffers = (), (), ()
-            forward.layout_memo = []
-            forward.parameter_storages, forward.buffer_pointers, forward.pointed = {}, {}, False
+        if self.forward is not None:
+            self.forward = _RELEASED
 
     # -- findings ------------------------------------------------------------------------
 

@@ -195,7 +195,7 @@ def test_a_saved_print_has_every_slot_its_constructor_sets():
 
 def test_a_long_watch_keeps_little_per_invocation_once_its_graph_is_freed():
     """A block keeps its records until it ends; once torch frees an invocation's graph the record
-    keeps its findings and counts, not the states it read (the CPU generator's state is 5 KiB)."""
+    keeps its findings and counts, not what its forward read (the CPU generator's state is 5 KiB)."""
     import gc
     import tracemalloc
 
@@ -222,4 +222,4 @@ def test_a_long_watch_keeps_little_per_invocation_once_its_graph_is_freed():
         finally:
             tracemalloc.stop()
     assert watcher.report.ok and watcher.report.stats["verified"] == 55 * 4
-    assert kept / (50 * 4) < 3 * 1024, f"{kept / 200:.0f} bytes kept an invocation"
+    assert kept / (50 * 4) < 1024, f"{kept / 200:.0f} bytes kept an invocation"  # 8.7 KB before (MLP)
