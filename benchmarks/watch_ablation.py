@@ -31,10 +31,9 @@ import argparse
 import contextlib
 import sys
 import time
-import warnings
 from typing import Any, Callable, Iterator
 
-from watch_overhead import MODELS, built  # this folder's, as timing.py is to the others
+from watch_overhead import MODELS, print_rows  # this folder's, as timing.py is to the others
 
 CPU = time.process_time
 PARTS = ("state", "entry", "params", "saved", "naming", "effects")
@@ -153,14 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"watched/plain, best of {ns.rounds} interleaved rounds of {ns.steps} steps; "
           "a part switched off is free and the watch is not exact")
     print(f"{'model':8} {'watch':>6} " + " ".join(f"{'-' + p:>8}" for p in parts))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, step, why in built(ns.models):
-            if step is None:
-                print(f"{name:8} skipped: {why}")
-                continue
-            found = ratios(step, parts, ns.rounds, ns.steps)
-            print(f"{name:8} {found['watch']:6.2f} " + " ".join(f"{found[p]:8.2f}" for p in parts), flush=True)
+
+    def row(step: Callable[[], Any]) -> str:
+        found = ratios(step, parts, ns.rounds, ns.steps)
+        return f"{found['watch']:6.2f} " + " ".join(f"{found[p]:8.2f}" for p in parts)
+
+    print_rows(ns.models, row)
     return 0
 
 

@@ -18,9 +18,8 @@ import argparse
 import gc
 import sys
 import tracemalloc
-import warnings
 
-from watch_overhead import MODELS, built  # this folder's, as timing.py is to the others
+from watch_overhead import MODELS, print_rows  # this folder's, as timing.py is to the others
 
 
 def kept_per_invocation(step, warmup: int, steps: int) -> tuple[float, int, int]:
@@ -57,14 +56,12 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     print(f"{'model':8} {'bytes/invocation':>16} {'invocations':>11} {'findings':>8}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, step, why in built(ns.models):
-            if step is None:
-                print(f"{name:8} skipped: {why}")
-                continue
-            per, added, findings = kept_per_invocation(step, ns.warmup, ns.steps)
-            print(f"{name:8} {per:16,.0f} {added:11d} {findings:8d}", flush=True)
+
+    def row(step) -> str:
+        per, added, findings = kept_per_invocation(step, ns.warmup, ns.steps)
+        return f"{per:16,.0f} {added:11d} {findings:8d}"
+
+    print_rows(ns.models, row)
     return 0
 
 

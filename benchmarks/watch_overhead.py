@@ -22,6 +22,7 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 from typing import Any, Callable, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +59,7 @@ def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         make_batch = lambda: torch.randint(0, 128, (4, 32), device=device)  # noqa: E731
         loss_of = lambda ids: model(input_ids=ids, labels=ids).loss  # noqa: E731
-    else:
+    elif model_name in ("resnet", "vit"):
         import timm
 
         if model_name == "resnet":
@@ -70,6 +71,8 @@ def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
         model.set_grad_checkpointing()
         make_batch = lambda: torch.randn(8, 3, 32, 32, device=device)  # noqa: E731
         loss_of = lambda x: model(x).square().mean()  # noqa: E731
+    else:
+        raise ValueError(f"unknown model {model_name!r}; choose from {', '.join(MODELS)}")
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -85,14 +88,23 @@ def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
 
 def built(names: str, device: str = "cpu") -> Iterator[tuple[str, Callable[[], Any] | None, str]]:
     """Each model of the comma-separated ``names`` with its training step, or None and why it
-    cannot be built (its library is not installed)."""
+    cannot be built (its library is not installed, or it is not one of :data:`MODELS`)."""
     for name in names.split(","):
         try:
             _, step = build(name, device)
-        except ImportError as exc:
+        except (ImportError, ValueError) as exc:  # its library is not installed, or no such model
             yield name, None, f"{type(exc).__name__}: {exc}"
             continue
         yield name, step, ""
+
+
+def print_rows(names: str, measure: Callable[[Callable[[], Any]], str]) -> None:
+    """For each model of ``names``: its name and ``measure(step)``, or why it cannot be built
+    (the tiny configs' warnings silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, step, why in built(names):
+            print(f"{name:8} " + (f"skipped: {why}" if step is None else measure(step)), flush=True)
 
 
 def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -> dict[str, Any]:
