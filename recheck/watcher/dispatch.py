@@ -146,12 +146,10 @@ class Dispatcher(Interceptor):
             record = InvocationRecord(region, index, _labels(call.tags, self._launched), entry=call.entry,
                                       function=call.function, implementation=call.implementation,
                                       reentrant=call.reentrant, needs_input_grad=call.needs_input_grad,
+                                      grad_enabled=call.grad_enabled, preserve_rng_state=call.preserve_rng_state,
+                                      replaced=call.replaced, during_backward=call.during_backward,
+                                      intended_grad=bool(call.intended_grad), nested=call.outer is not None,
                                       **self._record_options())
-            record.grad_enabled = call.grad_enabled
-            record.preserve_rng_state = call.preserve_rng_state
-            record.replaced, record.during_backward = call.replaced, call.during_backward
-            record.intended_grad = bool(call.intended_grad)
-            record.nested = call.outer is not None
             self.records.append(record)
             for session in self.sessions:
                 session.add_record(record)

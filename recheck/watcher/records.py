@@ -277,6 +277,12 @@ class InvocationRecord:
         implementation: str = "torch",
         reentrant: bool | None = None,
         needs_input_grad: bool | None = None,
+        grad_enabled: bool = True,
+        preserve_rng_state: bool | None = None,
+        replaced: bool = False,
+        during_backward: bool = False,
+        intended_grad: bool | None = None,
+        nested: bool = False,
     ) -> None:
         self.region, self.index, self.tags = region, index, dict(tags)
         self.entry, self.store, self.tolerance = entry, store, tolerance
@@ -293,18 +299,19 @@ class InvocationRecord:
         self._pass_saved: dict[int, None] = {}
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
-        # what the dispatcher sets on every record as the call starts (see the class docstring)
-        self.grad_enabled = True
+        #: the grad mode at the checkpoint call
+        self.grad_enabled = grad_enabled
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
-        self.preserve_rng_state: bool | None = None
+        self.preserve_rng_state = preserve_rng_state
         #: made inside a reentrant forward (under its no_grad): its recompute makes it again
-        self.replaced = False
+        self.replaced = replaced
         #: made while autograd ran a backward (during another region's recompute)
-        self.during_backward = False
+        self.during_backward = during_backward
         #: the grad mode the region is meant to run in (a replaced call's: its outer call's)
-        self.intended_grad: bool | None = None
+        self.intended_grad = intended_grad
         #: made while another region's forward ran (its recompute makes this call again)
-        self.nested = False
+        self.nested = nested
+        # what the call's forward and recomputes set later (see the class docstring)
         self.early_stop: bool | None = None
         self.forward: Forward | None = None
         self.forward_done = False
