@@ -12,7 +12,10 @@ plain ones (interleaved rounds, best of each, this process's CPU time):
 * ``saved``: every saved tensor's print (``print_saved``, ``row_major_print``; what is left is
   its metadata, which torch's own check compares),
 * ``naming``: naming the region and its call site (``describe``, ``call_site``),
-* ``effects``: the capture of a recompute's logging, output and warnings.
+* ``effects``: the capture of a recompute's logging, output and warnings,
+* ``all``: every part above at once: what is left is the interception itself (the patched
+  entry points, the call's record, the saved-tensor hooks, the module pre-hook, the scope),
+  the floor that no cut to the parts can go below.
 
 A part switched off answers from a memo of its first answer (a print that never changes), or
 does nothing: the watch is then **not exact** and finds nothing; the figure is only what that
@@ -36,7 +39,7 @@ from typing import Any, Callable, Iterator
 from watch_overhead import MODELS, print_rows  # this folder's, as timing.py is to the others
 
 CPU = time.process_time
-PARTS = ("state", "entry", "params", "saved", "naming", "effects")
+PARTS = ("state", "entry", "params", "saved", "naming", "effects", "all")
 
 
 @contextlib.contextmanager
@@ -83,7 +86,10 @@ def switched_off(part: str) -> Iterator[None]:
     from recheck.watcher import capture, dispatch, records
 
     with contextlib.ExitStack() as stack:
-        if part == "state":
+        if part == "all":
+            for each in PARTS[:-1]:
+                stack.enter_context(switched_off(each))
+        elif part == "state":
             stack.enter_context(_patched(capture, "module_state", _memo(
                 capture.module_state, lambda modules, *a, **k: id(k.get("reach")))))
         elif part == "entry":
