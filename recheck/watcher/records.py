@@ -25,7 +25,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -54,53 +54,58 @@ _STRIDED = torch.strided
 _NONE: frozenset[tuple[str, str]] = frozenset()
 
 
-@dataclass
 class Forward:
-    """What the forward of one invocation saw."""
+    """What the forward of one invocation saw (one per invocation: a class with slots whose
+    ``__init__`` sets each slot directly, where a dataclass's called a factory per container)."""
 
-    reach: Reach
-    entry: dict[tuple[str, str], Any]
-    shown: dict[tuple[str, str], str]
-    #: the reached parameters' versions at forward entry
-    params: capture.ParameterVersions | None = None
-    rng_consumed: frozenset[tuple[str, str]] = _NONE
-    state_exit: capture.ModuleState = field(default_factory=dict)
-    outputs: list[tuple[str, TensorPrint]] | None = None
-    #: what torch saved, in order; each holds its tensor until the forward returns and its
-    #: print is taken (see ``saved_print``)
-    saved: list[SavedPrint] | tuple[()] = field(default_factory=list)
-    #: indices of saved tensors that are module buffers (compared as buffers, not here), as keys;
-    #: told when the forward returns
-    saved_buffers: dict[int, None] = field(default_factory=dict)
-    #: data pointers of the compared modules' buffers (keys), and the storages of their
-    #: parameters, to the parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
-    buffer_pointers: dict[int, None] = field(default_factory=dict)
-    parameter_storages: dict[int, torch.Tensor] = field(default_factory=dict)
-    pointed: bool = False
-    #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
-    direct: dict[int, torch.nn.Module] = field(default_factory=dict)
-    #: the modules whose forward ran in the region, by id
-    ran: dict[int, torch.nn.Module] = field(default_factory=dict)
-    #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
-    buffers_seen: capture.BufferVersions = field(default_factory=dict)
-    #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
-    walked: dict[int, None] = field(default_factory=dict)
-    #: the modules that ran and their submodules, named: whose buffers and attributes are compared
-    state_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
-    #: the direct modules not among them: whose own attributes are compared
-    attribute_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
-    #: buffers of other modules the forward wrote: (module name, module, buffer name)
-    touched_buffers: tuple[tuple[str, torch.nn.Module, str], ...] = ()
-    #: subjects of the buffers the forward wrote (keys)
-    written_buffers: dict[str, None] = field(default_factory=dict)
-    #: grad mode (at the checkpoint call), autocast and default dtype of the forward
-    context: ComputeContext | None = None
-    #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
-    inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
-    #: whether any input tensor requires grad (None: the inputs were not seen)
-    inputs_need_grad: bool | None = None
-    #: the layout of the state of the scope, as last found (see ``capture.module_state``)
-    layout_memo: list[Any] = field(default_factory=list)
+    __slots__ = ("reach", "entry", "shown", "params", "rng_consumed", "state_exit", "outputs", "saved",
+                 "saved_buffers", "buffer_pointers", "parameter_storages", "pointed", "direct", "ran",
+                 "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
+                 "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo")
+
+    def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
+                 params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
+        self.reach, self.entry, self.shown = reach, entry, shown
+        #: the reached parameters' versions at forward entry
+        self.params = params
+        self.rng_consumed: frozenset[tuple[str, str]] = _NONE
+        self.state_exit: capture.ModuleState | dict[tuple[str, str], Any] = {}
+        self.outputs: list[tuple[str, TensorPrint]] | None = None
+        #: what torch saved, in order; each holds its tensor until the forward returns and its
+        #: print is taken (see ``saved_print``)
+        self.saved: list[SavedPrint] | tuple[()] = []
+        #: indices of saved tensors that are module buffers (compared as buffers, not here), as
+        #: keys; told when the forward returns
+        self.saved_buffers: dict[int, None] = {}
+        #: data pointers of the compared modules' buffers (keys), and the storages of their
+        #: parameters, to the parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
+        self.buffer_pointers: dict[int, None] = {}
+        self.parameter_storages: dict[int, torch.Tensor] = {}
+        self.pointed = False
+        #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
+        self.direct: dict[int, torch.nn.Module] = {}
+        #: the modules whose forward ran in the region, by id
+        self.ran: dict[int, torch.nn.Module] = {}
+        #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
+        self.buffers_seen: capture.BufferVersions = {}
+        #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
+        self.walked: dict[int, None] = {}
+        #: the modules that ran and their submodules, named: whose buffers and attributes are compared
+        self.state_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
+        #: the direct modules not among them: whose own attributes are compared
+        self.attribute_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
+        #: buffers of other modules the forward wrote: (module name, module, buffer name)
+        self.touched_buffers: tuple[tuple[str, torch.nn.Module, str], ...] = ()
+        #: subjects of the buffers the forward wrote (keys)
+        self.written_buffers: dict[str, None] = {}
+        #: grad mode (at the checkpoint call), autocast and default dtype of the forward
+        self.context = context
+        #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
+        self.inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
+        #: whether any input tensor requires grad (None: the inputs were not seen)
+        self.inputs_need_grad: bool | None = None
+        #: the layout of the state of the scope, as last found (see ``capture.module_state``)
+        self.layout_memo: list[Any] = []
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
