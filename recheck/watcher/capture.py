@@ -641,6 +641,8 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     ``memo``, a list the caller keeps, holds the layout last found for the same tuples of modules.
     What is read is kept as :class:`ModuleState` describes.
     """
+    if type(modules) is tuple and not modules and not attributes_of and not buffers and not written:
+        return _NO_STATE  # a region of plain functions: nothing to read (three times an invocation)
     # one object held by many modules (a transformers config on every layer) is printed once
     printed: dict[int, Any] = {}
 
@@ -687,3 +689,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
         value = ref.namespace.get(ref.name, MISSING)
         extra[("global", ref.subject)] = (kept_shallow(value), _kept(value))
     return ModuleState(flat, values, entries, extra)
+
+
+#: the state of no modules and no written globals (shared: nothing reads it but to compare)
+_NO_STATE = ModuleState(_NO_SLOTS, [], [], {})
