@@ -67,6 +67,12 @@ class _Arguments:
         positional, keyword_only, defaults, has_var = layout
         if len(args) > len(positional) and not has_var:
             raise TypeError(f"too many positional arguments ({len(args)})")
+        if len(args) >= len(positional) and not keyword_only and (not kwargs or kwargs.keys().isdisjoint(positional)):
+            # every named parameter given by position (torch's ``checkpoint()`` calls the
+            # generator so, at every invocation): bound in C-level passes
+            self.layout, self.arguments = layout, dict(zip(positional, args))
+            self.extra_args, self.extra_kwargs = args[len(positional):], dict(kwargs)
+            return
         kwargs = dict(kwargs)
         arguments: dict[str, Any] = {}
         given = min(len(args), len(positional))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 from torch.utils.checkpoint import CheckpointFunction, checkpoint
 
 from recheck.intercept import patches
@@ -102,3 +104,50 @@ def test_a_replacement_is_made_once_and_holds_no_hooks_object():
     assert seen[0] is seen[1]  # the same replacement (torch's dynamo wrapper on it is made once)
     # a replacement called with nothing installed runs the original
     assert torch.equal(seen[0](layer, x, use_reentrant=False), layer(x))
+
+
+def _generator_like(fn, preserve_rng_state=True, context_fn=None, determinism_check="default", debug=False,
+                    early_stop=True, *args, **kwargs):
+    """torch's non-reentrant generator's signature (its parameters, not its body)."""
+
+
+def _keyword_only(fn, *args, flag=False, **kwargs):
+    """A signature with a keyword-only parameter (the slow path)."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_arguments_bind_as_inspect_does_and_call_again_with_the_same_arguments(data):
+    """``_Arguments`` is ``Signature.bind`` plus ``apply_defaults`` for the generator's
+    signatures, on the path where every named parameter comes by position (as torch's
+    ``checkpoint()`` calls it) and on the others."""
+    from recheck.intercept.hooks import _Arguments, _layout
+
+    function = data.draw(st.sampled_from([_generator_like, _keyword_only]))
+    names = ["fn", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop"]
+    args = tuple(data.draw(st.lists(st.integers(), min_size=0, max_size=9), label="args"))
+    keywords = data.draw(st.dictionaries(st.sampled_from([*names, "flag", "x", "y"]), st.integers(), max_size=4),
+                         label="kwargs")
+    try:
+        expected = inspect.signature(function).bind(*args, **keywords)
+    except TypeError:
+        expected = None
+    try:
+        bound = _Arguments(_layout(function), args, keywords)
+    except TypeError:
+        bound = None
+    if expected is None:  # what inspect refuses, the call itself would refuse
+        if bound is not None:
+            with pytest.raises(TypeError):
+                bound.call(function)
+        return
+    assert bound is not None
+    expected.apply_defaults()
+    named = {k: v for k, v in expected.arguments.items() if k not in ("args", "kwargs")}
+    assert bound.arguments == named
+    assert bound.extra_args == expected.arguments.get("args", ())
+    assert bound.extra_kwargs == expected.arguments.get("kwargs", {})
+    seen = []
+    bound.call(lambda *a, **k: seen.append((a, k)))
+    again = [(expected.args, expected.kwargs)]
+    assert seen == again
