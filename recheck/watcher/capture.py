@@ -641,7 +641,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     ``memo``, a list the caller keeps, holds the layout last found for the same tuples of modules.
     What is read is kept as :class:`ModuleState` describes.
     """
-    if type(modules) is tuple and not modules and not attributes_of and not buffers and not written:
+    if not modules and not attributes_of and not buffers and not written:
         return _NO_STATE  # a region of plain functions: nothing to read (three times an invocation)
     # one object held by many modules (a transformers config on every layer) is printed once
     printed: dict[int, Any] = {}
