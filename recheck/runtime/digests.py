@@ -230,7 +230,17 @@ def _lies_in(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple[int,
     """Whether ``permute(order)`` of a tensor of ``shape`` and ``strides`` is contiguous, by
     torch's own rule (a dimension of size 1 has any stride; no elements is contiguous), worked
     out from the numbers without making the permuted view: a saved transposed activation is
-    printed at every forward and every recompute."""
+    printed at every forward and every recompute, so the answer is kept per layout."""
+    key = (shape, strides, order)
+    known = _LIES_IN.get(key)
+    if known is None:
+        if len(_LIES_IN) >= _HEADERS_SIZE:
+            _LIES_IN.clear()
+        known = _LIES_IN[key] = _worked_out(shape, strides, order)
+    return known
+
+
+def _worked_out(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple[int, ...]) -> bool:
     if 0 in shape:
         return True
     expected = 1
@@ -241,6 +251,10 @@ def _lies_in(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple[int,
                 return False
             expected *= size
     return True
+
+
+#: :func:`_lies_in`'s answers, per (shape, strides, order)
+_LIES_IN: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], bool] = {}
 
 
 #: the names of devices other than the CPU (``str(torch.device)`` costs a microsecond)
