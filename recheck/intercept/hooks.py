@@ -123,7 +123,7 @@ class Phase(enum.Enum):
     BYPASS = "bypass"
 
 
-@dataclass
+@dataclass(init=False)
 class CheckpointCall:
     """One checkpoint invocation, whichever entry point made it.
 
@@ -176,7 +176,19 @@ class CheckpointCall:
     dropped: bool = False
     released: bool = False
 
+    def __init__(self, function: Any, entry: str, region: RegionKey, tags: Mapping[str, Any],
+                 options: dict[str, Any], grad_enabled: bool = True) -> None:
+        # the fields given, and those worked out from them; every other field reads its
+        # default from the class until the call sets it (one is made per invocation: the
+        # dataclass's own ``__init__`` set all twenty)
+        self.function, self.entry, self.region, self.tags = function, entry, region, tags
+        self.options, self.grad_enabled = options, grad_enabled
+        self.reentrant = reentrant = entry in ("reentrant", "apply")
+        self.needs_input_grad = reentrant
+        self.intended_grad = grad_enabled
+
     def __post_init__(self) -> None:
+        """Work out the fields left None from the others (after an implementation set them)."""
         if self.reentrant is None:
             self.reentrant = self.entry in ("reentrant", "apply")
         if self.needs_input_grad is None:
