@@ -64,17 +64,24 @@ class _Arguments:
     __slots__ = ("layout", "arguments", "extra_args", "extra_kwargs")
 
     def __init__(self, layout: _Layout, args: tuple, kwargs: dict) -> None:
-        positional, keyword_only, defaults, has_var = layout
+        positional, keyword_only, defaults, has_var, keyword_names, keyword_defaults, required = layout
         if len(args) > len(positional) and not has_var:
             raise TypeError(f"too many positional arguments ({len(args)})")
-        if len(args) >= len(positional) and not keyword_only and (not kwargs or kwargs.keys().isdisjoint(positional)):
-            # every named parameter given by position (torch's ``checkpoint()`` calls the
-            # generator so, at every invocation): bound in C-level passes
-            self.layout, self.arguments = layout, dict(zip(positional, args))
+        if len(args) >= len(positional) and (not kwargs or kwargs.keys() <= keyword_names) \
+                and (not required or required <= kwargs.keys()):
+            # every positional parameter given by position, and keywords for keyword-only ones
+            # only (torch's ``checkpoint()`` calls its generator so at every invocation: 2.13's
+            # all by position, 2.14's ``_impl`` the options by keyword): bound in C-level passes
+            arguments = dict(zip(positional, args))
+            if keyword_only:
+                arguments.update(keyword_defaults)
+                arguments.update(kwargs)
+                kwargs = {}
+            self.layout, self.arguments = layout, arguments
             self.extra_args, self.extra_kwargs = args[len(positional):], dict(kwargs)
             return
         kwargs = dict(kwargs)
-        arguments: dict[str, Any] = {}
+        arguments = {}
         given = min(len(args), len(positional))
         for index, name in enumerate(positional + keyword_only):
             if index < given:
@@ -89,13 +96,16 @@ class _Arguments:
         self.extra_args, self.extra_kwargs = tuple(args[len(positional):]), kwargs
 
     def call(self, function: Callable[..., Any]) -> Any:
-        positional, keyword_only, _, _ = self.layout
-        return function(*[self.arguments[n] for n in positional], *self.extra_args,
-                        **{n: self.arguments[n] for n in keyword_only}, **self.extra_kwargs)
+        positional, keyword_only = self.layout[0], self.layout[1]
+        get = self.arguments.__getitem__
+        return function(*map(get, positional), *self.extra_args,
+                        **dict(zip(keyword_only, map(get, keyword_only))), **self.extra_kwargs)
 
 
-#: (positional names, keyword-only names, defaults, whether *args is taken)
-_Layout = tuple[tuple[str, ...], tuple[str, ...], dict[str, Any], bool]
+#: (positional names, keyword-only names, defaults, whether *args is taken, the keyword-only
+#: names as a set, their defaults, and those of them without one)
+_Layout = tuple[tuple[str, ...], tuple[str, ...], dict[str, Any], bool, frozenset[str], dict[str, Any],
+                frozenset[str]]
 _LAYOUTS: dict[Any, _Layout] = {}
 
 
@@ -104,11 +114,13 @@ def _layout(function: Any) -> _Layout:
     if layout is None:
         parameters = list(inspect.signature(function).parameters.values())
         kinds = inspect.Parameter
+        keyword_only = tuple(p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY)
+        defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
         layout = _LAYOUTS[function] = (
             tuple(p.name for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)),
-            tuple(p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY),
-            {p.name: p.default for p in parameters if p.default is not kinds.empty},
-            any(p.kind is kinds.VAR_POSITIONAL for p in parameters))
+            keyword_only, defaults, any(p.kind is kinds.VAR_POSITIONAL for p in parameters),
+            frozenset(keyword_only), {name: defaults[name] for name in keyword_only if name in defaults},
+            frozenset(name for name in keyword_only if name not in defaults))
     return layout
 
 

@@ -111,20 +111,31 @@ def _generator_like(fn, preserve_rng_state=True, context_fn=None, determinism_ch
     """torch's non-reentrant generator's signature (its parameters, not its body)."""
 
 
+def _impl_like(fn, args, kwargs, *, preserve_rng_state=True, context_fn=None, determinism_check="default",
+               debug=False, early_stop=True, respect_saved_tensors_hooks=None):
+    """torch 2.14's ``_checkpoint_without_reentrant_generator_impl``'s signature (the options by keyword)."""
+
+
 def _keyword_only(fn, *args, flag=False, **kwargs):
-    """A signature with a keyword-only parameter (the slow path)."""
+    """A signature with a keyword-only parameter and ``**kwargs``."""
+
+
+def _required_keyword(fn, *, mode, flag=False):
+    """A keyword-only parameter without a default."""
 
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_arguments_bind_as_inspect_does_and_call_again_with_the_same_arguments(data):
     """``_Arguments`` is ``Signature.bind`` plus ``apply_defaults`` for the generator's
-    signatures, on the path where every named parameter comes by position (as torch's
-    ``checkpoint()`` calls it) and on the others."""
+    signatures, on the paths where every positional parameter comes by position (as torch's
+    ``checkpoint()`` calls it: 2.13's generator with everything by position, 2.14's ``_impl``
+    with its options by keyword) and on the others."""
     from recheck.intercept.hooks import _Arguments, _layout
 
-    function = data.draw(st.sampled_from([_generator_like, _keyword_only]))
-    names = ["fn", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop"]
+    function = data.draw(st.sampled_from([_generator_like, _impl_like, _keyword_only, _required_keyword]))
+    names = ["fn", "args", "kwargs", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop",
+             "respect_saved_tensors_hooks", "mode"]
     args = tuple(data.draw(st.lists(st.integers(), min_size=0, max_size=9), label="args"))
     keywords = data.draw(st.dictionaries(st.sampled_from([*names, "flag", "x", "y"]), st.integers(), max_size=4),
                          label="kwargs")
