@@ -116,7 +116,8 @@ def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
     ``uint8`` tensor of 5,056 bytes) is read without the general path.
     """
     prints: dict[str, Any] = {"cpu RNG": ("tensor", _state_bytes(torch.default_generator.get_state()))}
-    if _ACCELERATORS or generators or host:
+    # a CUDA build of torch on a machine with no GPU in use: no accelerator's state to read
+    if generators or host or _ACCELERATORS and _initialized_accelerators():
         for name, state in _other_states(generators, host).items():
             prints[name] = rng_fingerprint(state)
     return prints
