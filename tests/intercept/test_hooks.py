@@ -154,10 +154,13 @@ def test_arguments_bind_as_inspect_does_and_call_again_with_the_same_arguments(d
         return
     assert bound is not None
     expected.apply_defaults()
-    named = {k: v for k, v in expected.arguments.items() if k not in ("args", "kwargs")}
+    kinds = {p.name: p.kind for p in inspect.signature(function).parameters.values()}
+    spread = {name for name, kind in kinds.items()
+              if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    named = {k: v for k, v in expected.arguments.items() if k not in spread}
     assert bound.arguments == named
-    assert bound.extra_args == expected.arguments.get("args", ())
-    assert bound.extra_kwargs == expected.arguments.get("kwargs", {})
+    assert bound.extra_args == (expected.arguments.get("args", ()) if "args" in spread else ())
+    assert bound.extra_kwargs == (expected.arguments.get("kwargs", {}) if "kwargs" in spread else {})
     seen = []
     bound.call(lambda *a, **k: seen.append((a, k)))
     again = [(expected.args, expected.kwargs)]
