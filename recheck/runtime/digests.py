@@ -90,12 +90,7 @@ class TensorPrint(tuple):
 
     def same(self, other: TensorPrint) -> bool:
         """True when metadata and every byte agree."""
-        return (self.shape, self.dtype, self.device, self.digest) == (
-            other.shape,
-            other.dtype,
-            other.device,
-            other.digest,
-        )
+        return self[:4] == other[:4]  # shape, dtype, device, digest
 
     def matches(self, other: TensorPrint, tolerance: Tolerance | None = None) -> bool:
         """:meth:`same`, or within ``tolerance`` when both prints hold copies."""

@@ -197,14 +197,17 @@ class SavedPrint:
         self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, SavedPrint):
+        if type(other) is not SavedPrint:
             return NotImplemented
-        if self.record is not None and other.record is None and self.print is not None and other.tensor is not None:
-            other.print = self.record.compare_saved(self.index, self.print, other.tensor)
+        record, mine = self.record, self.print
+        if record is not None and other.record is None and mine is not None:
+            tensor = other.tensor
+            if tensor is not None:
+                theirs = other.print = record.compare_saved(self.index, mine, tensor)
+                if theirs is not None and self.base is LAZY and other.base is LAZY:
+                    # the common case (torch's default check, both printed): shape, dtype, device
+                    return mine[:3] == theirs[:3]
         if self.base is LAZY and other.base is LAZY:
-            mine, theirs = self.print, other.print
-            if mine is not None and theirs is not None:  # the common case: both printed (no call)
-                return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
 
@@ -381,14 +384,18 @@ class InvocationRecord:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
+        digest = store == "digest"
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
-            if tensor is not None:
-                if any_buffers and is_buffer(tensor):
-                    buffers[saved.index] = None
-                owner = storages.get(tensor.untyped_storage().data_ptr()) \
-                    if storages and tensor.layout is _STRIDED and tensor.numel() else None
+            if tensor is None:
+                continue
+            if any_buffers and is_buffer(tensor):
+                buffers[saved.index] = None
+            if storages and tensor.layout is _STRIDED and tensor.numel() \
+                    and (owner := storages.get(tensor.untyped_storage().data_ptr())) is not None:
                 saved.print = print_saved(tensor, store, owner)
+            else:  # an activation: most are row-major (``print_saved`` without a parameter, one call)
+                saved.print = digest and row_major_print(tensor) or print_saved(tensor, store)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -479,6 +486,7 @@ class InvocationRecord:
         reentrant call (another region's recompute making this call again).
         """
         self.recomputes += 1
+        self._count_compared()
         self._pass_saved = {}
         forward = self.forward
         assert forward is not None
@@ -562,14 +570,13 @@ class InvocationRecord:
     def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> TensorPrint | None:
         """The recomputed saved tensor ``index`` against the forward's print of it; the
         recomputed print (None where it is not compared here)."""
-        if index in self._pass_saved:
+        compared = self._pass_saved
+        if index in compared:
             return None
-        self._pass_saved[index] = None
+        compared[index] = None
         forward = self.forward
-        if forward is not None and index in forward.saved_buffers:
+        if forward is not None and forward.saved_buffers and index in forward.saved_buffers:
             return None  # a module buffer autograd saved: the buffer comparison reports it
-        if len(self._pass_saved) > self._saved_compared:
-            self._saved_compared = len(self._pass_saved)
         if original.version is not None and forward is not None:
             # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
             owner = forward.parameter_of(tensor)
@@ -579,9 +586,9 @@ class InvocationRecord:
                 else print_tensor(tensor, self.store, original.order, saved=True)
         elif original.order is None and self.store == "digest" and (recomputed := row_major_print(tensor)) is not None:
             # the common case: a row-major activation, equal to its forward's (no findings then;
-            # digests hold no copies, so a tolerance has nothing to compare but the bytes)
-            if (recomputed.digest == original.digest and recomputed.shape == original.shape
-                    and recomputed.dtype is original.dtype and original.device == "cpu"):
+            # digests hold no copies, so a tolerance has nothing to compare but the bytes):
+            # shape, dtype, device and digest, the first four fields
+            if recomputed[:4] == original[:4]:
                 return recomputed
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
@@ -592,6 +599,11 @@ class InvocationRecord:
             self._saved_diffs.setdefault(index, (original, recomputed))
         return recomputed
 
+    def _count_compared(self) -> None:
+        """Fold the pass just ended into the most saved tensors one recompute compared."""
+        if len(self._pass_saved) > self._saved_compared:
+            self._saved_compared = len(self._pass_saved)
+
     def release(self) -> None:
         """Drop what only a later recompute would need (called when torch frees the graph).
 
@@ -601,6 +613,7 @@ class InvocationRecord:
         modules of its scope), goes; the record keeps one shared empty forward in its place, so
         that it still tells a call whose forward ran from one that never ran."""
         self.function = None
+        self._count_compared()
         self._pass_saved = {}
         if self.forward is not None:
             self.forward = _RELEASED
@@ -672,7 +685,7 @@ class InvocationRecord:
         if others:
             more = f" and {len(others) - 8} more" if len(others) > 8 else ""
             detail += "\nalso differ: saved tensor " + ", ".join(f"#{i}" for i in others[:8]) + more
-        total = max(self._saved_compared, len(self._saved_diffs))
+        total = max(self._saved_compared, len(self._pass_saved), len(self._saved_diffs))
         message = f"{len(self._saved_diffs)} of {total} tensors saved for backward differ when recomputed"
         return [self._finding("recompute", message, "saved tensors", detail)]
 

@@ -162,6 +162,23 @@ def test_dropout_without_preserved_rng_state():
     assert {"rng", "recompute"} <= w.report.kinds, str(w.report)
 
 
+def test_the_saved_tensors_that_differ_are_counted_against_those_one_recompute_compared():
+    """The input ``sin`` saves is recomputed equal; dropout's noise and ``exp``'s output are
+    not.  Two backwards through one graph (two recomputes) compare the same three tensors."""
+    drop = nn.Dropout(0.5)
+
+    def region(x):
+        return drop(x.sin()).exp()
+
+    with recheck.watch(raise_on_finding=False) as w:
+        out = checkpoint(region, inputs(), use_reentrant=False, preserve_rng_state=False).sum()
+        out.backward(retain_graph=True)
+        out.backward()
+    (finding,) = [f for f in w.report.by_kind("recompute") if f.subject == "saved tensors"]
+    assert finding.message == "2 of 3 tensors saved for backward differ when recomputed", str(w.report)
+    assert finding.detail.startswith("saved tensor #1: ") and finding.detail.endswith("also differ: saved tensor #2")
+
+
 class Counter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
