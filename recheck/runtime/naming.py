@@ -166,11 +166,16 @@ def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
 def describe(function: Any, callsite: str | None) -> RegionKey:
     """The :class:`RegionKey` of a checkpointed callable called from ``callsite``.
 
-    What a module or a bound method is named is kept by its class and function (every
-    invocation of a layer names it again; a class's ``forward`` replaced is another key)."""
+    What a module, a bound method or a plain function is named is kept by its class and
+    function, or its code (every invocation of a layer names it again; a class's ``forward``
+    replaced is another key)."""
     kind = type(function)
     if kind is types.MethodType:
         key: Any = (_working_directory(), function.__func__, type(function.__self__))
+    elif kind is types.FunctionType and "__wrapped__" not in function.__dict__:
+        # a plain function, made anew per call as often as not (timm's ``checkpoint_seq`` makes
+        # a closure per segment and call): its code and qualified name say all it is named by
+        key = (_working_directory(), function.__code__, function.__qualname__)
     elif isinstance(function, torch.nn.Module):
         key = (_working_directory(), kind, getattr(kind, "forward", None))
     else:
@@ -183,7 +188,8 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
     return _key(*named, callsite)
 
 
-#: ``_named`` of modules and bound methods, by working directory, class and function
+#: ``_named`` of modules, bound methods and plain functions, by working directory, class and
+#: function (a plain function's: its code and qualified name)
 _NAMED: dict[Any, tuple[str, str | None]] = {}
 
 

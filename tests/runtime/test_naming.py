@@ -66,6 +66,48 @@ def test_a_replaced_forward_is_named_anew() -> None:
     assert describe(layer.forward, None).qualname.endswith("other")
 
 
+def _segment_of(index: int):
+    """A closure per call, as timm's ``checkpoint_seq`` makes one per segment."""
+    def segment(x: torch.Tensor) -> torch.Tensor:
+        return x + index
+    return segment
+
+
+def _other_segment(index: int):
+    def segment(x: torch.Tensor) -> torch.Tensor:  # the same qualified name, defined elsewhere
+        return x - index
+    segment.__qualname__ = "_segment_of.<locals>.segment"
+    return segment
+
+
+def test_a_plain_function_is_named_by_its_code_and_qualified_name_however_it_is_made() -> None:
+    first, again = describe(_segment_of(0), "train.py:1"), describe(_segment_of(1), "train.py:1")
+    assert first is again and first.qualname == "_segment_of.<locals>.segment"
+    assert first.defined_at == f"{relative(__file__)}:{_segment_of(0).__code__.co_firstlineno}"
+
+    renamed = _segment_of(2)
+    renamed.__qualname__ = "renamed"
+    assert describe(renamed, None).qualname == "renamed"
+
+    @functools.wraps(_segment_of(3))
+    def wrapper(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    # a decorated function is named by what it wraps (transformers decorates forwards so),
+    # though the decorator's wrapper has one code for every function it wraps
+    assert describe(wrapper, None).qualname == "_segment_of.<locals>.segment"
+
+    def decorated(function):
+        @functools.wraps(function)
+        def wrapper(*args):
+            return function(*args)
+        return wrapper
+
+    one, other = _segment_of(5), _other_segment(6)
+    assert (describe(decorated(one), None).defined_at, describe(decorated(other), None).defined_at) == (
+        f"{relative(__file__)}:{one.__code__.co_firstlineno}", f"{relative(__file__)}:{other.__code__.co_firstlineno}")
+
+
 def test_a_held_working_directory_names_paths_until_its_last_release(tmp_path, monkeypatch) -> None:
     from recheck.runtime.naming import hold_cwd, release_cwd
 
