@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
-import operator
 import sys
 from typing import Any, Literal
 
@@ -31,49 +30,40 @@ __all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "pri
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
 
-try:  # the field reader ``collections.namedtuple`` uses (C)
-    from collections import _tuplegetter as _field  # type: ignore[attr-defined]
-except ImportError:  # another Python: the same through a property
-    def _field(index: int, doc: str) -> Any:
-        return property(operator.itemgetter(index), doc=doc)
 
-_NEW_PRINT = tuple.__new__
-
-
-class TensorPrint(tuple):
+class TensorPrint:
     """Metadata plus digest of a tensor, and its copy when the store keeps copies.
 
-    An immutable record, a tuple of its nine fields (``shape, dtype, device, digest, copy,
-    requires_grad, unreadable, version, order``): a print is taken for every saved tensor of
-    every forward and recompute, and a tuple is made and compared in C (a slotted class took
-    a store per field, and its ``__eq__`` a Python call).  Two prints are equal when every
-    field is.  It has no ``_fields``, so it is not taken for a user's named tuple (the tree
-    walkers walk a user's values, which never hold a print).
+    Immutable by convention.  A plain slotted class, not a frozen dataclass: a print is taken
+    for every saved tensor of every forward and recompute, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) cost more than digesting a small tensor.
     """
 
-    __slots__ = ()
+    __slots__ = ("copy", "device", "digest", "dtype", "order", "requires_grad", "shape", "unreadable", "version")
 
-    def __new__(cls, shape: tuple[int, ...], dtype: torch.dtype, device: str, digest: int,
-                copy: torch.Tensor | None = None, requires_grad: bool = False, unreadable: str | None = None,
-                version: int | None = None, order: tuple[int, ...] | None = None) -> TensorPrint:
-        return _NEW_PRINT(cls, (shape, dtype, device, digest, copy, requires_grad, unreadable, version, order))
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: str, digest: int,
+                 copy: torch.Tensor | None = None, requires_grad: bool = False, unreadable: str | None = None,
+                 version: int | None = None, order: tuple[int, ...] | None = None) -> None:
+        self.shape, self.dtype, self.device, self.digest = shape, dtype, device, digest
+        self.copy, self.requires_grad, self.unreadable = copy, requires_grad, unreadable
+        #: for a parameter (or a view of one): its version counter, which identifies it instead of
+        #: its bytes (see :func:`print_saved`)
+        self.version = version
+        #: the order of dimensions the bytes were hashed in, outermost first (None: row-major;
+        #: see :func:`print_tensor`)
+        self.order = order
 
-    shape: tuple[int, ...] = _field(0, "the tensor's shape")  # type: ignore[assignment]
-    dtype: torch.dtype = _field(1, "its dtype")  # type: ignore[assignment]
-    device: str = _field(2, "its device's name")  # type: ignore[assignment]
-    digest: int = _field(3, "128 bits of a hash of its dtype, shape and bytes (0: not read)")  # type: ignore[assignment]
-    copy: torch.Tensor | None = _field(4, "a detached clone (store=\"copy\")")  # type: ignore[assignment]
-    requires_grad: bool = _field(5, "whether it required grad")  # type: ignore[assignment]
-    unreadable: str | None = _field(6, "why its bytes were not read (None: they were)")  # type: ignore[assignment]
-    #: for a parameter (or a view of one): its version counter, which identifies it instead of
-    #: its bytes (see :func:`print_saved`)
-    version: int | None = _field(7, "a parameter's version counter (see print_saved)")  # type: ignore[assignment]
-    #: the order of dimensions the bytes were hashed in, outermost first (None: row-major;
-    #: see :func:`print_tensor`)
-    order: tuple[int, ...] | None = _field(8, "the order its bytes were hashed in (None: row-major)")  # type: ignore[assignment]
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.shape, self.dtype, self.device, self.digest, self.copy, self.requires_grad,
+                self.unreadable, self.version, self.order)
 
-    def __getnewargs__(self) -> tuple[Any, ...]:
-        return tuple(self)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorPrint):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
     def __repr__(self) -> str:
         return (f"TensorPrint(shape={self.shape!r}, dtype={self.dtype!r}, device={self.device!r}, "
@@ -90,7 +80,8 @@ class TensorPrint(tuple):
 
     def same(self, other: TensorPrint) -> bool:
         """True when metadata and every byte agree."""
-        return self[:4] == other[:4]  # shape, dtype, device, digest
+        return (self.digest == other.digest and self.shape == other.shape and self.dtype == other.dtype
+                and self.device == other.device)
 
     def matches(self, other: TensorPrint, tolerance: Tolerance | None = None) -> bool:
         """:meth:`same`, or within ``tolerance`` when both prints hold copies."""
@@ -138,11 +129,16 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
         # a transposed activation (attention's keys) is hashed where it lies, in its own order
         return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
     version = parameter._version
-    # made without a call to ``__new__`` (a saved weight is printed at every forward and recompute)
-    return _NEW_PRINT(TensorPrint, (
-        tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor),
-        hash((id(parameter), tensor.storage_offset(), tensor.stride(), version)) & ((1 << 64) - 1),
-        None, False, None, version, None))
+    # made without a call to ``__init__`` (a saved weight is printed at every forward and
+    # recompute): every slot set, as ``TensorPrint(shape, dtype, device, identity, None, False,
+    # None, version)`` sets them
+    printed = _NEW_PRINT(TensorPrint)
+    printed.shape, printed.dtype, printed.requires_grad = tuple(tensor.shape), tensor.dtype, False
+    printed.device = "cpu" if tensor.is_cpu else _device_name(tensor)
+    printed.digest = hash((id(parameter), tensor.storage_offset(), tensor.stride(), version)) & ((1 << 64) - 1)
+    printed.copy = printed.unreadable = printed.order = None
+    printed.version = version
+    return printed
 
 
 def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
@@ -166,12 +162,16 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
         if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
             return None
         data = array.from_address(address)
-    # made without a call to ``__new__``: ``TensorPrint(shape, dtype, "cpu", digest)``
-    return _NEW_PRINT(TensorPrint, (shape, dtype, "cpu", _XXH3_128_SEEDED(data, seed), None, False, None, None, None))
+    printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
+    printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, "cpu", False
+    printed.copy = printed.unreadable = printed.version = printed.order = None
+    printed.digest = _XXH3_128_SEEDED(data, seed)
+    return printed
 
 
 _STRIDED = torch.strided
 _TENSOR = torch.Tensor
+_NEW_PRINT = object.__new__
 
 
 def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | None = None, *,

@@ -206,7 +206,7 @@ class SavedPrint:
                 theirs = other.print = record.compare_saved(self.index, mine, tensor)
                 if theirs is not None and self.base is LAZY and other.base is LAZY:
                     # the common case (torch's default check, both printed): shape, dtype, device
-                    return mine[:3] == theirs[:3]
+                    return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
         if self.base is LAZY and other.base is LAZY:
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
@@ -586,9 +586,9 @@ class InvocationRecord:
                 else print_tensor(tensor, self.store, original.order, saved=True)
         elif original.order is None and self.store == "digest" and (recomputed := row_major_print(tensor)) is not None:
             # the common case: a row-major activation, equal to its forward's (no findings then;
-            # digests hold no copies, so a tolerance has nothing to compare but the bytes):
-            # shape, dtype, device and digest, the first four fields
-            if recomputed[:4] == original[:4]:
+            # digests hold no copies, so a tolerance has nothing to compare but the bytes)
+            if (recomputed.digest == original.digest and recomputed.shape == original.shape
+                    and recomputed.dtype is original.dtype and original.device == "cpu"):
                 return recomputed
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
