@@ -18,6 +18,18 @@ def best(run: Callable[[], Any], repeats: int, clock: Callable[[], float] = time
     return min(times)
 
 
+def interleaved(run: Callable[[str], float], modes: list[str], rounds: int) -> dict[str, float]:
+    """Each mode's least time over ``rounds`` rounds that run every mode in turn, after a
+    warm-up run of each (lazy imports, caches, the allocator); ``run(mode)`` times one run."""
+    for mode in modes:
+        run(mode)
+    least = dict.fromkeys(modes, float("inf"))
+    for _ in range(rounds):
+        for mode in modes:
+            least[mode] = min(least[mode], run(mode))
+    return least
+
+
 def minor_faults() -> int:
     """This process's minor page faults so far: fresh memory the kernel had to map."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

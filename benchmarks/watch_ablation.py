@@ -36,7 +36,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from watch_overhead import MODELS, print_rows  # this folder's, as timing.py is to the others
+from timing import interleaved  # this folder's
+from watch_overhead import MODELS, print_rows
 
 CPU = time.process_time
 PARTS = ("state", "entry", "params", "saved", "naming", "effects", "all")
@@ -129,14 +130,8 @@ def ratios(step: Callable[[], Any], parts: list[str], rounds: int, steps: int) -
                     step()
             return CPU() - start
 
-    modes = ["plain", "watch", *parts]
-    for mode in modes:  # a warm-up of each (lazy imports, the kept reaches, the allocator)
-        run(mode)
-    best = dict.fromkeys(modes, float("inf"))
-    for _ in range(rounds):
-        for mode in modes:
-            best[mode] = min(best[mode], run(mode))
-    return {mode: best[mode] / best["plain"] for mode in modes[1:]}
+    least = interleaved(run, ["plain", "watch", *parts], rounds)
+    return {mode: least[mode] / least["plain"] for mode in ["watch", *parts]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,8 @@ import time
 import warnings
 from typing import Any, Callable, Iterator
 
-from watch_overhead import MODELS, print_rows  # this folder's, as timing.py is to the others
+from timing import interleaved  # this folder's
+from watch_overhead import MODELS, print_rows
 
 CPU = time.process_time
 
@@ -194,14 +195,8 @@ def ratios(step: Callable[[], Any], rounds: int, steps: int) -> dict[str, float]
                 step()
         return CPU() - start
 
-    modes = ["plain", "watch", "floor"]
-    for mode in modes:
-        run(mode)
-    best = dict.fromkeys(modes, float("inf"))
-    for _ in range(rounds):
-        for mode in modes:
-            best[mode] = min(best[mode], run(mode))
-    return {mode: best[mode] / best["plain"] for mode in modes[1:]}
+    least = interleaved(run, ["plain", "watch", "floor"], rounds)
+    return {mode: least[mode] / least["plain"] for mode in ("watch", "floor")}
 
 
 def main(argv: list[str] | None = None) -> int:
