@@ -67,14 +67,17 @@ class _Arguments:
         positional, keyword_only, defaults, has_var, keyword_names, keyword_defaults, required = layout
         if len(args) > len(positional) and not has_var:
             raise TypeError(f"too many positional arguments ({len(args)})")
-        if len(args) >= len(positional) and (not kwargs or kwargs.keys() <= keyword_names) \
-                and (not required or required <= kwargs.keys()):
-            # every positional parameter given by position, and keywords for keyword-only ones
-            # only (torch's ``checkpoint()`` calls its generator so at every invocation: 2.13's
-            # all by position, 2.14's ``_impl`` the options by keyword): bound in C-level passes
+        named_keywords = not kwargs or kwargs.keys() <= keyword_names
+        if len(args) >= len(positional) and (not required or required <= kwargs.keys()) and (
+                named_keywords or kwargs.keys().isdisjoint(positional) and kwargs.keys().isdisjoint(keyword_names)):
+            # every positional parameter given by position, and keywords either all for
+            # keyword-only parameters or none (torch's ``checkpoint()`` calls its generator so at
+            # every invocation: 2.13's options by position with the region's keywords spread,
+            # 2.14's ``_impl`` the options by keyword): bound in C-level passes
             arguments = dict(zip(positional, args))
             if keyword_only:
                 arguments.update(keyword_defaults)
+            if named_keywords:
                 arguments.update(kwargs)
                 kwargs = {}
             self.layout, self.arguments = layout, arguments
