@@ -384,18 +384,15 @@ class InvocationRecord:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
-        digest = store == "digest"
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is None:
                 continue
             if any_buffers and is_buffer(tensor):
                 buffers[saved.index] = None
-            if storages and tensor.layout is _STRIDED and tensor.numel() \
-                    and (owner := storages.get(tensor.untyped_storage().data_ptr())) is not None:
-                saved.print = print_saved(tensor, store, owner)
-            else:  # an activation: most are row-major (``print_saved`` without a parameter, one call)
-                saved.print = digest and row_major_print(tensor) or print_saved(tensor, store)
+            owner = storages.get(tensor.untyped_storage().data_ptr()) \
+                if storages and tensor.layout is _STRIDED and tensor.numel() else None
+            saved.print = print_saved(tensor, store, owner)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -575,7 +572,7 @@ class InvocationRecord:
             return None
         compared[index] = None
         forward = self.forward
-        if forward is not None and forward.saved_buffers and index in forward.saved_buffers:
+        if forward is not None and index in forward.saved_buffers:
             return None  # a module buffer autograd saved: the buffer comparison reports it
         if original.version is not None and forward is not None:
             # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
