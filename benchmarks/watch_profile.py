@@ -65,6 +65,29 @@ PHASES = (
     ("recheck.watcher.dispatch", "", "reach_of"),
 )
 
+#: the parts of those phases that ``--detail`` times as well (each wrapped call adds its timer's
+#: microsecond to every phase around it)
+DETAIL = (
+    ("recheck.intercept.hooks", "", "call_site"),
+    ("recheck.intercept.hooks", "", "describe"),
+    ("recheck.watcher.dispatch", "Dispatcher", "started"),
+    ("recheck.watcher.records", "InvocationRecord", "__init__"),
+    ("recheck.watcher.records", "Forward", "__init__"),
+    ("recheck.watcher.records", "Forward", "_pointers"),
+    ("recheck.watcher.records", "", "input_tensors"),
+    ("recheck.watcher.records", "", "current_context"),
+    ("recheck.watcher.records", "", "context_differences"),
+    ("recheck.watcher.capture", "", "direct_modules"),
+    ("recheck.watcher.capture", "", "with_submodules"),
+    ("recheck.watcher.capture", "", "changed_buffers"),
+    ("recheck.watcher.capture", "", "rng_fingerprints"),
+    ("recheck.watcher.capture", "", "kept_shallow"),
+    ("recheck.watcher.capture", "", "show_printed"),
+    ("recheck.runtime.effects", "EffectCapture", "__enter__"),
+    ("recheck.runtime.effects", "EffectCapture", "__exit__"),
+    ("recheck.watcher.records", "InvocationRecord", "_compare_state"),
+)
+
 
 class Timers:
     """Wraps the phases with timers (process CPU time is too coarse: ``perf_counter``)."""
@@ -74,10 +97,10 @@ class Timers:
         self.calls: collections.Counter[str] = collections.Counter()
         self._undo: list[Callable[[], None]] = []
 
-    def install(self) -> None:
+    def install(self, phases: tuple[tuple[str, str, str], ...] = PHASES) -> None:
         import importlib
 
-        for module_name, owner_name, attribute in PHASES:
+        for module_name, owner_name, attribute in phases:
             module = importlib.import_module(module_name)
             owner = getattr(module, owner_name) if owner_name else module
             original = owner.__dict__[attribute] if owner_name else getattr(module, attribute)
@@ -85,7 +108,8 @@ class Timers:
             setattr(owner, attribute, self._timed(original, label))
             self._undo.append(functools.partial(setattr, owner, attribute, original))
             if not owner_name:  # a function imported by name into the modules that call it
-                for other in ("recheck.watcher.records", "recheck.watcher.capture", "recheck.watcher.dispatch"):
+                for other in ("recheck.watcher.records", "recheck.watcher.capture", "recheck.watcher.dispatch",
+                              "recheck.intercept.hooks"):
                     caller = importlib.import_module(other)
                     if other != module_name and getattr(caller, attribute, None) is original:
                         setattr(caller, attribute, getattr(owner, attribute))
@@ -115,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="mlp,llama,resnet,vit")
     parser.add_argument("--rounds", type=int, default=10, help="watched blocks of 5 steps per figure")
+    parser.add_argument("--detail", action="store_true", help="time the parts of the phases as well")
     ns = parser.parse_args(argv)
     if ns.rounds < 1:
         parser.error(f"--rounds must be at least 1 (got {ns.rounds})")
@@ -155,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 best_watched = min(best_watched, CPU() - start)
             per_step = invocations[0] / (ns.rounds + 1) / 5
             timers = Timers()
-            timers.install()
+            timers.install(PHASES + DETAIL if ns.detail else PHASES)
             try:
                 invocations[0] = 0
                 for _ in range(ns.rounds):

@@ -259,11 +259,39 @@ def shallow(value: Any, depth: int = 2) -> Any:
         return (cls.__name__, len(value), frozenset([shallow(v, 0) for v in list(value)[:_MAX_ITEMS]]))
     if kind == _LOGGER:
         return fingerprint(value)
-    attrs = getattr(value, "__dict__", None)
+    attrs = _attributes(value)
     if isinstance(attrs, dict):
         pairs = list(attrs.items())[:_MAX_ITEMS]
         return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     return ("id", id(value))
+
+
+#: per type whose ``__getattribute__`` is its own: whether an instance's ``__dict__`` is read
+#: directly (a transformers config answers ``getattr(config, "__dict__")`` through its
+#: ``__getattribute__`` in 0.7 µs, the slot in 0.07 µs, and a state read asks it of every layer)
+_DIRECT_DICT: dict[type, bool] = {}
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def _attributes(value: Any) -> Any:
+    """``getattr(value, "__dict__", None)``, read from the instance's slot where its type was
+    seen to give the same dict that way (the first instance of each type is asked both ways: a
+    proxy that answers with another object's ``__dict__`` is always asked its own way)."""
+    cls = type(value)
+    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
+        return getattr(value, "__dict__", None)
+    direct = _DIRECT_DICT.get(cls)
+    if direct is None:
+        attrs = getattr(value, "__dict__", None)
+        try:
+            direct = attrs is not None and _OBJECT_GETATTRIBUTE(value, "__dict__") is attrs
+        except AttributeError:
+            direct = False
+        if len(_DIRECT_DICT) >= _KINDS_SIZE:
+            _DIRECT_DICT.clear()
+        _DIRECT_DICT[cls] = direct
+        return attrs
+    return _OBJECT_GETATTRIBUTE(value, "__dict__") if direct else getattr(value, "__dict__", None)
 
 
 #: exact types of a container's items whose print, one level down, is the same while the item
@@ -300,20 +328,23 @@ def kept_shallow(value: Any) -> Any:
     if kind == _DICT:
         mapping = value
     elif kind == _OBJECT and not callable(value):
-        mapping = getattr(value, "__dict__", None)
+        mapping = _attributes(value)
         if not isinstance(mapping, dict):
             return shallow(value)
     else:
         return shallow(value)
     if len(mapping) > _MAX_ITEMS:
         return shallow(value)
-    names, items = tuple(dict.keys(mapping)), tuple(dict.values(mapping))
     kept = _KEPT.get(id(value))
     # names by identity too: a key that is another object equal to the old one prints by its id
-    if kept is not None and kept[0] is value and _same_objects(kept[1], names) and _same_objects(kept[2], items):
-        _, _, _, unstable, held, printed = kept
+    # (the dict's views against the kept tuples, in C-level passes, no tuple made)
+    if kept is not None and kept[0] is value and len(mapping) == len(kept[1]) \
+            and not any(map(_IS_NOT, kept[1], dict.keys(mapping))) \
+            and not any(map(_IS_NOT, kept[2], dict.values(mapping))):
+        _, _, items, unstable, held, printed = kept
         if all(_same_item(items[index], before) for index, before in zip(unstable, held)):
             return printed
+    names, items = tuple(dict.keys(mapping)), tuple(dict.values(mapping))
     printed = shallow(value)
     # an item of a type that is stable as such is passed over without a call (a config's ~40)
     unstable = tuple([index for index, (item, cls) in enumerate(zip(items, map(type, items)))
@@ -387,6 +418,7 @@ def _holds_tensor(objects: tuple) -> bool:
 
 
 _IS = operator.is_
+_IS_NOT = operator.is_not
 #: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go lets go
 #: of every object they hold
 _KEPT_HOLD = Hold("hold_kept", last=_KEPT.clear)

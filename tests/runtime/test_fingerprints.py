@@ -216,6 +216,27 @@ class _KeptConfig:
         self.weights = torch.zeros(2)
 
 
+class _MappedConfig(_KeptConfig):
+    """A transformers-style config: its ``__getattribute__`` maps some names to others."""
+
+    attribute_map = {"size": "hidden"}
+
+    def __getattribute__(self, name):
+        if name != "attribute_map" and name in type(self).attribute_map:
+            name = type(self).attribute_map[name]
+        return super().__getattribute__(name)
+
+
+class _Proxy:
+    """An object that answers ``__dict__`` (and everything) with another object's."""
+
+    def __init__(self, target) -> None:
+        object.__setattr__(self, "_target", target)
+
+    def __getattribute__(self, name):
+        return getattr(object.__getattribute__(self, "_target"), name)
+
+
 _KEY = object()
 
 _MUTATIONS = [
@@ -236,15 +257,17 @@ _MUTATIONS = [
     lambda c: setattr(c, "labels", {0: "a", 1: "b"}),     # rebound to an equal dict
     lambda c: c.labels.__setitem__(_KEY, 1),              # a key that prints by its identity
     lambda c: (c.labels.pop(_KEY, None), c.labels.__setitem__(object(), 1)),
+    lambda c: c.__dict__.__setitem__("hidden2", c.__dict__.pop("hidden", 0)),  # a name replaced: as many
     lambda c: None,                                       # nothing changed: the kept print
 ]
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(0, len(_MUTATIONS) - 1), max_size=12), st.booleans())
-def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict):
+@given(st.lists(st.integers(0, len(_MUTATIONS) - 1), max_size=12), st.booleans(),
+       st.sampled_from([_KeptConfig, _MappedConfig]))
+def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict, config_class):
     hold_kept()
-    config = _KeptConfig()
+    config = config_class()
     value = vars(config) if as_dict else config  # a dict is kept the same way as an object
     assert kept_shallow(value) == shallow(value)
     for step in steps:
@@ -266,3 +289,23 @@ def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_
     assert not fingerprints._KEPT
     kept_shallow(config)  # with no reader holding them, nothing is kept
     assert not fingerprints._KEPT
+
+
+def test_an_object_is_printed_by_the_dict_getattr_gives_whatever_its_getattribute():
+    """A config whose ``__getattribute__`` is its own is read through the instance's slot (the
+    same dict); a proxy's ``__dict__`` is the target's, asked its own way at every print."""
+    hold_kept()
+    try:
+        config = _MappedConfig()
+        assert config.size == 32
+        for _ in range(2):  # the type is seen, then its instances read directly
+            assert kept_shallow(config) == shallow(config) == ("object", id(config), shallow(vars(config))[2])
+        target = _KeptConfig()
+        proxy = _Proxy(target)
+        for _ in range(2):
+            assert shallow(proxy)[2] == shallow(target)[2]
+            assert kept_shallow(proxy)[2] == shallow(target)[2]
+        target.hidden = 64
+        assert kept_shallow(proxy)[2] == shallow(target)[2]
+    finally:
+        release_kept()

@@ -179,6 +179,24 @@ def test_the_saved_tensors_that_differ_are_counted_against_those_one_recompute_c
     assert finding.detail.startswith("saved tensor #1: ") and finding.detail.endswith("also differ: saved tensor #2")
 
 
+def test_a_tensor_saved_by_two_operations_is_compared_at_each_place():
+    """``y * y`` saves ``y`` twice (one tensor, printed once per forward and per recompute):
+    a recompute that draws other noise differs at both places, and the input ``sin`` saves
+    does not."""
+
+    def region(x):
+        y = x.sin() + torch.rand_like(x)
+        return y * y
+
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(region, inputs(), use_reentrant=False, preserve_rng_state=False).sum().backward()
+    (finding,) = [f for f in w.report.by_kind("recompute") if f.subject == "saved tensors"]
+    assert finding.message == "2 of 3 tensors saved for backward differ when recomputed", str(w.report)
+    with recheck.watch() as w:  # preserved: equal at every place, no finding
+        checkpoint(region, inputs(), use_reentrant=False).sum().backward()
+    assert not w.report.findings
+
+
 class Counter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
