@@ -47,7 +47,7 @@ PHASES = (
     ("recheck.watcher.dispatch", "Dispatcher", "_close_forward"),
     ("recheck.watcher.dispatch", "Dispatcher", "_open_recompute"),
     ("recheck.watcher.dispatch", "Dispatcher", "_close_recompute"),
-    ("recheck.watcher.dispatch", "Dispatcher", "_module_pre_hook"),
+    ("recheck.watcher.dispatch", "Dispatcher", "_module_called"),
     ("recheck.watcher.records", "InvocationRecord", "saved_print"),
     ("recheck.watcher.records", "InvocationRecord", "compare_saved"),
     ("recheck.watcher.records", "InvocationRecord", "begin_forward"),

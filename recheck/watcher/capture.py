@@ -175,8 +175,8 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
     updates ``running_mean`` and ``running_var`` in place without bumping their versions.
     ``walked`` (ids of modules whose subtrees were walked, as keys) lets a forward walk each
-    subtree once: the forward pre-hook calls this for every module that runs, and a module's
-    subtree was walked with its parent's.
+    subtree once: it calls this for every module that runs (``intercept.module_calls``), and a
+    module's subtree was walked with its parent's.
     """
     found = _preorder(modules, {} if walked is None else walked)
     if not any(map(len, map(_BUFFERS, found))):  # most modules hold none (transformers): one C-level pass

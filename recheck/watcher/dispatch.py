@@ -24,10 +24,9 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from recheck.distributed.world import current_place, launched_place
-from recheck.intercept import patches, pipelining
+from recheck.intercept import module_calls, patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.fingerprints import hold_kept, release_kept
@@ -63,10 +62,12 @@ class Dispatcher(Interceptor):
         self.region_calls: dict[Any, int] = {}
         self._lock = threading.RLock()
         self._local = threading.local()
-        #: the global module pre-hook, installed only while some thread runs a region's forward
-        #: (any global hook sends every module call of the program down torch's slow path)
-        self._hook_handle: Any = None
-        self._hook_users = 0
+        #: stops the listening to module calls (``intercept.module_calls``), which lasts while
+        #: some thread runs a region's forward, and how many threads do
+        self._stop_listening: Callable[[], None] | None = None
+        self._listeners = 0
+        #: lets go of the patch ``module_calls`` keeps in place while any block is active
+        self._let_go_of_calls: Callable[[], None] | None = None
         self._keys = itertools.count()
         self._reach_cache: dict[Any, Any] = {}
         #: ``_record_options()`` of the blocks active now (None: to be worked out)
@@ -90,6 +91,7 @@ class Dispatcher(Interceptor):
                 hold_logging()  # for the block, not for each recompute's capture
                 hold_kept()  # the state prints of large objects, kept between reads
                 hold_cwd()  # call sites are named relative to the working directory at the start
+                self._let_go_of_calls = module_calls.hold()  # in place for the block, not for each forward
                 self._launched = launched_place()
             self.sessions.append(session)
             self._options = None
@@ -102,12 +104,15 @@ class Dispatcher(Interceptor):
                 for record in self.records:
                     record.closed = True
                 self.records, self.region_calls, self._reach_cache = [], {}, {}
-                if self._hook_handle is not None:  # a forward that never ended (its thread died)
-                    self._hook_handle.remove()
-                    self._hook_handle, self._hook_users = None, 0
+                if self._stop_listening is not None:  # a forward that never ended (its thread died)
+                    self._stop_listening()
+                    self._stop_listening, self._listeners = None, 0
                 release_logging()
                 release_kept()  # and the objects they hold
                 release_cwd()
+                if self._let_go_of_calls is not None:
+                    self._let_go_of_calls()
+                    self._let_go_of_calls = None
             pipelining.release()
             patches.release()
 
@@ -291,7 +296,7 @@ class Dispatcher(Interceptor):
             stack = self._local.stack = []
         return stack
 
-    def _module_pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+    def _module_called(self, module: torch.nn.Module) -> None:
         stack = getattr(self._local, "stack", None)
         if stack:
             for record in stack:
@@ -308,9 +313,9 @@ class Dispatcher(Interceptor):
         stack.append(record)
         if len(stack) == 1:
             with self._lock:
-                self._hook_users += 1
-                if self._hook_handle is None:
-                    self._hook_handle = register_module_forward_pre_hook(self._module_pre_hook)
+                self._listeners += 1
+                if self._stop_listening is None:
+                    self._stop_listening = module_calls.listen(self._module_called)
 
     def _end_forward(self, record: InvocationRecord, output: Any, has_output: bool, *, failed: bool) -> None:
         stack = self._collectors()
@@ -318,10 +323,10 @@ class Dispatcher(Interceptor):
             stack.pop()
             if not stack:
                 with self._lock:
-                    self._hook_users -= 1
-                    if not self._hook_users and self._hook_handle is not None:
-                        self._hook_handle.remove()
-                        self._hook_handle = None
+                    self._listeners -= 1
+                    if not self._listeners and self._stop_listening is not None:
+                        self._stop_listening()
+                        self._stop_listening = None
         if failed:
             record.abort_forward()
             return

@@ -25,7 +25,6 @@ in the recompute alone: once, as the uncheckpointed step does).
 from __future__ import annotations
 
 import operator
-import weakref
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -53,9 +52,6 @@ _STRIDED = torch.strided
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
-#: no recomputed prints yet (shared: replaced by a dict of its own at a pass's first print)
-_NO_PRINTS: dict[int, tuple[Any, TensorPrint]] = {}
-_weak = weakref.ref
 
 
 class Forward:
@@ -309,8 +305,6 @@ class InvocationRecord:
         self.implementation = implementation
         #: indices of the saved tensors the current recompute compared (keys)
         self._pass_saved: dict[int, None] = {}
-        #: the recomputed tensors the current pass printed row-major, by id: (weak reference, print)
-        self._pass_prints: dict[int, tuple[Any, TensorPrint]] = _NO_PRINTS
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
         #: the grad mode at the checkpoint call
@@ -352,7 +346,7 @@ class InvocationRecord:
             self.forward.inputs_need_grad = any(t.requires_grad for _, t, _, _ in self.forward.inputs)
 
     def add_module(self, module: torch.nn.Module) -> None:
-        """A module ran inside the forward (found by the global forward pre-hook)."""
+        """A module ran inside the forward (told by ``intercept.module_calls`` before it ran)."""
         forward = self.forward
         key = id(module)
         if forward is not None and key not in forward.ran:
@@ -390,23 +384,15 @@ class InvocationRecord:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
-        # one tensor saved by several operations (the input of attention's q, k and v projections)
-        # is printed once: by object, each held here until the loop ends, so no id is reused
-        printed: dict[int, tuple[torch.Tensor, TensorPrint]] = {}
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is None:
                 continue
             if any_buffers and is_buffer(tensor):
                 buffers[saved.index] = None
-            known = printed.get(id(tensor))
-            if known is not None:
-                saved.print = known[1]
-                continue
             owner = storages.get(tensor.untyped_storage().data_ptr()) \
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
             saved.print = print_saved(tensor, store, owner)
-            printed[id(tensor)] = (tensor, saved.print)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -498,7 +484,7 @@ class InvocationRecord:
         """
         self.recomputes += 1
         self._count_compared()
-        self._pass_saved, self._pass_prints = {}, _NO_PRINTS
+        self._pass_saved = {}
         forward = self.forward
         assert forward is not None
         entry, _ = capture.entry_state(forward.reach, with_text=False)
@@ -595,7 +581,7 @@ class InvocationRecord:
                 owner = forward.parameter_of(tensor, refresh=True)
             recomputed = print_saved(tensor, self.store, owner) if owner is not None \
                 else print_tensor(tensor, self.store, original.order, saved=True)
-        elif original.order is None and self.store == "digest" and (recomputed := self._row_major(tensor)) is not None:
+        elif original.order is None and self.store == "digest" and (recomputed := row_major_print(tensor)) is not None:
             # the common case: a row-major activation, equal to its forward's (no findings then;
             # digests hold no copies, so a tolerance has nothing to compare but the bytes)
             if (recomputed.digest == original.digest and recomputed.shape == original.shape
@@ -608,22 +594,6 @@ class InvocationRecord:
         tolerance = self.tolerance
         if not (original.same(recomputed) if tolerance is None else original.matches(recomputed, tolerance)):
             self._saved_diffs.setdefault(index, (original, recomputed))
-        return recomputed
-
-    def _row_major(self, tensor: torch.Tensor) -> TensorPrint | None:
-        """:func:`row_major_print` of a recomputed saved tensor, once per tensor in a pass (the
-        same tensor saved by several operations is compared with each of its forward's prints)."""
-        printed = self._pass_prints
-        known = printed.get(id(tensor))
-        if known is not None and known[0]() is tensor:
-            return known[1]
-        recomputed = row_major_print(tensor)
-        if recomputed is not None:
-            if printed is _NO_PRINTS:
-                printed = self._pass_prints = {}
-            # weakly: torch frees each recomputed tensor as backward consumes it (a reference
-            # here would keep them all until the graph goes); a dead one's id answers no more
-            printed[id(tensor)] = (_weak(tensor), recomputed)
         return recomputed
 
     def _count_compared(self) -> None:
@@ -641,7 +611,7 @@ class InvocationRecord:
         that it still tells a call whose forward ran from one that never ran."""
         self.function = None
         self._count_compared()
-        self._pass_saved, self._pass_prints = {}, _NO_PRINTS
+        self._pass_saved = {}
         if self.forward is not None:
             self.forward = _RELEASED
 

@@ -1,4 +1,4 @@
-"""watcher/dispatch.py: the global module hook is there only while a region's forward runs."""
+"""watcher/dispatch.py: module calls are listened to only while a region's forward runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from torch.nn.modules import module as torch_module
 from torch.utils.checkpoint import checkpoint
 
 import recheck
+from recheck.intercept import module_calls
+
+_CALL_IMPL = nn.Module.__dict__["_call_impl"]
 
 
 def _global_pre_hooks() -> int:
@@ -23,31 +26,41 @@ class Inner(nn.Module):
         self.lin, self.seen = nn.Linear(4, 4), seen
 
     def forward(self, x):
-        self.seen.append(_global_pre_hooks())
+        self.seen.append(len(self.seen))
         return torch.tanh(self.lin(x))
 
 
-def test_no_global_module_hook_outside_a_regions_forward():
+def test_module_calls_are_listened_to_only_in_a_regions_forward_and_never_through_a_global_hook(monkeypatch):
     before = _global_pre_hooks()
+    events: list[str] = []
+    listen = module_calls.listen
+
+    def spied(listener):
+        events.append("listen")
+        stop = listen(listener)
+        return lambda: (events.append("stop"), stop())
+
+    monkeypatch.setattr(module_calls, "listen", spied)
     seen: list[int] = []
     inner, outside = Inner(seen), nn.Linear(4, 4)
     with recheck.watch(raise_on_finding=False) as w:  # `seen` grows on each run: a finding of its own
-        assert _global_pre_hooks() == before
+        assert not module_calls.listening() and nn.Module.__dict__["_call_impl"] is not _CALL_IMPL  # held
         y = checkpoint(inner, outside(torch.randn(2, 4)), use_reentrant=False)
-        assert _global_pre_hooks() == before  # the rest of the model keeps torch's fast path
+        assert not module_calls.listening() and events == ["listen", "stop"]  # the rest calls torch's fast path
         y.sum().backward()
         nested = checkpoint(lambda x: checkpoint(inner, x, use_reentrant=False), torch.randn(2, 4, requires_grad=True),
                             use_reentrant=False)
-        assert _global_pre_hooks() == before
+        assert not module_calls.listening()
         nested.sum().backward()
-    assert _global_pre_hooks() == before
-    assert seen[0] == before + 1 and seen[1] == before  # in the forward (its modules are found running), not in the recompute
+    # one listen per outermost forward (the nested call's forward runs inside the outer one's),
+    # none in a recompute
+    assert events == ["listen", "stop"] * 2, events
+    # torch as found; any global hook would have sent every module call down the slow path
+    assert nn.Module.__dict__["_call_impl"] is _CALL_IMPL and _global_pre_hooks() == before
     assert {f.subject for f in w.report} == {"attribute `self.seen`"}, str(w.report)
 
 
-def test_the_global_hook_goes_when_a_regions_forward_raises():
-    before = _global_pre_hooks()
-
+def test_the_listening_stops_when_a_regions_forward_raises():
     def region(x):
         raise ValueError("planted")
 
@@ -56,7 +69,7 @@ def test_the_global_hook_goes_when_a_regions_forward_raises():
             checkpoint(region, torch.randn(2, 4, requires_grad=True), use_reentrant=False)
         except ValueError:
             pass
-        assert _global_pre_hooks() == before
+        assert not module_calls.listening()
 
 
 def _shape_changing_step(watched: bool) -> str:
