@@ -141,12 +141,13 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     return printed
 
 
-def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
-    """The digest print of a saved tensor whose bytes are read in place, row-major (a plain,
-    contiguous CPU tensor: most saved activations), or None for any other (then
-    :func:`print_tensor`, whose print this equals).  One call where the general path makes
-    three: every saved tensor is printed at its forward and at each recompute.  A subclass
-    (a fake, functional or distributed tensor, whose bytes may not be there to read) is declined."""
+def row_major_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int] | None:
+    """``(shape, dtype, digest)`` of a saved tensor whose bytes are read in place, row-major (a
+    plain, contiguous CPU tensor: most saved activations), or None for any other (then
+    :func:`print_tensor`, whose print has this digest).  No print is made: a recompute's saved
+    tensor, compared with its forward's print and almost always equal, needs none (see
+    :func:`row_major_print`).  A subclass (a fake, functional or distributed tensor, whose bytes
+    may not be there to read) is declined."""
     if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED and tensor.is_contiguous()) \
             or tensor.is_neg() or _HASHER is not _XXH3_128:  # (without xxhash, _XXH3_128 is None)
         return None
@@ -162,10 +163,20 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
         if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
             return None
         data = array.from_address(address)
+    return shape, dtype, _XXH3_128_SEEDED(data, seed)
+
+
+def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
+    """The digest print of a saved tensor :func:`row_major_digest` reads (None where it
+    declines): the print :func:`print_tensor` makes, in one call where the general path makes
+    three (every saved tensor is printed when its forward returns)."""
+    found = row_major_digest(tensor)
+    if found is None:
+        return None
     printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
-    printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, "cpu", False
+    printed.shape, printed.dtype, printed.digest = found
+    printed.device, printed.requires_grad = "cpu", False
     printed.copy = printed.unreadable = printed.version = printed.order = None
-    printed.digest = _XXH3_128_SEEDED(data, seed)
     return printed
 
 

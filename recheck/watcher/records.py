@@ -40,7 +40,7 @@ from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor, row_major_print
+from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor, row_major_digest, row_major_print
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
@@ -204,6 +204,8 @@ class SavedPrint:
             tensor = other.tensor
             if tensor is not None:
                 theirs = other.print = record.compare_saved(self.index, mine, tensor)
+                if theirs is mine and self.base is LAZY and other.base is LAZY:
+                    return True  # equal, to the byte: the recomputed tensor's print is the forward's
                 if theirs is not None and self.base is LAZY and other.base is LAZY:
                     # the common case (torch's default check, both printed): shape, dtype, device
                     return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
@@ -566,7 +568,8 @@ class InvocationRecord:
 
     def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> TensorPrint | None:
         """The recomputed saved tensor ``index`` against the forward's print of it; the
-        recomputed print (None where it is not compared here)."""
+        recomputed print, which is ``original`` itself where a row-major tensor is equal to the
+        byte (None where it is not compared here)."""
         compared = self._pass_saved
         if index in compared:
             return None
@@ -581,12 +584,15 @@ class InvocationRecord:
                 owner = forward.parameter_of(tensor, refresh=True)
             recomputed = print_saved(tensor, self.store, owner) if owner is not None \
                 else print_tensor(tensor, self.store, original.order, saved=True)
-        elif original.order is None and self.store == "digest" and (recomputed := row_major_print(tensor)) is not None:
-            # the common case: a row-major activation, equal to its forward's (no findings then;
-            # digests hold no copies, so a tolerance has nothing to compare but the bytes)
-            if (recomputed.digest == original.digest and recomputed.shape == original.shape
-                    and recomputed.dtype is original.dtype and original.device == "cpu"):
-                return recomputed
+        elif original.order is None and self.store == "digest" and (found := row_major_digest(tensor)) is not None:
+            # the common case: a row-major activation, equal to its forward's, whose print is then
+            # the forward's (no print made; digests hold no copies, so a tolerance has nothing to
+            # compare but the bytes)
+            if found[2] == original.digest and found[0] == original.shape and found[1] is original.dtype \
+                    and original.device == "cpu":
+                return original
+            # a difference (rare): hashed again, for its print
+            recomputed = row_major_print(tensor) or print_tensor(tensor, self.store, saved=True)
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
             # recompute lays it out as the forward did)

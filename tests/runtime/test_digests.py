@@ -214,7 +214,7 @@ def test_a_saved_parameter_view_is_its_identity_and_version_and_any_other_tensor
                               torch.complex64, torch.uint8]),
        view=st.sampled_from(["as is", "neg", "transposed", "sliced"]))
 def test_the_row_major_fast_print_is_the_general_print_or_declines(shape, dtype, view):
-    from recheck.runtime.digests import row_major_print
+    from recheck.runtime.digests import row_major_digest, row_major_print
 
     tensor = (torch.randn(tuple(shape)) * 10).to(dtype)
     if view == "neg" and dtype.is_floating_point:
@@ -224,9 +224,12 @@ def test_the_row_major_fast_print_is_the_general_print_or_declines(shape, dtype,
     elif view == "sliced" and tensor.dim() >= 1 and tensor.shape[0] > 1:
         tensor = tensor[1:]
     fast = row_major_print(tensor)
+    found = row_major_digest(tensor)  # what a recompute compares, without a print
     if fast is not None:
         assert fast == print_tensor(tensor, "digest", saved=True)  # every field
-    else:  # declined: not plain, not contiguous, or no integer view of its width
+        assert found == (fast.shape, fast.dtype, fast.digest)
+    else:
+        assert found is None  # declined: not plain, not contiguous, or no integer view of its width
         assert tensor.is_neg() or not tensor.is_contiguous() or dtype.is_complex
 
 
