@@ -36,28 +36,27 @@ __all__ = ["hold", "listen", "listening"]
 Listener = Callable[[torch.nn.Module], None]
 
 _lock = threading.Lock()
-#: the listener while one listens (one at a time: ``watch()``'s dispatcher is process-wide)
-_listener: Listener | None = None
+#: how many listen (one listener at a time: ``watch()``'s dispatcher is process-wide)
 _users = 0
 #: the holds of the patch (see :func:`hold`)
 _holds = 0
-#: our ``_call_impl`` last put in place, what it replaced, and its generation: only the wrapper
-#: of the current generation tells the listener (one left below another's patch passes calls on)
+#: our ``_call_impl`` last put in place, what it replaced, and its box: a one-item list holding
+#: the listener (None: silent).  A wrapper left below another's patch keeps a box of its own,
+#: which stays empty, so it passes calls on untold
 _top: Callable[..., Any] | None = None
 _top_replaced: Callable[..., Any] | None = None
-_generation = 0
+_box: list[Listener | None] = [None]
 #: the global pre-hook's handle, where it is used instead (see :func:`_patchable`)
 _handle: Any = None
 
 
-def _wrapper(replaced: Callable[..., Any], generation: int) -> Callable[..., Any]:
+def _wrapper(replaced: Callable[..., Any], box: list[Listener | None]) -> Callable[..., Any]:
     def _call_impl(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         """``Module._call_impl`` while the patch is in place: tell the listener, if one
         listens, then call what was there."""
-        if generation == _generation:
-            listener = _listener
-            if listener is not None:
-                listener(self)
+        listener = box[0]
+        if listener is not None:
+            listener(self)
         return replaced(self, *args, **kwargs)
 
     return _call_impl
@@ -72,11 +71,12 @@ def _patchable() -> bool:
 
 def _put_in_place() -> None:
     """Our ``_call_impl`` on top, unless it is there already (called under the lock)."""
-    global _top, _top_replaced, _generation
+    global _top, _top_replaced, _box
     if _top is None or torch.nn.Module.__dict__.get("_call_impl") is not _top:
-        _generation += 1
+        listener, _box[0] = _box[0], None  # a wrapper left below another's patch goes silent
+        _box = [listener]
         _top_replaced = torch.nn.Module.__dict__["_call_impl"]
-        _top = _wrapper(_top_replaced, _generation)
+        _top = _wrapper(_top_replaced, _box)
         torch.nn.Module._call_impl = _top  # type: ignore[method-assign]
 
 
@@ -113,11 +113,11 @@ def _let_go() -> None:
 def listen(listener: Listener) -> Callable[[], None]:
     """Tell ``listener`` every module called from now on, in any thread, until the function
     returned is called (once).  Listeners nest only as the same one: the first one's stays."""
-    global _listener, _users, _handle
+    global _users, _handle
     with _lock:
         _users += 1
         if _users == 1:
-            _listener = listener
+            _box[0] = listener
             if not _patchable():
                 _handle = torch_module.register_module_forward_pre_hook(lambda module, args: listener(module))
             else:
@@ -126,11 +126,11 @@ def listen(listener: Listener) -> Callable[[], None]:
 
 
 def _stop() -> None:
-    global _listener, _users, _handle
+    global _users, _handle
     _users -= 1
     if _users:
         return
-    _listener = None
+    _box[0] = None
     if _handle is not None:
         _handle.remove()
         _handle = None
@@ -153,4 +153,4 @@ def _once(undo: Callable[[], None]) -> Callable[[], None]:
 
 def listening() -> bool:
     """Whether a listener is told of module calls now."""
-    return _listener is not None
+    return _box[0] is not None
