@@ -382,6 +382,7 @@ class InvocationRecord:
         # which saved tensors are buffers is told now that the scope (the modules the forward
         # ran) is settled: at each save it would still be growing
         store, is_buffer, buffers = self.store, forward.is_buffer, forward.saved_buffers
+        by_digest = store == "digest"
         if forward.saved and not forward.pointed:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
@@ -394,7 +395,10 @@ class InvocationRecord:
                 buffers[saved.index] = None
             owner = storages.get(tensor.untyped_storage().data_ptr()) \
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
-            saved.print = print_saved(tensor, store, owner)
+            # an activation (not a parameter's view) row-major: the print ``print_saved`` would
+            # make, one call sooner
+            saved.print = (row_major_print(tensor) if owner is None and by_digest else None) \
+                or print_saved(tensor, store, owner)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
