@@ -24,6 +24,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import replace
 from typing import Any, Callable, Mapping
@@ -45,9 +46,16 @@ from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
 
-#: a (name, module) pair's module; a module's own buffers (C-level passes over the scope)
+#: a (name, module) pair's module; a module's own buffers and parameters; a tensor's size,
+#: layout and storage's address (C-level passes over the scope)
 _MODULE = operator.itemgetter(1)
 _BUFFERS = operator.attrgetter("_buffers")
+_PARAMETERS = operator.attrgetter("_parameters")
+_NUMEL = operator.methodcaller("numel")
+_LAYOUT = operator.attrgetter("layout")
+_STORAGE = operator.methodcaller("untyped_storage")
+_DATA_PTR = operator.methodcaller("data_ptr")
+_STRIDED_ONLY = frozenset({torch.strided})
 _STRIDED = torch.strided
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
@@ -153,9 +161,14 @@ class Forward:
                         if (buffer := module._buffers.get(name)) is not None]
         self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
             if buffers else {}
-        self.parameter_storages = {param.untyped_storage().data_ptr(): param
-                                   for module in modules for param in module._parameters.values()
-                                   if param is not None and param.numel() and param.layout == torch.strided}
+        params = list(itertools.chain.from_iterable(map(dict.values, map(_PARAMETERS, modules))))
+        if not any(map(operator.is_, params, itertools.repeat(None))) and all(map(_NUMEL, params)) \
+                and set(map(_LAYOUT, params)) <= _STRIDED_ONLY:
+            # every parameter a plain, non-empty tensor (the usual case): C-level passes
+            self.parameter_storages = dict(zip(map(_DATA_PTR, map(_STORAGE, params)), params))
+        else:
+            self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
+                                       if param is not None and param.numel() and param.layout == torch.strided}
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a compared module (by data pointer)."""

@@ -231,6 +231,30 @@ def test_saved_parameters_of_the_blocks_that_ran_are_told_by_version_and_others_
     assert forward.parameter_of(blocks[2].weight.t().detach()) is blocks[2].weight
 
 
+@pytest.mark.parametrize("odd", ["none", "empty", "sparse"])
+def test_a_scope_with_an_empty_none_or_sparse_parameter_still_tells_its_plain_ones(odd):
+    """The usual scope (plain, non-empty parameters) is read in C-level passes; one odd
+    parameter sends it down the per-parameter path, which leaves the odd one out."""
+    from recheck.runtime.reach import Reach
+    from recheck.watcher.records import Forward
+
+    block = nn.Linear(4, 4)
+    if odd == "none":
+        block.register_parameter("extra", None)
+    elif odd == "empty":
+        block.extra = nn.Parameter(torch.empty(0))
+    else:
+        block.extra = nn.Parameter(torch.eye(3).to_sparse())
+    reach = Reach()
+    reach.add_module("block", block)
+    forward = Forward(reach, {}, {})
+    forward.ran = {id(block): block}
+    forward.scope()
+    assert forward.parameter_of(block.weight.t().detach()) is block.weight
+    assert forward.parameter_of(block.bias) is block.bias
+    assert len(forward.parameter_storages) == 2
+
+
 def _segment_with(change):
     """The report of a ``checkpoint_seq`` segment running blocks 1 and 2 of 4, with ``change``
     made to the blocks between its forward and its recompute."""
