@@ -216,6 +216,33 @@ def test_torch_compile_passes_through_and_says_so():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
+def test_a_compiled_submodule_in_a_watched_region_runs_one_graph_in_forward_and_recompute():
+    """Module calls are told through ``_call_impl`` for the whole block: the region's forward and
+    its recompute call the compiled submodule alike (with a global hook present in the forward
+    only, dynamo traced two graphs that saved tensors in different orders, and torch's own
+    check raised at the recompute)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    inner = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)),
+                          backend="aot_eager")
+    outer = torch.nn.Linear(8, 8)
+
+    def region(x):
+        return inner(outer(x)).sin()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        for _ in range(3):
+            torch_checkpoint.checkpoint(region, x, use_reentrant=False).sum().backward()
+            inner(x).sum().backward()  # and outside a region
+    assert w.report.stats["invocations"] == 3
+    assert not counters["recompiles"], dict(counters["recompiles"])
+    torch._dynamo.reset()
+
+
 def test_unexpected_layout_falls_back_with_a_warning(monkeypatch):
     real = torch_checkpoint.checkpoint
 
