@@ -136,6 +136,10 @@ class Reach:
         #: carries it to the reach it revives (see :class:`_Dormant`), so what is in it must
         #: hold none of the reach's objects
         self.derived: dict[str, Any] = {}
+        #: what a layer above keeps with this reach while it lives (a forward's scope, last
+        #: found): unlike ``derived`` it may hold the reach's objects, so a copy and a revived
+        #: reach start without
+        self.kept: dict[str, Any] = {}
 
     def copy(self) -> Reach:
         """A reach that can grow without changing this one (which a cache may share)."""

@@ -325,6 +325,11 @@ def _tensor_slots(reach: Reach, stale: bool = False,
     named = list(reach.modules.values()) if pairs is None else pairs
     modules = list(map(_MODULE, named))
     dicts = list(map(_PARAMETERS, modules))
+    if pairs is not None and not stale:
+        # the very tuple of the last call (every recompute of a region asks for its scope's)
+        last = reach.kept.get("parameters")
+        if last is not None and last[0] is pairs and last[1].valid(dicts):
+            return last[1], dicts
     key = None if pairs is None else (tuple(map(_NAME, pairs)), tuple(map(id, modules)))
     flat = None if stale else layouts.tensors if key is None else layouts.scoped.get(key)
     if flat is None or not flat.valid(dicts) or key is None and list(map(id, modules)) != flat.ids:
@@ -338,6 +343,8 @@ def _tensor_slots(reach: Reach, stale: bool = False,
             if len(layouts.scoped) >= 64:  # sets of modules of one reach: one per distinct scope
                 layouts.scoped.clear()
             layouts.scoped[key] = flat
+    if pairs is not None:
+        reach.kept["parameters"] = (pairs, flat)
     return flat, dicts
 
 
@@ -490,19 +497,21 @@ def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach |
     """The attribute and buffer slots of ``pairs``' modules, then the attribute slots of
     ``attributes_of``'s (their own attributes only), with their state keys (see :func:`_layout`),
     and the dicts they are read in; ``stale``: the kept one named a buffer that is gone (made
-    again).  ``memo`` (a caller's list, ``[pairs, attributes_of, layout]``) keeps the layout last
-    found for these very tuples: a record reads the same scope three times an invocation."""
+    again).  ``memo`` (a caller's list of at most one ``(pairs, attributes_of, layout)``) keeps the
+    layout last found for these very tuples: a region reads the same scope three times an
+    invocation, and every invocation the same tuples (``Forward.scope``)."""
     if not pairs and not attributes_of:
         return _NO_SLOTS, []
     modules = list(map(_MODULE, pairs))
     others = list(map(_MODULE, attributes_of))
     # the __dicts__ first (only some of their names are slots: checked by name), the buffers after
     dicts = list(map(vars, modules)) + list(map(vars, others)) + list(map(_BUFFERS, modules))
-    if memo and not stale and memo[0] is pairs and memo[1] is attributes_of and memo[2].valid(dicts):
-        return memo[2], dicts
+    last = memo[0] if memo else None  # one read: threads running the region share the memo
+    if last is not None and not stale and last[0] is pairs and last[1] is attributes_of and last[2].valid(dicts):
+        return last[2], dicts
     flat, dicts = _laid_out(pairs, reach, stale, attributes_of, modules, others, dicts)
     if memo is not None:
-        memo[:] = (pairs, attributes_of, flat)
+        memo[:] = [(pairs, attributes_of, flat)]
     return flat, dicts
 
 

@@ -24,7 +24,6 @@ in the recompute alone: once, as the uncheckpointed step does).
 
 from __future__ import annotations
 
-import itertools
 import operator
 from dataclasses import replace
 from typing import Any, Callable, Mapping
@@ -46,17 +45,15 @@ from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
 
-#: a (name, module) pair's module; a module's own buffers and parameters; a tensor's size,
-#: layout and storage's address (C-level passes over the scope)
+#: a (name, module) pair's module; a module's own buffers (C-level passes over the scope)
 _MODULE = operator.itemgetter(1)
 _BUFFERS = operator.attrgetter("_buffers")
-_PARAMETERS = operator.attrgetter("_parameters")
-_NUMEL = operator.methodcaller("numel")
-_LAYOUT = operator.attrgetter("layout")
-_STORAGE = operator.methodcaller("untyped_storage")
-_DATA_PTR = operator.methodcaller("data_ptr")
-_STRIDED_ONLY = frozenset({torch.strided})
 _STRIDED = torch.strided
+
+def _same_pairs(before: tuple, now: tuple) -> bool:
+    """Whether two tuples hold the very same (name, module) pairs (a reach's own tuples)."""
+    return len(before) == len(now) and all(map(operator.is_, before, now))
+
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
@@ -69,7 +66,7 @@ class Forward:
     __slots__ = ("reach", "entry", "shown", "params", "rng_consumed", "state_exit", "outputs", "saved",
                  "saved_buffers", "buffer_pointers", "parameter_storages", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
-                 "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo")
+                 "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -112,8 +109,12 @@ class Forward:
         self.inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
         #: whether any input tensor requires grad (None: the inputs were not seen)
         self.inputs_need_grad: bool | None = None
-        #: the layout of the state of the scope, as last found (see ``capture.module_state``)
-        self.layout_memo: list[Any] = []
+        #: the layout of the state of the scope, as last found (see ``capture.module_state``): the
+        #: reach's, which every invocation of the region reads with the same tuples of modules
+        #: (None until a scope with modules is found)
+        self.layout_memo: list[Any] | None = None
+        #: ``state_modules + attribute_modules``: whose parameters a recompute compares
+        self.scope_pairs: tuple[tuple[str, torch.nn.Module], ...] = ()
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
@@ -134,7 +135,19 @@ class Forward:
             self.written_buffers[buffer_subject(prefix, name)] = None
             if id(module) not in covered:
                 touched.append((prefix, module, name))
-        self.attribute_modules, self.touched_buffers = tuple(attribute_modules), tuple(touched)
+        attribute_modules = tuple(attribute_modules)
+        # the same scope as the region's last invocation (the usual case): its very tuples, so
+        # that what the layouts keep for them is found by identity
+        if self.state_modules or attribute_modules:  # (a region of plain functions has none)
+            last = reach.kept.get("scope")
+            if last is not None and _same_pairs(last[0], self.state_modules) \
+                    and _same_pairs(last[1], attribute_modules):
+                self.state_modules, attribute_modules, self.scope_pairs = last
+            else:
+                self.scope_pairs = self.state_modules + attribute_modules
+                reach.kept["scope"] = (self.state_modules, attribute_modules, self.scope_pairs)
+            self.layout_memo = reach.kept.setdefault("layout", [])
+        self.attribute_modules, self.touched_buffers = attribute_modules, tuple(touched)
         self.pointed = False  # a new scope: its storages are read when first asked for
 
     def state(self, store: Store) -> capture.ModuleState:
@@ -161,14 +174,9 @@ class Forward:
                         if (buffer := module._buffers.get(name)) is not None]
         self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
             if buffers else {}
-        params = list(itertools.chain.from_iterable(map(dict.values, map(_PARAMETERS, modules))))
-        if not any(map(operator.is_, params, itertools.repeat(None))) and all(map(_NUMEL, params)) \
-                and set(map(_LAYOUT, params)) <= _STRIDED_ONLY:
-            # every parameter a plain, non-empty tensor (the usual case): C-level passes
-            self.parameter_storages = dict(zip(map(_DATA_PTR, map(_STORAGE, params)), params))
-        else:
-            self.parameter_storages = {param.untyped_storage().data_ptr(): param for param in params
-                                       if param is not None and param.numel() and param.layout == torch.strided}
+        self.parameter_storages = {param.untyped_storage().data_ptr(): param
+                                   for module in modules for param in module._parameters.values()
+                                   if param is not None and param.numel() and param.layout == torch.strided}
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a compared module (by data pointer)."""
@@ -517,7 +525,7 @@ class InvocationRecord:
         # the parameters of the forward's scope (the modules that ran, their submodules, the
         # callable's own): a region of timm's checkpoint_seq reaches every block of the model
         versions = forward.params.moved(capture.parameter_versions(
-            forward.reach, forward.state_modules + forward.attribute_modules)) if forward.params else []
+            forward.reach, forward.scope_pairs)) if forward.params else []
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
