@@ -10,7 +10,6 @@ watching many invocations: module state
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import weakref
 from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
@@ -408,15 +407,12 @@ def parameter_versions(reach: Reach, pairs: tuple[tuple[str, torch.nn.Module], .
 
 def _versions(flat: _Flat, dicts: list[dict[str, Any]]) -> list[int | None]:
     """The version of the parameter in each of ``flat``'s parameter slots (None: empty);
-    ``KeyError`` where a slot's name is gone.  C-level passes over the parameters (a region of
-    timm's ``checkpoint_seq`` reaches every block's), a comprehension only where a slot is empty."""
-    params = _read(flat, dicts)
-    if any(map(operator.is_, params, itertools.repeat(None))):
-        return [None if param is None else param._version for param in params]
-    return list(map(_VERSION, params))
+    ``KeyError`` where a slot's name is gone.  One comprehension over the parameters only: a
+    reach may hold the whole model (C-level passes, a list and four iterators, cost more
+    instructions on a block's dozen parameters)."""
+    return [None if (param := own[name]) is None else param._version
+            for own, name in zip(map(dicts.__getitem__, flat.owners), flat.slots)]
 
-
-_VERSION = operator.attrgetter("_version")
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
