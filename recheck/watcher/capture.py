@@ -414,7 +414,6 @@ def _versions(flat: _Flat, dicts: list[dict[str, Any]]) -> list[int | None]:
             for own, name in zip(map(dicts.__getitem__, flat.owners), flat.slots)]
 
 
-
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
                 ) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], str]]:
     """RNG streams and globals read as comparable values; globals also as text (parameter

@@ -50,13 +50,13 @@ _MODULE = operator.itemgetter(1)
 _BUFFERS = operator.attrgetter("_buffers")
 _STRIDED = torch.strided
 
+#: the empty set of streams a forward consumed (one object, shared by every record)
+_NONE: frozenset[tuple[str, str]] = frozenset()
+
+
 def _same_pairs(before: tuple, now: tuple) -> bool:
     """Whether two tuples hold the very same (name, module) pairs (a reach's own tuples)."""
     return len(before) == len(now) and all(map(operator.is_, before, now))
-
-
-#: the empty set of streams a forward consumed (one object, shared by every record)
-_NONE: frozenset[tuple[str, str]] = frozenset()
 
 
 class Forward:
