@@ -9,8 +9,8 @@ plain ones (interleaved rounds, best of each, this process's CPU time):
 * ``state``: the module state read three times an invocation (``capture.module_state``),
 * ``entry``: the RNG streams and globals (``capture.entry_state``),
 * ``params``: the parameter versions (``capture.parameter_versions``),
-* ``saved``: every saved tensor's print (``print_saved``, ``row_major_print``; what is left is
-  its metadata, which torch's own check compares),
+* ``saved``: every saved tensor's print (``print_saved``, ``print_activation``, ``row_major_digest``;
+  what is left is its metadata, which torch's own check compares),
 * ``naming``: naming the region and its call site (``describe``, ``call_site``),
 * ``effects``: the capture of a recompute's logging, output and warnings,
 * ``all``: every part above at once: what is left is the interception itself (the patched
@@ -104,8 +104,11 @@ def switched_off(part: str) -> Iterator[None]:
             def metadata(tensor: Any, *args: Any, **kwargs: Any) -> TensorPrint:
                 return TensorPrint(tuple(tensor.shape), tensor.dtype, "cpu", 0)
 
-            for name in ("print_saved", "row_major_print", "print_tensor"):
+            for name in ("print_saved", "print_activation", "print_tensor"):
                 stack.enter_context(_patched(records, name, metadata))
+            # a recompute's row-major tensor is compared by its digest alone: the metadata's
+            stack.enter_context(_patched(records, "row_major_digest",
+                                         lambda tensor: (tuple(tensor.shape), tensor.dtype, 0)))
         elif part == "naming":
             stack.enter_context(_patched(hooks, "describe", _memo(hooks.describe, lambda function, site: type(function))))
             stack.enter_context(_patched(hooks, "call_site", lambda *a, **k: None))

@@ -25,7 +25,8 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "print_saved", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "print_activation", "print_saved",
+           "print_tensor", "row_major_digest", "row_major_print", "row_major_print_of"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -122,12 +123,7 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     detached one's would be (``requires_grad`` False), and nothing here records autograd history.
     """
     if parameter is None or not (parameter.is_leaf and parameter.requires_grad) or parameter.layout != torch.strided:
-        if store == "digest":
-            fast = row_major_print(tensor)
-            if fast is not None:
-                return fast
-        # a transposed activation (attention's keys) is hashed where it lies, in its own order
-        return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
+        return print_activation(tensor, store)
     version = parameter._version
     # made without a call to ``__init__`` (a saved weight is printed at every forward and
     # recompute): every slot set, as ``TensorPrint(shape, dtype, device, identity, None, False,
@@ -139,6 +135,17 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     printed.copy = printed.unreadable = printed.order = None
     printed.version = version
     return printed
+
+
+def print_activation(tensor: torch.Tensor, store: Store) -> TensorPrint:
+    """The print of a saved tensor that is no parameter's view (:func:`print_saved`'s own
+    case for those): its bytes, row-major in place where it can (most activations), else
+    where it lies, in its memory order (a transposed activation: attention's keys)."""
+    if store == "digest":
+        found = row_major_digest(tensor)
+        if found is not None:
+            return row_major_print_of(found)
+    return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
 
 
 def row_major_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int] | None:
@@ -171,8 +178,11 @@ def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
     declines): the print :func:`print_tensor` makes, in one call where the general path makes
     three (every saved tensor is printed when its forward returns)."""
     found = row_major_digest(tensor)
-    if found is None:
-        return None
+    return None if found is None else row_major_print_of(found)
+
+
+def row_major_print_of(found: tuple[tuple[int, ...], torch.dtype, int]) -> TensorPrint:
+    """The print of what :func:`row_major_digest` gave (its bytes are not read again)."""
     printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
     printed.shape, printed.dtype, printed.digest = found
     printed.device, printed.requires_grad = "cpu", False

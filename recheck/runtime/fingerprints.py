@@ -23,7 +23,7 @@ from recheck.runtime.bits import digest, float_bits
 from recheck.runtime.holds import Hold
 
 __all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "hold_kept", "is_module_state",
-           "kept_shallow", "release_kept", "shallow", "show", "show_printed"]
+           "kept_shallow", "release_kept", "same_objects", "shallow", "show", "show_printed"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -365,10 +365,10 @@ def _hold(item: Any) -> tuple[bool, Any]:
 def _same_item(item: Any, before: tuple[bool, Any]) -> bool:
     held, kept = before
     # the same objects as when kept, which were checked then to hold no tensor
-    return _same_objects(kept, _objects(item)) if held else _item(item, 1) == kept
+    return same_objects(kept, _objects(item)) if held else _item(item, 1) == kept
 
 
-def _same_objects(before: tuple | None, now: tuple | None) -> bool:
+def same_objects(before: tuple | None, now: tuple | None) -> bool:
     """Whether two tuples hold the very same objects (None: not comparable)."""
     return before is not None and now is not None and len(before) == len(now) and all(map(_IS, before, now))
 

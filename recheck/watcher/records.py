@@ -34,13 +34,14 @@ from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
 from recheck.runtime.context import ComputeContext, context_differences, current_context
-from recheck.runtime.fingerprints import show
+from recheck.runtime.fingerprints import same_objects, show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import Store, TensorPrint, print_saved, print_tensor, row_major_digest, row_major_print
+from recheck.runtime.digests import (Store, TensorPrint, print_activation, print_saved, print_tensor, row_major_digest,
+                                     row_major_print_of)
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
@@ -52,11 +53,6 @@ _STRIDED = torch.strided
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
-
-
-def _same_pairs(before: tuple, now: tuple) -> bool:
-    """Whether two tuples hold the very same (name, module) pairs (a reach's own tuples)."""
-    return len(before) == len(now) and all(map(operator.is_, before, now))
 
 
 class Forward:
@@ -140,8 +136,8 @@ class Forward:
         # that what the layouts keep for them is found by identity
         if self.state_modules or attribute_modules:  # (a region of plain functions has none)
             last = reach.kept.get("scope")
-            if last is not None and _same_pairs(last[0], self.state_modules) \
-                    and _same_pairs(last[1], attribute_modules):
+            if last is not None and same_objects(last[0], self.state_modules) \
+                    and same_objects(last[1], attribute_modules):
                 self.state_modules, attribute_modules, self.scope_pairs = last
             else:
                 self.scope_pairs = self.state_modules + attribute_modules
@@ -403,7 +399,6 @@ class InvocationRecord:
         # which saved tensors are buffers is told now that the scope (the modules the forward
         # ran) is settled: at each save it would still be growing
         store, is_buffer, buffers = self.store, forward.is_buffer, forward.saved_buffers
-        by_digest = store == "digest"
         if forward.saved and not forward.pointed:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
@@ -416,10 +411,8 @@ class InvocationRecord:
                 buffers[saved.index] = None
             owner = storages.get(tensor.untyped_storage().data_ptr()) \
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
-            # an activation (not a parameter's view) row-major: the print ``print_saved`` would
-            # make, one call sooner
-            saved.print = (row_major_print(tensor) if owner is None and by_digest else None) \
-                or print_saved(tensor, store, owner)
+            # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
+            saved.print = print_activation(tensor, store) if owner is None else print_saved(tensor, store, owner)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -616,8 +609,7 @@ class InvocationRecord:
             if found[2] == original.digest and found[0] == original.shape and found[1] is original.dtype \
                     and original.device == "cpu":
                 return original
-            # a difference (rare): hashed again, for its print
-            recomputed = row_major_print(tensor) or print_tensor(tensor, self.store, saved=True)
+            recomputed = row_major_print_of(found)  # a difference (rare): its print, from its digest
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
             # recompute lays it out as the forward did)
