@@ -9,7 +9,7 @@ plain ones (interleaved rounds, best of each, this process's CPU time):
 * ``state``: the module state read three times an invocation (``capture.module_state``),
 * ``entry``: the RNG streams and globals (``capture.entry_state``),
 * ``params``: the parameter versions (``capture.parameter_versions``),
-* ``saved``: every saved tensor's print (``print_saved``, ``print_activation``, ``row_major_digest``;
+* ``saved``: every saved tensor's print (``print_saved``, ``print_activation``, ``in_place_digest``;
   what is left is its metadata, which torch's own check compares),
 * ``naming``: naming the region and its call site (``describe``, ``call_site``),
 * ``effects``: the capture of a recompute's logging, output and warnings,
@@ -106,9 +106,9 @@ def switched_off(part: str) -> Iterator[None]:
 
             for name in ("print_saved", "print_activation", "print_tensor"):
                 stack.enter_context(_patched(records, name, metadata))
-            # a recompute's row-major tensor is compared by its digest alone: the metadata's
-            stack.enter_context(_patched(records, "row_major_digest",
-                                         lambda tensor: (tuple(tensor.shape), tensor.dtype, 0)))
+            # a recompute's tensor read in place is compared by its digest alone: the metadata's
+            stack.enter_context(_patched(records, "in_place_digest",
+                                         lambda tensor: (tuple(tensor.shape), tensor.dtype, 0, None)))
         elif part == "naming":
             stack.enter_context(_patched(hooks, "describe", _memo(hooks.describe, lambda function, site: type(function))))
             stack.enter_context(_patched(hooks, "call_site", lambda *a, **k: None))

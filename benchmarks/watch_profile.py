@@ -57,7 +57,7 @@ PHASES = (
     ("recheck.watcher.records", "Forward", "scope"),
     ("recheck.watcher.records", "", "print_saved"),
     ("recheck.watcher.records", "", "print_activation"),
-    ("recheck.watcher.records", "", "row_major_digest"),
+    ("recheck.watcher.records", "", "in_place_digest"),
     ("recheck.watcher.records", "", "print_tensor"),
     ("recheck.watcher.capture", "", "module_state"),
     ("recheck.watcher.capture", "", "entry_state"),

@@ -25,8 +25,8 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "memory_order", "print_activation", "print_saved",
-           "print_tensor", "row_major_digest", "row_major_print", "row_major_print_of"]
+__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "in_place_digest", "in_place_print", "in_place_print_of",
+           "memory_order", "print_activation", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -139,28 +139,33 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
 
 def print_activation(tensor: torch.Tensor, store: Store) -> TensorPrint:
     """The print of a saved tensor that is no parameter's view (:func:`print_saved`'s own
-    case for those): its bytes, row-major in place where it can (most activations), else
-    where it lies, in its memory order (a transposed activation: attention's keys)."""
+    case for those): its bytes, read in place where they lie densely (most activations
+    row-major, a transposed one in its memory order: attention's keys), else through a copy."""
     if store == "digest":
-        found = row_major_digest(tensor)
+        found = in_place_digest(tensor)
         if found is not None:
-            return row_major_print_of(found)
+            return in_place_print_of(found)
     return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
 
 
-def row_major_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int] | None:
-    """``(shape, dtype, digest)`` of a saved tensor whose bytes are read in place, row-major (a
-    plain, contiguous CPU tensor: most saved activations), or None for any other (then
-    :func:`print_tensor`, whose print has this digest).  No print is made: a recompute's saved
-    tensor, compared with its forward's print and almost always equal, needs none (see
-    :func:`row_major_print`).  A subclass (a fake, functional or distributed tensor, whose bytes
-    may not be there to read) is declined."""
-    if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED and tensor.is_contiguous()) \
-            or tensor.is_neg() or _HASHER is not _XXH3_128:  # (without xxhash, _XXH3_128 is None)
+def in_place_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None:
+    """``(shape, dtype, digest, order)`` of a saved tensor whose bytes are read in place: a
+    plain CPU tensor laid out densely, row-major (``order`` None: most saved activations) or in
+    another order of its dimensions (``order``, its :func:`memory_order`: a transposed key);
+    None for any other (then :func:`print_tensor`, whose print in the same order has this
+    digest).  No print is made: a recompute's saved tensor, compared with its forward's print
+    and almost always equal, needs none (see :func:`in_place_print_of`).  What a layout asks
+    (its order, the hash's header, the array type its bytes are read through) is worked out
+    once per shape, strides and dtype.  A subclass (a fake, functional or distributed tensor,
+    whose bytes may not be there to read) is declined, as is a negative view (its bytes are
+    not its values) and a dtype without an integer view of its width."""
+    if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED) or tensor.is_neg() \
+            or _HASHER is not _XXH3_128:  # (without xxhash, _XXH3_128 is None)
         return None
-    shape, dtype = tuple(tensor.shape), tensor.dtype
-    _, seed, same_width, array = _HEADERS.get((dtype, shape, None)) or _header(dtype, shape)
-    if same_width is None:
+    dtype = tensor.dtype
+    plan = _PLANS.get((tensor.shape, tensor.stride(), dtype)) or _plan(tensor, dtype)
+    shape, seed, array, order = plan
+    if seed is None:
         return None
     if array is None:
         data = b""
@@ -170,23 +175,45 @@ def row_major_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype
         if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
             return None
         data = array.from_address(address)
-    return shape, dtype, _XXH3_128_SEEDED(data, seed)
+    return shape, dtype, _XXH3_128_SEEDED(data, seed), order
 
 
-def row_major_print(tensor: torch.Tensor) -> TensorPrint | None:
-    """The digest print of a saved tensor :func:`row_major_digest` reads (None where it
-    declines): the print :func:`print_tensor` makes, in one call where the general path makes
-    three (every saved tensor is printed when its forward returns)."""
-    found = row_major_digest(tensor)
-    return None if found is None else row_major_print_of(found)
+def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
+    """How :func:`in_place_digest` reads a tensor of this shape, strides and dtype: its shape,
+    the seed of its hash (None: declined), the array type of its bytes, the order they lie in."""
+    shape, strides = tuple(tensor.shape), tensor.stride()
+    order = None if tensor.is_contiguous() else memory_order(tensor)
+    if order is None and not tensor.is_contiguous():
+        plan: _Plan = (shape, None, None, None)  # gaps, overlaps or broadcast dimensions: copied
+    else:
+        hashed = shape if order is None else tuple([shape[d] for d in order])
+        _, seed, same_width, array = _header(dtype, hashed, order)
+        plan = (shape, seed, array, order) if same_width is not None else (shape, None, None, None)
+    if len(_PLANS) >= _HEADERS_SIZE:
+        _PLANS.clear()
+    _PLANS[(tensor.shape, strides, dtype)] = plan
+    return plan
 
 
-def row_major_print_of(found: tuple[tuple[int, ...], torch.dtype, int]) -> TensorPrint:
-    """The print of what :func:`row_major_digest` gave (its bytes are not read again)."""
-    printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value)`` sets them
-    printed.shape, printed.dtype, printed.digest = found
+#: per layout, :func:`in_place_digest`'s reading of it (see :func:`_plan`)
+_Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None"]
+_PLANS: dict[tuple[Any, tuple[int, ...], torch.dtype], _Plan] = {}
+
+
+def in_place_print(tensor: torch.Tensor) -> TensorPrint | None:
+    """The digest print of a saved tensor :func:`in_place_digest` reads (None where it
+    declines): the print :func:`print_tensor` makes in the tensor's own order, in one call
+    where the general path makes three (every saved tensor is printed when its forward returns)."""
+    found = in_place_digest(tensor)
+    return None if found is None else in_place_print_of(found)
+
+
+def in_place_print_of(found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None]) -> TensorPrint:
+    """The print of what :func:`in_place_digest` gave (its bytes are not read again)."""
+    printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value, order=...)`` sets them
+    printed.shape, printed.dtype, printed.digest, printed.order = found
     printed.device, printed.requires_grad = "cpu", False
-    printed.copy = printed.unreadable = printed.version = printed.order = None
+    printed.copy = printed.unreadable = printed.version = None
     return printed
 
 

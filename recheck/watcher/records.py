@@ -40,8 +40,8 @@ from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import (Store, TensorPrint, print_activation, print_saved, print_tensor, row_major_digest,
-                                     row_major_print_of)
+from recheck.runtime.digests import (Store, TensorPrint, in_place_digest, in_place_print_of, print_activation, print_saved,
+                                     print_tensor)
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
@@ -602,14 +602,15 @@ class InvocationRecord:
                 owner = forward.parameter_of(tensor, refresh=True)
             recomputed = print_saved(tensor, self.store, owner) if owner is not None \
                 else print_tensor(tensor, self.store, original.order, saved=True)
-        elif original.order is None and self.store == "digest" and (found := row_major_digest(tensor)) is not None:
-            # the common case: a row-major activation, equal to its forward's, whose print is then
+        elif self.store == "digest" and (found := in_place_digest(tensor)) is not None and found[3] == original.order:
+            # the common case: an activation read in place, in the order its forward's print was
+            # (row-major, or a transposed one's memory order), equal to it, whose print is then
             # the forward's (no print made; digests hold no copies, so a tolerance has nothing to
             # compare but the bytes)
             if found[2] == original.digest and found[0] == original.shape and found[1] is original.dtype \
                     and original.device == "cpu":
                 return original
-            recomputed = row_major_print_of(found)  # a difference (rare): its print, from its digest
+            recomputed = in_place_print_of(found)  # a difference (rare): its print, from its digest
         else:
             # hashed in the order the forward's print was (its memory order: no copy when the
             # recompute lays it out as the forward did)
