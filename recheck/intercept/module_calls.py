@@ -17,7 +17,13 @@ keeps the patch in place for its length (:func:`hold`), silent between forwards,
 only sets the listener.
 
 Where ``Module.__call__`` is not torch's ``_wrapped_call_impl`` (an older or a patched torch)
-the global pre-hook is used instead: the same calls are seen, at the old cost.  Whoever
+the global pre-hook is used instead: the same calls are seen, at the old cost.
+
+A listener that has no use for the calls of some modules (``watch()``'s record, once a module
+ran, compares the state of its whole subtree: its submodules' calls add nothing) says so with
+:func:`pass_over`; their calls then cost the wrapper a dict lookup, not the listener's frame.
+
+Whoever
 replaces ``_call_impl`` after :func:`listen` keeps their replacement when the last listener
 goes; ours, below it, then passes calls straight through.
 """
@@ -30,7 +36,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as torch_module
 
-__all__ = ["hold", "listen", "listening"]
+__all__ = ["hold", "listen", "listening", "pass_over"]
 
 #: what the listener is told: the module about to run
 Listener = Callable[[torch.nn.Module], None]
@@ -40,22 +46,25 @@ _lock = threading.Lock()
 _users = 0
 #: the holds of the patch (see :func:`hold`)
 _holds = 0
-#: our ``_call_impl`` last put in place, what it replaced, and its box: a one-item list holding
-#: the listener (None: silent).  A wrapper left below another's patch keeps a box of its own,
-#: which stays empty, so it passes calls on untold
+#: our ``_call_impl`` last put in place, what it replaced, and its box: a list holding the
+#: listener (None: silent) and the ids of the modules whose calls it is not told (see
+#: :func:`pass_over`).  A wrapper left below another's patch keeps a box of its own, which
+#: stays empty, so it passes calls on untold
 _top: Callable[..., Any] | None = None
 _top_replaced: Callable[..., Any] | None = None
-_box: list[Listener | None] = [None]
+#: the ids passed over when no one said otherwise: none (never written)
+_NONE_PASSED: dict[int, None] = {}
+_box: list[Any] = [None, _NONE_PASSED]
 #: the global pre-hook's handle, where it is used instead (see :func:`_patchable`)
 _handle: Any = None
 
 
-def _wrapper(replaced: Callable[..., Any], box: list[Listener | None]) -> Callable[..., Any]:
+def _wrapper(replaced: Callable[..., Any], box: list[Any]) -> Callable[..., Any]:
     def _call_impl(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         """``Module._call_impl`` while the patch is in place: tell the listener, if one
-        listens, then call what was there."""
+        listens and the module is not passed over, then call what was there."""
         listener = box[0]
-        if listener is not None:
+        if listener is not None and id(self) not in box[1]:
             listener(self)
         return replaced(self, *args, **kwargs)
 
@@ -73,8 +82,8 @@ def _put_in_place() -> None:
     """Our ``_call_impl`` on top, unless it is there already (called under the lock)."""
     global _top, _top_replaced, _box
     if _top is None or torch.nn.Module.__dict__.get("_call_impl") is not _top:
-        listener, _box[0] = _box[0], None  # a wrapper left below another's patch goes silent
-        _box = [listener]
+        listener, passed, _box[0], _box[1] = _box[0], _box[1], None, _NONE_PASSED  # a wrapper left below
+        _box = [listener, passed]  # another's patch goes silent
         _top_replaced = torch.nn.Module.__dict__["_call_impl"]
         _top = _wrapper(_top_replaced, _box)
         torch.nn.Module._call_impl = _top  # type: ignore[method-assign]
@@ -130,7 +139,7 @@ def _stop() -> None:
     _users -= 1
     if _users:
         return
-    _box[0] = None
+    _box[0], _box[1] = None, _NONE_PASSED
     if _handle is not None:
         _handle.remove()
         _handle = None
@@ -149,6 +158,14 @@ def _once(undo: Callable[[], None]) -> Callable[[], None]:
                 done = True
                 undo()
     return once
+
+
+def pass_over(ids: dict[int, None] | None) -> None:
+    """From now on, do not tell the listener of calls of the modules whose ids are keys of
+    ``ids`` (a dict its owner may add to as it goes: the modules it knows of already), or,
+    with None, tell it of every call.  Whoever listens says this for every thread at once, so
+    only while calls in one thread matter; a fallback to the global pre-hook tells every call."""
+    _box[1] = _NONE_PASSED if ids is None else ids
 
 
 def listening() -> bool:

@@ -10,6 +10,7 @@ watching many invocations: module state
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import weakref
 from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
@@ -24,7 +25,7 @@ from recheck.runtime.digests import Store, print_tensor
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
-           "with_submodules"]
+           "subtree", "with_submodules"]
 
 #: entries of the per-module caches of state keys and parameter names (cleared when full)
 _LAYOUTS_SIZE = 1 << 14
@@ -88,18 +89,21 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     return list(map(named.__getitem__, ids))
 
 
-def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[torch.nn.Module]:
+def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None],
+              subtrees: dict[int, list[torch.nn.Module]] | None = None) -> list[torch.nn.Module]:
     """The modules of each root's ``modules()``, root after root, each once, in the same order,
     leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
     with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
     module, and every invocation walks the subtrees of the modules its forward ran, so each
     root's subtree is kept and walked again only when the tree below it changed (see
-    :func:`_subtree`)."""
+    :func:`subtree`).  ``subtrees`` is told each root's subtree as found, by the root's id."""
     found: list[torch.nn.Module] = []
     for root in roots:
         if id(root) in walked:
             continue
-        modules = _subtree(root)
+        modules = subtree(root)
+        if subtrees is not None:
+            subtrees[id(root)] = modules
         if walked.keys().isdisjoint(map(id, modules)):
             walked.update(dict.fromkeys(map(id, modules)))
             found += modules
@@ -127,7 +131,7 @@ def _walk(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[tor
 _MODULES = operator.attrgetter("_modules")
 
 
-def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
+def subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
     """``root``'s subtree in preorder, each module once, kept between invocations and
     ``watch()`` blocks (a test suite watches each test in its own block) beside the ids of
     every module's children.  It is walked again when any of those changed (a child added,
@@ -151,16 +155,21 @@ def _subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
     return modules
 
 
-#: id(root) -> (a weak reference to the root, to each module of its subtree in preorder, the
-#: ids of each one's children): the subtrees :func:`_subtree` keeps (the root's reference tells
+#: id(root) -> (a weak reference to the root, to each module of its subtree in preorder, and
+#: what :func:`_children` says of them): the subtrees :func:`subtree` keeps (the root's reference tells
 #: a root that died, and a new module with its id, from the one the entry is about)
-_WALKS: dict[int, tuple[Any, tuple[Any, ...], list[tuple[int, ...]]]] = {}
+_WALKS: dict[int, tuple[Any, tuple[Any, ...], tuple[list[int], list[int]]]] = {}
 
 
-def _children(modules: list[torch.nn.Module]) -> list[tuple[int, ...]]:
-    """The ids of each module's children (None included), in C-level passes.  Compared while
-    every module of the subtree is alive (its weak reference answers), so no id is another's."""
-    return list(map(tuple, map(functools.partial(map, id), map(dict.values, map(_MODULES, modules)))))
+def _children(modules: list[torch.nn.Module]) -> tuple[list[int], list[int]]:
+    """How many children each module has, and the ids of all their children (None included)
+    module after module, in C-level passes (no tuple per module).  Compared while every module
+    of the subtree is alive (its weak reference answers), so no id is another's."""
+    dicts = list(map(_MODULES, modules))
+    return list(map(len, dicts)), list(map(id, _CHAINED(map(dict.values, dicts))))
+
+
+_CHAINED = itertools.chain.from_iterable
 
 
 #: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
@@ -169,16 +178,18 @@ BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
 
 
 def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
-                    walked: dict[int, None] | None = None) -> None:
+                    walked: dict[int, None] | None = None,
+                    subtrees: dict[int, list[torch.nn.Module]] | None = None) -> None:
     """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
 
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel
     updates ``running_mean`` and ``running_var`` in place without bumping their versions.
     ``walked`` (ids of modules whose subtrees were walked, as keys) lets a forward walk each
     subtree once: it calls this for every module that runs (``intercept.module_calls``), and a
-    module's subtree was walked with its parent's.
+    module's subtree was walked with its parent's.  ``subtrees`` is told the subtree of each
+    module walked, by its id.
     """
-    found = _preorder(modules, {} if walked is None else walked)
+    found = _preorder(modules, {} if walked is None else walked, subtrees)
     if not any(map(len, map(_BUFFERS, found))):  # most modules hold none (transformers): one C-level pass
         return
     for module in found:

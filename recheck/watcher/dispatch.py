@@ -302,6 +302,13 @@ class Dispatcher(Interceptor):
             for record in stack:
                 record.add_module(module)
 
+    def _pass_over(self, stack: list[InvocationRecord]) -> None:
+        """Which module calls the listener need not hear (under the lock): those of the modules
+        the one forward recording knows already (see ``InvocationRecord.add_module``).  While
+        forwards nest, or run in several threads, every call is told: each record hears them all."""
+        forward = stack[0].forward if len(stack) == 1 and self._listeners == 1 else None
+        module_calls.pass_over(forward.told if forward is not None else None)
+
     def _begin_forward(self, record: InvocationRecord, function: Any, args: tuple | None,
                        kwargs: dict | None) -> None:
         try:
@@ -311,22 +318,25 @@ class Dispatcher(Interceptor):
             self._internal_error("recording a forward", exc)
         stack = self._collectors()
         stack.append(record)
-        if len(stack) == 1:
-            with self._lock:
+        with self._lock:
+            if len(stack) == 1:
                 self._listeners += 1
                 if self._stop_listening is None:
                     self._stop_listening = module_calls.listen(self._module_called)
+            self._pass_over(stack)
 
     def _end_forward(self, record: InvocationRecord, output: Any, has_output: bool, *, failed: bool) -> None:
         stack = self._collectors()
         if stack and stack[-1] is record:
             stack.pop()
-            if not stack:
-                with self._lock:
+            with self._lock:
+                if not stack:
                     self._listeners -= 1
                     if not self._listeners and self._stop_listening is not None:
                         self._stop_listening()
                         self._stop_listening = None
+                if self._stop_listening is not None:
+                    self._pass_over(stack)
         if failed:
             record.abort_forward()
             return

@@ -62,7 +62,8 @@ class Forward:
     __slots__ = ("reach", "entry", "shown", "params", "rng_consumed", "state_exit", "outputs", "saved",
                  "saved_buffers", "buffer_pointers", "parameter_storages", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
-                 "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs")
+                 "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
+                 "subtrees")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -85,8 +86,14 @@ class Forward:
         self.pointed = False
         #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
         self.direct: dict[int, torch.nn.Module] = {}
-        #: the modules whose forward ran in the region, by id
+        #: the modules whose forward ran in the region, by id (those told: a submodule of one
+        #: that ran is in the scope with it, and not told, see ``told``)
         self.ran: dict[int, torch.nn.Module] = {}
+        #: ids of the modules whose calls need not be told (keys): those that ran and their
+        #: submodules, whose state the scope compares already (``intercept.module_calls.pass_over``)
+        self.told: dict[int, None] = {}
+        #: the subtrees walked for ``buffers_seen`` in this forward, by their root's id
+        self.subtrees: dict[int, list[torch.nn.Module]] = {}
         #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
         self.buffers_seen: capture.BufferVersions = {}
         #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
@@ -355,7 +362,8 @@ class InvocationRecord:
                                context=current_context(intended))
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
-        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked)
+        capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked,
+                                self.forward.subtrees)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -365,7 +373,10 @@ class InvocationRecord:
             self.forward.inputs_need_grad = any(t.requires_grad for _, t, _, _ in self.forward.inputs)
 
     def add_module(self, module: torch.nn.Module) -> None:
-        """A module ran inside the forward (told by ``intercept.module_calls`` before it ran)."""
+        """A module ran inside the forward (told by ``intercept.module_calls`` before it ran).
+
+        The scope compares the state of its whole subtree (see :meth:`Forward.scope`), so its
+        submodules' calls add nothing: they are not told again (``forward.told``)."""
         forward = self.forward
         key = id(module)
         if forward is not None and key not in forward.ran:
@@ -373,7 +384,12 @@ class InvocationRecord:
             if key not in forward.reach.modules:
                 capture.add_module(forward.reach, module)
             if key not in forward.walked:  # else its subtree's buffers were seen with its parent's
-                capture.buffer_versions((module,), forward.buffers_seen, forward.walked)
+                capture.buffer_versions((module,), forward.buffers_seen, forward.walked, forward.subtrees)
+            if module._modules:  # its subtree as walked in this forward, or found now
+                below = forward.subtrees.get(key)
+                forward.told.update(dict.fromkeys(map(id, capture.subtree(module) if below is None else below)))
+            else:  # a leaf (most modules): its subtree is itself
+                forward.told[key] = None
 
     def end_forward(self, output: Any, has_output: bool) -> None:
         forward = self.forward
@@ -384,6 +400,8 @@ class InvocationRecord:
         forward.rng_consumed = frozenset(k for k, v in exit_state.items()
                                          if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
         forward.scope()
+        forward.told.clear()  # needed only while it ran (the subtrees' modules go with them)
+        forward.subtrees.clear()
         forward.state_exit = forward.state(self.store)
         if has_output and not self._stops_early():
             forward.outputs = _tensor_leaves(output, "output", self.store)
@@ -461,6 +479,7 @@ class InvocationRecord:
         if self.forward is not None:
             for saved in self.forward.saved:
                 saved.tensor = None
+            self.forward.subtrees.clear()
 
     def saved_print(self, tensor: torch.Tensor, base: Any = LAZY) -> SavedPrint:
         """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.

@@ -132,3 +132,30 @@ def test_a_held_patch_stays_silent_between_listens_and_goes_with_the_last_hold()
         let_go()
         let_go()  # once only
     assert told == [relu, relu] and nn.Module.__dict__["_call_impl"] is _CALL_IMPL
+
+
+def test_calls_of_modules_passed_over_are_not_told_and_the_ids_are_read_as_they_grow():
+    model, told = _model(), []
+    known: dict[int, None] = {id(model[1][0]): None}
+    stop = module_calls.listen(told.append)
+    try:
+        module_calls.pass_over(known)
+        model(torch.randn(3, 4))
+        assert told == [model, model[0], model[1], model[1][1]]  # the ReLU passed over
+        known[id(model)] = None  # added to as the owner learns
+        model(torch.randn(3, 4))
+        assert told[4:] == [model[0], model[1], model[1][1]]
+        module_calls.pass_over(None)  # every call told again
+        model(torch.randn(3, 4))
+        assert told[7:] == [model, model[0], model[1], model[1][0], model[1][1]]
+        module_calls.pass_over(known)
+    finally:
+        stop()
+    # the last listener gone, nothing is passed over any more: a new listener hears every call
+    told.clear()
+    stop = module_calls.listen(told.append)
+    try:
+        model(torch.randn(3, 4))
+    finally:
+        stop()
+    assert told == [model, model[0], model[1], model[1][0], model[1][1]]

@@ -236,3 +236,47 @@ def test_a_long_watch_keeps_little_per_invocation_once_its_graph_is_freed():
             tracemalloc.stop()
     assert watcher.report.ok and watcher.report.stats["verified"] == 55 * 4
     assert kept / (50 * 4) < 1024, f"{kept / 200:.0f} bytes kept an invocation"  # 8.7 KB before (MLP)
+
+
+class _Counted(nn.Module):
+    """A BatchNorm below a module whose forward reads its statistics without calling it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+
+    def forward(self, x):
+        return self.body(x).tanh()
+
+
+def test_a_module_below_one_that_ran_is_not_told_again_and_its_state_is_still_compared(monkeypatch):
+    from recheck.watcher import records
+
+    heard: list[type] = []
+    add_module = records.InvocationRecord.add_module
+    monkeypatch.setattr(records.InvocationRecord, "add_module",
+                        lambda self, module: (heard.append(type(module)), add_module(self, module))[1])
+    model = _Counted()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(model, torch.randn(3, 4, requires_grad=True), use_reentrant=False).sum().backward()
+    assert heard == [_Counted]  # its Sequential, Linear and BatchNorm are in its scope already
+    # the BatchNorm's statistics, updated again by the recompute, are still found
+    assert any(f.kind == "buffer" and "body.1.running_mean" in f.subject for f in w.report), str(w.report)
+
+
+def test_a_nested_regions_forward_hears_the_modules_its_outer_region_knows():
+    inner_model = _Counted()
+
+    def run(module, x):  # the module is an argument: only its call tells the record it ran
+        return module(x)
+
+    def outer(x):
+        inner_model(x)  # the outer region runs the model first: its modules are known to the outer record
+        return checkpoint(run, inner_model, x, use_reentrant=False)
+
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(outer, torch.randn(3, 4, requires_grad=True), use_reentrant=False).sum().backward()
+    by_region = {(f.region or "").split(" ")[0] for f in w.report if "running_mean" in (f.subject or "")}
+    # the nested call's record compared the BatchNorm its own forward ran, as the outer one did
+    assert any("run" in region for region in by_region), str(w.report)
+    assert any("outer" in region for region in by_region), str(w.report)
