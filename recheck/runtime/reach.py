@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "dereferenced", "filled", "reach_of", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "dereferenced", "filled", "put_to_sleep", "reach_of",
+           "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -448,6 +449,28 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     return reach
 
 
+def put_to_sleep(cache: dict[Any, tuple[Reach, tuple]]) -> None:
+    """Before a block's cache of reaches (see :func:`reach_of`) is dropped: make the dormant
+    copy of each reach that grew while the block ran (a module found only by running the region,
+    transformers' kernel wrappers, with the globals its class reads) again, so that the next
+    block revives it whole instead of finding the same modules again at every block."""
+    for key, (reach, _) in cache.items():
+        lasting = _LASTING.get(key)
+        if lasting is None:
+            continue
+        dormant, weak = lasting
+        if dormant.live() is reach and dormant.sizes != _sizes(reach):
+            fresh = _Dormant.of(reach)
+            if fresh is not None:
+                _LASTING[key] = (fresh, weak)
+
+
+def _sizes(reach: Reach) -> tuple[int, ...]:
+    """How much a reach holds (it only grows): what tells that a dormant copy of it is behind."""
+    return (len(reach.modules), len(reach.generators), len(reach.tensors), len(reach.objects), len(reach.reads),
+            len(reach.writes), len(reach.bound), len(reach._walked), len(reach.compiled), len(reach.host_rng))
+
+
 class _Dormant:
     """A reach kept between blocks without keeping its objects alive.
 
@@ -457,10 +480,12 @@ class _Dormant:
     from what was ``derived`` from the first (the layouts of ``recheck.watcher.capture``).
     """
 
-    __slots__ = ("live", "template", "refs", "derived")
+    __slots__ = ("live", "template", "refs", "derived", "sizes")
 
     def __init__(self, reach: Reach, template: Reach, refs: dict[str, tuple[list[Any], list[Any], list[Any]]]) -> None:
         self.live, self.template, self.refs = weakref.ref(reach), template, refs
+        #: how much the reach held when this copy was made (see :func:`put_to_sleep`)
+        self.sizes = _sizes(reach)
         #: the live reach's ``derived`` (the same dict): what a layer above worked out, which a
         #: revived reach starts from (it holds none of the reach's objects)
         self.derived = reach.derived

@@ -31,7 +31,7 @@ from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import hold_cwd, release_cwd
-from recheck.runtime.reach import reach_of
+from recheck.runtime.reach import put_to_sleep, reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
@@ -103,6 +103,7 @@ class Dispatcher(Interceptor):
             if not self.sessions:
                 for record in self.records:
                     record.closed = True
+                put_to_sleep(self._reach_cache)  # what the reaches found while running, kept for the next block
                 self.records, self.region_calls, self._reach_cache = [], {}, {}
                 if self._stop_listening is not None:  # a forward that never ended (its thread died)
                     self._stop_listening()

@@ -184,3 +184,33 @@ def test_a_reach_holds_while_a_global_table_holds_the_same_objects_two_levels_do
         assert reach.still_bound()
     finally:
         gelu[1]["approximate"] = "tanh"
+
+
+def test_what_a_reach_found_while_its_block_ran_is_revived_with_it_in_the_next_block():
+    import gc
+
+    from recheck.runtime.reach import put_to_sleep
+
+    block, found = _Block(), nn.ReLU()  # ``found``: a module the region ran that its code does not name
+    cache: dict = {}
+    first = reach_of(block, cache)
+    first.add_module("found", found)
+    put_to_sleep(cache)  # the block ends
+    names = {key: name for key, (name, _) in first.modules.items()}
+    cache.clear()
+    del first
+    gc.collect()
+    again = reach_of(block, {})  # the next block
+    assert id(found) in again.modules
+    assert {key: name for key, (name, _) in again.modules.items()} == names
+
+
+def test_a_reach_that_did_not_grow_keeps_its_dormant_copy():
+    from recheck.runtime import reach as reach_module
+
+    block, cache = _Block(), {}
+    reach_of(block, cache)
+    (key,) = cache
+    before = reach_module._LASTING[key][0]
+    reach_module.put_to_sleep(cache)
+    assert reach_module._LASTING[key][0] is before
