@@ -122,7 +122,7 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     ``tensor`` is the tensor as the saved-tensor hook got it, not detached: its print is what a
     detached one's would be (``requires_grad`` False), and nothing here records autograd history.
     """
-    if parameter is None or not (parameter.is_leaf and parameter.requires_grad) or parameter.layout != torch.strided:
+    if parameter is None or not (parameter.is_leaf and parameter.requires_grad) or parameter.layout is not _STRIDED:
         return print_activation(tensor, store)
     version = parameter._version
     # made without a call to ``__init__`` (a saved weight is printed at every forward and

@@ -125,7 +125,13 @@ class Forward:
         # tuples and dicts of strings: what an invocation keeps adds few objects for the
         # garbage collector to walk (an empty tuple is none; a record lives as long as the block)
         self.state_modules = tuple(capture.with_submodules(reach, self.ran.values()))
-        covered = {id(module) for _, module in self.state_modules}
+        # the same scope as the region's last invocation (the usual case): its very tuples, so
+        # that what the layouts keep for them is found by identity, and its set of their ids
+        last = reach.kept.get("scope")
+        if last is not None and same_objects(last[0], self.state_modules):
+            self.state_modules, covered = last[0], last[3]
+        else:
+            last, covered = None, {id(module) for _, module in self.state_modules}
         attribute_modules = []
         for module in self.direct.values():
             if id(module) not in covered:
@@ -139,16 +145,12 @@ class Forward:
             if id(module) not in covered:
                 touched.append((prefix, module, name))
         attribute_modules = tuple(attribute_modules)
-        # the same scope as the region's last invocation (the usual case): its very tuples, so
-        # that what the layouts keep for them is found by identity
         if self.state_modules or attribute_modules:  # (a region of plain functions has none)
-            last = reach.kept.get("scope")
-            if last is not None and same_objects(last[0], self.state_modules) \
-                    and same_objects(last[1], attribute_modules):
-                self.state_modules, attribute_modules, self.scope_pairs = last
+            if last is not None and same_objects(last[1], attribute_modules):
+                attribute_modules, self.scope_pairs = last[1], last[2]
             else:
                 self.scope_pairs = self.state_modules + attribute_modules
-                reach.kept["scope"] = (self.state_modules, attribute_modules, self.scope_pairs)
+                reach.kept["scope"] = (self.state_modules, attribute_modules, self.scope_pairs, covered)
             self.layout_memo = reach.kept.setdefault("layout", [])
         self.attribute_modules, self.touched_buffers = attribute_modules, tuple(touched)
         self.pointed = False  # a new scope: its storages are read when first asked for
@@ -193,7 +195,7 @@ class Forward:
 
         ``refresh`` reads the parameters' storages again (FSDP allocates them at each gather).
         """
-        if not tensor.numel() or tensor.layout != torch.strided:
+        if not tensor.numel() or tensor.layout is not _STRIDED:
             return None
         if refresh or not self.pointed:
             self._pointers()
@@ -605,8 +607,8 @@ class InvocationRecord:
 
     def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> TensorPrint | None:
         """The recomputed saved tensor ``index`` against the forward's print of it; the
-        recomputed print, which is ``original`` itself where a row-major tensor is equal to the
-        byte (None where it is not compared here)."""
+        recomputed print, which is ``original`` itself where the tensor is equal to it (None
+        where it is not compared here)."""
         compared = self._pass_saved
         if index in compared:
             return None
@@ -635,8 +637,12 @@ class InvocationRecord:
             # recompute lays it out as the forward did)
             recomputed = print_tensor(tensor, self.store, original.order, saved=True)
         tolerance = self.tolerance
-        if not (original.same(recomputed) if tolerance is None else original.matches(recomputed, tolerance)):
-            self._saved_diffs.setdefault(index, (original, recomputed))
+        if tolerance is None:
+            if original.same(recomputed):
+                return original  # the same metadata and bytes (or parameter and version): the forward's print stands
+        elif original.matches(recomputed, tolerance):
+            return recomputed
+        self._saved_diffs.setdefault(index, (original, recomputed))
         return recomputed
 
     def _count_compared(self) -> None:
