@@ -63,13 +63,18 @@ class Forward:
                  "saved_buffers", "buffer_pointers", "parameter_storages", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
-                 "subtrees")
+                 "subtrees", "predicted", "params_after")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
         self.reach, self.entry, self.shown = reach, entry, shown
-        #: the reached parameters' versions at forward entry
+        #: the parameters' versions at forward entry: of the scope the region's last invocation
+        #: had (``predicted``), or of its whole reach (``predicted`` None)
         self.params = params
+        self.predicted: tuple[tuple[str, torch.nn.Module], ...] | None = None
+        #: where the scope is not the one predicted: its parameters' versions when the forward
+        #: returned, for those the entry did not read
+        self.params_after: capture.ParameterVersions | None = None
         self.rng_consumed: frozenset[tuple[str, str]] = _NONE
         self.state_exit: capture.ModuleState | dict[tuple[str, str], Any] = {}
         self.outputs: list[tuple[str, TensorPrint]] | None = None
@@ -360,8 +365,14 @@ class InvocationRecord:
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
         entry, shown = capture.entry_state(reach)
         intended = self.grad_enabled if self.intended_grad is None else self.intended_grad
-        self.forward = Forward(reach, entry, shown, capture.parameter_versions(reach),
+        # the versions of the parameters of the scope the region's last invocation had (the
+        # same modules run again: a region of timm's checkpoint_seq reaches every block of the
+        # model and runs one), or, before its first, of all it reaches
+        last = reach.kept.get("scope")
+        predicted = last[2] if last is not None else None
+        self.forward = Forward(reach, entry, shown, capture.parameter_versions(reach, predicted),
                                context=current_context(intended))
+        self.forward.predicted = predicted
         for module in capture.direct_modules(self.function, reach):
             self.forward.direct.setdefault(id(module), module)
         capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked,
@@ -402,6 +413,11 @@ class InvocationRecord:
         forward.rng_consumed = frozenset(k for k, v in exit_state.items()
                                          if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
         forward.scope()
+        if forward.predicted is not None and forward.scope_pairs is not forward.predicted:
+            # other modules ran than at the last invocation: those the entry did not read are
+            # read now (an in-place change made by this forward itself shows in its activations)
+            forward.params_after = capture.parameter_versions(forward.reach, forward.scope_pairs)
+        forward.predicted = None
         forward.told.clear()  # needed only while it ran (the subtrees' modules go with them)
         forward.subtrees.clear()
         forward.state_exit = forward.state(self.store)
@@ -538,8 +554,11 @@ class InvocationRecord:
         # (name, version at forward, version now) of the parameters modified in place since
         # the parameters of the forward's scope (the modules that ran, their submodules, the
         # callable's own): a region of timm's checkpoint_seq reaches every block of the model
-        versions = forward.params.moved(capture.parameter_versions(
-            forward.reach, forward.scope_pairs)) if forward.params else []
+        now = capture.parameter_versions(forward.reach, forward.scope_pairs)
+        versions = forward.params.moved(now) if forward.params else []
+        if forward.params_after is not None:  # the scope was not the one predicted at the entry
+            read = dict(forward.params.items()) if forward.params else {}
+            versions += [moved for moved in forward.params_after.moved(now) if ("param_version", moved[0]) not in read]
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)

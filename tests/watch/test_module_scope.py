@@ -281,3 +281,56 @@ def test_a_parameter_of_a_block_the_segment_did_not_run_is_none_of_its_business(
     report = _segment_with(lambda blocks: blocks[1].bias.add_(1))  # run by it
     found = [f for f in report.findings if f.kind == "param_version"]
     assert [f.subject for f in found] == ["parameter `functions[1].bias`"], str(report)
+
+
+def _routed(routes: list[int], change) -> recheck.WatchReport:
+    """A region that runs one of two experts, chosen per call (a mixture of experts' routing):
+    its scope changes from one invocation to the next.  ``change(experts, route)`` runs between
+    each invocation's forward and its recompute."""
+    experts, router = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]), {"route": 0}
+
+    def region(x):
+        return torch.tanh(experts[router["route"]](x))
+
+    with recheck.watch(raise_on_finding=False) as w:
+        for route in routes:
+            router["route"] = route
+            out = checkpoint(region, torch.randn(2, 4, requires_grad=True), use_reentrant=False)
+            change(experts, route)
+            out.sum().backward()
+    return w.report
+
+
+def test_a_parameter_changed_after_a_forward_whose_scope_was_not_predicted_is_still_reported():
+    # the second invocation runs another expert than the first: its entry read the first's
+    # scope.  A bias is not saved for backward (a weight is, and its print is its version)
+    def bump(experts, route):
+        if route == 1:
+            with torch.no_grad():
+                experts[1].bias.add_(1)
+
+    report = _routed([0, 1], bump)
+    found = [f for f in report.findings if f.kind == "param_version"]
+    assert [f.subject for f in found] == ["parameter `experts.1.bias`"], str(report)
+    assert found[0].invocation.index == 2
+    assert _routed([0, 1, 1, 0], lambda experts, route: None).ok
+
+
+def test_a_parameter_changed_in_place_by_the_forward_itself_is_reported_when_its_scope_was_predicted():
+    class SelfNormalizing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            out = self.lin(x)
+            with torch.no_grad():
+                self.lin.bias.mul_(1.0)  # bumps the version inside the forward (a bias is not saved)
+            return out.tanh()
+
+    model = SelfNormalizing()
+    with recheck.watch(raise_on_finding=False) as w:
+        for _ in range(2):  # the second invocation's entry reads the first's scope
+            checkpoint(model, torch.randn(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
+    calls = sorted({f.invocation.index for f in w.report.findings if f.kind == "param_version"})
+    assert calls == [1, 2], str(w.report)
