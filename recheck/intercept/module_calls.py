@@ -17,15 +17,13 @@ keeps the patch in place for its length (:func:`hold`), silent between forwards,
 only sets the listener.
 
 Where ``Module.__call__`` is not torch's ``_wrapped_call_impl`` (an older or a patched torch)
-the global pre-hook is used instead: the same calls are seen, at the old cost.
+the global pre-hook is used instead: the same calls are seen, at the old cost.  Whoever
+replaces ``_call_impl`` after :func:`listen` keeps their replacement when the last listener
+goes; ours, below it, then passes calls straight through.
 
 A listener that has no use for the calls of some modules (``watch()``'s record, once a module
 ran, compares the state of its whole subtree: its submodules' calls add nothing) says so with
 :func:`pass_over`; their calls then cost the wrapper a dict lookup, not the listener's frame.
-
-Whoever
-replaces ``_call_impl`` after :func:`listen` keeps their replacement when the last listener
-goes; ours, below it, then passes calls straight through.
 """
 
 from __future__ import annotations
@@ -82,8 +80,9 @@ def _put_in_place() -> None:
     """Our ``_call_impl`` on top, unless it is there already (called under the lock)."""
     global _top, _top_replaced, _box
     if _top is None or torch.nn.Module.__dict__.get("_call_impl") is not _top:
-        listener, passed, _box[0], _box[1] = _box[0], _box[1], None, _NONE_PASSED  # a wrapper left below
-        _box = [listener, passed]  # another's patch goes silent
+        # a wrapper left below another's patch goes silent; the new one takes over its box's contents
+        listener, passed, _box[0], _box[1] = _box[0], _box[1], None, _NONE_PASSED
+        _box = [listener, passed]
         _top_replaced = torch.nn.Module.__dict__["_call_impl"]
         _top = _wrapper(_top_replaced, _box)
         torch.nn.Module._call_impl = _top  # type: ignore[method-assign]

@@ -25,8 +25,8 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "in_place_digest", "in_place_print", "in_place_print_of",
-           "memory_order", "print_activation", "print_saved", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "in_place_digest", "in_place_print_of", "memory_order",
+           "print_activation", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -181,9 +181,9 @@ def in_place_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype,
 def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
     """How :func:`in_place_digest` reads a tensor of this shape, strides and dtype: its shape,
     the seed of its hash (None: declined), the array type of its bytes, the order they lie in."""
-    shape, strides = tuple(tensor.shape), tensor.stride()
-    order = None if tensor.is_contiguous() else memory_order(tensor)
-    if order is None and not tensor.is_contiguous():
+    shape, strides, contiguous = tuple(tensor.shape), tensor.stride(), tensor.is_contiguous()
+    order = None if contiguous else memory_order(tensor)
+    if order is None and not contiguous:
         plan: _Plan = (shape, None, None, None)  # gaps, overlaps or broadcast dimensions: copied
     else:
         hashed = shape if order is None else tuple([shape[d] for d in order])
@@ -198,14 +198,6 @@ def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
 #: per layout, :func:`in_place_digest`'s reading of it (see :func:`_plan`)
 _Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None"]
 _PLANS: dict[tuple[Any, tuple[int, ...], torch.dtype], _Plan] = {}
-
-
-def in_place_print(tensor: torch.Tensor) -> TensorPrint | None:
-    """The digest print of a saved tensor :func:`in_place_digest` reads (None where it
-    declines): the print :func:`print_tensor` makes in the tensor's own order, in one call
-    where the general path makes three (every saved tensor is printed when its forward returns)."""
-    found = in_place_digest(tensor)
-    return None if found is None else in_place_print_of(found)
 
 
 def in_place_print_of(found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None]) -> TensorPrint:

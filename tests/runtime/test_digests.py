@@ -214,7 +214,7 @@ def test_a_saved_parameter_view_is_its_identity_and_version_and_any_other_tensor
                               torch.complex64, torch.uint8]),
        view=st.sampled_from(["as is", "neg", "transposed", "sliced", "permuted", "expanded"]))
 def test_the_in_place_fast_print_is_the_general_print_or_declines(shape, dtype, view):
-    from recheck.runtime.digests import in_place_digest, in_place_print, memory_order
+    from recheck.runtime.digests import in_place_digest, in_place_print_of, memory_order
 
     tensor = (torch.randn(tuple(shape)) * 10).to(dtype)
     if view == "neg" and dtype.is_floating_point:
@@ -229,8 +229,8 @@ def test_the_in_place_fast_print_is_the_general_print_or_declines(shape, dtype, 
         tensor = tensor.expand(3, *tensor.shape[1:])
     order = None if tensor.is_contiguous() else memory_order(tensor)
     for _ in range(2):  # the layout's plan made, then found
-        fast = in_place_print(tensor)
         found = in_place_digest(tensor)  # what a recompute compares, without a print
+        fast = None if found is None else in_place_print_of(found)  # what a forward keeps
         if fast is not None:
             assert fast.order == order
             assert fast == print_tensor(tensor, "digest", order, saved=True)  # every field
@@ -243,27 +243,27 @@ def test_the_in_place_fast_print_is_the_general_print_or_declines(shape, dtype, 
 def test_the_in_place_fast_print_declines_a_tensor_subclass():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from recheck.runtime.digests import in_place_print
+    from recheck.runtime.digests import in_place_digest
 
     class Tagged(torch.Tensor):
         pass
 
-    assert in_place_print(torch.randn(3).as_subclass(Tagged)) is None
-    assert in_place_print(torch.nn.Parameter(torch.randn(3))) is None
+    assert in_place_digest(torch.randn(3).as_subclass(Tagged)) is None
+    assert in_place_digest(torch.nn.Parameter(torch.randn(3))) is None
     with FakeTensorMode():
         fake = torch.randn(3)
-    assert in_place_print(fake) is None
+    assert in_place_digest(fake) is None
     assert print_tensor(fake, "digest", saved=True).unreadable  # the general path: metadata only
 
 
 def test_a_tensor_whose_storage_was_freed_is_printed_by_its_metadata():
     # Megatron's CheckpointWithoutOutput and FSDP free a storage with resize_(0): the data
     # pointer is then null, and reading the bytes there would crash the process
-    from recheck.runtime.digests import print_saved, in_place_print
+    from recheck.runtime.digests import in_place_digest, print_saved
 
     tensor = torch.randn(4, 8)
     tensor.untyped_storage().resize_(0)
-    assert in_place_print(tensor) is None
+    assert in_place_digest(tensor) is None
     for printed in (print_saved(tensor, "digest"), print_tensor(tensor, "digest")):
         assert printed.unreadable and "no bytes" in printed.unreadable and printed.shape == (4, 8)
 
