@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 
@@ -214,32 +214,41 @@ class SavedPrint:
     messages are unchanged; the comparison also hands the forward's print and the recomputed
     tensor to the record, which prints it the way the forward's was printed.  A forward's
     ``print`` is None until its forward returns, and its ``tensor`` is held until then; a
-    recompute's holds its tensor only, until the comparison gives it its print.
+    recompute's holds its tensor only.
+
+    Where the forward read an activation's bytes in place (:func:`in_place_digest`: most saved
+    tensors on CPU), it keeps what that gave as ``found`` and no print: a recompute reads its
+    tensor in place too and compares the two tuples, and a print is made only where they
+    differ (:meth:`forward_print`).
 
     ``base`` is :data:`LAZY` for torch's default check: its metadata (shape, dtype, device)
     is read from the print, or the tensor, when torch compares, not made for every saved
     tensor as a dict of a ``torch.Size`` and a ``torch.device``.
     """
 
-    __slots__ = ("base", "print", "record", "index", "tensor")
+    __slots__ = ("base", "print", "record", "index", "tensor", "found")
 
     def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int,
                  tensor: torch.Tensor | None = None) -> None:
         self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
+        #: the forward's ``in_place_digest`` of its tensor, where it is read in place (then ``print`` is None)
+        self.found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None = None
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not SavedPrint:
             return NotImplemented
-        record, mine = self.record, self.print
-        if record is not None and other.record is None and mine is not None:
+        record = self.record
+        if record is not None and other.record is None and (self.found is not None or self.print is not None):
             tensor = other.tensor
             if tensor is not None:
-                theirs = other.print = record.compare_saved(self.index, mine, tensor)
-                if theirs is mine and self.base is LAZY and other.base is LAZY:
-                    return True  # equal, to the byte: the recomputed tensor's print is the forward's
-                if theirs is not None and self.base is LAZY and other.base is LAZY:
-                    # the common case (torch's default check, both printed): shape, dtype, device
-                    return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
+                theirs = record.compare_saved(self, tensor)
+                if self.base is LAZY and other.base is LAZY:
+                    if theirs is True:
+                        return True  # equal, to the byte
+                    if theirs is not None:
+                        # the common case (torch's default check, both printed): shape, dtype, device
+                        other.print, mine = theirs, self.forward_print()
+                        return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
         if self.base is LAZY and other.base is LAZY:
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
@@ -248,8 +257,16 @@ class SavedPrint:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def forward_print(self) -> TensorPrint | None:
+        """The print of the tensor (None: not printed yet), made from ``found`` where the forward kept only that."""
+        if self.print is None and self.found is not None:
+            self.print = in_place_print_of(self.found)
+        return self.print
+
     def metadata(self) -> tuple[tuple[int, ...], torch.dtype, str] | None:
         """Shape, dtype and device, as torch's default check compares them (None: not known)."""
+        if self.found is not None:
+            return self.found[0], self.found[1], "cpu"
         if self.print is not None:
             return self.print.shape, self.print.dtype, self.print.device
         if self.tensor is not None:
@@ -439,6 +456,7 @@ class InvocationRecord:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
+        in_place = store == "digest"
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
             if tensor is None:
@@ -447,8 +465,12 @@ class InvocationRecord:
                 buffers[saved.index] = None
             owner = storages.get(tensor.untyped_storage().data_ptr()) \
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
-            # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
-            saved.print = print_activation(tensor, store) if owner is None else print_saved(tensor, store, owner)
+            if owner is not None:
+                saved.print = print_saved(tensor, store, owner)
+            elif in_place and (found := in_place_digest(tensor)) is not None:
+                saved.found = found  # an activation read in place: no print unless a recompute differs
+            else:  # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
+                saved.print = print_activation(tensor, store)
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -518,7 +540,7 @@ class InvocationRecord:
         # made without a call to ``__init__`` (torch asks for one per saved tensor, at the forward
         # and at each recompute): every slot is set here, as ``__init__`` sets them
         saved = _NEW_SAVED(SavedPrint)
-        saved.base, saved.print, saved.tensor = base, None, tensor
+        saved.base, saved.print, saved.tensor, saved.found = base, None, tensor, None
         if not self.forward_done and forward is not None:
             saved.record, saved.index = self, len(forward.saved)
             forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
@@ -624,10 +646,11 @@ class InvocationRecord:
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
-    def compare_saved(self, index: int, original: TensorPrint, tensor: torch.Tensor) -> TensorPrint | None:
-        """The recomputed saved tensor ``index`` against the forward's print of it; the
-        recomputed print, which is ``original`` itself where the tensor is equal to it (None
-        where it is not compared here)."""
+    def compare_saved(self, saved: SavedPrint, tensor: torch.Tensor) -> TensorPrint | Literal[True] | None:
+        """The recomputed saved tensor against the forward's print of it (``saved``): True where
+        it is equal to it, to the byte, else the recomputed print (None where it is not compared
+        here)."""
+        index = saved.index
         compared = self._pass_saved
         if index in compared:
             return None
@@ -635,30 +658,36 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None and index in forward.saved_buffers:
             return None  # a module buffer autograd saved: the buffer comparison reports it
-        if original.version is not None and forward is not None:
-            # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
-            owner = forward.parameter_of(tensor)
-            if owner is None:
-                owner = forward.parameter_of(tensor, refresh=True)
-            recomputed = print_saved(tensor, self.store, owner) if owner is not None \
-                else print_tensor(tensor, self.store, original.order, saved=True)
-        elif self.store == "digest" and (found := in_place_digest(tensor)) is not None and found[3] == original.order:
-            # the common case: an activation read in place, in the order its forward's print was
-            # (row-major, or a transposed one's memory order), equal to it, whose print is then
-            # the forward's (no print made; digests hold no copies, so a tolerance has nothing to
-            # compare but the bytes)
-            if found[2] == original.digest and found[0] == original.shape and found[1] is original.dtype \
-                    and original.device == "cpu":
-                return original
-            recomputed = in_place_print_of(found)  # a difference (rare): its print, from its digest
+        found = saved.found
+        if found is not None:
+            # the common case: an activation its forward read in place (row-major, or a transposed
+            # one's memory order), read in place again: equal when shape, dtype, digest and order
+            # are (digests hold no copies, so a tolerance has nothing to compare but the bytes)
+            now = in_place_digest(tensor)
+            if now == found:
+                return True
+            original = saved.forward_print()
+            assert original is not None
+            recomputed = in_place_print_of(now) if now is not None and now[3] == found[3] \
+                else print_tensor(tensor, self.store, found[3], saved=True)  # in the order the forward's was
         else:
-            # hashed in the order the forward's print was (its memory order: no copy when the
-            # recompute lays it out as the forward did)
-            recomputed = print_tensor(tensor, self.store, original.order, saved=True)
+            original = saved.print
+            assert original is not None
+            if original.version is not None and forward is not None:
+                # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
+                owner = forward.parameter_of(tensor)
+                if owner is None:
+                    owner = forward.parameter_of(tensor, refresh=True)
+                recomputed = print_saved(tensor, self.store, owner) if owner is not None \
+                    else print_tensor(tensor, self.store, original.order, saved=True)
+            else:
+                # hashed in the order the forward's print was (its memory order: no copy when the
+                # recompute lays it out as the forward did)
+                recomputed = print_tensor(tensor, self.store, original.order, saved=True)
         tolerance = self.tolerance
         if tolerance is None:
             if original.same(recomputed):
-                return original  # the same metadata and bytes (or parameter and version): the forward's print stands
+                return True  # the same metadata and bytes (or parameter and version)
         elif original.matches(recomputed, tolerance):
             return recomputed
         self._saved_diffs.setdefault(index, (original, recomputed))

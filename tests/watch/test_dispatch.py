@@ -189,6 +189,7 @@ def test_a_watched_step_leaves_no_reference_cycle_holding_tensors(early_stop):
 def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
+    from recheck.runtime.digests import print_tensor
     from recheck.watcher.records import LAZY, InvocationRecord, SavedPrint
 
     record = InvocationRecord(RegionKey("r", None, None), 1, {}, entry="checkpoint", function=None)
@@ -198,12 +199,19 @@ def test_a_saved_print_has_every_slot_its_constructor_sets():
     made = SavedPrint(LAZY, None, record, 0, tensor)
     assert [getattr(at_forward, n) for n in SavedPrint.__slots__] == [getattr(made, n) for n in SavedPrint.__slots__]
     record.end_forward(None, False)
-    assert at_forward.print is not None and at_forward.tensor is None
+    # read in place: what in_place_digest gave is kept, and a print is made only where a recompute differs
+    assert at_forward.found is not None and at_forward.print is None and at_forward.tensor is None
     at_recompute = record.saved_print(tensor)
     made = SavedPrint(LAZY, None, None, -1, tensor)
     assert [getattr(at_recompute, n) for n in SavedPrint.__slots__] == \
         [getattr(made, n) for n in SavedPrint.__slots__]
-    assert not (at_forward != at_recompute) and at_recompute.print is not None  # compared, printed alike
+    assert not (at_forward != at_recompute) and at_forward.print is None  # compared, equal: nothing printed
+    assert at_forward.forward_print() == print_tensor(tensor, "digest")
+    differing = record.saved_print(tensor + 1)
+    record._pass_saved = {}  # a second recompute pass
+    # torch's own check (shape, dtype, device) passes; the bytes differ, and both prints are made
+    assert not (at_forward != differing) and differing.print is not None and at_forward.print is not None
+    assert record._saved_diffs[0] == (at_forward.print, differing.print)
 
 
 def test_a_long_watch_keeps_little_per_invocation_once_its_graph_is_freed():
