@@ -44,7 +44,7 @@ from recheck.runtime.digests import (Store, TensorPrint, in_place_digest, in_pla
                                      print_tensor)
 from recheck.runtime.naming import RegionKey
 
-__all__ = ["LAZY", "Forward", "InvocationRecord", "SavedPrint"]
+__all__ = ["LAZY", "Forward", "InvocationRecord", "Recomputed", "SavedPrint"]
 
 #: a (name, module) pair's module; a module's own buffers (C-level passes over the scope)
 _MODULE = operator.itemgetter(1)
@@ -235,7 +235,18 @@ class SavedPrint:
         self.found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None = None
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not SavedPrint:
+        kind = type(other)
+        if kind is Recomputed:  # torch's default check, at a recompute: the common case
+            record = self.record
+            if record is not None and (self.found is not None or self.print is not None):
+                theirs = record.compare_saved(self, other[0])
+                if theirs is True:
+                    return True  # equal, to the byte
+                if theirs is not None:  # printed: shape, dtype, device
+                    mine = self.forward_print()
+                    return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
+            return self.metadata() == other.metadata() if self.base is LAZY else NotImplemented
+        if kind is not SavedPrint:
             return NotImplemented
         record = self.record
         if record is not None and other.record is None and (self.found is not None or self.print is not None):
@@ -279,8 +290,42 @@ class SavedPrint:
         metadata = self.metadata()
         if metadata is None:
             return "{}"
-        shape, dtype, device = metadata
-        return repr({"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)})
+        return _metadata_text(metadata)
+
+
+class Recomputed(tuple):
+    """A recompute's answer to torch's default check, ``(tensor,)``: torch asks for one per saved
+    tensor after the recompute ran, and compares it with the forward's :class:`SavedPrint`,
+    which compares the tensor (a tuple is made in C: no ``__init__``, no slot to set)."""
+
+    __slots__ = ()
+
+    def metadata(self) -> tuple[tuple[int, ...], torch.dtype, str]:
+        """Shape, dtype and device, as torch's default check compares them."""
+        tensor = self[0]
+        return tuple(tensor.shape), tensor.dtype, str(tensor.device)
+
+    def __eq__(self, other: object) -> bool:  # as the forward's print compares it (either side of ``==``)
+        if type(other) is SavedPrint:
+            return other.__eq__(self)
+        if type(other) is Recomputed:  # (a record that had no forward answered its forward's call too)
+            return self.metadata() == other.metadata()
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return _metadata_text(self.metadata())
+
+
+def _metadata_text(metadata: tuple[tuple[int, ...], torch.dtype, str]) -> str:
+    """The metadata as torch's default check writes it in its error message."""
+    shape, dtype, device = metadata
+    return repr({"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)})
 
 
 #: the forward of every released record (see ``InvocationRecord.release``): nothing reads or
@@ -521,7 +566,7 @@ class InvocationRecord:
                 saved.tensor = None
             self.forward.subtrees.clear()
 
-    def saved_print(self, tensor: torch.Tensor, base: Any = LAZY) -> SavedPrint:
+    def saved_print(self, tensor: torch.Tensor, base: Any = LAZY) -> SavedPrint | Recomputed:
         """``determinism_check`` hook: the forward's print of a saved tensor, or a recompute's.
 
         ``base`` is what another determinism check made of the tensor (``"none"``'s is None);
@@ -533,10 +578,13 @@ class InvocationRecord:
         the uncheckpointed forward would hold it: as the hook got it, not detached (its print
         reads it in place and records no autograd history; its graph, which holds the checkpoint's
         frame that holds this print, lives at least as long in the forward anyway, and the
-        reference goes when the forward returns or raises).  torch computes the recompute's metadata
-        after the recompute ran, so its print is taken here.
+        reference goes when the forward returns or raises).  torch asks for the recompute's metadata
+        after the recompute ran, and compares it with the forward's at once: under torch's default
+        check the answer is the tensor itself (:class:`Recomputed`), compared by the forward's print.
         """
         forward = self.forward
+        if base is LAZY and (self.forward_done or forward is None):
+            return Recomputed((tensor,))  # a recompute's, under torch's default check
         # made without a call to ``__init__`` (torch asks for one per saved tensor, at the forward
         # and at each recompute): every slot is set here, as ``__init__`` sets them
         saved = _NEW_SAVED(SavedPrint)

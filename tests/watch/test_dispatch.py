@@ -190,7 +190,7 @@ def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
     from recheck.runtime.digests import print_tensor
-    from recheck.watcher.records import LAZY, InvocationRecord, SavedPrint
+    from recheck.watcher.records import LAZY, InvocationRecord, Recomputed, SavedPrint
 
     record = InvocationRecord(RegionKey("r", None, None), 1, {}, entry="checkpoint", function=None)
     record.begin_forward(Reach())
@@ -202,16 +202,18 @@ def test_a_saved_print_has_every_slot_its_constructor_sets():
     # read in place: what in_place_digest gave is kept, and a print is made only where a recompute differs
     assert at_forward.found is not None and at_forward.print is None and at_forward.tensor is None
     at_recompute = record.saved_print(tensor)
-    made = SavedPrint(LAZY, None, None, -1, tensor)
-    assert [getattr(at_recompute, n) for n in SavedPrint.__slots__] == \
-        [getattr(made, n) for n in SavedPrint.__slots__]
+    assert type(at_recompute) is Recomputed and at_recompute[0] is tensor  # torch's default check: the tensor
     assert not (at_forward != at_recompute) and at_forward.print is None  # compared, equal: nothing printed
+    assert not (at_recompute != at_forward) and at_recompute == at_forward  # either side of the comparison
+    assert repr(at_recompute) == repr(at_forward) == repr({"shape": torch.Size([2]), "dtype": torch.float32,
+                                                           "device": torch.device("cpu")})
     assert at_forward.forward_print() == print_tensor(tensor, "digest")
     differing = record.saved_print(tensor + 1)
     record._pass_saved = {}  # a second recompute pass
     # torch's own check (shape, dtype, device) passes; the bytes differ, and both prints are made
-    assert not (at_forward != differing) and differing.print is not None and at_forward.print is not None
-    assert record._saved_diffs[0] == (at_forward.print, differing.print)
+    assert not (at_forward != differing) and at_forward.print is not None
+    assert at_forward != record.saved_print(torch.randn(3))  # other metadata: torch's check fails
+    assert record._saved_diffs[0] == (at_forward.print, print_tensor(tensor + 1, "digest"))
 
 
 def test_a_long_watch_keeps_little_per_invocation_once_its_graph_is_freed():
