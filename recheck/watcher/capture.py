@@ -18,7 +18,7 @@ from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Values
 import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
-from recheck.runtime.reach import GlobalRef, Reach, dereferenced, filled
+from recheck.runtime.reach import GlobalRef, Reach, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_tensor
@@ -61,8 +61,12 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
         else:
             break
     for cell in getattr(function, "__closure__", None) or ():
-        if filled(cell) and isinstance(cell.cell_contents, torch.nn.Module):
-            found.append(cell.cell_contents)
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, torch.nn.Module):
+            found.append(value)
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name)
         if isinstance(value, torch.nn.Module):
