@@ -606,21 +606,23 @@ class InvocationRecord:
         check the answer is the tensor itself (:class:`Recomputed`), compared by the forward's print.
         """
         forward = self.forward
-        if base is LAZY and (self.forward_done or forward is None):
-            return Recomputed((tensor,))  # a recompute's, under torch's default check
         # made without a call to ``__init__`` (torch asks for one per saved tensor, at the forward
         # and at each recompute): every slot is set here, as ``__init__`` sets them
-        saved = _NEW_SAVED(SavedPrint)
-        saved.base, saved.print, saved.tensor, saved.found = base, None, tensor, None
-        if not self.forward_done and forward is not None:
-            saved.record, saved.index = self, len(forward.saved)
-            forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
-            if self.replay_fully:  # what early stop would have left behind, were this the last save
-                forward.scope()
-                effects = None if self.forward_effects is None else len(self.forward_effects)
-                self._at_last_save = (forward.state(self.store), effects)
+        if self.forward_done or forward is None:  # a recompute's
+            if base is LAZY:  # under torch's default check
+                return Recomputed((tensor,))
+            saved = _NEW_SAVED(SavedPrint)
+            saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found = \
+                base, None, None, -1, tensor, None
             return saved
-        saved.record, saved.index = None, -1
+        saved = _NEW_SAVED(SavedPrint)
+        saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found = \
+            base, None, self, len(forward.saved), tensor, None
+        forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
+        if self.replay_fully:  # what early stop would have left behind, were this the last save
+            forward.scope()
+            effects = None if self.forward_effects is None else len(self.forward_effects)
+            self._at_last_save = (forward.state(self.store), effects)
         return saved
 
     # -- recompute -----------------------------------------------------------------------
