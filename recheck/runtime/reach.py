@@ -35,7 +35,14 @@ _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing
 
 #: exact types of module attributes that cannot be a ``torch.Generator``
 _NOT_GENERATORS = frozenset({dict, collections.OrderedDict, bool, int, float, str, tuple, list, set, type(None),
-                              types.FunctionType, torch.dtype, torch.device})
+                              types.FunctionType, torch.dtype, torch.device, torch.Tensor, torch.nn.Parameter})
+
+
+def _is_generator(value: Any) -> bool:
+    """``isinstance(value, torch.Generator)``, without torch's ``isinstance`` hook for the types
+    that never are one (torch 2.14 gives ``Generator`` a metaclass whose hook is a Python call:
+    a ``partial`` of transformers' layers binds a tensor, a tuple and flags, asked every invocation)."""
+    return type(value) not in _NOT_GENERATORS and isinstance(value, torch.Generator)
 
 
 @dataclass(frozen=True)
@@ -179,9 +186,7 @@ class Reach:
 
     def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
         for attr, value in vars(module).items():
-            # a module's own dicts and flags are never generators: asked without torch's
-            # ``isinstance`` hook for Generator (a Python-level call per attribute)
-            if type(value) not in _NOT_GENERATORS and isinstance(value, torch.Generator):
+            if _is_generator(value):  # (a module's own dicts and flags without torch's hook)
                 self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
 
     def _walk_class(self, cls: type) -> None:
@@ -569,7 +574,7 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
             return tuple(map(id, holders)), tuple(holders)
         if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
             bound = (*function.args, *getattr(function, "keywords", {}).values())
-            holders.extend(a for a in bound if isinstance(a, (torch.nn.Module, torch.Generator)))
+            holders.extend(a for a in bound if isinstance(a, torch.nn.Module) or _is_generator(a))
             function = function.func
         elif hasattr(function, "__self__") and hasattr(function, "__func__"):
             holders.append(function.__self__)
