@@ -178,6 +178,13 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
         key = (_working_directory(), function.__code__, function.__qualname__)
     elif isinstance(function, torch.nn.Module):
         key = (_working_directory(), kind, getattr(kind, "forward", None))
+    elif kind is functools.partial and type(function.func) is types.FunctionType:
+        # transformers' layers: ``partial(forward, self, **kwargs)`` made anew per call, over the
+        # same function (a decorated one: its name is its ``__wrapped__``'s, so kept by the
+        # function itself) and a module of the same class
+        args = function.args
+        key = (_working_directory(), kind, function.func,
+               type(args[0]) if args and isinstance(args[0], torch.nn.Module) else None)
     else:
         return _key(*_named(function), callsite)
     named = _NAMED.get(key)

@@ -132,3 +132,34 @@ def test_a_deleted_working_directory_leaves_paths_absolute(tmp_path, monkeypatch
     monkeypatch.chdir(gone)
     gone.rmdir()
     assert relative(__file__) == __file__
+
+
+def _deprecating(function):
+    """transformers' ``deprecate_kwarg``: a wrapper made per decorated function, whose name is its target's."""
+    @functools.wraps(function)
+    def wrapped_func(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapped_func
+
+
+def _plain_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def test_a_partial_of_a_decorated_function_is_named_by_its_target_and_its_module_class() -> None:
+    """transformers' layers checkpoint ``partial(forward, self, **kwargs)``, a new partial per
+    call over one decorated function: named as the first, whatever was named in between."""
+    first, second = _deprecating(Block.forward), _deprecating(_plain_forward)
+    block = Block()
+
+    class Other(torch.nn.Module):
+        pass
+
+    for _ in range(2):  # the second round answers from what the first kept
+        assert describe(functools.partial(first, block, flag=True), None).qualname == "Block.forward"
+        assert describe(functools.partial(second, block), None).qualname == "Block._plain_forward"
+        assert describe(functools.partial(second, Other()), None).qualname.endswith("Other._plain_forward")
+        assert describe(functools.partial(second, torch.ones(1)), None).qualname == "_plain_forward"
+        key = describe(functools.partial(second, block), "train.py:9")
+        assert key.callsite == "train.py:9"
+        assert key.defined_at == f"{relative(__file__)}:{_plain_forward.__code__.co_firstlineno}"
