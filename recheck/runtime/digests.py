@@ -25,8 +25,8 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "Store", "TensorPrint", "in_place_digest", "in_place_print_of", "memory_order",
-           "print_activation", "print_saved", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "in_place_digest", "in_place_print_of",
+           "memory_order", "parameter_print_of", "parameter_view", "print_activation", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -122,16 +122,34 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     ``tensor`` is the tensor as the saved-tensor hook got it, not detached: its print is what a
     detached one's would be (``requires_grad`` False), and nothing here records autograd history.
     """
+    view = parameter_view(tensor, parameter)
+    return print_activation(tensor, store) if view is None else parameter_print_of(view)
+
+
+#: what identifies a saved parameter's view (see :func:`parameter_view`)
+ParameterView = tuple[tuple[int, ...], torch.dtype, str, int, int, tuple[int, ...], int]
+
+
+def parameter_view(tensor: torch.Tensor, parameter: torch.Tensor | None) -> ParameterView | None:
+    """``(shape, dtype, device, id of the parameter, storage offset, strides, version)``: what
+    :func:`print_saved` prints a view of ``parameter`` by, none of its bytes read; None where
+    it prints its bytes (no parameter, or not a leaf that requires grad).  Two are equal
+    exactly where their prints are: a recompute compares it with its forward's, and makes a
+    print (:func:`parameter_print_of`) only where they differ."""
     if parameter is None or not (parameter.is_leaf and parameter.requires_grad) or parameter.layout is not _STRIDED:
-        return print_activation(tensor, store)
-    version = parameter._version
-    # made without a call to ``__init__`` (a saved weight is printed at every forward and
-    # recompute): every slot set, as ``TensorPrint(shape, dtype, device, identity, None, False,
-    # None, version)`` sets them
+        return None
+    return (tuple(tensor.shape), tensor.dtype, "cpu" if tensor.is_cpu else _device_name(tensor), id(parameter),
+            tensor.storage_offset(), tensor.stride(), parameter._version)
+
+
+def parameter_print_of(view: ParameterView) -> TensorPrint:
+    """The print of what :func:`parameter_view` gave: its identity, view and version."""
+    shape, dtype, device, identity, offset, strides, version = view
+    # made without a call to ``__init__``: every slot set, as ``TensorPrint(shape, dtype, device,
+    # digest, None, False, None, version)`` sets them
     printed = _NEW_PRINT(TensorPrint)
-    printed.shape, printed.dtype, printed.requires_grad = tuple(tensor.shape), tensor.dtype, False
-    printed.device = "cpu" if tensor.is_cpu else _device_name(tensor)
-    printed.digest = hash((id(parameter), tensor.storage_offset(), tensor.stride(), version)) & ((1 << 64) - 1)
+    printed.shape, printed.dtype, printed.device, printed.requires_grad = shape, dtype, device, False
+    printed.digest = hash((identity, offset, strides, version)) & ((1 << 64) - 1)
     printed.copy = printed.unreadable = printed.order = None
     printed.version = version
     return printed

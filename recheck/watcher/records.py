@@ -40,8 +40,8 @@ from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import (Store, TensorPrint, in_place_digest, in_place_print_of, print_activation, print_saved,
-                                     print_tensor)
+from recheck.runtime.digests import (ParameterView, Store, TensorPrint, in_place_digest, in_place_print_of,
+                                     parameter_print_of, parameter_view, print_activation, print_tensor)
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "Recomputed", "SavedPrint"]
@@ -240,28 +240,30 @@ class SavedPrint:
     recompute's holds its tensor only.
 
     Where the forward read an activation's bytes in place (:func:`in_place_digest`: most saved
-    tensors on CPU), it keeps what that gave as ``found`` and no print: a recompute reads its
-    tensor in place too and compares the two tuples, and a print is made only where they
-    differ (:meth:`forward_print`).
+    tensors on CPU), it keeps what that gave as ``found`` and no print, and a parameter's view
+    its :func:`parameter_view` as ``viewed``: a recompute reads its tensor the same way and
+    compares the two tuples, and a print is made only where they differ (:meth:`forward_print`).
 
     ``base`` is :data:`LAZY` for torch's default check: its metadata (shape, dtype, device)
     is read from the print, or the tensor, when torch compares, not made for every saved
     tensor as a dict of a ``torch.Size`` and a ``torch.device``.
     """
 
-    __slots__ = ("base", "print", "record", "index", "tensor", "found")
+    __slots__ = ("base", "print", "record", "index", "tensor", "found", "viewed")
 
     def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int,
                  tensor: torch.Tensor | None = None) -> None:
         self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
         #: the forward's ``in_place_digest`` of its tensor, where it is read in place (then ``print`` is None)
         self.found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None = None
+        #: the forward's ``parameter_view`` of its tensor, where it is a parameter's (then ``print`` is None)
+        self.viewed: ParameterView | None = None
 
     def __eq__(self, other: object) -> bool:
         kind = type(other)
         if kind is Recomputed:  # torch's default check, at a recompute: the common case
             record = self.record
-            if record is not None and (self.found is not None or self.print is not None):
+            if record is not None and (self.found is not None or self.viewed is not None or self.print is not None):
                 theirs = record.compare_saved(self, other[0])
                 if theirs is True:
                     return True  # equal, to the byte
@@ -272,7 +274,8 @@ class SavedPrint:
         if kind is not SavedPrint:
             return NotImplemented
         record = self.record
-        if record is not None and other.record is None and (self.found is not None or self.print is not None):
+        if record is not None and other.record is None and (self.found is not None or self.viewed is not None
+                                                              or self.print is not None):
             tensor = other.tensor
             if tensor is not None:
                 theirs = record.compare_saved(self, tensor)
@@ -292,15 +295,21 @@ class SavedPrint:
     __hash__ = None  # type: ignore[assignment]
 
     def forward_print(self) -> TensorPrint | None:
-        """The print of the tensor (None: not printed yet), made from ``found`` where the forward kept only that."""
-        if self.print is None and self.found is not None:
-            self.print = in_place_print_of(self.found)
+        """The print of the tensor (None: not printed yet), made from ``found`` or ``viewed``
+        where the forward kept only that."""
+        if self.print is None:
+            if self.found is not None:
+                self.print = in_place_print_of(self.found)
+            elif self.viewed is not None:
+                self.print = parameter_print_of(self.viewed)
         return self.print
 
     def metadata(self) -> tuple[tuple[int, ...], torch.dtype, str] | None:
         """Shape, dtype and device, as torch's default check compares them (None: not known)."""
         if self.found is not None:
             return self.found[0], self.found[1], "cpu"
+        if self.viewed is not None:
+            return self.viewed[0], self.viewed[1], self.viewed[2]
         if self.print is not None:
             return self.print.shape, self.print.dtype, self.print.device
         if self.tensor is not None:
@@ -533,8 +542,8 @@ class InvocationRecord:
                 buffers[saved.index] = None
             owner = storages.get(tensor.untyped_storage().data_ptr()) \
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
-            if owner is not None:
-                saved.print = print_saved(tensor, store, owner)
+            if owner is not None and (view := parameter_view(tensor, owner)) is not None:
+                saved.viewed = view  # a parameter's view, told by identity and version: no print either
             elif in_place and (found := in_place_digest(tensor)) is not None:
                 saved.found = found  # an activation read in place: no print unless a recompute differs
             else:  # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
@@ -612,12 +621,12 @@ class InvocationRecord:
             if base is LAZY:  # under torch's default check
                 return Recomputed((tensor,))
             saved = _NEW_SAVED(SavedPrint)
-            saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found = \
-                base, None, None, -1, tensor, None
+            saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found, saved.viewed = \
+                base, None, None, -1, tensor, None, None
             return saved
         saved = _NEW_SAVED(SavedPrint)
-        saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found = \
-            base, None, self, len(forward.saved), tensor, None
+        saved.base, saved.print, saved.record, saved.index, saved.tensor, saved.found, saved.viewed = \
+            base, None, self, len(forward.saved), tensor, None, None
         forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
         if self.replay_fully:  # what early stop would have left behind, were this the last save
             forward.scope()
@@ -743,20 +752,24 @@ class InvocationRecord:
             assert original is not None
             recomputed = in_place_print_of(now) if now is not None and now[3] == found[3] \
                 else print_tensor(tensor, self.store, found[3], saved=True)  # in the order the forward's was
-        else:
-            original = saved.print
+        elif saved.viewed is not None and forward is not None:
+            # a parameter's view at forward: the same view of the same parameter, at the same
+            # version, now?  (FSDP gathers it anew: look again)
+            owner = forward.parameter_of(tensor)
+            if owner is None:
+                owner = forward.parameter_of(tensor, refresh=True)
+            view = parameter_view(tensor, owner)
+            if view == saved.viewed:
+                return True
+            original = saved.forward_print()
             assert original is not None
-            if original.version is not None and forward is not None:
-                # a parameter at forward: the same parameter now?  (FSDP gathers it anew: look again)
-                owner = forward.parameter_of(tensor)
-                if owner is None:
-                    owner = forward.parameter_of(tensor, refresh=True)
-                recomputed = print_saved(tensor, self.store, owner) if owner is not None \
-                    else print_tensor(tensor, self.store, original.order, saved=True)
-            else:
-                # hashed in the order the forward's print was (its memory order: no copy when the
-                # recompute lays it out as the forward did)
-                recomputed = print_tensor(tensor, self.store, original.order, saved=True)
+            recomputed = parameter_print_of(view) if view is not None else print_activation(tensor, self.store)
+        else:
+            original = saved.forward_print()
+            assert original is not None
+            # hashed in the order the forward's print was (its memory order: no copy when the
+            # recompute lays it out as the forward did)
+            recomputed = print_tensor(tensor, self.store, original.order, saved=True)
         tolerance = self.tolerance
         if tolerance is None:
             if original.same(recomputed):

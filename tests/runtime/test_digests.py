@@ -208,6 +208,28 @@ def test_a_saved_parameter_view_is_its_identity_and_version_and_any_other_tensor
     assert print_saved(view, "digest").version is None
 
 
+def test_a_parameter_view_is_equal_exactly_where_its_print_is():
+    """A recompute compares ``parameter_view`` tuples, and prints only where they differ."""
+    from recheck.runtime.digests import parameter_print_of, parameter_view, print_saved
+
+    weight, other = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(4, 3))
+    views = [lambda w: w, lambda w: w.t(), lambda w: w[1:], lambda w: w[:3], lambda w: w.view(3, 4)]
+    for make in views:
+        for again in views:
+            for owner in (weight, other):
+                first, second = parameter_view(make(weight), weight), parameter_view(again(owner), owner)
+                assert parameter_print_of(first) == print_saved(make(weight), "digest", weight)
+                assert (first == second) == parameter_print_of(first).same(parameter_print_of(second))
+    before = parameter_view(weight.t(), weight)
+    with torch.no_grad():
+        weight.mul_(1.0)  # the same values, a new version
+    assert parameter_view(weight.t(), weight) != before
+    # a buffer or a frozen parameter is printed by its bytes
+    assert parameter_view(weight, torch.randn(4, 3)) is None and parameter_view(weight, None) is None
+    frozen = torch.nn.Parameter(torch.randn(2), requires_grad=False)
+    assert parameter_view(frozen, frozen) is None
+
+
 @settings(max_examples=120, deadline=None)
 @given(shape=st.lists(st.integers(0, 4), max_size=3),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.bool,
