@@ -14,6 +14,7 @@ import collections
 import functools
 import logging
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -314,10 +315,12 @@ def kept_shallow(value: Any) -> Any:
     their items' identities and, one level down, of their mutable items' contents; an item that
     is the same immutable object prints the same, so only the mutable ones are read again.
     Exact as :func:`shallow` is: a name added, removed or rebound, or a mutable item changed
-    within the depth :func:`shallow` reads, is a new print.  Prints are kept only while some
-    reader holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe), and what is
-    kept, which holds the objects, goes when the last one lets go; with no reader this is
-    :func:`shallow`.
+    within the depth :func:`shallow` reads, is a new print.  Prints are kept while some reader
+    holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe); when the last one
+    lets go, what is kept of an object that can be weakly referenced and holds no tensor is put
+    to sleep (:data:`_DORMANT`), holding the object weakly, and the next reader starts from it
+    (a ``watch()`` block per test or per step reads the same config in each).  With no reader
+    this is :func:`shallow`.
     """
     if not _KEPT_HOLD.count:
         return shallow(value)
@@ -336,6 +339,8 @@ def kept_shallow(value: Any) -> Any:
     if len(mapping) > _MAX_ITEMS:
         return shallow(value)
     kept = _KEPT.get(id(value))
+    if kept is None and _DORMANT:
+        kept = _woken(value)
     # names by identity too: a key that is another object equal to the old one prints by its id
     # (the dict's views against the kept tuples, in C-level passes, no tuple made)
     if kept is not None and kept[0] is value and len(mapping) == len(kept[1]) \
@@ -353,6 +358,45 @@ def kept_shallow(value: Any) -> Any:
         _KEPT.clear()
     _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
     return printed
+
+
+#: what :data:`_KEPT` held when its last reader let go, by the same ids, with the object held
+#: weakly (its entry goes when it dies): its names and items, held as they were when last
+#: read (the object holds them too, unless it was changed since), and their prints.  An entry
+#: whose items hold a tensor, or whose object cannot be weakly referenced, is not kept.
+_DORMANT: dict[int, tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]] = {}
+
+
+def _woken(value: Any) -> tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any] | None:
+    """The dormant entry of ``value`` made a kept one again, or None (none, or another object's)."""
+    dormant = _DORMANT.pop(id(value), None)
+    if dormant is None or dormant[0]() is not value:
+        return None
+    kept = (value, *dormant[1:])
+    _KEPT[id(value)] = kept
+    return kept
+
+
+def _put_kept_to_sleep() -> None:
+    """When the last reader lets go: what is kept, its objects held weakly (see :data:`_DORMANT`)."""
+    for key, (value, names, items, unstable, held, printed) in _KEPT.items():
+        if _holds_tensor(items):
+            continue
+        try:
+            ref = weakref.ref(value, functools.partial(_forget, key))
+        except TypeError:  # a plain dict, a list: no weak reference
+            continue
+        _DORMANT[key] = (ref, names, items, unstable, held, printed)
+    _KEPT.clear()
+    while len(_DORMANT) > _KEPT_SIZE:
+        del _DORMANT[next(iter(_DORMANT))]  # the oldest first
+
+
+def _forget(key: int, ref: Any) -> None:
+    """A dormant object died: its entry goes (unless another object's took its id since)."""
+    dormant = _DORMANT.get(key)
+    if dormant is not None and dormant[0] is ref:
+        del _DORMANT[key]
 
 
 def _hold(item: Any) -> tuple[bool, Any]:
@@ -421,7 +465,7 @@ _IS = operator.is_
 _IS_NOT = operator.is_not
 #: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go lets go
 #: of every object they hold
-_KEPT_HOLD = Hold("hold_kept", last=_KEPT.clear)
+_KEPT_HOLD = Hold("hold_kept", last=_put_kept_to_sleep)
 
 
 def hold_kept() -> None:
@@ -430,8 +474,8 @@ def hold_kept() -> None:
 
 
 def release_kept() -> None:
-    """Let go of one hold; with the last, let go of every object the kept prints hold.  Raises
-    without a hold."""
+    """Let go of one hold; with the last, put the kept prints to sleep (see :data:`_DORMANT`).
+    Raises without a hold."""
     _KEPT_HOLD.release()
 
 

@@ -216,6 +216,14 @@ class _KeptConfig:
         self.weights = torch.zeros(2)
 
 
+class _TensorFreeConfig(_KeptConfig):
+    """The same without a tensor: what is kept of it sleeps between readers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.weights
+
+
 class _MappedConfig(_KeptConfig):
     """A transformers-style config: its ``__getattribute__`` maps some names to others."""
 
@@ -250,7 +258,7 @@ _MUTATIONS = [
     lambda c: c.sizes.__setitem__(0, 1.5),
     lambda c: c.pair[1].__setitem__("k", 2),              # two levels down: past shallow's depth
     lambda c: setattr(c.inner, "depth", 2),               # inside a nested object, one level down
-    lambda c: c.weights.add_(1),                          # a tensor's version
+    lambda c: c.weights.add_(1) if hasattr(c, "weights") else None,  # a tensor's version
     lambda c: setattr(c, "weights", torch.zeros(2)),
     lambda c: setattr(c, "extra", [1]),                   # a name added
     lambda c: c.__dict__.pop("extra", None),              # and removed
@@ -262,18 +270,55 @@ _MUTATIONS = [
 ]
 
 
-@settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(0, len(_MUTATIONS) - 1), max_size=12), st.booleans(),
-       st.sampled_from([_KeptConfig, _MappedConfig]))
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_MUTATIONS) - 1), st.booleans()), max_size=12), st.booleans(),
+       st.sampled_from([_KeptConfig, _MappedConfig, _TensorFreeConfig]))
 def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict, config_class):
+    """Changed while held, or while no reader held it (``asleep``: its kept print slept)."""
     hold_kept()
     config = config_class()
     value = vars(config) if as_dict else config  # a dict is kept the same way as an object
     assert kept_shallow(value) == shallow(value)
-    for step in steps:
+    for step, asleep in steps:
+        if asleep:
+            release_kept()
         _MUTATIONS[step](config)
+        if asleep:
+            hold_kept()
         assert kept_shallow(value) == shallow(value)
     release_kept()
+
+
+def test_what_is_kept_sleeps_between_readers_and_holds_its_object_weakly():
+    """A ``watch()`` block per test reads the same config in each: the next block starts from
+    what the last one kept, without keeping the config alive meanwhile."""
+    import gc
+    import weakref
+
+    from recheck.runtime import fingerprints
+
+    config = _TensorFreeConfig()
+    hold_kept()
+    first = kept_shallow(config)
+    release_kept()
+    assert not fingerprints._KEPT and id(config) in fingerprints._DORMANT
+    hold_kept()
+    assert kept_shallow(config) is first  # woken: nothing printed again
+    release_kept()
+    config.labels[0] = "changed while no one read it"
+    hold_kept()
+    assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
+    release_kept()
+    alive, key = weakref.ref(config), id(config)
+    del config
+    gc.collect()
+    assert alive() is None and key not in fingerprints._DORMANT  # not kept alive, and forgotten
+    # an object whose items hold a tensor, and a plain dict (no weak reference), do not sleep
+    tensors, plain = _KeptConfig(), {"sizes": [1, 2]}
+    hold_kept()
+    kept_shallow(tensors), kept_shallow(plain)
+    release_kept()
+    assert id(tensors) not in fingerprints._DORMANT and id(plain) not in fingerprints._DORMANT
 
 
 def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
