@@ -362,8 +362,10 @@ def kept_shallow(value: Any) -> Any:
 
 #: what :data:`_KEPT` held when its last reader let go, by the same ids, with the object held
 #: weakly (its entry goes when it dies): its names and items, held as they were when last
-#: read (the object holds them too, unless it was changed since), and their prints.  An entry
-#: whose items hold a tensor, or whose object cannot be weakly referenced, is not kept.
+#: read (the object holds them too, unless it was changed since: then until the next reader
+#: reads it), and their prints.  Only entries of objects that can be weakly referenced, whose
+#: items are immutable or containers without a tensor one level down (a config's numbers,
+#: strings and maps), sleep: one holding a tensor or another object is let go.
 _DORMANT: dict[int, tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]] = {}
 
 
@@ -380,7 +382,7 @@ def _woken(value: Any) -> tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any] 
 def _put_kept_to_sleep() -> None:
     """When the last reader lets go: what is kept, its objects held weakly (see :data:`_DORMANT`)."""
     for key, (value, names, items, unstable, held, printed) in _KEPT.items():
-        if _holds_tensor(items):
+        if _holds_tensor(items) or not all(contents for contents, _ in held):
             continue
         try:
             ref = weakref.ref(value, functools.partial(_forget, key))
@@ -396,7 +398,7 @@ def _forget(key: int, ref: Any) -> None:
     """A dormant object died: its entry goes (unless another object's took its id since)."""
     dormant = _DORMANT.get(key)
     if dormant is not None and dormant[0] is ref:
-        del _DORMANT[key]
+        _DORMANT.pop(key, None)
 
 
 def _hold(item: Any) -> tuple[bool, Any]:
@@ -463,8 +465,8 @@ def _holds_tensor(objects: tuple) -> bool:
 
 _IS = operator.is_
 _IS_NOT = operator.is_not
-#: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go lets go
-#: of every object they hold
+#: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go puts them
+#: to sleep
 _KEPT_HOLD = Hold("hold_kept", last=_put_kept_to_sleep)
 
 

@@ -217,11 +217,13 @@ class _KeptConfig:
 
 
 class _TensorFreeConfig(_KeptConfig):
-    """The same without a tensor: what is kept of it sleeps between readers."""
+    """The same without a tensor or a nested object (a map in its place): what is kept of it
+    sleeps between readers."""
 
     def __init__(self) -> None:
         super().__init__()
         del self.weights
+        self.inner = {"depth": 1}
 
 
 class _MappedConfig(_KeptConfig):
@@ -257,7 +259,7 @@ _MUTATIONS = [
     lambda c: c.sizes.append(3),
     lambda c: c.sizes.__setitem__(0, 1.5),
     lambda c: c.pair[1].__setitem__("k", 2),              # two levels down: past shallow's depth
-    lambda c: setattr(c.inner, "depth", 2),               # inside a nested object, one level down
+    lambda c: c.inner.__setitem__("depth", 2) if type(c.inner) is dict else setattr(c.inner, "depth", 2),
     lambda c: c.weights.add_(1) if hasattr(c, "weights") else None,  # a tensor's version
     lambda c: setattr(c, "weights", torch.zeros(2)),
     lambda c: setattr(c, "extra", [1]),                   # a name added
@@ -313,12 +315,15 @@ def test_what_is_kept_sleeps_between_readers_and_holds_its_object_weakly():
     del config
     gc.collect()
     assert alive() is None and key not in fingerprints._DORMANT  # not kept alive, and forgotten
-    # an object whose items hold a tensor, and a plain dict (no weak reference), do not sleep
-    tensors, plain = _KeptConfig(), {"sizes": [1, 2]}
+    # an object whose items hold a tensor or another object, and a plain dict (no weak
+    # reference), do not sleep
+    tensors, nested, plain = _KeptConfig(), _TensorFreeConfig(), {"sizes": [1, 2]}
+    del tensors.inner
+    nested.inner = type("Inner", (), {})()
     hold_kept()
-    kept_shallow(tensors), kept_shallow(plain)
+    kept_shallow(tensors), kept_shallow(nested), kept_shallow(plain)
     release_kept()
-    assert id(tensors) not in fingerprints._DORMANT and id(plain) not in fingerprints._DORMANT
+    assert not {id(tensors), id(nested), id(plain)} & set(fingerprints._DORMANT)
 
 
 def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
