@@ -9,7 +9,7 @@ plain ones (interleaved rounds, best of each, this process's CPU time):
 * ``state``: the module state read three times an invocation (``capture.module_state``),
 * ``entry``: the RNG streams and globals (``capture.entry_state``),
 * ``params``: the parameter versions (``capture.parameter_versions``),
-* ``saved``: every saved tensor's print (``print_saved``, ``print_activation``, ``in_place_digest``;
+* ``saved``: every saved tensor's print (``parameter_view``, ``print_activation``, ``in_place_digest``;
   what is left is its metadata, which torch's own check compares),
 * ``naming``: naming the region and its call site (``describe``, ``call_site``),
 * ``effects``: the capture of a recompute's logging, output and warnings,
@@ -104,11 +104,13 @@ def switched_off(part: str) -> Iterator[None]:
             def metadata(tensor: Any, *args: Any, **kwargs: Any) -> TensorPrint:
                 return TensorPrint(tuple(tensor.shape), tensor.dtype, "cpu", 0)
 
-            for name in ("print_saved", "print_activation", "print_tensor"):
+            for name in ("print_activation", "print_tensor"):
                 stack.enter_context(_patched(records, name, metadata))
-            # a recompute's tensor read in place is compared by its digest alone: the metadata's
+            # a tensor read in place is compared by its digest alone: the metadata's; a parameter's
+            # view (its identity and version) is read that way too
             stack.enter_context(_patched(records, "in_place_digest",
                                          lambda tensor: (tuple(tensor.shape), tensor.dtype, 0, None)))
+            stack.enter_context(_patched(records, "parameter_view", lambda tensor, parameter: None))
         elif part == "naming":
             stack.enter_context(_patched(hooks, "describe", _memo(hooks.describe, lambda function, site: type(function))))
             stack.enter_context(_patched(hooks, "call_site", lambda *a, **k: None))

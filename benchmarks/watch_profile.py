@@ -8,8 +8,9 @@ prints each phase's time per invocation and its calls per invocation:
 * the call's bookkeeping (``_new_call``: naming the region, the record),
 * the forward's start and end (RNG, parameter versions, the scope of modules, module state,
   the prints of what autograd saved),
-* each saved tensor's print (``saved_print`` at pack time, ``print_activation`` or
-  ``print_saved`` when the forward returns) and its recompute's comparison (``compare_saved``),
+* each saved tensor's print (``saved_print`` at pack time, ``in_place_digest``,
+  ``parameter_view`` or ``print_activation`` when the forward returns) and its recompute's
+  comparison (``compare_saved``),
 * the recompute's start and end (state compared, effects captured), and
 * the parts they are made of (``module_state``, ``entry_state``, ``parameter_versions`` ...).
 
@@ -55,7 +56,7 @@ PHASES = (
     ("recheck.watcher.records", "InvocationRecord", "begin_recompute"),
     ("recheck.watcher.records", "InvocationRecord", "end_recompute"),
     ("recheck.watcher.records", "Forward", "scope"),
-    ("recheck.watcher.records", "", "print_saved"),
+    ("recheck.watcher.records", "", "parameter_view"),
     ("recheck.watcher.records", "", "print_activation"),
     ("recheck.watcher.records", "", "in_place_digest"),
     ("recheck.watcher.records", "", "print_tensor"),
