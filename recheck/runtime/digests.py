@@ -25,7 +25,7 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "in_place_digest", "in_place_print_of",
+__all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "planned_digest", "planned_print_of",
            "memory_order", "parameter_print_of", "parameter_view", "print_activation", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
@@ -157,69 +157,78 @@ def parameter_print_of(view: ParameterView) -> TensorPrint:
 
 def print_activation(tensor: torch.Tensor, store: Store) -> TensorPrint:
     """The print of a saved tensor that is no parameter's view (:func:`print_saved`'s own
-    case for those): its bytes, read in place where they lie densely (most activations
-    row-major, a transposed one in its memory order: attention's keys), else through a copy."""
+    case for those): its bytes, read by :func:`planned_digest` (in place where they lie densely:
+    most activations row-major, a transposed one in its memory order; else through one row-major
+    copy), or else by :func:`print_tensor`."""
     if store == "digest":
-        found = in_place_digest(tensor)
+        found = planned_digest(tensor)
         if found is not None:
-            return in_place_print_of(found)
+            return planned_print_of(found)
     return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
 
 
-def in_place_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None:
-    """``(shape, dtype, digest, order)`` of a saved tensor whose bytes are read in place: a
-    plain CPU tensor laid out densely, row-major (``order`` None: most saved activations) or in
-    another order of its dimensions (``order``, its :func:`memory_order`: a transposed key);
-    None for any other (then :func:`print_tensor`, whose print in the same order has this
-    digest).  No print is made: a recompute's saved tensor, compared with its forward's print
-    and almost always equal, needs none (see :func:`in_place_print_of`).  What a layout asks
-    (its order, the hash's header, the array type its bytes are read through) is worked out
-    once per shape, strides and dtype.  A subclass (a fake, functional or distributed tensor,
-    whose bytes may not be there to read) is declined, as is a negative view (its bytes are
-    not its values) and a dtype without an integer view of its width."""
+def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None:
+    """``(shape, dtype, digest, order)`` of a plain CPU tensor autograd saved, read by the plan
+    of its layout: its bytes in place where they lie densely, row-major (``order`` None: most
+    saved activations) or in another order of its dimensions (``order``, its
+    :func:`memory_order`: a transposed key), else through one row-major copy (a view with gaps,
+    overlaps or broadcast dimensions: attention's q, k and v sliced from one projection;
+    ``order`` None); None for any other (then :func:`print_tensor`, whose print in the same
+    order has this digest).  No print is made: a recompute's saved tensor, compared with its
+    forward's and almost always equal, needs none (see :func:`planned_print_of`).  What a
+    layout asks (its order, the hash's header, the array type its bytes are read through, the
+    integer view a copy is made of) is worked out once per shape, strides and dtype.  A
+    subclass (a fake, functional or distributed tensor, whose bytes may not be there to read) is
+    declined, as is a negative view (its bytes are not its values) and a dtype without an
+    integer view of its width (a complex one)."""
     if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED) or tensor.is_neg() \
             or _HASHER is not _XXH3_128:  # (without xxhash, _XXH3_128 is None)
         return None
     dtype = tensor.dtype
     plan = _PLANS.get((tensor.shape, tensor.stride(), dtype)) or _plan(tensor, dtype)
-    shape, seed, array, order = plan
+    shape, seed, array, order, width = plan
     if seed is None:
         return None
-    if array is None:
-        data = b""
-    else:
-        # ``_address``'s refusal of a null pointer, without its call (a plain tensor is no fake one)
-        address = tensor.data_ptr()
-        if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
-            return None
-        data = array.from_address(address)
-    return shape, dtype, _XXH3_128_SEEDED(data, seed), order
+    if array is None:  # no elements
+        return shape, dtype, _XXH3_128_SEEDED(b"", seed), order
+    # ``_address``'s refusal of a null pointer, without its call (a plain tensor is no fake one)
+    address = tensor.data_ptr()
+    if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
+        return None
+    if width is None:
+        return shape, dtype, _XXH3_128_SEEDED(array.from_address(address), seed), order
+    # the row-major bits, as ``print_tensor`` copies them (``bits`` is held while they are read)
+    bits = tensor.view(width).contiguous()
+    value = _XXH3_128_SEEDED(array.from_address(bits.data_ptr()), seed)
+    return shape, dtype, value, order
 
 
 def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
-    """How :func:`in_place_digest` reads a tensor of this shape, strides and dtype: its shape,
-    the seed of its hash (None: declined), the array type of its bytes, the order they lie in."""
+    """How :func:`planned_digest` reads a tensor of this shape, strides and dtype: its shape,
+    the seed of its hash (None: declined), the array type of its bytes, the order they lie in,
+    and the integer dtype of the row-major copy its bytes are read from (None: read in place)."""
     shape, strides, contiguous = tuple(tensor.shape), tensor.stride(), tensor.is_contiguous()
     order = None if contiguous else memory_order(tensor)
-    if order is None and not contiguous:
-        plan: _Plan = (shape, None, None, None)  # gaps, overlaps or broadcast dimensions: copied
+    copied = order is None and not contiguous  # gaps, overlaps or broadcast dimensions
+    hashed = shape if order is None else tuple([shape[d] for d in order])
+    _, seed, same_width, array = _header(dtype, hashed, order)
+    if same_width is None:
+        plan: _Plan = (shape, None, None, None, None)
     else:
-        hashed = shape if order is None else tuple([shape[d] for d in order])
-        _, seed, same_width, array = _header(dtype, hashed, order)
-        plan = (shape, seed, array, order) if same_width is not None else (shape, None, None, None)
+        plan = (shape, seed, array, order, same_width if copied else None)
     if len(_PLANS) >= _HEADERS_SIZE:
         _PLANS.clear()
     _PLANS[(tensor.shape, strides, dtype)] = plan
     return plan
 
 
-#: per layout, :func:`in_place_digest`'s reading of it (see :func:`_plan`)
-_Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None"]
+#: per layout, :func:`planned_digest`'s reading of it (see :func:`_plan`)
+_Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None", "torch.dtype | None"]
 _PLANS: dict[tuple[Any, tuple[int, ...], torch.dtype], _Plan] = {}
 
 
-def in_place_print_of(found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None]) -> TensorPrint:
-    """The print of what :func:`in_place_digest` gave (its bytes are not read again)."""
+def planned_print_of(found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None]) -> TensorPrint:
+    """The print of what :func:`planned_digest` gave (its bytes are not read again)."""
     printed = _NEW_PRINT(TensorPrint)  # every slot set, as ``TensorPrint(shape, dtype, "cpu", value, order=...)`` sets them
     printed.shape, printed.dtype, printed.digest, printed.order = found
     printed.device, printed.requires_grad = "cpu", False

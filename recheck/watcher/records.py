@@ -40,8 +40,8 @@ from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation
 from recheck.watcher import capture
-from recheck.runtime.digests import (ParameterView, Store, TensorPrint, in_place_digest, in_place_print_of,
-                                     parameter_print_of, parameter_view, print_activation, print_tensor)
+from recheck.runtime.digests import (ParameterView, Store, TensorPrint, parameter_print_of, parameter_view, planned_digest,
+                                     planned_print_of, print_activation, print_tensor)
 from recheck.runtime.naming import RegionKey
 
 __all__ = ["LAZY", "Forward", "InvocationRecord", "Recomputed", "SavedPrint"]
@@ -239,8 +239,8 @@ class SavedPrint:
     ``print`` is None until its forward returns, and its ``tensor`` is held until then; a
     recompute's holds its tensor only.
 
-    Where the forward read an activation's bytes in place (:func:`in_place_digest`: most saved
-    tensors on CPU), it keeps what that gave as ``found`` and no print, and a parameter's view
+    Where the forward read an activation's bytes by :func:`planned_digest` (most saved tensors
+    on CPU), it keeps what that gave as ``found`` and no print, and a parameter's view
     its :func:`parameter_view` as ``viewed``: a recompute reads its tensor the same way and
     compares the two tuples, and a print is made only where they differ (:meth:`forward_print`).
 
@@ -254,7 +254,7 @@ class SavedPrint:
     def __init__(self, base: Any, tensor_print: TensorPrint | None, record: InvocationRecord | None, index: int,
                  tensor: torch.Tensor | None = None) -> None:
         self.base, self.print, self.record, self.index, self.tensor = base, tensor_print, record, index, tensor
-        #: the forward's ``in_place_digest`` of its tensor, where it is read in place (then ``print`` is None)
+        #: the forward's ``planned_digest`` of its tensor, where it gave one (then ``print`` is None)
         self.found: tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None = None
         #: the forward's ``parameter_view`` of its tensor, where it is a parameter's (then ``print`` is None)
         self.viewed: ParameterView | None = None
@@ -299,7 +299,7 @@ class SavedPrint:
         where the forward kept only that."""
         if self.print is None:
             if self.found is not None:
-                self.print = in_place_print_of(self.found)
+                self.print = planned_print_of(self.found)
             elif self.viewed is not None:
                 self.print = parameter_print_of(self.viewed)
         return self.print
@@ -544,8 +544,8 @@ class InvocationRecord:
                 if storages and tensor.layout is _STRIDED and tensor.numel() else None
             if owner is not None and (view := parameter_view(tensor, owner)) is not None:
                 saved.viewed = view  # a parameter's view, told by identity and version: no print either
-            elif in_place and (found := in_place_digest(tensor)) is not None:
-                saved.found = found  # an activation read in place: no print unless a recompute differs
+            elif in_place and (found := planned_digest(tensor)) is not None:
+                saved.found = found  # an activation read by its plan: no print unless a recompute differs
             else:  # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
                 saved.print = print_activation(tensor, store)
         self.forward_done = True
@@ -742,15 +742,15 @@ class InvocationRecord:
             return None  # a module buffer autograd saved: the buffer comparison reports it
         found = saved.found
         if found is not None:
-            # the common case: an activation its forward read in place (row-major, or a transposed
-            # one's memory order), read in place again: equal when shape, dtype, digest and order
-            # are (digests hold no copies, so a tolerance has nothing to compare but the bytes)
-            now = in_place_digest(tensor)
+            # the common case: an activation its forward read by its layout's plan (row-major, or a
+            # transposed one's memory order), read so again: equal when shape, dtype, digest and
+            # order are (digests hold no copies, so a tolerance has nothing to compare but the bytes)
+            now = planned_digest(tensor)
             if now == found:
                 return True
             original = saved.forward_print()
             assert original is not None
-            recomputed = in_place_print_of(now) if now is not None and now[3] == found[3] \
+            recomputed = planned_print_of(now) if now is not None and now[3] == found[3] \
                 else print_tensor(tensor, self.store, found[3], saved=True)  # in the order the forward's was
         elif saved.viewed is not None and forward is not None:
             # a parameter's view at forward: the same view of the same parameter, at the same

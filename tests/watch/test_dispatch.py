@@ -199,7 +199,7 @@ def test_a_saved_print_has_every_slot_its_constructor_sets():
     made = SavedPrint(LAZY, None, record, 0, tensor)
     assert [getattr(at_forward, n) for n in SavedPrint.__slots__] == [getattr(made, n) for n in SavedPrint.__slots__]
     record.end_forward(None, False)
-    # read in place: what in_place_digest gave is kept, and a print is made only where a recompute differs
+    # read in place: what planned_digest gave is kept, and a print is made only where a recompute differs
     assert at_forward.found is not None and at_forward.print is None and at_forward.tensor is None
     at_recompute = record.saved_print(tensor)
     assert type(at_recompute) is Recomputed and at_recompute[0] is tensor  # torch's default check: the tensor
