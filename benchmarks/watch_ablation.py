@@ -9,7 +9,7 @@ plain ones (interleaved rounds, best of each, this process's CPU time):
 * ``state``: the module state read three times an invocation (``capture.module_state``),
 * ``entry``: the RNG streams and globals (``capture.entry_state``),
 * ``params``: the parameter versions (``capture.parameter_versions``),
-* ``saved``: every saved tensor's print (``parameter_view``, ``print_activation``, ``in_place_digest``;
+* ``saved``: every saved tensor's print (``parameter_view``, ``print_activation``, ``planned_digest``;
   what is left is its metadata, which torch's own check compares),
 * ``naming``: naming the region and its call site (``describe``, ``call_site``),
 * ``effects``: the capture of a recompute's logging, output and warnings,
@@ -108,7 +108,7 @@ def switched_off(part: str) -> Iterator[None]:
                 stack.enter_context(_patched(records, name, metadata))
             # a tensor read in place is compared by its digest alone: the metadata's; a parameter's
             # view (its identity and version) is read that way too
-            stack.enter_context(_patched(records, "in_place_digest",
+            stack.enter_context(_patched(records, "planned_digest",
                                          lambda tensor: (tuple(tensor.shape), tensor.dtype, 0, None)))
             stack.enter_context(_patched(records, "parameter_view", lambda tensor, parameter: None))
         elif part == "naming":

@@ -8,7 +8,7 @@ prints each phase's time per invocation and its calls per invocation:
 * the call's bookkeeping (``_new_call``: naming the region, the record),
 * the forward's start and end (RNG, parameter versions, the scope of modules, module state,
   the prints of what autograd saved),
-* each saved tensor's print (``saved_print`` at pack time, ``in_place_digest``,
+* each saved tensor's print (``saved_print`` at pack time, ``planned_digest``,
   ``parameter_view`` or ``print_activation`` when the forward returns) and its recompute's
   comparison (``compare_saved``),
 * the recompute's start and end (state compared, effects captured), and
@@ -58,7 +58,7 @@ PHASES = (
     ("recheck.watcher.records", "Forward", "scope"),
     ("recheck.watcher.records", "", "parameter_view"),
     ("recheck.watcher.records", "", "print_activation"),
-    ("recheck.watcher.records", "", "in_place_digest"),
+    ("recheck.watcher.records", "", "planned_digest"),
     ("recheck.watcher.records", "", "print_tensor"),
     ("recheck.watcher.capture", "", "module_state"),
     ("recheck.watcher.capture", "", "entry_state"),
