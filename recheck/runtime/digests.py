@@ -191,10 +191,10 @@ def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, 
         return None
     if array is None:  # no elements
         return shape, dtype, _XXH3_128_SEEDED(b"", seed), order
-    # ``_address``'s refusal of a null pointer, without its call (a plain tensor is no fake one)
-    address = tensor.data_ptr()
-    if not address:  # no bytes to read (a storage freed with ``resize_(0)``): the general path says so
+    # ``_address``'s refusal of a freed storage, without its call (a plain tensor is no fake one)
+    if not tensor.untyped_storage().data_ptr():  # freed with ``resize_(0)``: the general path says so
         return None
+    address = tensor.data_ptr()
     if width is None:
         return shape, dtype, _XXH3_128_SEEDED(array.from_address(address), seed), order
     # the row-major bits, as ``print_tensor`` copies them (``bits`` is held while they are read)
@@ -383,6 +383,7 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
         if array is not None:  # read in place through the array type of its size
             data = array.from_address(_address(tensor))
     elif tensor.nbytes:
+        _address(tensor)  # (a view of a freed storage: its copy would read freed memory)
         detached = tensor.detach().permute(order) if lies and order is not None else tensor.detach()
         # the same bits as ``bit_view`` gives, in one view and one copy where no bit is to resolve
         bits = detached.view(same_width).contiguous() if plain else bit_view(detached)
@@ -403,8 +404,10 @@ def _address(tensor: torch.Tensor) -> int:
         if fake is not None and isinstance(tensor, fake.FakeTensor):
             raise RuntimeError("a fake tensor has no bytes")
     address = tensor.data_ptr()
-    if not address and tensor.nbytes:
-        raise RuntimeError("the tensor has no bytes to read (its data pointer is null)")
+    # a storage freed with ``resize_(0)`` (FSDP, Megatron) has the address 0, and a view into it
+    # at an offset the offset's: read or copied, either would crash the process
+    if tensor.nbytes and not tensor.untyped_storage().data_ptr():
+        raise RuntimeError("the tensor has no bytes to read (its storage is freed)")
     return address
 
 

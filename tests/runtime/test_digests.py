@@ -304,11 +304,15 @@ def test_a_tensor_whose_storage_was_freed_is_printed_by_its_metadata():
     # pointer is then null, and reading the bytes there would crash the process
     from recheck.runtime.digests import planned_digest, print_saved
 
-    tensor = torch.randn(4, 8)
-    tensor.untyped_storage().resize_(0)
-    assert planned_digest(tensor) is None
-    for printed in (print_saved(tensor, "digest"), print_tensor(tensor, "digest")):
-        assert printed.unreadable and "no bytes" in printed.unreadable and printed.shape == (4, 8)
+    base = torch.randn(5, 8)
+    # the whole tensor (a null data pointer), a view at an offset (the offset's pointer) and a
+    # view with gaps (which a copy would read): none is read
+    views = [base, base[1:], base[1:, :3], base.t()]
+    base.untyped_storage().resize_(0)
+    for tensor in views:
+        assert planned_digest(tensor) is None
+        for printed in (print_saved(tensor, "digest"), print_tensor(tensor, "digest"), print_tensor(tensor, "copy")):
+            assert printed.unreadable and "no bytes" in printed.unreadable and printed.shape == tuple(tensor.shape)
 
 
 def test_the_print_of_a_saved_parameter_sets_every_slot_as_the_constructor_does():
