@@ -186,15 +186,16 @@ def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, 
         return None
     dtype = tensor.dtype
     plan = _PLANS.get((tensor.shape, tensor.stride(), dtype)) or _plan(tensor, dtype)
-    shape, seed, array, order, width = plan
+    shape, seed, array, order, width, itemsize = plan
     if seed is None:
         return None
     if array is None:  # no elements
         return shape, dtype, _XXH3_128_SEEDED(b"", seed), order
-    # ``_address``'s refusal of a freed storage, without its call (a plain tensor is no fake one)
-    if not tensor.untyped_storage().data_ptr():  # freed with ``resize_(0)``: the general path says so
-        return None
+    # ``_address``'s refusal of a freed storage, without its call (a plain tensor is no fake
+    # one), and without making the storage's object: the storage's own pointer is null
     address = tensor.data_ptr()
+    if address == tensor.storage_offset() * itemsize:  # freed with ``resize_(0)``: the general path says so
+        return None
     if width is None:
         return shape, dtype, _XXH3_128_SEEDED(array.from_address(address), seed), order
     # the row-major bits, as ``print_tensor`` copies them (``bits`` is held while they are read)
@@ -206,16 +207,17 @@ def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, 
 def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
     """How :func:`planned_digest` reads a tensor of this shape, strides and dtype: its shape,
     the seed of its hash (None: declined), the array type of its bytes, the order they lie in,
-    and the integer dtype of the row-major copy its bytes are read from (None: read in place)."""
+    the integer dtype of the row-major copy its bytes are read from (None: read in place), and
+    the size of an element."""
     shape, strides, contiguous = tuple(tensor.shape), tensor.stride(), tensor.is_contiguous()
     order = None if contiguous else memory_order(tensor)
     copied = order is None and not contiguous  # gaps, overlaps or broadcast dimensions
     hashed = shape if order is None else tuple([shape[d] for d in order])
     _, seed, same_width, array = _header(dtype, hashed, order)
     if same_width is None:
-        plan: _Plan = (shape, None, None, None, None)
+        plan: _Plan = (shape, None, None, None, None, 0)
     else:
-        plan = (shape, seed, array, order, same_width if copied else None)
+        plan = (shape, seed, array, order, same_width if copied else None, tensor.element_size())
     if len(_PLANS) >= _HEADERS_SIZE:
         _PLANS.clear()
     _PLANS[(tensor.shape, strides, dtype)] = plan
@@ -223,7 +225,7 @@ def _plan(tensor: torch.Tensor, dtype: torch.dtype) -> _Plan:
 
 
 #: per layout, :func:`planned_digest`'s reading of it (see :func:`_plan`)
-_Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None", "torch.dtype | None"]
+_Plan = tuple[tuple[int, ...], "int | None", Any, "tuple[int, ...] | None", "torch.dtype | None", int]
 _PLANS: dict[tuple[Any, tuple[int, ...], torch.dtype], _Plan] = {}
 
 
@@ -406,7 +408,7 @@ def _address(tensor: torch.Tensor) -> int:
     address = tensor.data_ptr()
     # a storage freed with ``resize_(0)`` (FSDP, Megatron) has the address 0, and a view into it
     # at an offset the offset's: read or copied, either would crash the process
-    if tensor.nbytes and not tensor.untyped_storage().data_ptr():
+    if tensor.nbytes and address == tensor.storage_offset() * tensor.element_size():
         raise RuntimeError("the tensor has no bytes to read (its storage is freed)")
     return address
 
