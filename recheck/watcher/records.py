@@ -273,19 +273,12 @@ class SavedPrint:
             return self.metadata() == other.metadata() if self.base is LAZY else NotImplemented
         if kind is not SavedPrint:
             return NotImplemented
-        record = self.record
-        if record is not None and other.record is None and (self.found is not None or self.viewed is not None
-                                                              or self.print is not None):
-            tensor = other.tensor
-            if tensor is not None:
-                theirs = record.compare_saved(self, tensor)
-                if self.base is LAZY and other.base is LAZY:
-                    if theirs is True:
-                        return True  # equal, to the byte
-                    if theirs is not None:
-                        # the common case (torch's default check, both printed): shape, dtype, device
-                        other.print, mine = theirs, self.forward_print()
-                        return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
+        # a recompute's under another check (``base``: torch's default answers with a Recomputed):
+        # its bytes compared by the record, its equality that check's own
+        record, tensor = self.record, other.tensor
+        if record is not None and other.record is None and tensor is not None \
+                and (self.found is not None or self.viewed is not None or self.print is not None):
+            record.compare_saved(self, tensor)
         if self.base is LAZY and other.base is LAZY:
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)

@@ -106,6 +106,21 @@ def test_the_none_determinism_check_still_compares_nothing_but_recheck_still_pri
     assert w.report.ok and w.report.stats["verified"] == 1
 
 
+def test_under_the_none_determinism_check_a_recompute_that_differs_by_its_bytes_is_still_reported():
+    # torch compares nothing; the record still compares the bytes of what was saved
+    calls = []
+
+    def region(t):
+        calls.append(None)
+        return (t * len(calls)).sin().sum()  # the recompute saves other values, of the same shape
+
+    x = torch.randn(3, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(region, x, use_reentrant=False, determinism_check="none").backward()
+    found = [f for f in w.report.findings if f.kind == "recompute" and f.subject == "saved tensors"]
+    assert len(found) == 1 and "bytes differ" in found[0].detail, str(w.report)
+
+
 def test_the_none_determinism_check_lets_a_changed_shape_through_as_torch_does():
     # under "none" torch compares no metadata: the backward then fails on its own, watched or not
     def failure(watched: bool, mode: str) -> BaseException:
