@@ -25,8 +25,8 @@ import torch
 
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
-__all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "planned_digest", "planned_print_of",
-           "memory_order", "parameter_print_of", "parameter_view", "print_activation", "print_saved", "print_tensor"]
+__all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "memory_order", "parameter_print_of",
+           "parameter_view", "planned_digest", "planned_print_of", "print_activation", "print_saved", "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
