@@ -592,20 +592,48 @@ class ModuleState(Mapping[tuple[str, str], Any]):
         """The state as a dict, in the order :func:`module_state` has always given it."""
         entries = self._entries
         if entries is None:
-            entries = self._entries = {}
-            printed = dict(self.printed)
-            for index, (value, key) in enumerate(zip(self.raw, self.flat.keys)):
-                entry = printed.get(index, _UNPRINTED)
-                if entry is not _UNPRINTED:
-                    entries[key] = entry
-                elif key[0] == "attribute":  # an immutable value: its entry as module_state made it
-                    kind = type(value)
-                    entries[key] = _BOOL_ENTRIES[value] if kind is bool else (shallow(value), value) \
-                        if kind is float else (value, value)
-                # a buffer slot holding None: no entry
+            entries = self._entries = self._slot_entries(range(len(self.raw)), dict(self.printed))
             for key, entry in self.extra.items():
                 entries.setdefault(key, entry)
         return entries
+
+    def _slot_entries(self, indices: Iterable[int], printed: dict[int, Any]) -> dict[tuple[str, str], Any]:
+        """The entries of the slots at ``indices`` (in that order), ``printed`` being the printed
+        entries by slot index."""
+        entries: dict[tuple[str, str], Any] = {}
+        raw, keys = self.raw, self.flat.keys
+        for index in indices:
+            key = keys[index]
+            entry = printed.get(index, _UNPRINTED)
+            if entry is not _UNPRINTED:
+                entries[key] = entry
+            elif key[0] == "attribute":  # an immutable value: its entry as module_state made it
+                value = raw[index]
+                kind = type(value)
+                entries[key] = _BOOL_ENTRIES[value] if kind is bool else (shallow(value), value) \
+                    if kind is float else (value, value)
+            # a buffer slot holding None: no entry
+        return entries
+
+    def differing(self, other: ModuleState) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any]] | None:
+        """The entries of this state and ``other``'s that may differ, as two dicts in the order
+        of :meth:`entries`; None where the two are not of one layout (compare all entries then).
+
+        Left out are only the slots where both states hold the very same immutable object,
+        whose entries are equal: a state of BatchNorm layers whose statistics changed is
+        compared by its printed slots and extras, not by a dict of every flag and size of
+        every module (a recompute's state is compared so at every invocation).
+        """
+        if type(other) is not ModuleState or other.flat is not self.flat \
+                or any(key[0] != "global" for key in (*self.extra, *other.extra)):
+            return None  # (an extra buffer may stand for a slot's key: entries() decides which wins)
+        mine, theirs = dict(self.printed), dict(other.printed)
+        moved = itertools.compress(itertools.count(), map(operator.is_not, self.raw, other.raw))
+        indices = sorted({*moved, *mine, *theirs})
+        before, after = self._slot_entries(indices, mine), other._slot_entries(indices, theirs)
+        before.update(self.extra)
+        after.update(other.extra)
+        return before, after
 
     # the mapping's reads go to the dict of entries at once (Mapping's own would call
     # ``__getitem__`` per key: a state with a difference is compared entry by entry)

@@ -801,7 +801,10 @@ class InvocationRecord:
         tolerance = self.tolerance
         if tolerance is None and self.store == "digest" and _all_equal(before, after):
             return
-        before, after = _entries(before), _entries(after)  # compared entry by entry: plain dicts
+        # compared entry by entry, as plain dicts: of two states of one layout, only the entries
+        # that may differ (a BatchNorm's statistics, not every flag of every module)
+        differing = before.differing(after) if isinstance(before, capture.ModuleState) else None
+        before, after = differing if differing is not None else (_entries(before), _entries(after))
         for key, now in after.items():
             then = before.get(key)
             if then is not None:

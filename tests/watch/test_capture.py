@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from recheck.runtime.reach import Reach
+from recheck.runtime.reach import GlobalRef, Reach
 from recheck.watcher.capture import module_state, parameter_versions
 
 
@@ -343,3 +345,76 @@ def test_the_own_attributes_of_a_module_named_directly_are_slots_of_the_same_lay
     assert dict(state())[("attribute", "attribute `owner.calls`")] == (1, 1)
     owner.label = "new"  # a name that appears
     assert ("attribute", "attribute `owner.label`") in state()
+
+
+_CHANGES = ("float", "same float", "int", "flag", "list grown", "tuple", "buffer in place", "buffer rebound",
+            "buffer none", "attribute added", "attribute removed", "global written")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(_CHANGES), max_size=4), st.lists(st.sampled_from(_CHANGES), max_size=4))
+def test_the_entries_two_states_may_differ_by_are_the_entries_that_differ(first, second):
+    """``ModuleState.differing`` leaves out only entries that are equal: after any changes, every
+    key whose entry differs, appeared or went is in its dicts, with the entries :meth:`entries`
+    gives, in the same order."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.25), nn.BatchNorm1d(2))
+    model[1].calls = [1]
+    reach = _reach(model)
+    pairs = tuple(reach.modules.values())
+    namespace = {"total": 0}
+    written = [GlobalRef(namespace, "tests", "total")]
+
+    def change(what: str) -> None:
+        dropout, norm = model[1], model[2]
+        if what == "float":
+            dropout.p = dropout.p + 0.125
+        elif what == "same float":
+            dropout.p = dropout.p * 1.0
+        elif what == "int":
+            model[0].in_features += 1
+        elif what == "flag":
+            dropout.inplace = not dropout.inplace
+        elif what == "list grown":  # in place (a tuple is rebound to a list)
+            if type(dropout.calls) is list:
+                dropout.calls.append(2)
+            else:
+                dropout.calls = [*dropout.calls, 2]
+        elif what == "tuple":
+            dropout.calls = (1, 2)
+        elif what == "buffer in place":
+            with torch.no_grad():
+                norm.running_var.add_(1)
+        elif what == "buffer rebound":
+            norm.running_var = norm.running_var.clone()
+        elif what == "buffer none":
+            norm.running_mean = None
+        elif what == "attribute added":
+            dropout.extra = 3
+        elif what == "attribute removed":
+            dropout.__dict__.pop("extra", None)
+        else:
+            namespace["total"] += 1
+
+    def state():
+        return module_state(pairs, "digest", written, reach=reach)
+
+    for what in first:
+        change(what)
+    before = state()
+    for what in second:
+        change(what)
+    after = state()
+    differing = before.differing(after)
+    if before.flat is not after.flat:  # an attribute added or removed: another layout
+        assert differing is None
+        return
+    assert differing is not None
+    mine, theirs = differing
+    full_before, full_after = before.entries(), after.entries()
+    assert mine == {key: full_before[key] for key in mine} and theirs == {key: full_after[key] for key in theirs}
+    assert list(mine) == [key for key in full_before if key in mine]
+    assert list(theirs) == [key for key in full_after if key in theirs]
+    for key in full_before.keys() | full_after.keys():
+        then, now = full_before.get(key), full_after.get(key)
+        if then is None or now is None or (then[0] != now[0] if type(then) is tuple else not then.same(now)):
+            assert key in (mine if then is not None else theirs) and key in (theirs if now is not None else mine)
