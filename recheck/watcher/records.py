@@ -25,8 +25,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 from __future__ import annotations
 
 import operator
-from dataclasses import replace
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 import torch
 
@@ -382,8 +381,9 @@ class InvocationRecord:
     replay_of: InvocationRecord | None = None
     failed = False
     closed = False
-    #: a list from the first finding on (most records have none)
-    findings: list[Finding] | tuple[()] = ()
+    #: a list from the first finding on (most records have none): each as :meth:`_finding`
+    #: drafts it, made a :class:`Finding` by :meth:`findings_of`
+    findings: list[_Draft] | tuple[()] = ()
     #: under a full replay: what the forward's state and effects were at its last saved
     #: tensor (where early stop would end a recompute), and which keys changed after it
     forward_effects: list[Any] | None = None
@@ -833,15 +833,13 @@ class InvocationRecord:
         shown_now = "<absent>" if now is None else show(now[1])
         self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
 
-    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> Finding:
+    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> _Draft:
         latent = latent and self.replay_fully and self.early_stop is True
         context: dict[str, Any] = {"implementation": self.implementation}
         if self.preserve_rng_state is not None:
             context["preserve_rng_state"] = self.preserve_rng_state
         code = explain(kind, subject, **context)
-        return Finding(kind, message, code=code, region=str(self.region), subject=subject, detail=detail,
-                       hint=hint(code) if code else None, latent=latent,
-                       invocation=Invocation(self.index, None, dict(self.tags), self.region.callsite))
+        return _Draft(kind, message, code, subject, detail, hint(code) if code else None, latent)
 
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
         for said in self.findings:  # a loop, not any() over a generator: a record of BatchNorm layers says many
@@ -851,7 +849,7 @@ class InvocationRecord:
             self.findings = []
         self.findings.append(self._finding(kind, message, subject, detail, latent))
 
-    def _saved_finding(self) -> list[Finding]:
+    def _saved_finding(self) -> list[_Draft]:
         """One ``recompute`` finding for the saved tensors whose recomputed print differs."""
         if not self._saved_diffs:
             return []
@@ -866,10 +864,25 @@ class InvocationRecord:
         return [self._finding("recompute", message, "saved tensors", detail)]
 
     def findings_of(self, calls_of_region: int) -> list[Finding]:
-        """The findings with ``call i of n`` filled in, symptoms pointed at their likely cause."""
-        findings = with_likely_causes([*self.findings, *self._saved_finding()])
-        return [replace(f, invocation=replace(f.invocation, of=calls_of_region)) if f.invocation else f
-                for f in findings]
+        """The findings, ``call i of n`` of the region, symptoms pointed at their likely cause
+        (each made once, here: a block of BatchNorm layers has many)."""
+        region, callsite, tags = str(self.region), self.region.callsite, self.tags
+        return with_likely_causes([
+            Finding(kind, message, code=code, region=region, subject=subject, detail=detail, hint=hinted,
+                    latent=latent, invocation=Invocation(self.index, calls_of_region, dict(tags), callsite))
+            for kind, message, code, subject, detail, hinted, latent in (*self.findings, *self._saved_finding())])
+
+
+class _Draft(NamedTuple):
+    """A finding as a record says it, before the count of the region's calls is known."""
+
+    kind: str
+    message: str
+    code: str | None
+    subject: str
+    detail: str
+    hint: str | None
+    latent: bool
 
 
 def _all_equal(before: capture.ModuleState, after: capture.ModuleState) -> bool:
