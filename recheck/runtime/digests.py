@@ -26,7 +26,8 @@ import torch
 from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
 
 __all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "memory_order", "parameter_print_of",
-           "parameter_view", "planned_digest", "planned_print_of", "print_activation", "print_saved", "print_tensor"]
+           "parameter_view", "planned_digest", "planned_print_of", "print_activation", "print_buffer", "print_saved",
+           "print_tensor"]
 
 Store = Literal["digest", "copy"]
 STORES: tuple[str, ...] = ("digest", "copy")
@@ -165,6 +166,18 @@ def print_activation(tensor: torch.Tensor, store: Store) -> TensorPrint:
         if found is not None:
             return planned_print_of(found)
     return print_tensor(tensor, store, None if tensor.is_contiguous() else memory_order(tensor), saved=True)
+
+
+def print_buffer(tensor: torch.Tensor, store: Store) -> TensorPrint:
+    """``print_tensor(tensor, store)``, made from :func:`planned_digest` where that reads the
+    tensor row-major (every field the same): a module's buffers are printed three times an
+    invocation (a record reads its modules' state at the forward's end and around the recompute),
+    and a block of BatchNorm layers holds many."""
+    if store == "digest" and not tensor.requires_grad:
+        found = planned_digest(tensor)
+        if found is not None and found[3] is None:
+            return planned_print_of(found)
+    return print_tensor(tensor, store)
 
 
 def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, int, tuple[int, ...] | None] | None:

@@ -21,7 +21,7 @@ from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprints
-from recheck.runtime.digests import Store, print_tensor
+from recheck.runtime.digests import Store, print_buffer
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
@@ -203,7 +203,7 @@ def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
         for name, buffer in buffers.items():
             key = (id(module), name)
             if buffer is not None and key not in into:
-                into[key] = (module, id(buffer), buffer._version, print_tensor(buffer, "digest"))
+                into[key] = (module, id(buffer), buffer._version, print_buffer(buffer, "digest"))
 
 
 def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str]]:
@@ -213,7 +213,7 @@ def changed_buffers(versions: BufferVersions) -> list[tuple[torch.nn.Module, str
         buffer = module._buffers.get(name)
         if buffer is None:
             continue
-        if id(buffer) != tensor_id or buffer._version != version or not before.same(print_tensor(buffer, "digest")):
+        if id(buffer) != tensor_id or buffer._version != version or not before.same(print_buffer(buffer, "digest")):
             changed.append((module, name))
     return changed
 
@@ -732,12 +732,12 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             else:
                 entries.append((index, entry(value)))
         elif value is not None:
-            entries.append((index, print_tensor(value, store)))
+            entries.append((index, print_buffer(value, store)))
     extra: dict[tuple[str, str], Any] = {}
     for name, module, buffer_name in buffers:
         buffer = module._buffers.get(buffer_name)
         if buffer is not None:
-            extra.setdefault(("buffer", buffer_subject(name, buffer_name)), print_tensor(buffer, store))
+            extra.setdefault(("buffer", buffer_subject(name, buffer_name)), print_buffer(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
         extra[("global", ref.subject)] = (kept_shallow(value), _kept(value))

@@ -266,6 +266,34 @@ def test_the_planned_print_is_the_general_print_or_declines(shape, dtype, view):
             assert tensor.is_neg() or dtype.is_complex
 
 
+@settings(max_examples=120, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.float64, torch.int64, torch.bool, torch.complex64]),
+       view=st.sampled_from(["as is", "neg", "transposed", "gapped", "expanded"]), requires_grad=st.booleans(),
+       store=st.sampled_from(["digest", "copy"]))
+def test_a_buffer_is_printed_as_print_tensor_prints_it(shape, dtype, view, requires_grad, store):
+    """``print_buffer`` takes the planned digest's way where it can and gives the same print, every field."""
+    from recheck.runtime.digests import print_buffer
+
+    tensor = (torch.randn(tuple(shape)) * 10).to(dtype)
+    if view == "neg" and dtype.is_floating_point:
+        tensor = torch._neg_view(tensor)
+    elif view == "transposed" and tensor.dim() >= 2:
+        tensor = tensor.transpose(0, 1)
+    elif view == "gapped" and tensor.dim() >= 1 and tensor.shape[-1] > 1:
+        tensor = tensor[..., : tensor.shape[-1] // 2]
+    elif view == "expanded" and tensor.dim() >= 1 and tensor.shape[0] == 1:
+        tensor = tensor.expand(3, *tensor.shape[1:])
+    if requires_grad and (dtype.is_floating_point or dtype.is_complex) and view != "neg":
+        tensor = tensor.detach().requires_grad_()
+    for _ in range(2):  # the layout's plan made, then found
+        made, general = print_buffer(tensor, store), print_tensor(tensor, store)
+        if store == "copy":
+            assert made.copy is not None and torch.equal(made.copy, general.copy)
+            made.copy = general.copy = None
+        assert made == general
+
+
 def test_a_view_with_gaps_is_printed_by_its_own_elements_only():
     """q, k and v sliced from one projection: read through a row-major copy of their elements,
     so what lies in the gaps (the other two) does not count, and every element does."""
