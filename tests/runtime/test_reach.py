@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
@@ -214,3 +216,49 @@ def test_a_reach_that_did_not_grow_keeps_its_dormant_copy():
     before = reach_module._LASTING[key][0]
     reach_module.put_to_sleep(cache)
     assert reach_module._LASTING[key][0] is before
+
+
+def _segment(blocks: list, start: int, end: int):
+    """A region of timm's ``checkpoint_seq``: a closure over the model's blocks and one segment."""
+
+    def forward(x):
+        for index in range(start, end):
+            x = blocks[index](x)
+        return x
+
+    return forward
+
+
+def test_regions_of_the_same_modules_revive_the_same_pairs_each_in_a_dict_of_its_own():
+    """One segment per region, every region reaching every block: a block revives each region's
+    reach with the (name, module) pairs made once for all of them, while each reach may grow alone."""
+    import gc
+    import weakref
+
+    blocks = [_Block(), _Block(), _Block()]
+    first, second = reach_of(_segment(blocks, 0, 1), {}), reach_of(_segment(blocks, 1, 3), {})
+    names = {key: name for key, (name, _) in first.modules.items()}
+    assert {key: name for key, (name, _) in second.modules.items()} == names
+    del first, second
+    gc.collect()
+    cache: dict = {}
+    first, second = reach_of(_segment(blocks, 0, 1), cache), reach_of(_segment(blocks, 1, 3), cache)
+    assert first is not second and first.modules is not second.modules
+    assert {key: name for key, (name, _) in first.modules.items()} == names
+    assert all(map(operator.is_, first.modules.values(), second.modules.values()))  # the very same pairs
+    first.add_module("found", nn.Linear(1, 1))  # a module found by running the first region only
+    assert len(first.modules) == len(second.modules) + 1
+    # the next block: made anew once the reaches of this one are gone
+    pairs = list(second.modules.values())
+    del first, second, cache
+    gc.collect()
+    again = reach_of(_segment(blocks, 1, 3), {})
+    assert {key: name for key, (name, _) in again.modules.items()} == names
+    assert not any(map(operator.is_, again.modules.values(), pairs))
+    # a block that died is left out, and the pairs keep no module alive
+    del again, pairs
+    gc.collect()
+    gone = weakref.ref(blocks[2])
+    blocks[2] = nn.Identity()  # the closure's list now holds another module there
+    gc.collect()
+    assert gone() is None
