@@ -230,7 +230,7 @@ class _Flat:
     reaches 80 modules (timm's ``checkpoint_seq`` closes over every block) reads their
     parameters' versions twice per invocation."""
 
-    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed", "places")
+    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed", "places", "tuples")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.sizes = list(map(len, dicts))
@@ -253,6 +253,11 @@ class _Flat:
         self.typed: tuple[list[type], list[int]] | None = None
         #: the layout :meth:`places_in` last placed this one in, and the places
         self.places: tuple[_Flat, tuple[int, ...] | None] | None = None
+        #: per slot that held a tuple of ints and strings when last read (a conv's kernel_size,
+        #: stride, padding): the tuple and its entry in :class:`ModuleState`'s ``printed``, taken
+        #: again while the slot holds the very same tuple (immutable through and through: a state
+        #: read three times an invocation makes no tuples for it)
+        self.tuples: dict[int, tuple[tuple[Any, ...], tuple[int, Any]]] = {}
 
     def extend(self, triples: list[tuple[int, str, Any]]) -> None:
         """Add slots, each ``(index of its dict, slot, key)``: three list extensions, not a call
@@ -720,17 +725,23 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     if typed is None or typed[0] != types:  # a slot holds a value of another type than at the last read
         typed = flat.typed = (types, [index for index, kind in enumerate(types) if kind not in _IMMUTABLE])
     entries: list[tuple[int, Any]] = []
-    keys = flat.keys
+    keys, tuples = flat.keys, flat.tuples
     for index in typed[1]:
         value = values[index]
         values[index] = None  # kept as its entry only (a buffer's tensor is not held)
         if keys[index][0] == "attribute":
-            if type(value) is tuple and all(map(AS_IS.__contains__, map(type, value))):
-                # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
-                # through and through: itself, tagged so as to equal no other print
-                entries.append((index, (("tuple", value), value)))
-            else:
-                entries.append((index, entry(value)))
+            if type(value) is tuple:
+                known = tuples.get(index)
+                if known is not None and known[0] is value:
+                    entries.append(known[1])
+                    continue
+                if all(map(AS_IS.__contains__, map(type, value))):
+                    # a tuple of ints and strings (a conv's kernel_size, stride, padding) is immutable
+                    # through and through: itself, tagged so as to equal no other print
+                    known = tuples[index] = (value, (index, (("tuple", value), value)))
+                    entries.append(known[1])
+                    continue
+            entries.append((index, entry(value)))
         elif value is not None:
             entries.append((index, print_buffer(value, store)))
     extra: dict[tuple[str, str], Any] = {}

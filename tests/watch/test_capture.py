@@ -136,6 +136,17 @@ def test_module_state_reads_a_tuple_of_ints_as_it_is_and_any_other_tuple_item_by
     assert stride() != first
     model.stride = ("tuple", (1, 1))  # shaped like the print of (1, 1): still told apart
     assert stride() != first
+    held = [1]
+    model.stride = (1, held)  # a tuple holding a list: printed at every read, never taken again
+    grown = stride()
+    held.append(2)
+    assert stride() != grown
+    model.stride = same = (1, 1)
+    assert stride() == first and stride() is stride()  # the same tuple: its entry taken again
+    model.stride = (1, held)
+    assert stride() != first
+    model.stride = same
+    assert stride() == first
 
 
 def test_a_layout_grows_with_the_modules_a_forward_finds():
