@@ -449,8 +449,16 @@ _SEPARATOR = object()
 def _stable(item: Any) -> bool:
     """Whether ``item``, of a type not in ``_STABLE`` (:func:`kept_shallow` passes those over),
     prints the same one level down (``_item(item, 1)``) while it is the same object: a tuple
-    without a tensor (its items print by identity, a tensor by its version)."""
-    return type(item) is tuple and not _holds_tensor(item[:_MAX_ITEMS])
+    without a tensor (its items print by identity, a tensor by its version), or an object of an
+    immutable type printed by its identity alone (a function, a ``partial``, a ``ContextVar``:
+    such a type cannot be changed, nor assigned to an object as its ``__class__``)."""
+    if type(item) is tuple:
+        return not _holds_tensor(item[:_MAX_ITEMS])
+    return bool(type(item).__flags__ & _IMMUTABLE_TYPE) and _item(item, 1) == ("id", id(item))
+
+
+#: ``Py_TPFLAGS_IMMUTABLETYPE`` (Python 3.10): the built-in types, and those C extensions declare so
+_IMMUTABLE_TYPE = 1 << 8
 
 
 def _holds_tensor(objects: tuple) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -214,15 +216,35 @@ class _KeptConfig:
         self.inner = type("Inner", (), {})()
         self.inner.depth = 1
         self.weights = torch.zeros(2)
+        self.act = len  # objects printed by their identity: a builtin, a ContextVar, a callable
+        self.var = contextvars.ContextVar("var")
+        self.hook = _Hook()
+
+
+class _Hook:
+    """A callable of a class statement's type: printed by its identity while it is callable."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+class _Counter:
+    """The same object's class reassigned from :class:`_Hook`: no longer callable, printed by its attributes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
 
 
 class _TensorFreeConfig(_KeptConfig):
-    """The same without a tensor or a nested object (a map in its place): what is kept of it
-    sleeps between readers."""
+    """The same without a tensor or a nested object (a map in its place, and no callable object
+    of its own class): what is kept of it sleeps between readers."""
 
     def __init__(self) -> None:
         super().__init__()
-        del self.weights
+        del self.weights, self.hook
         self.inner = {"depth": 1}
 
 
@@ -268,6 +290,11 @@ _MUTATIONS = [
     lambda c: c.labels.__setitem__(_KEY, 1),              # a key that prints by its identity
     lambda c: (c.labels.pop(_KEY, None), c.labels.__setitem__(object(), 1)),
     lambda c: c.__dict__.__setitem__("hidden2", c.__dict__.pop("hidden", 0)),  # a name replaced: as many
+    lambda c: setattr(c, "act", abs),                     # another builtin
+    lambda c: setattr(c, "var", contextvars.ContextVar("var")),  # another ContextVar of the same name
+    lambda c: c.hook() if callable(getattr(c, "hook", None)) else None,  # a callable's own state: not in its print
+    lambda c: setattr(c.hook, "__class__", _Counter if type(c.hook) is _Hook else _Hook)  # its class reassigned
+    if hasattr(c, "hook") else None,
     lambda c: None,                                       # nothing changed: the kept print
 ]
 
