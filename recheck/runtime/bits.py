@@ -258,9 +258,11 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(wide >= sign, -magnitude, magnitude)
 
 
-def _value_mismatch(a: torch.Tensor, b: torch.Tensor, tol: Tolerance | None) -> torch.Tensor:
-    """Boolean mask (in the bit view's shape) of elements that count as different."""
-    bits_a, bits_b = bit_view(a), bit_view(b)
+def _value_mismatch(a: torch.Tensor, b: torch.Tensor, tol: Tolerance | None,
+                    bits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Boolean mask (in the bit view's shape) of elements that count as different; ``bits``:
+    the two bit views, where the caller made them already."""
+    bits_a, bits_b = (bit_view(a), bit_view(b)) if bits is None else bits
     differs = bits_a != bits_b
     floating = a.is_floating_point() or a.is_complex()
     if tol is None or not floating:
@@ -283,6 +285,26 @@ def _item(t: torch.Tensor, index: tuple[int, ...]) -> Any:
     return value
 
 
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index of the ``flat``-th element of a row-major tensor of ``shape`` (what
+    ``torch.unravel_index`` gives, without making tensors)."""
+    index = []
+    for size in reversed(shape):
+        flat, at = divmod(flat, size)
+        index.append(at)
+    return tuple(reversed(index))
+
+
+def _ordered_int(bits: int, itemsize: int) -> int:
+    """:func:`_ordered` of one element's bit pattern, as a Python integer (its difference with
+    another's is their ULP distance, without the int64 overflow of two far apart doubles)."""
+    width = 8 * itemsize
+    bits &= (1 << width) - 1
+    sign = 1 << (width - 1)
+    magnitude = bits & (sign - 1)
+    return -magnitude if bits & sign else magnitude
+
+
 def compare_tensors(
     original: torch.Tensor,
     recomputed: torch.Tensor,
@@ -295,7 +317,10 @@ def compare_tensors(
 
     Returns ``None`` when they are identical, else a :class:`TensorDiff`.  Metadata
     (shape, dtype, device, layout, and ``requires_grad`` unless disabled) are checked
-    first; when they differ, values are not compared.
+    first; when they differ, values are not compared.  A difference is described with a
+    dozen tensor operations, whatever the tensor's size (a step's comparison of twins
+    describes every parameter, gradient and buffer that differs): the first differing
+    element's index, bits and ULP distance are worked out in Python.
     """
     meta = _metadata_differences(original, recomputed, check_requires_grad)
     if meta:
@@ -304,21 +329,24 @@ def compare_tensors(
         return None
     if original.layout != torch.strided:
         original, recomputed = original.to_dense(), recomputed.to_dense()
-    mask = _value_mismatch(original, recomputed, tolerance)
+    a, b = original.detach(), recomputed.detach()
+    bits_a, bits_b = bit_view(a), bit_view(b)
+    mask = _value_mismatch(a, b, tolerance, (bits_a, bits_b))
     count = int(mask.sum())
     if count == 0:
         return None
     numel = original.numel()
-    a, b = original.detach(), recomputed.detach()
-    if a.is_complex():
+    complex_values = a.is_complex()
+    if complex_values:
         # Report complex elements by their position in the complex tensor.
         mask = mask.reshape(*a.shape, 2).any(-1)
         count = int(mask.sum())
-    flat = torch.nonzero(mask.reshape(-1))[0, 0].item() if mask.dim() else 0
-    first = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
-    bits_a, bits_b = bit_view(a), bit_view(b)
+    shape = tuple(a.shape)
+    # the first differing element: the first greatest of the mask's bytes (argmax gives the first)
+    flat = int(mask.reshape(-1).view(torch.uint8).argmax()) if mask.dim() else 0
+    first = _unravel(flat, shape)
     itemsize = bits_a.element_size()
-    if a.is_complex():
+    if complex_values:
         pos = first + (0,)
         bits_a_first, bits_b_first = int(bits_a[pos]), int(bits_b[pos])
     else:
@@ -327,16 +355,15 @@ def compare_tensors(
     first_ulp = None
     max_abs = max_index = None
     if a.is_floating_point():
-        first_ulp = int((_ordered(bits_a.reshape(-1)[flat:flat + 1])
-                         - _ordered(bits_b.reshape(-1)[flat:flat + 1])).abs()[0])
-    if a.is_floating_point() or a.is_complex() or a.dtype != torch.bool:
-        diff = (a.to(torch.complex128 if a.is_complex() else torch.float64)
-                - b.to(torch.complex128 if b.is_complex() else torch.float64)).abs()
-        diff = torch.where(mask, torch.nan_to_num(diff, nan=math.inf), torch.zeros_like(diff))
-        flat_max = int(diff.reshape(-1).argmax())
-        max_abs = float(diff.reshape(-1)[flat_max])
-        max_index = (tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_max), a.shape))
-                     if a.dim() else ())
+        first_ulp = abs(_ordered_int(bits_a_first, itemsize) - _ordered_int(bits_b_first, itemsize))
+    if a.is_floating_point() or complex_values or a.dtype != torch.bool:
+        # in double precision, one copy of each side at most (``sub_`` widens ``b`` as it reads it)
+        diff = (a.to(torch.complex128) - b.to(torch.complex128)).abs() if complex_values \
+            else a.to(torch.float64, copy=True).sub_(b).abs_()
+        diff = torch.where(mask, diff.nan_to_num_(nan=math.inf), 0.0).reshape(-1)
+        flat_max = int(diff.argmax())
+        max_abs = float(diff[flat_max])
+        max_index = _unravel(flat_max, shape)
     return TensorDiff(
         description=description,
         mismatched=count,

@@ -208,3 +208,24 @@ def test_bits_equal_falls_back_for_tensor_subclasses():
     b = a.clone()
     b[2] += 1
     assert not bits.bits_equal(a.as_subclass(Tagged), b.as_subclass(Tagged))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64, torch.complex64])
+def test_a_comparison_leaves_both_tensors_as_they_were(dtype):
+    """The difference is worked out in double precision on copies: a float64 tensor is not
+    the copy of itself that ``to(float64)`` would give."""
+    a = torch.arange(6, dtype=torch.float64).reshape(2, 3).to(dtype)
+    b = a.clone()
+    b[1, 2] = 7
+    before = (a.clone(), b.clone(), a._version, b._version)
+    diff = compare_tensors(a, b)
+    assert diff is not None and diff.first_index == (1, 2) and diff.max_abs_index == (1, 2)
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1]) and (a._version, b._version) == before[2:]
+
+
+def test_the_ulp_distance_of_doubles_far_apart_is_not_wrapped():
+    """Two doubles of opposite signs can be more than 2**63 ULPs apart: the distance is exact."""
+    a, b = torch.tensor([1e308], dtype=torch.float64), torch.tensor([-1e308], dtype=torch.float64)
+    magnitude = a.view(torch.int64).item()
+    assert compare_tensors(a, b).first_ulp == 2 * magnitude > 2 ** 63
+    assert compare_tensors(torch.tensor([1.0]), torch.tensor([-1.0])).first_ulp == 2 * 0x3F800000
