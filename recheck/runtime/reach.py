@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "code_globals", "dereferenced", "put_to_sleep", "reach_of",
-           "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "dereferenced", "put_to_sleep",
+           "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -240,11 +240,9 @@ class Reach:
                 self.bound.append((namespace, name, _identities(value)))
             self.add_value(name, value)
         for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            self.add_value(cell_name, contents)
+            contents = _cell_value(cell)
+            if contents is not _EMPTY_CELL:
+                self.add_value(cell_name, contents)
 
     def still_bound(self) -> bool:
         """Whether every global the reach took objects from still holds the same object."""
@@ -264,11 +262,7 @@ class Reach:
                 self.host_rng.add(stream)
             elif isinstance(value, types.FunctionType) and not _is_library(value.__module__):
                 self._scan_host_rng(value)
-        for cell in function.__closure__ or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                continue
+        for value in cell_values(function):
             stream = _host_stream(value)
             if stream is not None:
                 self.host_rng.add(stream)
@@ -603,6 +597,32 @@ _SHARED_MODULES: weakref.WeakValueDictionary[tuple[tuple[Any, ...], tuple[str, .
     weakref.WeakValueDictionary()
 
 
+def cell_values(function: Any) -> list[Any]:
+    """The values of ``function``'s closure cells, in order, an empty one (a name assigned later
+    in the enclosing function) left out; none for a callable without a closure.  One list made
+    in C where every cell is filled (a decorated forward closes over a dozen, and a region's key
+    and direct modules read them at every invocation)."""
+    closure = getattr(function, "__closure__", None)
+    if not closure:
+        return []
+    try:
+        return [cell.cell_contents for cell in closure]
+    except ValueError:  # an empty cell among them
+        return [value for value in map(_cell_value, closure) if value is not _EMPTY_CELL]
+
+
+def _cell_value(cell: Any) -> Any:
+    """A closure cell's value, or :data:`_EMPTY_CELL`."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY_CELL
+
+
+#: what :func:`cell_value` gives for an empty cell
+_EMPTY_CELL: Any = object()
+
+
 def dereferenced(refs: Iterable[Any]) -> tuple[list[Any], bool]:
     """The objects of weak references ``refs`` (None for the dead) and whether all are alive,
     in C-level passes: no object is asked for ``==`` (``None in objects`` would ask each)."""
@@ -647,11 +667,7 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     if code is None:
         return None, ()
     scalars: list[Any] = []
-    for cell in function.__closure__ or ():
-        try:  # (a decorated forward closes over a dozen cells: no call per cell)
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
+    for value in cell_values(function):
         if value is None or isinstance(value, (bool, int, float, str, bytes)):
             scalars.append((type(value).__name__, value))  # by value: nothing to reach in it
             continue

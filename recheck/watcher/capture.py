@@ -18,7 +18,7 @@ from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Values
 import torch
 
 from recheck.runtime.naming import attribute_subject, buffer_subject
-from recheck.runtime.reach import GlobalRef, Reach, dereferenced
+from recheck.runtime.reach import GlobalRef, Reach, cell_values, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
 from recheck.runtime.rng import rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
@@ -60,11 +60,7 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
             function = function.__func__
         else:
             break
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
+    for value in cell_values(function):
         if isinstance(value, torch.nn.Module):
             found.append(value)
     for ref in list(reach.reads.values()):

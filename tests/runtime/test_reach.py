@@ -262,3 +262,29 @@ def test_regions_of_the_same_modules_revive_the_same_pairs_each_in_a_dict_of_its
     blocks[2] = nn.Identity()  # the closure's list now holds another module there
     gc.collect()
     assert gone() is None
+
+
+def test_cell_values_leave_out_an_empty_cell_and_keep_the_order():
+    from recheck.runtime.reach import cell_values
+
+    block = _Block()
+
+    def outer(fill: bool):
+        def region(x):
+            return first(x), later, scale  # ``later`` is an empty cell unless outer assigned it
+
+        first, scale = block, 2.0
+        if fill:
+            later = 1
+        return region
+
+    region = outer(False)
+    names = region.__code__.co_freevars
+    assert names == ("first", "later", "scale")
+    assert cell_values(region) == [block, 2.0]  # first and scale; later is empty
+    assert cell_values(outer(True)) == [block, 1, 2.0]
+    blocks = [block]
+    segment = _segment(blocks, 0, 1)
+    assert cell_values(segment) == [cell.cell_contents for cell in segment.__closure__]  # all filled: as they are
+    assert cell_values(len) == [] and cell_values(block) == [] and cell_values(lambda: 1) == []
+    assert reach_of(region, {}).modules  # a region with an empty cell is reached all the same
