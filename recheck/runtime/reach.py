@@ -150,7 +150,7 @@ class Reach:
         self.kept: dict[str, Any] = {}
         #: where the reach was revived from a dormant one: the pairs of its modules as revived,
         #: which other reaches revived from the same modules share while this one lives
-        self.revived_modules: Any = None
+        self.revived_modules: _Revived | None = None
 
     def copy(self) -> Reach:
         """A reach that can grow without changing this one (which a cache may share)."""
@@ -522,12 +522,7 @@ class _Dormant:
         reach = self.template.copy()
         reach.revived_modules = revived = self.modules.revive()
         reach.modules = dict(revived.modules)
-        found: dict[str, dict[Any, Any]] = {}
-        for what, (keys, refs) in self.refs.items():
-            # dereferenced in C-level passes: a test suite revives its reach in every test's block
-            alive, all_alive = dereferenced(refs)
-            found[what] = dict(zip(keys, alive)) if all_alive else \
-                {key: value for key, value in zip(keys, alive) if value is not None}  # the dead are left out
+        found = {what: _alive(keys, refs) for what, (keys, refs) in self.refs.items()}
         reach.generators, reach.tensors, reach.objects = found["generators"], found["tensors"], found["objects"]
         reach.derived = self.derived
         self.live = weakref.ref(reach)
@@ -556,13 +551,14 @@ class _SharedModules:
         """The shared modules of a reach's ``modules``, the one already kept where it holds the very
         same modules under the same names.  ``TypeError`` where one cannot be weakly referenced."""
         keys, names = list(modules), [name for name, _ in modules.values()]
+        held = [module for _, module in modules.values()]
         lookup = (tuple(keys), tuple(names))
         shared = _SHARED_MODULES.get(lookup)
         if shared is not None:
             alive, all_alive = dereferenced(shared.refs)
-            if all_alive and all(map(operator.is_, alive, [module for _, module in modules.values()])):
+            if all_alive and all(map(operator.is_, alive, held)):
                 return shared
-        shared = cls(keys, names, [weakref.ref(module) for _, module in modules.values()])
+        shared = cls(keys, names, [weakref.ref(module) for module in held])
         _SHARED_MODULES[lookup] = shared
         return shared
 
@@ -572,11 +568,7 @@ class _SharedModules:
         last = self.last() if self.last is not None else None
         if last is not None:
             return last
-        alive, all_alive = dereferenced(self.refs)
-        pairs = zip(self.names, alive)
-        modules = dict(zip(self.keys, pairs)) if all_alive else \
-            {key: pair for key, pair, one in zip(self.keys, pairs, alive) if one is not None}
-        revived = _Revived(modules)
+        revived = _Revived(_alive(self.keys, self.refs, self.names))
         self.last = weakref.ref(revived)
         return revived
 
@@ -595,6 +587,17 @@ class _Revived:
 #: last dormant reach that holds it)
 _SHARED_MODULES: weakref.WeakValueDictionary[tuple[tuple[Any, ...], tuple[str, ...]], _SharedModules] = \
     weakref.WeakValueDictionary()
+
+
+def _alive(keys: list[Any], refs: list[Any], names: list[str] | None = None) -> dict[Any, Any]:
+    """``keys`` to the objects of the weak references ``refs`` still alive, or with ``names``
+    to ``(name, object)`` pairs; the dead are left out.  In C-level passes where all are alive
+    (a test suite revives its reaches in every test's block)."""
+    alive, all_alive = dereferenced(refs)
+    values: Iterable[Any] = alive if names is None else zip(names, alive)
+    if all_alive:
+        return dict(zip(keys, values))
+    return {key: value for key, value, one in zip(keys, values, alive) if one is not None}
 
 
 def cell_values(function: Any) -> list[Any]:
