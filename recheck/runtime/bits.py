@@ -259,10 +259,9 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
 
 
 def _value_mismatch(a: torch.Tensor, b: torch.Tensor, tol: Tolerance | None,
-                    bits: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Boolean mask (in the bit view's shape) of elements that count as different; ``bits``:
-    the two bit views, where the caller made them already."""
-    bits_a, bits_b = (bit_view(a), bit_view(b)) if bits is None else bits
+                    bits_a: torch.Tensor, bits_b: torch.Tensor) -> torch.Tensor:
+    """Boolean mask (in the bit view's shape) of elements that count as different, given the
+    two tensors' :func:`bit_view`s."""
     differs = bits_a != bits_b
     floating = a.is_floating_point() or a.is_complex()
     if tol is None or not floating:
@@ -331,7 +330,7 @@ def compare_tensors(
         original, recomputed = original.to_dense(), recomputed.to_dense()
     a, b = original.detach(), recomputed.detach()
     bits_a, bits_b = bit_view(a), bit_view(b)
-    mask = _value_mismatch(a, b, tolerance, (bits_a, bits_b))
+    mask = _value_mismatch(a, b, tolerance, bits_a, bits_b)
     count = int(mask.sum())
     if count == 0:
         return None
