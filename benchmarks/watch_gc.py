@@ -29,17 +29,28 @@ from watch_sweep import HF, hf_step, timm_step  # this folder's
 CPU = time.process_time
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def checked(spec: str) -> str:
+    """``spec`` itself where it names a model ``build`` can make, else ``SystemExit`` with the
+    reason (every name is checked before any model runs)."""
+    library, _, name = spec.partition(":")
+    if library == "hf" and name not in dict(HF):
+        raise SystemExit(f"unknown transformers architecture {name!r}; choose from {', '.join(dict(HF))}")
+    if library not in ("hf", "timm") or not name:
+        raise SystemExit(f"a model is hf:NAME or timm:NAME, got {spec!r}")
+    return spec
+
+
 def build(spec: str) -> Callable[[], Any]:
     """``hf:Llama`` (a transformers architecture of ``watch_sweep.HF``) or ``timm:NAME``."""
-    library, _, name = spec.partition(":")
-    if library == "hf":
-        autos = dict(HF)
-        if name not in autos:
-            raise SystemExit(f"unknown transformers architecture {name!r}; choose from {', '.join(autos)}")
-        return hf_step(name, autos[name])
-    if library == "timm":
-        return timm_step(name, {})
-    raise SystemExit(f"a model is hf:NAME or timm:NAME, got {spec!r}")
+    library, _, name = checked(spec).partition(":")
+    return hf_step(name, dict(HF)[name]) if library == "hf" else timm_step(name, {})
 
 
 def measure(run: Callable[[], Any], steps: int) -> tuple[float, int, float]:
@@ -71,8 +82,9 @@ def measure(run: Callable[[], Any], steps: int) -> tuple[float, int, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="hf:Llama,timm:mobilenetv3_small_050,timm:resnet18")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=_positive, default=150)
     ns = parser.parse_args(argv)
+    specs = [checked(spec) for spec in ns.models.split(",")]
     import torch
 
     import recheck
@@ -80,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     print(f"{'model':<32} {'plain':>9} {'watch':>9} {'ratio':>6}  full collections (plain / watch, ms each)")
-    for spec in ns.models.split(","):
+    for spec in specs:
         step = build(spec)
 
         def watched(step: Callable[[], Any] = step) -> None:
