@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, Mapping, Protocol
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
 
 from recheck.runtime.naming import RegionKey, call_site, describe
 from recheck.runtime.tags import current_tags
@@ -190,6 +191,9 @@ class CheckpointCall:
     #: torch dropped the region function; ``released`` waits for the outer call's release
     dropped: bool = False
     released: bool = False
+    #: the non-reentrant generator's options were set where ``checkpoint()`` was called, which
+    #: passes them on: its generator runs as torch made it (see :meth:`Interceptor.generator`)
+    configured: bool = False
 
     def __init__(self, function: Any, entry: str, region: RegionKey, tags: Mapping[str, Any],
                  options: dict[str, Any], grad_enabled: bool = True) -> None:
@@ -478,7 +482,40 @@ class Interceptor:
             call.runs += 1
             return self.run_region(call, Phase.BYPASS, function, rest, user_kwargs)
         wrapped = self._wrap(function, call)
+        if entry == "checkpoint" and self._configures_at_call(real):
+            return self._configured(call, real, wrapped, rest, kwargs)
         return self.around_machinery(call, lambda: real(wrapped, *rest, **kwargs))
+
+    def _configures_at_call(self, real: Callable[..., Any]) -> bool:
+        """Whether a non-reentrant ``checkpoint()`` call's generator options are set at the call
+        (:meth:`_configured`) rather than at its generator: where nothing is done around torch's
+        machinery (so the generator's steps need no bracket of their own), no
+        ``set_checkpoint_early_stop`` block is in force (its override is scoped to the generator's
+        setup) and ``checkpoint()`` takes the options by keyword."""
+        if torch_checkpoint._enable_checkpoint_early_stop is not None:
+            return False
+        key = (type(self), real)
+        known = _AT_CALL.get(key)
+        if known is None:
+            known = _AT_CALL[key] = (type(self).around_machinery is Interceptor.around_machinery
+                                     and _passes_options(real))
+        return known
+
+    def _configured(self, call: CheckpointCall, real: Callable[..., Any], wrapped: RegionFunction, rest: tuple,
+                    kwargs: dict) -> Any:
+        """``checkpoint()``, non-reentrant, with its generator's options configured here: the
+        common call, whose generator then runs as torch made it, driven by torch's ``checkpoint()``
+        (one frame, not the generator of :meth:`_drive` and its bound arguments)."""
+        settings = {"determinism_check": kwargs.get("determinism_check", _DEFAULT_DETERMINISM),
+                    "early_stop": kwargs.get("early_stop", True)}
+        call.options.setdefault("early_stop", settings["early_stop"])
+        undo = self.configure_generator(call, settings)
+        call.configured = True
+        try:
+            return real(wrapped, *rest, **{**kwargs, **settings})
+        finally:
+            if undo is not None:
+                undo()
 
     def reentrant_forward(self, real: Callable[..., Any], ctx: Any, run_function: Any, preserve: bool,
                           args: tuple) -> Any:
@@ -518,8 +555,12 @@ class Interceptor:
         return self.around_machinery(call, lambda: real(*new_args, **new_kwargs))
 
     def generator(self, original: Callable[..., Generator[None, None, None]], args: tuple, kwargs: dict) -> Iterator[None]:
-        """The non-reentrant generator: from ``checkpoint()`` (already wrapped), the composable
-        API or the curried form (whose forward runs between the generator's two steps)."""
+        """The non-reentrant generator: from ``checkpoint()`` (already wrapped; where its options
+        were configured at the call, it runs untouched), the composable API or the curried form
+        (whose forward runs between the generator's two steps)."""
+        first = args[0] if args else kwargs.get("fn")
+        if type(first) is RegionFunction and first.call.configured:
+            return original(*args, **kwargs)  # configured where ``checkpoint()`` was called
         bound = _Arguments(_layout(original), args, kwargs)
         arguments = bound.arguments
         function = arguments["fn"]
@@ -580,6 +621,21 @@ class Interceptor:
 
 
 _DONE = object()
+_DEFAULT_DETERMINISM = getattr(torch_checkpoint, "_DEFAULT_DETERMINISM_MODE", "default")
+#: per interceptor class and ``checkpoint()`` function: :meth:`Interceptor._configures_at_call`
+#: but for a ``set_checkpoint_early_stop`` block
+_AT_CALL: dict[tuple[type, Any], bool] = {}
+
+
+def _passes_options(real: Callable[..., Any]) -> bool:
+    """Whether ``real`` (torch's ``checkpoint()``) takes ``determinism_check`` and ``early_stop``
+    by keyword and passes them to its non-reentrant generator."""
+    try:
+        parameters = inspect.signature(real).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in parameters and parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+               for name in ("determinism_check", "early_stop"))
 
 
 def _same_callable(a: Any, b: Any, depth: int = 0) -> bool:

@@ -185,8 +185,9 @@ class Dispatcher(Interceptor):
         stop = None
         if record.forced_early_stop is not None:  # whatever the call or a set_checkpoint_early_stop block says
             arguments["early_stop"] = record.forced_early_stop
-            stop = torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop)
-            stop.__enter__()
+            if user_early_stop is not None:  # (a block in force beats the argument: overridden for the setup)
+                stop = torch_checkpoint.set_checkpoint_early_stop(record.forced_early_stop)
+                stop.__enter__()
         key = None
         base = _METADATA_FNS.get(arguments["determinism_check"])
         if base is not None:  # an unknown mode: let torch raise its own error

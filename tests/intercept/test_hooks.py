@@ -52,6 +52,53 @@ def test_the_composable_api_brackets_a_forward_it_never_calls():
     assert recorder.events == [("generator", "forward", 1), ("generator", "recompute", 2)]
 
 
+class _Configuring(Recorder):
+    """A Recorder that sets the generator's determinism check, as ``watch()`` does."""
+
+    def __init__(self):
+        super().__init__()
+        self.configured = []
+
+    def configure_generator(self, call, arguments):
+        self.configured.append(dict(arguments))
+        arguments["determinism_check"] = "none"
+        return None
+
+
+class _Bracketing(_Configuring):
+    def around_machinery(self, call, run):
+        return run()
+
+
+@pytest.mark.parametrize("interceptor, at_call", [(_Configuring, True), (_Bracketing, False)],
+                         ids=["configured-at-call", "at-the-generator"])
+def test_checkpoint_options_are_configured_once_at_the_call_or_the_generator(interceptor, at_call):
+    with intercepted(interceptor()) as recorder:
+        checkpoint(block, _x(), use_reentrant=False, early_stop=False).sum().backward()
+        with torch.utils.checkpoint.set_checkpoint_early_stop(True):  # a block in force: at the generator
+            checkpoint(block, _x(), use_reentrant=False).sum().backward()
+    assert [call.configured for call in recorder.calls] == [at_call, False]
+    assert [c["early_stop"] for c in recorder.configured] == [False, True]
+    assert [c["determinism_check"] for c in recorder.configured] == ["default", "default"]
+    assert recorder.events == [("checkpoint", "forward", 1), ("checkpoint", "recompute", 2)] * 2
+    assert [call.options["early_stop"] for call in recorder.calls] == [False, True]
+
+
+def test_an_option_set_at_the_call_reaches_torchs_generator(monkeypatch):
+    seen = []
+    original = torch.utils.checkpoint._allowed_determinism_checks_to_fns
+
+    class Checking(_Configuring):
+        def configure_generator(self, call, arguments):
+            arguments["determinism_check"] = "recheck-test"
+            original["recheck-test"] = lambda tensor: seen.append(tuple(tensor.shape))
+            return lambda: original.pop("recheck-test")
+
+    with intercepted(Checking()) as recorder:
+        checkpoint(block, _x(), use_reentrant=False).sum().backward()
+    assert recorder.calls[0].configured and seen and "recheck-test" not in original
+
+
 def test_bypass_calls_the_region_directly_with_its_own_keywords():
     seen = {}
 

@@ -247,6 +247,29 @@ def test_early_stop_off_replays_fully_and_marks_latent_findings():
             assert w.report.ok, str(w.report)  # early stop: the print never runs again
 
 
+def test_a_set_checkpoint_early_stop_block_is_what_the_calls_say_unless_the_watch_forces_it():
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    def late_print(x):
+        y = x.sin().exp()
+        print("after the last saved tensor")
+        return y
+
+    with set_checkpoint_early_stop(False):  # the user's block: every recompute runs to the end
+        with recheck.watch(raise_on_finding=False) as w:
+            checkpoint(late_print, inputs(), use_reentrant=False, early_stop=True).sum().backward()
+        (finding,) = w.report.by_kind("side_effect")
+        assert not finding.latent
+        with recheck.watch(raise_on_finding=False, early_stop=True) as w:  # the watch's own beats it
+            checkpoint(late_print, inputs(), use_reentrant=False).sum().backward()
+        assert w.report.ok, str(w.report)
+    with set_checkpoint_early_stop(True):
+        with recheck.watch(raise_on_finding=False, early_stop=False) as w:
+            checkpoint(late_print, inputs(), use_reentrant=False).sum().backward()
+        (finding,) = w.report.by_kind("side_effect")
+        assert finding.latent
+
+
 def test_store_copy_reports_the_first_difference():
     global SCALE
     with recheck.watch(raise_on_finding=False, store="copy") as w:
