@@ -262,7 +262,7 @@ class SavedPrint:
         kind = type(other)
         if kind is Recomputed:  # torch's default check, at a recompute: the common case
             record = self.record
-            if record is not None and (self.found is not None or self.viewed is not None or self.print is not None):
+            if record is not None:
                 theirs = record.compare_saved(self, other[0])
                 if theirs is True:
                     return True  # equal, to the byte
@@ -275,8 +275,7 @@ class SavedPrint:
         # a recompute's under another check (``base``: torch's default answers with a Recomputed):
         # its bytes compared by the record, its equality that check's own
         record, tensor = self.record, other.tensor
-        if record is not None and other.record is None and tensor is not None \
-                and (self.found is not None or self.viewed is not None or self.print is not None):
+        if record is not None and other.record is None and tensor is not None:
             record.compare_saved(self, tensor)
         if self.base is LAZY and other.base is LAZY:
             return self.metadata() == other.metadata()
@@ -724,7 +723,10 @@ class InvocationRecord:
     def compare_saved(self, saved: SavedPrint, tensor: torch.Tensor) -> TensorPrint | Literal[True] | None:
         """The recomputed saved tensor against the forward's print of it (``saved``): True where
         it is equal to it, to the byte, else the recomputed print (None where it is not compared
-        here)."""
+        here: a buffer, a tensor compared already in this recompute, one its forward never read)."""
+        found = saved.found
+        if found is None and saved.viewed is None and saved.print is None:
+            return None  # not read: its forward never returned
         index = saved.index
         compared = self._pass_saved
         if index in compared:
@@ -733,7 +735,6 @@ class InvocationRecord:
         forward = self.forward
         if forward is not None and index in forward.saved_buffers:
             return None  # a module buffer autograd saved: the buffer comparison reports it
-        found = saved.found
         if found is not None:
             # the common case: an activation its forward read by its layout's plan (row-major, or a
             # transposed one's memory order), read so again: equal when shape, dtype, digest and
