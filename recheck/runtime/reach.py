@@ -236,7 +236,10 @@ class Reach:
                     self.walk_function(value)
                 continue
             self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
-            if not isinstance(value, (int, float, str, bytes, bool, type(None))):
+            if not isinstance(value, (int, float, str, bytes, bool, type(None))) and not any(
+                    bound is namespace and taken == name for bound, taken, _ in self.bound):
+                # (once: another function of the region may read it too, and every watch() block
+                # checks what the reach took)
                 self.bound.append((namespace, name, _identities(value)))
             self.add_value(name, value)
         for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):

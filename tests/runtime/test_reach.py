@@ -188,6 +188,21 @@ def test_a_reach_holds_while_a_global_table_holds_the_same_objects_two_levels_do
         gelu[1]["approximate"] = "tanh"
 
 
+def _tabled_twice(x):
+    return _tabled(x) + len(TABLE)  # the table read here and in the function it calls
+
+
+def test_a_global_two_functions_of_the_region_read_is_taken_once():
+    reach = static_reach(_tabled_twice, (), {})
+    assert [name for _, name, _ in reach.bound] == ["TABLE"]
+    TABLE["relu"] = nn.SiLU
+    try:
+        assert not reach.still_bound()
+    finally:
+        TABLE["relu"] = nn.ReLU
+    assert reach.still_bound()
+
+
 def test_what_a_reach_found_while_its_block_ran_is_revived_with_it_in_the_next_block():
     import gc
 
