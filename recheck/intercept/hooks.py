@@ -404,7 +404,7 @@ class Interceptor:
     def _new_call(self, function: Any, entry: str, options: dict[str, Any], grad_enabled: bool,
                   implementation: Implementation | None = None) -> CheckpointCall:
         skip = implementation.skip_dirs if implementation is not None else ()
-        call = CheckpointCall(function, entry, describe(function, call_site(3, skip)), dict(current_tags()),
+        call = CheckpointCall(function, entry, describe(function, call_site(3, skip)), current_tags(),  # (read-only)
                               options, grad_enabled)
         if implementation is not None:
             call.implementation = implementation.library

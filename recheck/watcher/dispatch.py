@@ -445,13 +445,13 @@ def _ends_early(exc: BaseException) -> bool:
     return _STOP is not None and isinstance(exc, _STOP)
 
 
-def _labels(tags: Mapping[str, Any], launched: Any = None) -> dict[str, Any]:
-    """The tags of a new record: ``rank`` first in a distributed process, then the user's
-    and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins.  ``launched``: what
-    the launcher's variables said when the block started."""
+def _labels(tags: Mapping[str, Any], launched: Any = None) -> Mapping[str, Any]:
+    """The tags of a new record (which keeps a copy): ``rank`` first in a distributed process,
+    then the user's and the pipeline's (``recheck.tag``); a user's own ``rank`` tag wins.
+    ``launched``: what the launcher's variables said when the block started."""
     place = current_place(launched)
     if place is None or "rank" in tags:
-        return dict(tags)
+        return tags
     return {"rank": place.rank, **tags}
 
 

@@ -25,6 +25,7 @@ in the recompute alone: once, as the uncheckpointed step does).
 from __future__ import annotations
 
 import operator
+import types
 from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 import torch
@@ -52,6 +53,13 @@ _STRIDED = torch.strided
 
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
+#: what a forward's containers become once it returned (:meth:`Forward.settle`) where nothing
+#: needs them any more or they stayed empty, and a record's until it holds something: read-only,
+#: and shared.  A watched invocation's own objects live from its forward to its backward, and
+#: every one of them, an empty dict too, counts toward the garbage collector's next collection:
+#: the fewer they are, the more seldom a collection promotes the whole step's objects, and the
+#: more seldom a full one walks every object of the process
+_NO_ENTRIES: Mapping[Any, Any] = types.MappingProxyType({})
 
 
 class Forward:
@@ -122,6 +130,22 @@ class Forward:
         self.layout_memo: list[Any] | None = None
         #: ``state_modules + attribute_modules``: whose parameters a recompute compares
         self.scope_pairs: tuple[tuple[str, torch.nn.Module], ...] = ()
+
+    def settle(self) -> None:
+        """Once the forward returned and its scope and saved tensors are read: let go of what
+        only the running forward needed (the modules that ran, what was told and walked), and
+        share :data:`_NO_ENTRIES` for what stayed empty; a recompute only reads them."""
+        self.ran = self.direct = self.told = self.subtrees = self.walked = self.buffers_seen = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.shown:
+            self.shown = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.saved_buffers:
+            self.saved_buffers = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.buffer_pointers:
+            self.buffer_pointers = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.written_buffers:
+            self.written_buffers = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.parameter_storages:
+            self.parameter_storages = _NO_ENTRIES  # type: ignore[assignment]
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
@@ -355,6 +379,9 @@ def _metadata_text(metadata: tuple[tuple[int, ...], torch.dtype, str]) -> str:
 #: writes it after the release, and it holds nothing
 _RELEASED = Forward(Reach(), {}, {})
 
+#: the tags of a record made without any (shared: nothing writes a record's tags)
+_NO_TAGS: dict[str, Any] = {}
+
 #: the ``base`` of a :class:`SavedPrint` under torch's default determinism check
 LAZY: Any = object()
 _NEW_SAVED = object.__new__
@@ -411,7 +438,7 @@ class InvocationRecord:
         intended_grad: bool | None = None,
         nested: bool = False,
     ) -> None:
-        self.region, self.index, self.tags = region, index, dict(tags)
+        self.region, self.index, self.tags = region, index, dict(tags) if tags else _NO_TAGS
         self.entry, self.store, self.tolerance = entry, store, tolerance
         #: the early stop the watch imposes on the call (None: the call's own)
         self.forced_early_stop = early_stop
@@ -424,8 +451,9 @@ class InvocationRecord:
         self.implementation = implementation
         #: indices of the saved tensors the current recompute compared (keys)
         self._pass_saved: dict[int, None] = {}
-        #: saved tensors whose recomputed print differs: index -> (forward's, recompute's)
-        self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = {}
+        #: saved tensors whose recomputed print differs: index -> (forward's, recompute's); a
+        #: dict from the first on (most records have none)
+        self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = _NO_ENTRIES  # type: ignore[assignment]
         #: the grad mode at the checkpoint call
         self.grad_enabled = grad_enabled
         #: the call's ``preserve_rng_state`` (None when the entry point does not say)
@@ -504,8 +532,6 @@ class InvocationRecord:
             # read now (an in-place change made by this forward itself shows in its activations)
             forward.params_after = capture.parameter_versions(forward.reach, forward.scope_pairs)
         forward.predicted = None
-        forward.told.clear()  # needed only while it ran (the subtrees' modules go with them)
-        forward.subtrees.clear()
         forward.state_exit = forward.state(self.store)
         if has_output and not self._stops_early():
             forward.outputs = _tensor_leaves(output, "output", self.store)
@@ -540,6 +566,7 @@ class InvocationRecord:
                 saved.found = found  # an activation read by its plan: no print unless a recompute differs
             else:  # an activation (no parameter's view): the print ``print_saved`` would make, one call sooner
                 saved.print = print_activation(tensor, store)
+        forward.settle()
         self.forward_done = True
 
     def _stops_early(self) -> bool:
@@ -770,6 +797,8 @@ class InvocationRecord:
                 return True  # the same metadata and bytes (or parameter and version)
         elif original.matches(recomputed, tolerance):
             return recomputed
+        if self._saved_diffs is _NO_ENTRIES:
+            self._saved_diffs = {}
         self._saved_diffs.setdefault(index, (original, recomputed))
         return recomputed
 
@@ -788,7 +817,7 @@ class InvocationRecord:
         that it still tells a call whose forward ran from one that never ran."""
         self.function = None
         self._count_compared()
-        self._pass_saved = {}
+        self._pass_saved = _NO_ENTRIES  # type: ignore[assignment]  # (no recompute after it)
         if self.forward is not None:
             self.forward = _RELEASED
 

@@ -201,6 +201,33 @@ def test_a_watched_step_leaves_no_reference_cycle_holding_tensors(early_stop):
     assert kept == []
 
 
+def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_shares_what_stayed_empty():
+    import gc
+    import types
+
+    from recheck.watcher import records
+    from recheck.watcher.dispatch import DISPATCHER
+
+    block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    with recheck.watch(raise_on_finding=False) as watcher:
+        out = checkpoint(block, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+        forward = DISPATCHER.records[-1].forward
+        # let go of once it returned (a container kept until the backward is one more object
+        # for the garbage collector to count): the modules that ran, what was told and walked
+        for name in ("ran", "direct", "told", "subtrees", "walked", "buffers_seen"):
+            assert getattr(forward, name) is records._NO_ENTRIES, name
+        assert isinstance(records._NO_ENTRIES, types.MappingProxyType) and not records._NO_ENTRIES
+        assert forward.parameter_storages  # read by the recompute: the Linear's weight is saved as a view
+        assert forward.saved_buffers is records._NO_ENTRIES  # stayed empty: shared
+        (record,) = DISPATCHER.records
+        assert record.tags is records._NO_TAGS and record._saved_diffs is records._NO_ENTRIES
+        out.sum().backward()
+        del out
+        gc.collect()
+    assert watcher.report.ok, str(watcher.report)
+    assert record._pass_saved is records._NO_ENTRIES  # released with the graph
+
+
 def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
