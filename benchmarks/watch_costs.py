@@ -14,8 +14,8 @@ Targets (issue 15): fixed cost <= 50 µs on CPU; digests >= 5 GB/s per core on C
 CPU time is used (``time.process_time``), best of ``--repeats``, so other processes' load
 affects the figures less than wall time would.  A best-of figure leaves out the runs in which
 the garbage collector's full collections ran; ``--mean N`` adds the fixed cost as the mean of
-``N`` runs of each (interleaved), with the full collections counted and timed in each, which
-is what a long watched loop pays on average.  Nothing here is asserted.
+``N`` runs of each (in two stretches per mode, each after a collection), with the full
+collections counted and timed in each, which is what a long watched loop pays on average.  Nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
           f"(plain {plain / ns.calls * 1e6:.1f} us, watched {timed / ns.calls * 1e6:.1f} us a call)")
     if ns.mean:
         runs = {"plain": step, "watched": watched}
-        means = _interleaved_means(runs, ns.mean)
+        means = _means(runs, ns.mean)
         calls = ns.mean * ns.calls
         (plain_mean, plain_full, plain_gc), (watched_mean, watched_full, watched_gc) = means["plain"], means["watched"]
         print(f"fixed cost per invocation, mean of {ns.mean} runs: {(watched_mean - plain_mean) / ns.calls * 1e6:.1f} us "
@@ -83,9 +83,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _interleaved_means(runs: dict, rounds: int) -> dict[str, tuple[float, int, float]]:
-    """Per mode: the mean CPU time of a run over ``rounds`` rounds that run every mode in turn,
-    and the full collections in those runs and their wall time."""
+def _means(runs: dict, rounds: int) -> dict[str, tuple[float, int, float]]:
+    """Per mode: the mean CPU time of a run over ``rounds`` runs, and the full collections in
+    those runs and their wall time.  Each mode runs its rounds in two stretches, the modes in
+    turn, each stretch after a collection of its own: a full collection falls due by what the
+    runs before it left to the collector, so in runs interleaved one by one it would fall in
+    whichever mode's run came next, not in the mode that made it due."""
     import gc
 
     full = {"count": 0, "time": 0.0, "start": 0.0}
@@ -99,14 +102,17 @@ def _interleaved_means(runs: dict, rounds: int) -> dict[str, tuple[float, int, f
                 full["time"] += time.perf_counter() - full["start"]
 
     totals = {mode: [0.0, 0, 0.0] for mode in runs}
+    halves = (rounds - rounds // 2, rounds // 2)
     gc.callbacks.append(count)
     try:
-        for _ in range(rounds):
+        for stretch in halves:
             for mode, run in runs.items():
+                gc.collect()
                 before = (full["count"], full["time"])
-                start = CPU()
-                run()
-                totals[mode][0] += CPU() - start
+                for _ in range(stretch):
+                    start = CPU()
+                    run()
+                    totals[mode][0] += CPU() - start
                 totals[mode][1] += full["count"] - before[0]
                 totals[mode][2] += full["time"] - before[1]
     finally:
