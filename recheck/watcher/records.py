@@ -394,22 +394,22 @@ def _tensor_leaves(value: Any, root: str, store: Store) -> list[tuple[str, Tenso
 class InvocationRecord:
     """A checkpoint invocation: its forward, its recomputations and their findings.
 
-    What an invocation sets on its record is set first by ``__init__``, always in the same
-    order: a block keeps every record until it ends, and records that gain their attributes
-    in one order share one table of names (a record whose attributes came in another order
-    kept a dict of its own, 1.6 KB).  What only some records set (a finding, a replay, a
-    failure, the block's end) starts from the class attributes below: an assignment gives a
-    record its own.
+    A block keeps every record until it ends (a training loop watched for 10,000 steps keeps
+    10,000 times its invocations): what every invocation sets lives in slots, which ``__init__``
+    sets (a record whose attributes lived in a dict took half as much again).  What only some
+    records set (a replay, a full replay's state at the last saved tensor) starts from the class
+    attributes below: an assignment gives that record a dict of its own.
     """
+
+    __slots__ = ("region", "index", "tags", "entry", "store", "tolerance", "forced_early_stop", "replay_fully",
+                 "function", "reentrant", "needs_input_grad", "implementation", "_pass_saved", "_saved_diffs",
+                 "grad_enabled", "preserve_rng_state", "replaced", "during_backward", "intended_grad", "nested",
+                 "early_stop", "forward", "forward_done", "recomputes", "_saved_compared", "failed", "closed",
+                 "findings", "__dict__")
 
     #: made again by another region's recompute: the record of the call it makes again, to
     #: whose forward its run was compared (a recompute of that record)
     replay_of: InvocationRecord | None = None
-    failed = False
-    closed = False
-    #: a list from the first finding on (most records have none): each as :meth:`_finding`
-    #: drafts it, made a :class:`Finding` by :meth:`findings_of`
-    findings: list[_Draft] | tuple[()] = ()
     #: under a full replay: what the forward's state and effects were at its last saved
     #: tensor (where early stop would end a recompute), and which keys changed after it
     forward_effects: list[Any] | None = None
@@ -473,6 +473,10 @@ class InvocationRecord:
         self.recomputes = 0
         #: the most saved tensors one recompute compared
         self._saved_compared = 0
+        self.failed = self.closed = False
+        #: a tuple until the first finding, then a list: each as :meth:`_finding` drafts it,
+        #: made a :class:`Finding` by :meth:`findings_of`
+        self.findings: list[_Draft] | tuple[()] = ()
 
     # -- forward -------------------------------------------------------------------------
 
