@@ -34,8 +34,8 @@ import contextlib
 import enum
 import functools
 import inspect
+import sys
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, Mapping, Protocol
 
@@ -280,30 +280,16 @@ class RegionFunction:
     def __repr__(self) -> str:
         return f"<recheck region {self.function!r}>"
 
-
-class _Dropped(weakref.ref):
-    """What ``weakref.finalize`` would do when torch drops a region function, in one object
-    (a finalizer is five, and a watch() block holds one per invocation while its graph lives):
-    kept alive by :data:`_WATCHED` until it fires, then :meth:`Interceptor._dropped`."""
-
-    __slots__ = ("call", "interceptor")
-    call: CheckpointCall
-    interceptor: Interceptor
+    def __del__(self) -> None:
+        """torch dropped the region function, with its graph: :meth:`Interceptor._dropped`.
+        A finalizer, not a weak reference with a callback held in a set: one object fewer per
+        invocation while its graph lives (each counts toward the collector's next collection).
+        Nothing is told while the interpreter shuts down (what it would release goes with it)."""
+        if not _FINALIZING():
+            self.interceptor._dropped(self.call)
 
 
-def _watch_drop(wrapped: RegionFunction, call: CheckpointCall, interceptor: Interceptor) -> None:
-    ref = _Dropped(wrapped, _fire)
-    ref.call, ref.interceptor = call, interceptor
-    _WATCHED.add(ref)
-
-
-def _fire(ref: _Dropped) -> None:
-    _WATCHED.discard(ref)
-    ref.interceptor._dropped(ref.call)
-
-
-#: the live :class:`_Dropped` references (a weak reference fires only while it is alive itself)
-_WATCHED: set[_Dropped] = set()
+_FINALIZING = sys.is_finalizing
 
 
 class Implementation(Protocol):
@@ -438,9 +424,7 @@ class Interceptor:
                 call.replays = earlier
 
     def _wrap(self, function: Callable[..., Any], call: CheckpointCall) -> RegionFunction:
-        wrapped = RegionFunction(function, call, self)
-        _watch_drop(wrapped, call, self)
-        return wrapped
+        return RegionFunction(function, call, self)
 
     def _dropped(self, call: CheckpointCall) -> None:
         """torch dropped a region function.  A call made inside another region's forward is

@@ -449,8 +449,9 @@ class InvocationRecord:
         self.needs_input_grad = self.reentrant if needs_input_grad is None else needs_input_grad
         #: ``"torch"``, or the library of another implementation (``"deepspeed"`` ...)
         self.implementation = implementation
-        #: indices of the saved tensors the current recompute compared (keys)
-        self._pass_saved: dict[int, None] = {}
+        #: indices of the saved tensors the current recompute compared (keys; a dict from the
+        #: first recompute on)
+        self._pass_saved: dict[int, None] = _NO_ENTRIES  # type: ignore[assignment]
         #: saved tensors whose recomputed print differs: index -> (forward's, recompute's); a
         #: dict from the first on (most records have none)
         self._saved_diffs: dict[int, tuple[TensorPrint, TensorPrint]] = _NO_ENTRIES  # type: ignore[assignment]
@@ -762,7 +763,10 @@ class InvocationRecord:
         compared = self._pass_saved
         if index in compared:
             return None
-        compared[index] = None
+        try:
+            compared[index] = None
+        except TypeError:  # the shared empty of a record whose recompute ran outside a bracket (closed before it)
+            self._pass_saved = {index: None}
         forward = self.forward
         if forward is not None and index in forward.saved_buffers:
             return None  # a module buffer autograd saved: the buffer comparison reports it

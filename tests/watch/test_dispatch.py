@@ -228,6 +228,18 @@ def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_shares_what_st
     assert record._pass_saved is records._NO_ENTRIES  # released with the graph
 
 
+def test_a_backward_after_the_block_ended_runs_as_plain_torch_with_the_saved_prints_torch_holds():
+    from recheck.watcher.dispatch import DISPATCHER
+
+    x = torch.randn(4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as watcher:
+        out = checkpoint(lambda t: t.sin().exp(), x, use_reentrant=False)
+        (record,) = DISPATCHER.records
+    out.sum().backward()  # the record is closed: its recompute runs unbracketed, torch compares its prints
+    assert torch.equal(x.grad, (x.sin().exp() * x.cos()).detach())
+    assert record.closed and record.recomputes == 0 and watcher.report.ok
+
+
 def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
