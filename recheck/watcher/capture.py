@@ -444,16 +444,30 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
     for name, fingerprint in rng_fingerprints(reach.generators, reach.host_rng).items():
-        values[("rng", name)] = fingerprint
+        values[_RNG_KEYS.get(name) or _key_of(_RNG_KEYS, "rng", name)] = fingerprint
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
-        key = ("global", ref.subject)
+        key = _GLOBAL_KEYS.get(ref.subject) or _key_of(_GLOBAL_KEYS, "global", ref.subject)
         values[key] = kept_shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
     return values, shown
+
+
+def _key_of(keys: dict[str, tuple[str, str]], kind: str, subject: str) -> tuple[str, str]:
+    """``(kind, subject)``, made once per subject: an entry state is read three or four times an
+    invocation, and the forward keeps its entry's keys until its backward."""
+    if len(keys) >= 4096:
+        keys.clear()
+    key = keys[subject] = (kind, subject)
+    return key
+
+
+#: the keys of RNG streams and of globals read, by subject (see :func:`_key_of`)
+_RNG_KEYS: dict[str, tuple[str, str]] = {}
+_GLOBAL_KEYS: dict[str, tuple[str, str]] = {}
 
 
 def global_text(reach: Reach, key: tuple[str, str]) -> str:
