@@ -508,10 +508,12 @@ class InvocationRecord:
         """A module ran inside the forward (told by ``intercept.module_calls`` before it ran).
 
         The scope compares the state of its whole subtree (see :meth:`Forward.scope`), so its
-        submodules' calls add nothing: they are not told again (``forward.told``)."""
+        submodules' calls add nothing: they are not told again (``forward.told``).  A forward
+        that returned hears nothing more: its scope is settled (a record left on the dispatcher's
+        stack past its forward, by a forward that ended out of order, is not told)."""
         forward = self.forward
         key = id(module)
-        if forward is not None and key not in forward.ran:
+        if forward is not None and key not in forward.ran and not self.forward_done:
             forward.ran[key] = module
             if key not in forward.reach.modules:
                 capture.add_module(forward.reach, module)

@@ -240,6 +240,21 @@ def test_a_backward_after_the_block_ended_runs_as_plain_torch_with_the_saved_pri
     assert record.closed and record.recomputes == 0 and watcher.report.ok
 
 
+def test_a_record_whose_forward_returned_is_told_no_more_module_calls():
+    from recheck.runtime.naming import RegionKey
+    from recheck.runtime.reach import Reach
+    from recheck.watcher.records import InvocationRecord
+
+    record = InvocationRecord(RegionKey("r", None, None), 1, {}, entry="checkpoint", function=None)
+    record.begin_forward(Reach())
+    first, late = torch.nn.Linear(2, 2), torch.nn.ReLU()
+    record.add_module(first)
+    record.end_forward(None, False)
+    record.add_module(late)  # its forward's containers are let go (read-only): nothing is written to them
+    assert [module for _, module in record.forward.state_modules] == [first]
+    assert not record.forward.ran
+
+
 def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
