@@ -255,6 +255,21 @@ def test_a_record_whose_forward_returned_is_told_no_more_module_calls():
     assert not record.forward.ran
 
 
+def test_findings_repeated_at_every_invocation_share_their_words():
+    from recheck.watcher.dispatch import DISPATCHER
+
+    block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    with recheck.watch(raise_on_finding=False) as watcher:
+        for _ in range(3):
+            checkpoint(block, torch.randn(4, 3), use_reentrant=False).sum().backward()
+        drafts = [[d for d in record.findings if "running_mean" in d.subject] for record in DISPATCHER.records]
+    assert [len(found) for found in drafts] == [1, 1, 1]
+    first, *others = (found[0] for found in drafts)
+    assert all(d.message is first.message and d.hint is first.hint for d in others)  # one object each
+    assert first.hint and "RC106" in first.hint
+    assert len(watcher.report.by_kind("buffer")) >= 3
+
+
 def test_a_saved_print_has_every_slot_its_constructor_sets():
     from recheck.runtime.naming import RegionKey
     from recheck.runtime.reach import Reach
