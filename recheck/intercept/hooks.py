@@ -369,7 +369,10 @@ class Interceptor:
         return run()
 
     def configure_generator(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
-        """Adjust the non-reentrant generator's bound arguments; return what undoes it, if anything."""
+        """Adjust the non-reentrant generator's options in ``arguments`` (its bound arguments, or
+        for a ``checkpoint()`` call configured there, its ``determinism_check`` and
+        ``early_stop``, which ``checkpoint()`` passes on); return what undoes it once the
+        generator is set up, if anything."""
         return None
 
     def released(self, call: CheckpointCall) -> None:
