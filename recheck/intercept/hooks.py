@@ -371,8 +371,8 @@ class Interceptor:
     def configure_generator(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
         """Adjust the non-reentrant generator's options in ``arguments`` (its bound arguments, or
         for a ``checkpoint()`` call configured there, its ``determinism_check`` and
-        ``early_stop``, which ``checkpoint()`` passes on); return what undoes it once the
-        generator is set up, if anything."""
+        ``early_stop``, which ``checkpoint()`` passes on); return what undoes it, if anything:
+        called once the generator is set up, or once a configured call returns."""
         return None
 
     def released(self, call: CheckpointCall) -> None:
