@@ -625,7 +625,7 @@ def _cell_value(cell: Any) -> Any:
         return _EMPTY_CELL
 
 
-#: what :func:`cell_value` gives for an empty cell
+#: what :func:`_cell_value` gives for an empty cell
 _EMPTY_CELL: Any = object()
 
 
