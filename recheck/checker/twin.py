@@ -55,7 +55,7 @@ from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import DefaultDtypeRecord, Observed, Snapshot
+from recheck.runtime.snapshot import DefaultDtypeRecord, Observed, Snapshot, shared_or_copied
 from recheck.runtime.steps import StepState, discover_state
 from recheck.runtime.trees import leaves
 
@@ -120,10 +120,15 @@ class Twin:
         finally:
             self._restore_loop()
 
-    def _observe(self, run: StepRun) -> None:
-        """The end state of a run (gradients, every tracked value, optimizer state), then restore."""
+    def _observe(self, run: StepRun, reference: StepRun | None) -> None:
+        """The end state of a run (gradients, every tracked value, optimizer state), then restore.
+
+        A tensor left as ``reference`` (the run this one is compared with) left it is kept as
+        that run's value, not copied.
+        """
         run.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
-        run.post = self.snapshot.observe()
+        seen = None if reference is None else reference.post
+        run.post = self.snapshot.observe(seen)
         for index, optimizer in enumerate(self.state.optimizers):
             names = {id(p): name for name, p in self.parameters.items()}
             for param, values in optimizer.state.items():
@@ -131,16 +136,18 @@ class Twin:
                 for key, value in values.items():
                     subject = f"optimizer state `{label}.{key}`"
                     if isinstance(value, torch.Tensor):
-                        run.post[("state", subject)] = Observed("state", subject, value.detach().clone())
+                        run.post[("state", subject)] = shared_or_copied(
+                            "state", subject, value, None if seen is None else seen.get(("state", subject)))
         self.restore(trust_observed=True)  # only reads since the observe
 
     # -- runs ----------------------------------------------------------------------------------
 
     def run(self, mode: str, watch_options: Mapping[str, Any], *, compiled: bool = False,
-            before: Callable[[Twin], None] | None = None) -> StepRun:
+            before: Callable[[Twin], None] | None = None, reference: StepRun | None = None) -> StepRun:
         """Run the step once, ``"as written"`` (under watch()) or ``"bypassed"``, and restore.
 
-        ``before(twin)`` changes the state the run starts from (the float64 rerun).
+        ``before(twin)`` changes the state the run starts from (the float64 rerun);
+        ``reference``: the run this one will be compared with (see :meth:`_observe`).
         """
         run = StepRun(mode)
         for record in self._grads.values():
@@ -154,7 +161,7 @@ class Twin:
                 except Exception as exc:  # the step's own error: the caller decides
                     run.error = exc
         finally:
-            self._observe(run)
+            self._observe(run, reference)
         return run
 
     @contextlib.contextmanager
@@ -337,7 +344,7 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
         with _float64_default():
             written64 = twin.run("as written", {**watch_options, "store": "digest", "atol": None,
                                                 "rtol": None, "max_ulp": None}, before=_to_float64)
-            bypassed64 = twin.run("bypassed", {}, before=_to_float64)
+            bypassed64 = twin.run("bypassed", {}, before=_to_float64, reference=written64)
     except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
         return findings, [f"the differences were not rerun in float64 to tell rounding from a hazard "
                           f"({type(exc).__name__}: {exc}); they are shown as findings"]
@@ -391,12 +398,12 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
             raise written.error
         unsteady: set[tuple[str, str | None]] = set()
         for _ in range(repeats - 1):
-            again = twin.run("as written", watch_options)
+            again = twin.run("as written", watch_options, reference=written)
             unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
         compiled = written.compiled or bool(twin.reach.compiled)
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
-        bypassed = twin.run("bypassed", {}, compiled=compiled)
+        bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
         if bypassed.error is not None:
             raise bypassed.error
         findings = _twin_findings(ctx, written, bypassed)

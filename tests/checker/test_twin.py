@@ -199,3 +199,39 @@ def test_declared_checkpoint_functions_are_bypassed_in_the_twin():
         del sys.modules["recheck_test_declared"]
     assert report.ok, str(report)
     assert not any("not bypassed" in n or "not intercepted" in n for n in report.notes), report.notes
+
+
+def test_the_twin_keeps_the_values_it_left_alike_as_the_step_as_written_left_them():
+    from recheck.checker.twin import Twin
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_block(), nn.Dropout(0.5), _block())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4, requires_grad=True)
+
+    def step():  # two branches; the checkpointed one draws its dropout mask anew in the recompute
+        optimizer.zero_grad()
+        a = checkpoint(lambda v: model[1](model[0](v)), x, use_reentrant=False, preserve_rng_state=False)
+        (a + model[2](x)).sum().backward()
+        optimizer.step()
+
+    step()
+    before = _state(model, optimizer)
+    twin = Twin(step)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            written = twin.run("as written", {})
+            bypassed = twin.run("bypassed", {}, reference=written)
+    finally:
+        twin.restore()
+    shared = {key[1] for key, seen in bypassed.post.items()
+              if isinstance(seen.value, torch.Tensor) and seen.value is written.post[key].value}
+    # the plain branch's parameters and Adam's moments of them are alike: one value for both runs
+    assert {"parameter `model.2.fc.weight`", "optimizer state `model.2.fc.weight.exp_avg`"} <= shared
+    # the checkpointed branch's differ: each run keeps its own, and the twin says where
+    assert not {"parameter `model.0.fc.weight`", "optimizer state `model.0.fc.weight.exp_avg`"} & shared
+    assert _same(before, _state(model, optimizer))
+    report = _check(step)
+    assert "parameter `model.0.fc.weight`" in {f.subject for f in report.by_kind("state")}, str(report)
+    assert "parameter `model.2.fc.weight`" not in {f.subject for f in report.by_kind("state")}

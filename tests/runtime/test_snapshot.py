@@ -13,9 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from recheck.runtime.bits import bits_equal
 from recheck.runtime.effects import EffectCapture
 from recheck.runtime.reach import ModuleRecorder, code_globals, static_reach
-from recheck.runtime.snapshot import (RngRecord, Snapshot, TensorRecord, ValueRecord, fingerprint,
+from recheck.runtime.snapshot import (Observed, RngRecord, Snapshot, TensorRecord, ValueRecord, fingerprint,
                                    rng_states)
 
 CACHE: list = []
@@ -52,6 +53,28 @@ def test_tensor_record_restores_bytes_and_version():
     u.data[0] = 7.0  # no version bump: found by bytes
     same.restore()
     assert u[0].item() == 0.0
+
+
+@pytest.mark.parametrize("left, same", [
+    (torch.tensor([1.0, 2.0, 3.0]), True),
+    (torch.tensor([1.0, 2.0, 3.0]).neg().neg(), True),  # the same bytes by another road
+    (torch.tensor([-0.0, 2.0, 3.0]), False),             # 0.0 and -0.0: one bit
+    (torch.tensor([1.0, 2.0, float("nan")]), False),
+    (torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), False),
+])
+def test_an_observe_keeps_another_runs_value_only_when_its_bytes_are_the_same(left, same):
+    weight = torch.zeros(3)
+    record = TensorRecord("state", "parameter `w`", weight)
+    earlier = Observed("state", "parameter `w`", left)  # the parameter as another run left it
+    with torch.no_grad():
+        weight.copy_(torch.tensor([1.0, 2.0, 3.0]))  # this run's step moved it (and its version)
+
+    (seen,) = record.observe(earlier)
+
+    assert (seen is earlier) is same
+    assert bits_equal(seen.value, weight) and seen.value is not weight
+    record.restore()
+    assert bits_equal(weight, torch.zeros(3))
 
 
 def test_value_record_restores_bindings_and_container_content():
