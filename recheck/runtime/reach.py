@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "dereferenced", "put_to_sleep",
-           "reach_of", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "ReachCache", "cell_values", "code_globals", "dereferenced",
+           "put_to_sleep", "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -247,9 +247,23 @@ class Reach:
             if contents is not _EMPTY_CELL:
                 self.add_value(cell_name, contents)
 
-    def still_bound(self) -> bool:
-        """Whether every global the reach took objects from still holds the same object."""
-        return all(_identities(namespace.get(name, MISSING_VALUE)) == taken for namespace, name, taken in self.bound)
+    def still_bound(self, found: dict[tuple[int, str], Any] | None = None) -> bool:
+        """Whether every global the reach took objects from still holds the same object.
+
+        ``found``: what each global holds now, by namespace and name, filled as they are read
+        (a block's :class:`ReachCache`: the reaches of a model's layers take the same globals).
+        """
+        for namespace, name, taken in self.bound:
+            if found is None:
+                now = _identities(namespace.get(name, MISSING_VALUE))
+            else:
+                key = (id(namespace), name)
+                now = found.get(key)
+                if now is None:
+                    now = found[key] = _identities(namespace.get(name, MISSING_VALUE))
+            if now != taken:
+                return False
+        return True
 
     def _scan_host_rng(self, function: types.FunctionType) -> None:
         """Note whether ``function`` (or a function it names, in any module) uses Python's or
@@ -416,6 +430,18 @@ class ModuleRecorder:
 
 # -- the reach of a region, kept while it still describes it ---------------------------------
 
+class ReachCache(dict):
+    """A block's reaches by cache key (see :func:`reach_of`), and ``bound``: what the globals
+    the reaches revived in the block took hold now (see :meth:`Reach.still_bound`), read once
+    a block however many layers' regions take them (transformers' ``ACT2FN``: 24 entries)."""
+
+    __slots__ = ("bound",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound: dict[tuple[int, str], Any] = {}
+
+
 def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     """The static reach of a checkpointed callable, cached by code object and bound objects.
 
@@ -438,7 +464,7 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     if lasting is not None:
         dormant, refs = lasting
         reach = dormant.revive() if all(ref() is holder for ref, holder in zip(refs, holders)) else None
-        if reach is not None and reach.still_bound():
+        if reach is not None and reach.still_bound(cache.bound if type(cache) is ReachCache else None):
             _LASTING.move_to_end(key)
             cache[key] = (reach, holders)
             return reach

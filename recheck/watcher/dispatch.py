@@ -31,7 +31,7 @@ from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import hold_cwd, release_cwd
-from recheck.runtime.reach import put_to_sleep, reach_of
+from recheck.runtime.reach import ReachCache, put_to_sleep, reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
@@ -69,7 +69,7 @@ class Dispatcher(Interceptor):
         #: lets go of the patch ``module_calls`` keeps in place while any block is active
         self._let_go_of_calls: Callable[[], None] | None = None
         self._keys = itertools.count()
-        self._reach_cache: dict[Any, Any] = {}
+        self._reach_cache = ReachCache()
         #: ``_record_options()`` of the blocks active now (None: to be worked out)
         self._options: dict[str, Any] | None = None
         #: what the launcher's variables say of this process's place, read when the first
@@ -104,7 +104,7 @@ class Dispatcher(Interceptor):
                 for record in self.records:
                     record.closed = True
                 put_to_sleep(self._reach_cache)  # what the reaches found while running, kept for the next block
-                self.records, self.region_calls, self._reach_cache = [], {}, {}
+                self.records, self.region_calls, self._reach_cache = [], {}, ReachCache()
                 if self._stop_listening is not None:  # a forward that never ended (its thread died)
                     self._stop_listening()
                     self._stop_listening, self._listeners = None, 0

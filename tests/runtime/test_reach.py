@@ -203,6 +203,40 @@ def test_a_global_two_functions_of_the_region_read_is_taken_once():
     assert reach.still_bound()
 
 
+def test_a_block_reads_a_global_its_layers_regions_take_once_and_each_block_reads_it_again():
+    from recheck.runtime import reach as reach_module
+    from recheck.runtime.reach import ReachCache
+
+    def tabled(layer):  # noqa: ANN001 - one code, a layer each: two reaches that read one table
+        return lambda x: layer(x) * len(TABLE)
+
+    regions = [tabled(nn.Linear(2, 2)), tabled(nn.Linear(2, 2))]
+    first = ReachCache()
+    reaches = [reach_of(region, first) for region in regions]  # walked: nothing read yet
+    assert reaches[0] is not reaches[1] and not first.bound
+    read = []
+    real = reach_module._identities
+
+    def counted(value, depth=2):  # noqa: ANN001, ANN202
+        if value is TABLE:
+            read.append(value)
+        return real(value, depth)
+
+    reach_module._identities = counted
+    try:
+        second = ReachCache()
+        assert [reach_of(region, second) for region in regions] == reaches  # revived: the table read once
+        assert len(read) == 1 and list(second.bound) == [(id(globals()), "TABLE")]
+        TABLE["relu"] = nn.SiLU  # rebound between blocks: the next block walks anew
+        try:
+            third = ReachCache()
+            assert all(reach_of(region, third) is not old for region, old in zip(regions, reaches))
+        finally:
+            TABLE["relu"] = nn.ReLU
+    finally:
+        reach_module._identities = real
+
+
 def test_what_a_reach_found_while_its_block_ran_is_revived_with_it_in_the_next_block():
     import gc
 
