@@ -1,7 +1,7 @@
 """Comparable views of Python values and RNG streams: fingerprints, display, RNG capture.
 
 :func:`fingerprint` turns any value into a comparable structure: numbers by bits,
-tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
+tensors by :func:`~recheck.runtime.digests.tensor_digest`, containers by content and length.
 :func:`rng_states` reads every RNG stream the checker tracks (torch's default CPU
 generator, every initialized CUDA/XPU device, explicit ``torch.Generator`` objects,
 Python ``random`` and numpy's global state); :class:`RngRecord` restores them.
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from recheck.runtime.bits import digest, float_bits
+from recheck.runtime.bits import float_bits
+from recheck.runtime.digests import tensor_digest
 from recheck.runtime.holds import Hold
 
 __all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "hold_kept", "is_module_state",
@@ -85,9 +86,9 @@ def _holds_tensors(items: Any) -> bool:
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     """A hashable, comparable summary of ``value`` that changes when its content does.
 
-    Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by
-    metadata and :func:`digest`; tuples, lists, dicts and sets by length and content
-    (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
+    Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by metadata
+    and :func:`~recheck.runtime.digests.tensor_digest`; tuples, lists, dicts and sets by
+    length and content (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
     ``__dict__`` one level deep; modules, functions, generators (whose streams are
     compared as RNG state) and other objects by identity.
 
@@ -106,7 +107,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         return ("complex", float_bits(value.real), float_bits(value.imag))
     if issubclass(cls, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype), str(value.device),
-                value.requires_grad, digest(value))
+                value.requires_grad, tensor_digest(value))
     if issubclass(cls, torch.Generator):
         return ("generator", id(value))  # its stream is compared as ``rng``
     if issubclass(cls, _LOGGERS):

@@ -353,3 +353,19 @@ def test_the_print_of_a_saved_parameter_sets_every_slot_as_the_constructor_does(
         made = TensorPrint(tuple(view.shape), view.dtype, "cpu", printed.digest, None, False, None, weight._version)
         assert all(getattr(printed, slot) == getattr(made, slot) for slot in TensorPrint.__slots__)
         assert printed == made
+
+
+def test_a_tensor_digest_is_the_cpu_prints_digest_on_the_cpu_and_the_device_digest_elsewhere():
+    from recheck.runtime.fingerprints import fingerprint
+
+    t = torch.randn(4, 3)
+    assert digests.tensor_digest(t) == _cpu(t)
+    assert digests.tensor_digest(t.t()) == _cpu(t.t().contiguous())  # a view: its row-major bytes
+    assert digests.tensor_digest(torch.nn.Parameter(t.clone())) == _cpu(t)
+    meta = torch.empty(3, device="meta")  # no bytes on the CPU to read
+    assert digests.tensor_digest(meta) == device_digest(meta)
+    # what a global's or an attribute's print holds of a tensor (a global optimizer's moments)
+    assert fingerprint(t)[-1] == digests.tensor_digest(t)
+    flipped = t.clone()
+    flipped.view(torch.int32)[2, 1] ^= 1
+    assert fingerprint(flipped) != fingerprint(t)
