@@ -51,9 +51,11 @@ __all__ = [
     "TensorRecord",
     "ValueRecord",
     "fingerprint",
+    "is_immutable",
     "rng_fingerprint",
     "rng_states",
     "rng_summary",
+    "same_items",
     "shared_or_copied",
     "show",
 ]
@@ -202,7 +204,7 @@ class _Content:
         for child in self.children:
             child.restore()
         obj, items = self.obj, self.items
-        if isinstance(obj, list) and not _same_items(obj, items):
+        if isinstance(obj, list) and not same_items(obj, items):
             obj[:] = items
         elif isinstance(obj, dict):
             if not _same_mapping(obj, items):
@@ -229,7 +231,7 @@ def _same_mapping(now: dict, then: dict) -> bool:
             and all(map(operator.is_, dict.values(now), then.values())))
 
 
-def _same_items(now: list, then: list) -> bool:
+def same_items(now: list, then: list) -> bool:
     """The same objects in the same order (by identity: ``==`` on tensors is elementwise)."""
     return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
@@ -238,7 +240,7 @@ def _same_items(now: list, then: list) -> bool:
 _IMMUTABLE = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device})
 
 
-def _is_immutable(value: Any) -> bool:
+def is_immutable(value: Any) -> bool:
     """An object of an :data:`_IMMUTABLE` type, or a tuple of them (``(3, 3)``, ``("q", "v")``)."""
     kind = type(value)
     return kind in _IMMUTABLE or kind is tuple and len(value) <= 16 and all(type(v) in _IMMUTABLE for v in value)
@@ -290,7 +292,7 @@ class ValueRecord:
         #: the captured value is immutable (a module's flags and sizes: ``training``,
         #: ``in_features``, a convolution's ``kernel_size``): while the key holds that very
         #: object, its print is the captured one, and there is no content to put back
-        self._immutable = self.present and _is_immutable(self.value)
+        self._immutable = self.present and is_immutable(self.value)
         self.content = _Content(self.value, _MAX_DEPTH) if not self._immutable and _is_container(self.value) \
             else None
         self.print = _printed(self.value) if self.present else MISSING

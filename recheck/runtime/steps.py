@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
+from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items
 
 __all__ = ["StepState", "discover_state"]
 
@@ -104,46 +104,106 @@ class StepState:
         return restore
 
     def loop_snapshot(self) -> Callable[[], None]:
-        """Copy the training loop's own state now (optimizers, schedulers, gradient scalers,
-        through their ``state_dict``); the returned function puts that copy back."""
-        optimizer_states = [tree_map(_host_copy_if_tensor, opt.state_dict()) for opt in self.optimizers]
-        # load_state_dict rebuilds each param group from a copy, "params" last: the key order and
-        # the very objects of the group (betas is the tuple ``defaults`` holds too) are put back,
-        # so that a restored optimizer is, printed, the optimizer as it was
-        group_orders = [[dict(group) for group in opt.param_groups] for opt in self.optimizers]
+        """Copy the training loop's own state now (optimizers in place, see :class:`_OptimizerCopy`;
+        schedulers and gradient scalers through their ``state_dict``); the returned function
+        puts that copy back."""
+        optimizers = [_OptimizerCopy(opt) for opt in self.optimizers]
         stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
 
         def restore() -> None:
-            for opt, state, orders in zip(self.optimizers, optimizer_states, group_orders):
-                opt.state.clear()
-                opt.load_state_dict(copy.deepcopy(state))
-                for group, original in zip(opt.param_groups, orders):
-                    items = {key: _same_if_equal(original[key], group[key]) for key in original if key in group}
-                    items.update((key, value) for key, value in group.items() if key not in items)
-                    group.clear()
-                    group.update(items)
+            for optimizer in optimizers:
+                optimizer.restore()
             for obj, obj_state in zip(self.stateful, stateful_states):
                 obj.load_state_dict(copy.deepcopy(obj_state))
 
         return restore
 
 
-def _same_if_equal(original: Any, restored: Any) -> Any:
-    """``original`` when ``restored`` is an equal plain value (identity kept), else ``restored``."""
-    if original is restored or isinstance(original, (torch.Tensor, list)) or type(original) is not type(restored):
-        return restored
-    try:
-        return original if bool(original == restored) else restored
-    except Exception:  # noqa: BLE001 - a value without a plain equality
-        return restored
+class _OptimizerCopy:
+    """An optimizer's per-parameter state and parameter groups as they were, put back in place.
+
+    The same ``param_groups`` list and group dicts, the same ``state`` mapping, per-parameter
+    dicts and tensors (their bytes and version counters) are the optimizer's again after a
+    restore: whoever holds one of them (a scheduler, a fused kernel's cache, the user) holds the
+    optimizer's own, no ``load_state_dict`` hook runs, and only tensors a run changed are
+    written (Adam's two moments a parameter: no copy of the whole state at every restore).
+    Tensors are copied to host memory, as a measurement on an accelerator must not find its own
+    copies in the device's allocator.  A value that is neither a tensor nor immutable (LBFGS
+    keeps lists of tensors it appends to) is kept as a deep copy and put back as a fresh one.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.groups = optimizer.param_groups
+        self.group_items = [(group, self._items(group, "param group")) for group in self.groups]
+        self.params = [(group["params"], list(group["params"])) for group in self.groups
+                       if type(group.get("params")) is list]
+        self.state = optimizer.state
+        self.entries = [(key, entry, self._items(entry, "optimizer state")) for key, entry in self.state.items()]
+        self.keys = {id(key) for key, _, _ in self.entries}
+
+    def _items(self, mapping: dict[Any, Any], what: str) -> list[tuple[Any, Any, Any]]:
+        """``(key, value, how it is put back)``: a tensor's record, a deep copy, or None (the
+        value itself: immutable, or a group's ``params`` list, whose items are put back)."""
+        items = []
+        for key, value in mapping.items():
+            if isinstance(value, torch.Tensor):
+                keep: Any = TensorRecord("state", what, value, copy=_host_copy(value))
+            elif is_immutable(value) or key == "params":
+                keep = None
+            else:
+                keep = _DeepCopy(copy.deepcopy(value))
+            items.append((key, value, keep))
+        return items
+
+    def restore(self) -> None:
+        optimizer = self.optimizer
+        if optimizer.param_groups is not self.groups:
+            optimizer.param_groups = self.groups
+        if not same_items(self.groups, [group for group, _ in self.group_items]):
+            self.groups[:] = [group for group, _ in self.group_items]
+        for params, items in self.params:
+            if not same_items(params, items):
+                params[:] = items
+        if optimizer.state is not self.state:
+            optimizer.state = self.state
+        state = self.state
+        for key in [key for key in state if id(key) not in self.keys]:  # state a run made
+            del state[key]
+        for group, items in self.group_items:
+            _put_back(group, items)
+        for key, entry, items in self.entries:
+            if state.get(key) is not entry:
+                state[key] = entry
+            _put_back(entry, items)
+
+
+class _DeepCopy:
+    """A value kept as a deep copy; each restore puts back a deep copy of it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _put_back(mapping: dict[Any, Any], items: list[tuple[Any, Any, Any]]) -> None:
+    """``mapping`` holding ``items`` again, in their order, each tensor with its captured bytes."""
+    values = []
+    for key, value, keep in items:
+        if type(keep) is TensorRecord:
+            keep.restore()  # only where its version or bytes moved
+        elif keep is not None:
+            value = copy.deepcopy(keep.value)
+        values.append((key, value))
+    if len(mapping) != len(values) or list(mapping) != [key for key, _ in values] \
+            or not all(mapping[key] is value for key, value in values):
+        mapping.clear()
+        mapping.update(values)
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
-
-
-def _host_copy_if_tensor(value: Any) -> Any:
-    return _host_copy(value) if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 def _import_numpy() -> None:

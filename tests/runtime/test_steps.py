@@ -39,3 +39,56 @@ def test_check_step_of_a_step_with_a_module_global_adamw_finds_nothing():
     # and the second (restored): key order and the betas tuple's identity
     report = recheck.check_step(step)
     assert report.ok, str(report)
+
+
+def test_a_restored_optimizer_holds_its_own_objects_with_the_bytes_and_versions_they_had():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fresh = torch.nn.Parameter(torch.zeros(3))
+
+    def step():
+        model(DATA).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    groups, group, state = optimizer.param_groups, optimizer.param_groups[0], optimizer.state
+    entries = {id(p): entry for p, entry in state.items()}
+    tensors = [(t, t._version, t.clone()) for entry in state.values() for t in entry.values()]
+    loaded = []
+    optimizer.register_load_state_dict_pre_hook(lambda opt, sd: loaded.append(sd))
+    restore = discover_state(step).loop_snapshot()
+    step()
+    optimizer.add_param_group({"params": [fresh]})  # a group, and then state, a run made
+    fresh.grad = torch.ones(3)
+    optimizer.step()
+    restore()
+    # the same list, group and state objects (whoever holds one, a scheduler or a captured CUDA
+    # graph of a capturable Adam, holds the optimizer's own), no load_state_dict hook run
+    assert optimizer.param_groups is groups and groups == [group] and optimizer.state is state
+    assert list(state) == list(model.parameters()) and all(state[p] is entries[id(p)] for p in state)
+    assert all(now is then for now, (then, _, _) in zip(
+        [t for entry in state.values() for t in entry.values()], tensors))
+    assert all(t._version == version and torch.equal(t, copy) for t, version, copy in tensors)
+    assert not loaded
+
+
+def test_a_restored_optimizer_state_that_holds_lists_gets_their_content_back():
+    weight = torch.nn.Parameter(torch.randn(3))
+    optimizer = torch.optim.LBFGS([weight], history_size=3, max_iter=2)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = (weight - 1).square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    history = optimizer.state[weight]["old_dirs"]
+    before = [t.clone() for t in history]
+    restore = discover_state(lambda: optimizer.step(closure), optimizers=[optimizer]).loop_snapshot()
+    with torch.no_grad():
+        optimizer.step(closure)  # appends to the lists it keeps
+    restore()
+    restored = optimizer.state[weight]["old_dirs"]
+    assert len(restored) == len(before) and all(torch.equal(a, b) for a, b in zip(restored, before))
