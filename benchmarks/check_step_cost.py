@@ -8,7 +8,7 @@ Each figure is the best of ``--repeats`` interleaved rounds on this process's CP
 time after a synchronize on CUDA), after one warm-up step, so load from other processes affects
 both alike.
 
-    python benchmarks/check_step_cost.py [--repeats 5] [--device cpu]
+    python benchmarks/check_step_cost.py [--repeats 5] [--device cpu] [--optimizer sgd|adamw]
 
 Target (issue 12): check_step <= 3.5x a plain step.  Nothing here is asserted.
 """
@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", default="mlp,llama,resnet,vit")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="the step's optimizer: SGD without state (default), or AdamW, whose two "
+                             "moments a parameter the check copies and compares too")
     ns = parser.parse_args(argv)
     import torch
 
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
     print(f"{'model':<8} {'plain step':>12} {'check_step':>12} {'ratio':>7}  verdict")
     for name in ns.models.split(","):
         try:
-            _, step = bench.build(name, ns.device)
+            _, step = bench.build(name, ns.device, ns.optimizer)
         except ImportError as exc:
             print(f"{name:<8} skipped: {exc}")
             continue

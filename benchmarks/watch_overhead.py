@@ -30,8 +30,9 @@ MODELS = ("mlp", "llama", "resnet", "vit")
 MODES = ("plain", "digest", "copy")
 
 
-def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
-    """The model (checkpointing enabled, train mode) and one training step for it."""
+def build(model_name: str, device: str, optimizer_name: str = "sgd") -> tuple[Any, Callable[[], Any]]:
+    """The model (checkpointing enabled, train mode) and one training step for it, with plain
+    SGD (no state of its own) or ``"adamw"`` (two moments a parameter, as most training has)."""
     import torch
 
     torch.manual_seed(0)
@@ -74,7 +75,12 @@ def build(model_name: str, device: str) -> tuple[Any, Callable[[], Any]]:
     else:
         raise ValueError(f"unknown model {model_name!r}; choose from {', '.join(MODELS)}")
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if optimizer_name == "sgd":
+        optimizer: Any = torch.optim.SGD(model.parameters(), lr=1e-3)
+    elif optimizer_name == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer_name!r}; choose from sgd, adamw")
 
     def step() -> Any:
         optimizer.zero_grad(set_to_none=True)
