@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
@@ -107,7 +108,7 @@ class StepState:
         """Copy the training loop's own state now (optimizers in place, see :class:`_OptimizerCopy`;
         schedulers and gradient scalers through their ``state_dict``); the returned function
         puts that copy back."""
-        optimizers = [_OptimizerCopy(opt) for opt in self.optimizers]
+        optimizers = [_OptimizerCopy(opt) if _OptimizerCopy.fits(opt) else _StateDictCopy(opt) for opt in self.optimizers]
         stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
 
         def restore() -> None:
@@ -131,6 +132,15 @@ class _OptimizerCopy:
     copies in the device's allocator.  A value that is neither a tensor nor immutable (LBFGS
     keeps lists of tensors it appends to) is kept as a deep copy and put back as a fresh one.
     """
+
+    @staticmethod
+    def fits(optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the optimizer keeps its state and groups as torch's do: a dict and a list of
+        its own (a wrapper that answers them through a property is put back by its
+        ``load_state_dict``, :class:`_StateDictCopy`)."""
+        held = vars(optimizer)
+        return isinstance(held.get("state"), dict) and type(held.get("param_groups")) is list \
+            and all(type(group) is dict for group in held["param_groups"])
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -176,6 +186,41 @@ class _OptimizerCopy:
             if state.get(key) is not entry:
                 state[key] = entry
             _put_back(entry, items)
+
+
+class _StateDictCopy:
+    """An optimizer that keeps its state otherwise than torch's do (a wrapper), put back through
+    its ``state_dict``: the state as host copies, loaded anew at each restore, and each group's
+    key order and plain values as they were (``load_state_dict`` puts "params" last)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.state = tree_map(_host_copy_if_tensor, optimizer.state_dict())
+        self.orders = [dict(group) for group in optimizer.param_groups]
+
+    def restore(self) -> None:
+        optimizer = self.optimizer
+        optimizer.state.clear()
+        optimizer.load_state_dict(copy.deepcopy(self.state))
+        for group, original in zip(optimizer.param_groups, self.orders):
+            items = {key: _same_if_equal(original[key], group[key]) for key in original if key in group}
+            items.update((key, value) for key, value in group.items() if key not in items)
+            group.clear()
+            group.update(items)
+
+
+def _same_if_equal(original: Any, restored: Any) -> Any:
+    """``original`` when ``restored`` is an equal plain value (identity kept), else ``restored``."""
+    if original is restored or isinstance(original, (torch.Tensor, list)) or type(original) is not type(restored):
+        return restored
+    try:
+        return original if bool(original == restored) else restored
+    except Exception:  # noqa: BLE001 - a value without a plain equality
+        return restored
+
+
+def _host_copy_if_tensor(value: Any) -> Any:
+    return _host_copy(value) if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 class _DeepCopy:

@@ -92,3 +92,45 @@ def test_a_restored_optimizer_state_that_holds_lists_gets_their_content_back():
     restore()
     restored = optimizer.state[weight]["old_dirs"]
     assert len(restored) == len(before) and all(torch.equal(a, b) for a, b in zip(restored, before))
+
+
+class _Wrapped(torch.optim.Optimizer):
+    """An optimizer that answers ``state`` and ``param_groups`` from the one it wraps (as
+    ZeroRedundancyOptimizer-like wrappers do): put back through its ``load_state_dict``."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:  # noqa: D107 - no super().__init__
+        self.inner = inner
+        self.defaults = inner.defaults
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._optimizer_state_dict_pre_hooks, self._optimizer_state_dict_post_hooks = {}, {}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+
+    state = property(lambda self: self.inner.state)
+    param_groups = property(lambda self: self.inner.param_groups)
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201
+        return self.inner.step(closure)
+
+    def load_state_dict(self, state_dict):  # noqa: ANN001, ANN201
+        self.inner.load_state_dict(state_dict)
+
+    def state_dict(self):  # noqa: ANN201
+        return self.inner.state_dict()
+
+
+def test_an_optimizer_that_wraps_another_is_put_back_through_its_state_dict():
+    model = torch.nn.Linear(4, 2)
+    optimizer = _Wrapped(torch.optim.AdamW(model.parameters(), lr=1e-3))
+
+    def step():
+        model(DATA).square().mean().backward()
+        optimizer.step()
+        optimizer.inner.zero_grad(set_to_none=True)
+
+    step()
+    before = [t.clone() for entry in optimizer.state.values() for t in entry.values()]
+    restore = discover_state(step, optimizers=[optimizer]).loop_snapshot()
+    step()
+    restore()
+    after = [t for entry in optimizer.state.values() for t in entry.values()]
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
