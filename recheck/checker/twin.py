@@ -55,7 +55,7 @@ from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import DefaultDtypeRecord, Observed, Snapshot, shared_or_copied
+from recheck.runtime.snapshot import DefaultDtypeRecord, DigestedTensor, Observed, Snapshot, shared_or_copied
 from recheck.runtime.steps import StepState, discover_state
 from recheck.runtime.trees import leaves
 
@@ -120,15 +120,26 @@ class Twin:
         finally:
             self._restore_loop()
 
-    def _observe(self, run: StepRun, reference: StepRun | None) -> None:
+    def _observe(self, run: StepRun, reference: StepRun | None, lean: bool = False) -> None:
         """The end state of a run (gradients, every tracked value, optimizer state), then restore.
 
         A tensor left as ``reference`` (the run this one is compared with) left it is kept as
-        that run's value, not copied.
+        that run's value, not copied; ``lean`` keeps what the run changed as digests
+        (:class:`~recheck.runtime.snapshot.DigestedTensor`), its gradients too, which are then
+        freed before the next run.
         """
-        run.grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        if lean:
+            grads = {name: DigestedTensor.of(grad) if grad is not None and DigestedTensor.fits(grad) else grad
+                     for name, grad in grads.items()}
+        elif reference is not None:
+            for name, grad in grads.items():
+                theirs = reference.grads.get(name)
+                if type(theirs) is DigestedTensor and grad is not None and theirs.matches(grad):
+                    grads[name] = theirs  # alike: the other run's value (compared by identity)
+        run.grads = grads
         seen = None if reference is None else reference.post
-        run.post = self.snapshot.observe(seen)
+        run.post = self.snapshot.observe(seen, lean)
         for index, optimizer in enumerate(self.state.optimizers):
             names = {id(p): name for name, p in self.parameters.items()}
             for param, values in optimizer.state.items():
@@ -137,17 +148,19 @@ class Twin:
                     subject = f"optimizer state `{label}.{key}`"
                     if isinstance(value, torch.Tensor):
                         run.post[("state", subject)] = shared_or_copied(
-                            "state", subject, value, None if seen is None else seen.get(("state", subject)))
+                            "state", subject, value, None if seen is None else seen.get(("state", subject)), lean)
         self.restore(trust_observed=True)  # only reads since the observe
 
     # -- runs ----------------------------------------------------------------------------------
 
     def run(self, mode: str, watch_options: Mapping[str, Any], *, compiled: bool = False,
-            before: Callable[[Twin], None] | None = None, reference: StepRun | None = None) -> StepRun:
+            before: Callable[[Twin], None] | None = None, reference: StepRun | None = None,
+            lean: bool = False) -> StepRun:
         """Run the step once, ``"as written"`` (under watch()) or ``"bypassed"``, and restore.
 
         ``before(twin)`` changes the state the run starts from (the float64 rerun);
-        ``reference``: the run this one will be compared with (see :meth:`_observe`).
+        ``reference``: the run this one will be compared with, ``lean``: keep digests of what
+        the run changed, not copies (see :meth:`_observe`).
         """
         run = StepRun(mode)
         for record in self._grads.values():
@@ -161,7 +174,7 @@ class Twin:
                 except Exception as exc:  # the step's own error: the caller decides
                     run.error = exc
         finally:
-            self._observe(run, reference)
+            self._observe(run, reference, lean)
         return run
 
     @contextlib.contextmanager
@@ -188,6 +201,20 @@ class Twin:
         run.notes.extend(bypass.notes + budget_notes)
         if not bypass.bypassed and not compiled:
             run.notes.append("the step made no checkpoint call recheck could bypass: its twin is the step itself")
+
+
+def _digests_differ(written: StepRun, other: StepRun) -> bool:
+    """Whether ``other`` left a tensor otherwise than the lean ``written`` did: one kept as its
+    digest there that ``other`` did not share (see :meth:`Twin._observe`)."""
+    for name, grad in written.grads.items():
+        if type(grad) is DigestedTensor and other.grads.get(name) is not grad:
+            return True
+    for key, seen in written.post.items():
+        if type(seen.value) is DigestedTensor:
+            theirs = other.post.get(key)
+            if theirs is None or theirs.value is not seen.value:
+                return True
+    return False
 
 
 def _detached(value: Any) -> Any:
@@ -393,19 +420,35 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                   preserve_rng_state=None)
     notes: list[str] = []
     try:
-        written = twin.run("as written", watch_options)
-        if written.error is not None:
-            raise written.error
-        unsteady: set[tuple[str, str | None]] = set()
-        for _ in range(repeats - 1):
-            again = twin.run("as written", watch_options, reference=written)
-            unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
-        compiled = written.compiled or bool(twin.reach.compiled)
+        # first lean: the step as written keeps digests of what it changed; where any run differs
+        # from it there, all run again keeping copies, which the findings need (their first
+        # difference, their size, the float64 rerun that tells rounding from a hazard).  Not for
+        # compiled code: the twin resets torch._dynamo, after which the step as written would
+        # run graphs compiled anew, not its own
+        lean = not twin.reach.compiled
+        while True:
+            written = twin.run("as written", watch_options, lean=lean)
+            if written.error is not None:
+                raise written.error
+            if lean and written.compiled:
+                lean = False
+                continue
+            unsteady: set[tuple[str, str | None]] = set()
+            for _ in range(repeats - 1):
+                again = twin.run("as written", watch_options, reference=written)
+                if lean and _digests_differ(written, again):
+                    break
+                unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
+            else:
+                compiled = written.compiled or bool(twin.reach.compiled)
+                bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
+                if bypassed.error is not None:
+                    raise bypassed.error
+                if not (lean and _digests_differ(written, bypassed)):
+                    break
+            lean = False
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
-        bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
-        if bypassed.error is not None:
-            raise bypassed.error
         findings = _twin_findings(ctx, written, bypassed)
         if unsteady:
             shown = ", ".join(sorted(str(s) for _, s in unsteady))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import torch
 
 from recheck.runtime.bits import bits_equal
+from recheck.runtime.digests import tensor_digest
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "BindingsRecord",
     "DefaultDtypeRecord",
+    "DigestedTensor",
     "GradRecord",
     "NewKeysRecord",
     "Observed",
@@ -120,32 +122,78 @@ class TensorRecord:
                 t.copy_(self.copy)
         _set_version(t, self.version)
 
-    def observe(self, reference: Observed | None = None) -> tuple[Observed]:
+    def observe(self, reference: Observed | None = None, lean: bool = False) -> tuple[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
         Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
         restore follows at once and so need not compare the bytes again.  A tensor whose
         version moved is copied without comparing its bytes first (an optimizer step moves
         every parameter's): the copy holds the same bytes either way.  ``reference`` (the
-        same tensor as another run left it) is returned itself when the bytes are its bytes.
+        same tensor as another run left it) is returned itself when the bytes are its bytes;
+        ``lean`` keeps a changed tensor as its digest (see :func:`shared_or_copied`).
         """
         if self.tensor._version == self.version and self.same_bytes():
             self._verified = True
             return (Observed(self.kind, self.subject, self.copy),)
         self._verified = False
-        return (shared_or_copied(self.kind, self.subject, self.tensor, reference),)
+        return (shared_or_copied(self.kind, self.subject, self.tensor, reference, lean),)
 
 
-def shared_or_copied(kind: str, subject: str, tensor: torch.Tensor, reference: Observed | None) -> Observed:
-    """``reference`` when it holds ``tensor``'s bytes, else a copy of ``tensor`` as an Observed.
+def shared_or_copied(kind: str, subject: str, tensor: torch.Tensor, reference: Observed | None,
+                     lean: bool = False) -> Observed:
+    """``reference`` when it holds ``tensor``'s bytes (or their :class:`DigestedTensor`), else
+    ``tensor`` as an Observed: its digest where ``lean`` and it has plain CPU bytes, else a copy.
 
     A run compared with an earlier one (``check_step``'s twin) keeps what it left alike
     without a copy: a copy of every parameter a step moved is fresh memory the size of the
     model, whose page faults cost more than the comparison (timm's resnet10t: 22 MB a run).
     """
-    if reference is not None and isinstance(reference.value, torch.Tensor) and bits_equal(reference.value, tensor):
-        return reference
+    if reference is not None:
+        value = reference.value
+        if type(value) is DigestedTensor:
+            if value.matches(tensor):
+                return reference
+        elif isinstance(value, torch.Tensor) and bits_equal(value, tensor):
+            return reference
+    if lean and DigestedTensor.fits(tensor):
+        return Observed(kind, subject, DigestedTensor.of(tensor))
     return Observed(kind, subject, tensor.detach().clone())
+
+
+class DigestedTensor:
+    """A tensor a lean run kept as its metadata and the digest of its bytes, not a copy.
+
+    ``check_step``'s step as written keeps what it changed so (its parameters, gradients and
+    optimizer state: fresh memory three times the model's, at every check); its twin's values
+    are compared with it by digest, and where one differs the step is run again keeping copies,
+    for the finding's first difference and size.  Only plain CPU tensors, whose bytes the
+    digest reads in place (:func:`~recheck.runtime.digests.tensor_digest`), are kept so.
+    """
+
+    __slots__ = ("shape", "dtype", "requires_grad", "digest")
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, requires_grad: bool, digest: int) -> None:
+        self.shape, self.dtype, self.requires_grad, self.digest = shape, dtype, requires_grad, digest
+
+    @staticmethod
+    def fits(tensor: torch.Tensor) -> bool:
+        """A plain strided CPU tensor (no subclass: its bytes may not be there to read)."""
+        return type(tensor) in _PLAIN_TENSORS and tensor.is_cpu and tensor.layout is torch.strided
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> DigestedTensor:
+        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad, tensor_digest(tensor))
+
+    def matches(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` has this shape, dtype and bytes."""
+        return (self.fits(tensor) and tuple(tensor.shape) == self.shape and tensor.dtype == self.dtype
+                and tensor_digest(tensor) == self.digest)
+
+    def __repr__(self) -> str:
+        return f"DigestedTensor({list(self.shape)}, {self.dtype}, digest={self.digest:032x})"
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 class GradRecord:
@@ -524,19 +572,25 @@ class Snapshot:
         if first is not None:
             raise first
 
-    def observe(self, reference: Mapping[tuple[str, str], Observed] | None = None) -> dict[tuple[str, str], Observed]:
+    def observe(self, reference: Mapping[tuple[str, str], Observed] | None = None,
+                lean: bool = False) -> dict[tuple[str, str], Observed]:
         """The current value of every recorded piece of state, keyed by (kind, subject).
 
         ``reference``: another run's observation; a tensor holding the bytes it holds there is
-        that run's :class:`Observed` itself, not a copy (see :func:`shared_or_copied`).
+        that run's :class:`Observed` itself, not a copy; ``lean``: a changed tensor other than
+        a buffer is kept as its digest (see :func:`shared_or_copied`).  Buffers are copied:
+        small, and where a step's twins differ it is mostly there (BatchNorm's statistics,
+        updated again by a recompute), which a digest would only tell by running again.
         """
         seen: dict[tuple[str, str], Observed] = {}
         for item in self.rng.observe():
             seen[(item.kind, item.subject)] = item
         with _one_pass():
             for record in self.records:
-                if reference is not None and type(record) is TensorRecord:
-                    items: Any = record.observe(reference.get((record.kind, record.subject)))
+                if (reference is not None or lean) and type(record) is TensorRecord:
+                    items: Any = record.observe(None if reference is None else
+                                                reference.get((record.kind, record.subject)),
+                                                lean and record.kind != "buffer")
                 else:
                     items = record.observe()
                 for item in items:

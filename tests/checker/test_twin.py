@@ -237,3 +237,80 @@ def test_the_twin_keeps_the_values_it_left_alike_as_the_step_as_written_left_the
     report = _check(step)
     assert "parameter `model.0.fc.weight`" in {f.subject for f in report.by_kind("state")}, str(report)
     assert "parameter `model.2.fc.weight`" not in {f.subject for f in report.by_kind("state")}
+
+
+def _adam_step(preserve_rng_state: bool):
+    """A step of two branches with AdamW; the checkpointed branch's dropout draws its mask anew
+    in the recompute unless ``preserve_rng_state``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_block(), nn.Dropout(0.5), _block())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
+
+    def step():
+        optimizer.zero_grad()
+        a = checkpoint(lambda v: model[1](model[0](v)), x, use_reentrant=False,
+                       preserve_rng_state=preserve_rng_state)
+        (a + model[2](x)).sum().backward()
+        optimizer.step()
+
+    step()
+    return step, model, optimizer
+
+
+@pytest.mark.parametrize(("preserve", "runs"), [(True, 2), (False, 4)])
+def test_the_step_as_written_keeps_digests_and_runs_again_with_copies_only_where_its_twin_differs(
+        monkeypatch, preserve, runs):
+    from recheck.checker.twin import Twin
+    from recheck.runtime.snapshot import DigestedTensor
+
+    made = []
+    real = Twin.run
+
+    def counted(self, mode, *args, **kwargs):  # noqa: ANN001, ANN202
+        made.append((mode, kwargs.get("lean", False)))
+        run = real(self, mode, *args, **kwargs)
+        made[-1] += (run,)
+        return run
+
+    monkeypatch.setattr(Twin, "run", counted)
+    step, model, optimizer = _adam_step(preserve)
+    before = _state(model, optimizer)
+    report = _check(step)
+    assert [(mode, lean) for mode, lean, _ in made] == [("as written", True), ("bypassed", False)] + \
+        [("as written", False), ("bypassed", False)] * (runs == 4)
+    lean_written = made[0][2]
+    # what the run changed is kept as digests: parameters, their gradients and Adam's moments
+    kept = [seen.value for seen in lean_written.post.values()] + list(lean_written.grads.values())
+    assert sum(type(value) is DigestedTensor for value in kept) >= 3 * len(list(model.parameters()))
+    assert _same(before, _state(model, optimizer))
+    if preserve:
+        assert report.ok, str(report)
+        assert all(made[1][2].grads[name] is grad for name, grad in lean_written.grads.items())
+    else:  # the findings come from the runs with copies: their first difference is told
+        (weight,) = [f for f in report.by_kind("state") if f.subject == "parameter `model.0.fc.weight`"]
+        assert "first difference at index" in weight.detail, str(report)
+
+
+def test_buffers_are_copied_in_the_lean_run_so_batchnorms_statistics_need_no_second_round(monkeypatch):
+    from recheck.checker.twin import Twin
+
+    made = []
+    real = Twin.run
+    monkeypatch.setattr(Twin, "run", lambda self, mode, *a, **k: made.append(mode) or real(self, mode, *a, **k))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+
+    def step():  # BatchNorm in the checkpointed region: its statistics are updated again by the recompute
+        optimizer.zero_grad()
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+        optimizer.step()
+
+    step()
+    report = _check(step)
+    assert made == ["as written", "bypassed"]
+    (mean,) = [f for f in report.by_kind("buffer") if f.subject.endswith("running_mean`")
+               and "uncheckpointed" in f.message]
+    assert "first difference at index" in mean.detail, str(report)
