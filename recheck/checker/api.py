@@ -148,7 +148,10 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     the two end states: the step's return value, every gradient, parameters, buffers and
     optimizer state after the step, RNG states, Python state.  A difference that is only
     rounding (gradients summed in another order) is told apart by rerunning both twins in
-    float64 and reported as a note with its size.  The check leaves no trace.  Python's cyclic
+    float64 and reported as a note with its size.  The step as written keeps digests of the
+    parameters, gradients and optimizer state it changed, not copies; where its twin's differ,
+    both run once more keeping copies for the findings (four runs, not two).  The optimizer is
+    put back in place.  The check leaves no trace.  Python's cyclic
     garbage collector is paused while it runs, as ``timeit`` pauses it (and on again after, if
     it was on); cyclic garbage the step makes is collected after the check.
 
