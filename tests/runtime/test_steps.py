@@ -106,7 +106,7 @@ class _Wrapped(torch.optim.Optimizer):
         self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
 
     state = property(lambda self: self.inner.state)
-    param_groups = property(lambda self: self.inner.param_groups)
+    param_groups = property(lambda self: list(self.inner.param_groups))  # a new list at each read
 
     def step(self, closure=None):  # noqa: ANN001, ANN201
         return self.inner.step(closure)
