@@ -108,17 +108,26 @@ class Twin:
         self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
         self._restore_loop = self.state.loop_snapshot()
+        #: whether the state is as captured: no run started since the last restore ended
+        self._restored = True
         self._grads = {r.name: r for r in self.snapshot.grads()}
 
     # -- state ---------------------------------------------------------------------------------
 
     def restore(self, trust_observed: bool = False) -> None:
         """Put everything back as it was before the first run (``trust_observed``: the
-        snapshot's last observe is current, so what it found unchanged is not compared again)."""
+        snapshot's last observe is current, so what it found unchanged is not compared again).
+
+        Nothing to do where no run started since the last restore that ended without an error
+        (the check's last safeguard after its last run: a pass over every tensor the step holds).
+        """
+        if self._restored and not trust_observed:
+            return
         try:
             self.snapshot.restore(trust_observed)
         finally:
             self._restore_loop()
+        self._restored = True
 
     def _observe(self, run: StepRun, reference: StepRun | None, lean: bool = False) -> None:
         """The end state of a run (gradients, every tracked value, optimizer state), then restore.
@@ -163,6 +172,7 @@ class Twin:
         the run changed, not copies (see :meth:`_observe`).
         """
         run = StepRun(mode)
+        self._restored = False
         for record in self._grads.values():
             record.fresh()
         try:

@@ -114,10 +114,11 @@ class TensorRecord:
         if t._version == self.version and (verified or self.same_bytes()):
             return
         with torch.no_grad():
+            # (a copy may be kept in host memory: an optimizer's state, see ``runtime.steps``)
             if t.dtype != self.copy.dtype:
-                t.data = self.copy.clone()  # a dtype changed in place (check_step's float64 rerun)
+                t.data = self.copy.to(t.device, copy=True)  # a dtype changed in place (check_step's float64 rerun)
             elif t.shape != self.copy.shape:
-                t.set_(self.copy.clone())  # type: ignore[call-overload]  # (stubs lack the Tensor overload)
+                t.set_(self.copy.to(t.device, copy=True))  # type: ignore[call-overload]  # (stubs lack the Tensor overload)
             else:
                 t.copy_(self.copy)
         _set_version(t, self.version)

@@ -314,3 +314,16 @@ def test_buffers_are_copied_in_the_lean_run_so_batchnorms_statistics_need_no_sec
     (mean,) = [f for f in report.by_kind("buffer") if f.subject.endswith("running_mean`")
                and "uncheckpointed" in f.message]
     assert "first difference at index" in mean.detail, str(report)
+
+
+def test_the_check_puts_the_state_back_once_a_run_and_not_again_at_its_end(monkeypatch):
+    from recheck.runtime.snapshot import Snapshot
+
+    restores = []
+    real = Snapshot.restore
+    monkeypatch.setattr(Snapshot, "restore", lambda self, *a, **k: restores.append(a or k) or real(self, *a, **k))
+    step, model, optimizer = _adam_step(True)
+    before = _state(model, optimizer)
+    assert _check(step).ok
+    assert len(restores) == 2  # after each run; the state was as captured at the end
+    assert _same(before, _state(model, optimizer))
