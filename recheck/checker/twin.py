@@ -110,6 +110,8 @@ class Twin:
         self._restore_loop = self.state.loop_snapshot()
         #: whether the state is as captured: no run started since the last restore ended
         self._restored = True
+        #: runs of the step made (a lean round whose twin differed, the float64 rerun: more than two)
+        self.runs = 0
         self._grads = {r.name: r for r in self.snapshot.grads()}
 
     # -- state ---------------------------------------------------------------------------------
@@ -173,6 +175,7 @@ class Twin:
         """
         run = StepRun(mode)
         self._restored = False
+        self.runs += 1
         for record in self._grads.values():
             record.fresh()
         try:
@@ -474,7 +477,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
     watched = written.report if written.report is not None else Report()
     watched.findings.extend(written.probe)
     notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
-    stats = {"runs": 2 + max(repeats - 1, 0), "parameters": len(twin.parameters),
+    stats = {"runs": twin.runs, "parameters": len(twin.parameters),
              "watch": dict(watched.stats)}
     title = (f"step           {name}\n"
              f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"

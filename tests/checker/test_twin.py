@@ -279,6 +279,7 @@ def test_the_step_as_written_keeps_digests_and_runs_again_with_copies_only_where
     report = _check(step)
     assert [(mode, lean) for mode, lean, _ in made] == [("as written", True), ("bypassed", False)] + \
         [("as written", False), ("bypassed", False)] * (runs == 4)
+    assert report.stats["runs"] == runs
     lean_written = made[0][2]
     # what the run changed is kept as digests: parameters, their gradients and Adam's moments
     kept = [seen.value for seen in lean_written.post.values()] + list(lean_written.grads.values())
