@@ -58,6 +58,7 @@ __all__ = [
     "rng_states",
     "rng_summary",
     "same_items",
+    "same_mapping",
     "shared_or_copied",
     "show",
 ]
@@ -171,10 +172,10 @@ class DigestedTensor:
     digest reads in place (:func:`~recheck.runtime.digests.tensor_digest`), are kept so.
     """
 
-    __slots__ = ("shape", "dtype", "requires_grad", "digest")
+    __slots__ = ("shape", "dtype", "digest")
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, requires_grad: bool, digest: int) -> None:
-        self.shape, self.dtype, self.requires_grad, self.digest = shape, dtype, requires_grad, digest
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, digest: int) -> None:
+        self.shape, self.dtype, self.digest = shape, dtype, digest
 
     @staticmethod
     def fits(tensor: torch.Tensor) -> bool:
@@ -183,7 +184,7 @@ class DigestedTensor:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> DigestedTensor:
-        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad, tensor_digest(tensor))
+        return cls(tuple(tensor.shape), tensor.dtype, tensor_digest(tensor))
 
     def matches(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` has this shape, dtype and bytes."""
@@ -256,7 +257,7 @@ class _Content:
         if isinstance(obj, list) and not same_items(obj, items):
             obj[:] = items
         elif isinstance(obj, dict):
-            if not _same_mapping(obj, items):
+            if not same_mapping(obj, items):
                 dict.clear(obj)
                 dict.update(obj, items)
         elif isinstance(obj, set) and not (len(obj) == len(items) and all(any(x is y for y in items) for x in obj)):
@@ -272,7 +273,7 @@ class _Content:
                 _set_version(obj, version)
 
 
-def _same_mapping(now: dict, then: dict) -> bool:
+def same_mapping(now: dict, then: dict) -> bool:
     """The same keys, in the same order, bound to the same objects (one C-level pass)."""
     if not then:  # most: a leaf module's ``_modules``, a module without buffers
         return not dict.__len__(now)
@@ -418,7 +419,7 @@ class BindingsRecord:
 
     def unchanged(self) -> bool:
         """True when the dict maps the same keys to the same objects."""
-        return _same_mapping(self.content.obj, self.content.items)
+        return same_mapping(self.content.obj, self.content.items)
 
     def restore(self) -> None:
         self.content.restore()

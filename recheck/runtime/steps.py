@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map
 
 from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items
+from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
 
 __all__ = ["StepState", "discover_state"]
 
@@ -219,6 +219,10 @@ def _same_if_equal(original: Any, restored: Any) -> Any:
         return restored
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 def _host_copy_if_tensor(value: Any) -> Any:
     return _host_copy(value) if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
@@ -234,21 +238,16 @@ class _DeepCopy:
 
 def _put_back(mapping: dict[Any, Any], items: list[tuple[Any, Any, Any]]) -> None:
     """``mapping`` holding ``items`` again, in their order, each tensor with its captured bytes."""
-    values = []
+    values = {}
     for key, value, keep in items:
         if type(keep) is TensorRecord:
             keep.restore()  # only where its version or bytes moved
         elif keep is not None:
             value = copy.deepcopy(keep.value)
-        values.append((key, value))
-    if len(mapping) != len(values) or list(mapping) != [key for key, _ in values] \
-            or not all(mapping[key] is value for key, value in values):
+        values[key] = value
+    if not same_mapping(mapping, values):
         mapping.clear()
         mapping.update(values)
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", copy=True)
 
 
 def _import_numpy() -> None:
