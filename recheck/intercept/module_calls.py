@@ -126,11 +126,27 @@ def listen(listener: Listener) -> Callable[[], None]:
         _users += 1
         if _users == 1:
             _box[0] = listener
-            if not _patchable():
-                _handle = torch_module.register_module_forward_pre_hook(lambda module, args: listener(module))
-            else:
-                _put_in_place()
+            if not _held_in_place():
+                if not _patchable():
+                    _handle = torch_module.register_module_forward_pre_hook(lambda module, args: listener(module))
+                else:
+                    _put_in_place()
     return _once(_stop)
+
+
+#: ``torch.nn.Module``'s namespace (a live view: it shows what is set on the class later)
+_MODULE_NAMESPACE = vars(torch.nn.Module)
+
+
+def _held_in_place() -> bool:
+    """Whether our ``_call_impl`` is on top and ``Module.__call__`` calls it: a ``watch()`` block
+    holds the patch, so every forward that starts listening finds it so (called under the lock)."""
+    namespace = _MODULE_NAMESPACE
+    return (_top is not None and namespace.get("_call_impl") is _top
+            and namespace.get("__call__") is namespace.get("_wrapped_call_impl", _MISSING))
+
+
+_MISSING = object()
 
 
 def _stop() -> None:

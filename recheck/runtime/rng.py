@@ -20,7 +20,8 @@ import torch
 from recheck.runtime.bits import host_memory
 from recheck.runtime.fingerprints import Observed, show
 
-__all__ = ["HOST_STREAMS", "RngRecord", "rng_fingerprint", "rng_fingerprints", "rng_states", "rng_summary"]
+__all__ = ["HOST_STREAMS", "RngRecord", "cpu_fingerprint", "only_cpu", "rng_fingerprint", "rng_fingerprints", "rng_states",
+           "rng_summary"]
 
 
 def _initialized_accelerators() -> tuple[tuple[str, Any], ...]:
@@ -115,12 +116,29 @@ def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
     ``watch()`` reads these four times per invocation, so torch's default CPU generator (a
     ``uint8`` tensor of 5,056 bytes) is read without the general path.
     """
-    prints: dict[str, Any] = {"cpu RNG": ("tensor", _state_bytes(torch.default_generator.get_state()))}
-    # a CUDA build of torch on a machine with no GPU in use: no accelerator's state to read
-    if generators or host or _ACCELERATORS and _initialized_accelerators():
+    prints: dict[str, Any] = {"cpu RNG": cpu_fingerprint()}
+    if generators or host or not only_cpu():
         for name, state in _other_states(generators, host).items():
             prints[name] = rng_fingerprint(state)
     return prints
+
+
+def only_cpu() -> bool:
+    """Whether torch's default CPU generator is the only stream :func:`rng_fingerprints` reads
+    without generators or host streams: no accelerator's state exists (a CUDA build of torch on
+    a machine with no GPU in use has none to read)."""
+    return not _ACCELERATORS or not _initialized_accelerators()
+
+
+def cpu_fingerprint() -> tuple[str, bytes]:
+    """:func:`rng_fingerprint` of torch's default CPU generator's state (a ``uint8`` tensor of
+    5,056 bytes, contiguous on the host: its bytes read in place)."""
+    state = _DEFAULT_GENERATOR.get_state()
+    size = state.numel()
+    return "tensor", host_memory(state.data_ptr(), size).raw if size else b""
+
+
+_DEFAULT_GENERATOR = torch.default_generator
 
 
 def _set_rng_state(name: str, state: Any, generators: dict[str, torch.Generator]) -> None:

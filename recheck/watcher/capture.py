@@ -20,7 +20,7 @@ import torch
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
-from recheck.runtime.rng import rng_fingerprints
+from recheck.runtime.rng import cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
@@ -441,10 +441,14 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     invocation reads them four times).  ``rng_only`` skips globals, and ``with_text=False`` skips the
     texts (a recompute only needs the text of what differs: :func:`global_text`).
     """
-    values: dict[tuple[str, str], Any] = {}
     shown: dict[tuple[str, str], str] = {}
-    for name, fingerprint in rng_fingerprints(reach.generators, reach.host_rng).items():
-        values[_RNG_KEYS.get(name) or _key_of(_RNG_KEYS, "rng", name)] = fingerprint
+    generators, host = reach.generators, reach.host_rng
+    if not generators and not host and only_cpu():  # (the usual region: torch's CPU stream only)
+        values: dict[tuple[str, str], Any] = {_CPU_RNG_KEY: cpu_fingerprint()}
+    else:
+        values = {}
+        for name, fingerprint in rng_fingerprints(generators, host).items():
+            values[_RNG_KEYS.get(name) or _key_of(_RNG_KEYS, "rng", name)] = fingerprint
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):
@@ -467,6 +471,7 @@ def _key_of(keys: dict[str, tuple[str, str]], kind: str, subject: str) -> tuple[
 
 #: the keys of RNG streams and of globals read, by subject (see :func:`_key_of`)
 _RNG_KEYS: dict[str, tuple[str, str]] = {}
+_CPU_RNG_KEY = _key_of(_RNG_KEYS, "rng", "cpu RNG")
 _GLOBAL_KEYS: dict[str, tuple[str, str]] = {}
 
 

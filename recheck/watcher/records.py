@@ -89,12 +89,13 @@ class Forward:
         #: print is taken (see ``saved_print``)
         self.saved: list[SavedPrint] | tuple[()] = []
         #: indices of saved tensors that are module buffers (compared as buffers, not here), as
-        #: keys; told when the forward returns
-        self.saved_buffers: dict[int, None] = {}
+        #: keys; told when the forward returns (a dict only where there are any: most regions'
+        #: modules hold no buffers)
+        self.saved_buffers: dict[int, None] = _NO_ENTRIES  # type: ignore[assignment]
         #: data pointers of the compared modules' buffers (keys), and the storages of their
         #: parameters, to the parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
-        self.buffer_pointers: dict[int, None] = {}
-        self.parameter_storages: dict[int, torch.Tensor] = {}
+        self.buffer_pointers: dict[int, None] = _NO_ENTRIES  # type: ignore[assignment]
+        self.parameter_storages: dict[int, torch.Tensor] = _NO_ENTRIES  # type: ignore[assignment]
         self.pointed = False
         #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
         self.direct: dict[int, torch.nn.Module] = {}
@@ -116,8 +117,8 @@ class Forward:
         self.attribute_modules: tuple[tuple[str, torch.nn.Module], ...] = ()
         #: buffers of other modules the forward wrote: (module name, module, buffer name)
         self.touched_buffers: tuple[tuple[str, torch.nn.Module, str], ...] = ()
-        #: subjects of the buffers the forward wrote (keys)
-        self.written_buffers: dict[str, None] = {}
+        #: subjects of the buffers the forward wrote (keys; told by ``scope``)
+        self.written_buffers: dict[str, None] = _NO_ENTRIES  # type: ignore[assignment]
         #: grad mode (at the checkpoint call), autocast and default dtype of the forward
         self.context = context
         #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
@@ -200,6 +201,9 @@ class Forward:
         block of the model and runs a few: their parameters only.  A saved tensor outside
         them is digested by its bytes, which is exact either way."""
         self.pointed = True
+        if not self.state_modules and not self.attribute_modules and not self.touched_buffers:
+            self.buffer_pointers = self.parameter_storages = _NO_ENTRIES  # type: ignore[assignment]
+            return  # a region of plain functions
         modules = list(map(_MODULE, self.state_modules))
         if self.attribute_modules:
             modules += map(_MODULE, self.attribute_modules)
@@ -570,10 +574,12 @@ class InvocationRecord:
         self._check_inputs()
         # which saved tensors are buffers is told now that the scope (the modules the forward
         # ran) is settled: at each save it would still be growing
-        store, is_buffer, buffers = self.store, forward.is_buffer, forward.saved_buffers
+        store, is_buffer = self.store, forward.is_buffer
         if forward.saved and not forward.pointed:
             forward._pointers()
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
+        if any_buffers:
+            buffers = forward.saved_buffers = {}
         storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
         in_place = store == "digest"
         for saved in forward.saved:
@@ -755,6 +761,8 @@ class InvocationRecord:
                 if again is not None and not original.matches(again, self.tolerance):
                     self._add("recompute", f"recomputed {path} differs from the forward's",
                               subject=path, detail=original.difference(again, self.tolerance))
+        if not effects:  # (the usual recompute: it emitted nothing)
+            return
         effects = [e for e in effects if not _torch_own(e)]
         # under a full replay, the effects past those the forward emitted before its last saved
         # tensor come only from the replay: with early stop they would not happen
@@ -855,6 +863,8 @@ class InvocationRecord:
                        leave_out: Callable[[tuple[str, str]], bool] | None = None) -> None:
         """A finding for every buffer, attribute or written global that differs (or appeared,
         or went); those in ``latent_keys`` are latent, those ``leave_out`` accepts are skipped."""
+        if before is after:  # (the shared state of no modules: a region of plain functions)
+            return
         tolerance = self.tolerance
         if tolerance is None and self.store == "digest" and _all_equal(before, after):
             return

@@ -134,6 +134,32 @@ def test_a_held_patch_stays_silent_between_listens_and_goes_with_the_last_hold()
     assert told == [relu, relu] and nn.Module.__dict__["_call_impl"] is _CALL_IMPL
 
 
+def test_a_call_replaced_while_the_patch_is_held_is_heard_through_the_global_hook(monkeypatch):
+    """A listen finds the held patch in place only while ``Module.__call__`` still calls it."""
+    told, relu = [], nn.ReLU()
+    let_go = module_calls.hold()
+    try:
+        def plain_call(self, *args, **kwargs):
+            return self.forward(*args, **kwargs)  # passes ``_call_impl`` by
+
+        monkeypatch.setattr(nn.Module, "__call__", plain_call)
+        stop = module_calls.listen(told.append)
+        try:
+            assert len(torch_module._global_forward_pre_hooks) == 1
+        finally:
+            stop()
+        monkeypatch.undo()
+        stop = module_calls.listen(told.append)  # the patch in place again: no hook
+        try:
+            assert not torch_module._global_forward_pre_hooks
+            relu(torch.ones(1))
+        finally:
+            stop()
+    finally:
+        let_go()
+    assert told == [relu] and nn.Module.__dict__["_call_impl"] is _CALL_IMPL
+
+
 def test_calls_of_modules_passed_over_are_not_told_and_the_ids_are_read_as_they_grow():
     model, told = _model(), []
     known: dict[int, None] = {id(model[1][0]): None}
