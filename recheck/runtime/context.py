@@ -81,19 +81,21 @@ def current_context(grad_enabled: bool | None = None) -> ComputeContext:
     grad = torch.is_grad_enabled() if grad_enabled is None else bool(grad_enabled)
     if _any_autocast_enabled is not None and not _any_autocast_enabled():
         autocast = _DISABLED
-        for index, device in _UNCOVERED:
-            if torch.is_autocast_enabled(device):
-                autocast = (*autocast[:index], _autocast_of(device), *autocast[index + 1:])
+        if any(map(torch.is_autocast_enabled, _UNCOVERED_TYPES)):  # (one C-level pass: none, as a rule)
+            for index, device in _UNCOVERED:
+                if torch.is_autocast_enabled(device):
+                    autocast = (*autocast[:index], _autocast_of(device), *autocast[index + 1:])
     else:
         autocast = tuple(_autocast_of(d) for d in AUTOCAST_DEVICE_TYPES)
     default_dtype = torch.get_default_dtype()
     if autocast is not _DISABLED:
         return ComputeContext(grad, autocast, default_dtype)
     # the usual context is one of a few values: one object each (a record keeps its context as
-    # long as the watch() block lasts)
-    context = _PLAIN.get((grad, default_dtype))
+    # long as the watch() block lasts), by grad mode, then default dtype
+    plain = _PLAIN[grad]
+    context = plain.get(default_dtype)
     if context is None:
-        context = _PLAIN[(grad, default_dtype)] = ComputeContext(grad, autocast, default_dtype)
+        context = plain[default_dtype] = ComputeContext(grad, autocast, default_dtype)
     return context
 
 
@@ -108,9 +110,10 @@ _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
 ANY_AUTOCAST_COVERS = frozenset({"cpu", "cuda", "xpu", "hpu"})
 #: the device types read one by one even where no autocast is enabled (torch 2.13 leaves mps out)
 _UNCOVERED = tuple((i, d) for i, d in enumerate(AUTOCAST_DEVICE_TYPES) if d not in ANY_AUTOCAST_COVERS)
+_UNCOVERED_TYPES = tuple(d for _, d in _UNCOVERED)
 _DISABLED: tuple[tuple[str, bool, torch.dtype | None], ...] = tuple((d, False, None) for d in AUTOCAST_DEVICE_TYPES)
-#: the contexts without autocast, by grad mode and default dtype (immutable, so shared)
-_PLAIN: dict[tuple[bool, torch.dtype], ComputeContext] = {}
+#: the contexts without autocast, by grad mode, then default dtype (immutable, so shared)
+_PLAIN: dict[bool, dict[torch.dtype, ComputeContext]] = {True: {}, False: {}}
 
 
 def context_differences(forward: ComputeContext, recompute: ComputeContext, *,
