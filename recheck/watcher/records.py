@@ -67,7 +67,7 @@ class Forward:
     ``__init__`` sets each slot directly, where a dataclass's called a factory per container)."""
 
     __slots__ = ("reach", "entry", "shown", "params", "rng_consumed", "state_exit", "outputs", "saved",
-                 "saved_buffers", "buffer_pointers", "parameter_storages", "pointed", "direct", "ran",
+                 "saved_buffers", "buffer_pointers", "parameter_pointers", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
                  "subtrees", "predicted", "params_after")
@@ -92,10 +92,10 @@ class Forward:
         #: keys; told when the forward returns (a dict only where there are any: most regions'
         #: modules hold no buffers)
         self.saved_buffers: dict[int, None] = _NO_ENTRIES  # type: ignore[assignment]
-        #: data pointers of the compared modules' buffers (keys), and the storages of their
-        #: parameters, to the parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
+        #: data pointers of the compared modules' buffers (keys), and of their parameters, to the
+        #: parameter; ``pointed``: read for the scope as it is (see ``_pointers``)
         self.buffer_pointers: dict[int, None] = _NO_ENTRIES  # type: ignore[assignment]
-        self.parameter_storages: dict[int, torch.Tensor] = _NO_ENTRIES  # type: ignore[assignment]
+        self.parameter_pointers: dict[int, torch.Tensor] = _NO_ENTRIES  # type: ignore[assignment]
         self.pointed = False
         #: the modules the callable names directly (its own ``self``, a partial's arguments), by id
         self.direct: dict[int, torch.nn.Module] = {}
@@ -145,8 +145,8 @@ class Forward:
             self.buffer_pointers = _NO_ENTRIES  # type: ignore[assignment]
         if not self.written_buffers:
             self.written_buffers = _NO_ENTRIES  # type: ignore[assignment]
-        if not self.parameter_storages:
-            self.parameter_storages = _NO_ENTRIES  # type: ignore[assignment]
+        if not self.parameter_pointers:
+            self.parameter_pointers = _NO_ENTRIES  # type: ignore[assignment]
 
     def scope(self) -> None:
         """Settle which modules' state is compared (see the module docstring)."""
@@ -195,14 +195,14 @@ class Forward:
                                     reach=self.reach, memo=self.layout_memo)
 
     def _pointers(self) -> None:
-        """Read the storages of the compared modules' buffers and parameters: those of the
+        """Read the data pointers of the compared modules' buffers and parameters: those of the
         modules that ran and their submodules, the callable's own modules and the buffers the
         forward wrote (:meth:`scope`).  A region of timm's ``checkpoint_seq`` reaches every
         block of the model and runs a few: their parameters only.  A saved tensor outside
         them is digested by its bytes, which is exact either way."""
         self.pointed = True
         if not self.state_modules and not self.attribute_modules and not self.touched_buffers:
-            self.buffer_pointers = self.parameter_storages = _NO_ENTRIES  # type: ignore[assignment]
+            self.buffer_pointers = self.parameter_pointers = _NO_ENTRIES  # type: ignore[assignment]
             return  # a region of plain functions
         modules = list(map(_MODULE, self.state_modules))
         if self.attribute_modules:
@@ -215,7 +215,7 @@ class Forward:
                         if (buffer := module._buffers.get(name)) is not None]
         self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
             if buffers else {}
-        self.parameter_storages = {param.untyped_storage().data_ptr(): param
+        self.parameter_pointers = {param.data_ptr(): param
                                    for module in modules for param in module._parameters.values()
                                    if param is not None and param.numel() and param.layout == torch.strided}
 
@@ -227,15 +227,19 @@ class Forward:
         return bool(self.buffer_pointers) and bool(tensor.numel()) and tensor.data_ptr() in self.buffer_pointers
 
     def parameter_of(self, tensor: torch.Tensor, refresh: bool = False) -> torch.Tensor | None:
-        """The compared module's parameter whose storage ``tensor`` views (``weight.t()`` saved).
+        """The compared module's parameter whose data ``tensor`` starts at: the parameter itself,
+        or a view of it from its first element (``weight.t()`` saved); a view from elsewhere in
+        it (a slice of a fused weight) is not one here, and is digested by its bytes.  Told by
+        the data pointer, which no other storage has while the parameter lives (a storage's
+        own object would be made for every saved tensor).
 
-        ``refresh`` reads the parameters' storages again (FSDP allocates them at each gather).
+        ``refresh`` reads the parameters' pointers again (FSDP allocates them at each gather).
         """
-        if not tensor.numel() or tensor.layout is not _STRIDED:
+        if tensor.layout is not _STRIDED:
             return None
         if refresh or not self.pointed:
             self._pointers()
-        return self.parameter_storages.get(tensor.untyped_storage().data_ptr())
+        return self.parameter_pointers.get(tensor.data_ptr())
 
 
 def _last_scope(reach: Reach) -> tuple[Any, ...] | None:
@@ -580,7 +584,7 @@ class InvocationRecord:
         any_buffers = bool(forward.buffer_pointers)  # most regions' modules hold none: no call per tensor
         if any_buffers:
             buffers = forward.saved_buffers = {}
-        storages = forward.parameter_storages  # what ``parameter_of`` reads, read here for each tensor
+        pointers = forward.parameter_pointers  # what ``parameter_of`` reads, read here for each tensor
         in_place = store == "digest"
         for saved in forward.saved:
             tensor, saved.tensor = saved.tensor, None
@@ -588,8 +592,7 @@ class InvocationRecord:
                 continue
             if any_buffers and is_buffer(tensor):
                 buffers[saved.index] = None
-            owner = storages.get(tensor.untyped_storage().data_ptr()) \
-                if storages and tensor.layout is _STRIDED and tensor.numel() else None
+            owner = pointers.get(tensor.data_ptr()) if pointers and tensor.layout is _STRIDED else None
             if owner is not None and (view := parameter_view(tensor, owner)) is not None:
                 saved.viewed = view  # a parameter's view, told by identity and version: no print either
             elif in_place and (found := planned_digest(tensor)) is not None:

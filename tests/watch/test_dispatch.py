@@ -217,7 +217,7 @@ def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_shares_what_st
         for name in ("ran", "direct", "told", "subtrees", "walked", "buffers_seen"):
             assert getattr(forward, name) is records._NO_ENTRIES, name
         assert isinstance(records._NO_ENTRIES, types.MappingProxyType) and not records._NO_ENTRIES
-        assert forward.parameter_storages  # read by the recompute: the Linear's weight is saved as a view
+        assert forward.parameter_pointers  # read by the recompute: the Linear's weight is saved as a view
         assert forward.saved_buffers is records._NO_ENTRIES  # stayed empty: shared
         (record,) = DISPATCHER.records
         assert record.tags is records._NO_TAGS and record._saved_diffs is records._NO_ENTRIES
@@ -226,6 +226,44 @@ def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_shares_what_st
         gc.collect()
     assert watcher.report.ok, str(watcher.report)
     assert record._pass_saved is records._NO_ENTRIES  # released with the graph
+
+
+def test_a_saved_parameter_is_told_by_its_data_pointer_and_a_slice_from_elsewhere_in_it_by_its_bytes():
+    """A parameter saved as itself or as a view from its first element (``weight.t()``) is kept
+    by identity and version; a slice of a fused weight from past its first element is digested:
+    exact either way, and a write through ``.data`` (no version bump) shows in its bytes."""
+    from recheck.watcher.dispatch import DISPATCHER
+
+    fused = torch.nn.Linear(3, 6, bias=False)  # a fused projection: two halves of one weight
+
+    def region(x):
+        first = x @ fused.weight[:3].t()  # from the first element: a parameter's view
+        second = x @ fused.weight[3:].t()  # from its middle: digested by its bytes
+        return (first * second).sum()
+
+    def run(between=None):
+        with recheck.watch(raise_on_finding=False) as watcher:
+            out = checkpoint(region, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+            forward = DISPATCHER.records[-1].forward
+            kinds = ["viewed" if saved.viewed is not None else "digested" if saved.found is not None else "printed"
+                     for saved in forward.saved]
+            if between is not None:
+                between()
+            out.backward()
+        return watcher.report, kinds
+
+    report, kinds = run()
+    assert report.ok, str(report)
+    assert kinds.count("viewed") == 1 and "digested" in kinds and "printed" not in kinds, kinds
+
+    def write_through_data():
+        with torch.no_grad():
+            fused.weight.data[4:] += 1.0  # no version bump: the middle slice's bytes differ
+
+    report, _ = run(write_through_data)
+    assert [(f.kind, f.subject) for f in report.findings] == [("recompute", "saved tensors")], str(report)
+    # the slice itself and what was computed from it: told by their bytes
+    assert report.findings[0].message.startswith("2 of 6 tensors saved for backward differ"), str(report)
 
 
 def test_a_backward_after_the_block_ended_runs_as_plain_torch_with_the_saved_prints_torch_holds():

@@ -252,7 +252,7 @@ def test_a_scope_with_an_empty_none_or_sparse_parameter_still_tells_its_plain_on
     forward.scope()
     assert forward.parameter_of(block.weight.t().detach()) is block.weight
     assert forward.parameter_of(block.bias) is block.bias
-    assert len(forward.parameter_storages) == 2
+    assert len(forward.parameter_pointers) == 2
 
 
 def _segment_with(change):
