@@ -357,6 +357,7 @@ def kept_shallow(value: Any) -> Any:
                       if cls not in _STABLE and not _stable(item)])
     if len(_KEPT) >= _KEPT_SIZE:
         _KEPT.clear()
+        _WOKEN.clear()
     _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
     return printed
 
@@ -377,12 +378,26 @@ def _woken(value: Any) -> tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any] 
         return None
     kept = (value, *dormant[1:])
     _KEPT[id(value)] = kept
+    _WOKEN[id(value)] = (kept, dormant)
     return kept
+
+
+#: per id, the kept entry :func:`_woken` made and the dormant one it was made from: while the
+#: object is kept as it was woken (its print was answered from it, never made again), it goes
+#: back to sleep as that dormant entry, which was checked when it first went (no tensor held,
+#: a weak reference to it made)
+_WOKEN: dict[int, tuple[tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any], tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]]] = {}
 
 
 def _put_kept_to_sleep() -> None:
     """When the last reader lets go: what is kept, its objects held weakly (see :data:`_DORMANT`)."""
-    for key, (value, names, items, unstable, held, printed) in _KEPT.items():
+    woken = _WOKEN
+    for key, kept in _KEPT.items():
+        again = woken.get(key)
+        if again is not None and again[0] is kept:  # as it was woken: asleep as it was
+            _DORMANT[key] = again[1]
+            continue
+        value, names, items, unstable, held, printed = kept
         if _holds_tensor(items) or not all(contents for contents, _ in held):
             continue
         try:
@@ -391,6 +406,7 @@ def _put_kept_to_sleep() -> None:
             continue
         _DORMANT[key] = (ref, names, items, unstable, held, printed)
     _KEPT.clear()
+    woken.clear()
     while len(_DORMANT) > _KEPT_SIZE:
         del _DORMANT[next(iter(_DORMANT))]  # the oldest first
 

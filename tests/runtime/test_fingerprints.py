@@ -331,13 +331,17 @@ def test_what_is_kept_sleeps_between_readers_and_holds_its_object_weakly():
     first = kept_shallow(config)
     release_kept()
     assert not fingerprints._KEPT and id(config) in fingerprints._DORMANT
+    dormant = fingerprints._DORMANT[id(config)]
     hold_kept()
     assert kept_shallow(config) is first  # woken: nothing printed again
     release_kept()
+    assert fingerprints._DORMANT[id(config)] is dormant  # back to sleep as it was woken
     config.labels[0] = "changed while no one read it"
     hold_kept()
     assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
     release_kept()
+    assert fingerprints._DORMANT[id(config)] is not dormant and fingerprints._DORMANT[id(config)][0]() is config
+    assert not fingerprints._WOKEN
     alive, key = weakref.ref(config), id(config)
     del config
     gc.collect()
