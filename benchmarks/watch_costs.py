@@ -7,6 +7,12 @@
 * **Digest throughput** (GB/s of saved tensors, one core): ``print_tensor`` of a large CPU
   tensor, the work that grows with the activations.  Beside it, ``clone()`` of the same bytes
   (the cost of ``store="copy"``).
+* **Cost per saved tensor** (µs): what each tensor autograd saves adds to an invocation besides
+  its bytes (its print at the forward, its recompute's, the comparison), as the slope between a
+  region of 4 and one of 40 ``sin`` ops on a 256-byte activation, each saving its input; beside
+  it, what the same op costs checkpointed without ``watch()``.  An invocation costs about the
+  fixed cost, plus this for each saved tensor, plus its bytes at the digest throughput (a
+  transformers decoder layer saves about 40).
 
     python benchmarks/watch_costs.py [--calls 400] [--mib 64] [--mean 40]
 
@@ -74,6 +80,9 @@ def main(argv=None) -> int:
               f"(full collections per 1,000 invocations: plain {plain_full / calls * 1e3:.2f}, "
               f"watched {watched_full / calls * 1e3:.2f}; their time per invocation: plain "
               f"{plain_gc / calls * 1e6:.1f} us, watched {watched_gc / calls * 1e6:.1f} us)")
+    per_tensor, per_op = _per_saved_tensor(ns.repeats)
+    print(f"cost per saved tensor: {per_tensor * 1e6:.2f} us (a 256-byte activation; "
+          f"the op itself, checkpointed: {per_op * 1e6:.2f} us)")
     big = torch.randn(ns.mib * 1024 * 1024 // 4)
     print_tensor(big, "digest")
     digest = best(lambda: print_tensor(big, "digest"), ns.repeats, CPU)
@@ -81,6 +90,52 @@ def main(argv=None) -> int:
     size = big.numel() * big.element_size() / 1e9
     print(f"digest throughput ({DIGEST_NAME}): {size / digest:.2f} GB/s; clone(): {size / clone:.2f} GB/s")
     return 0
+
+
+def _per_saved_tensor(repeats: int, calls: int = 60, fewer: int = 4, more: int = 40) -> tuple[float, float]:
+    """Seconds each saved tensor adds to a watched invocation, and what its op costs
+    checkpointed: the slope between regions of ``fewer`` and ``more`` ``sin`` ops (each saves
+    its input), ``calls`` invocations a step, best of ``repeats``."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    import recheck
+
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def region_of(ops: int):
+        def region(t):
+            for _ in range(ops):
+                t = t.sin()
+            return t
+        return region
+
+    def step_of(ops: int):
+        region = region_of(ops)
+
+        def step():
+            total = x
+            for _ in range(calls):
+                total = checkpoint(region, total, use_reentrant=False)
+            total.sum().backward()
+        return step
+
+    def watched_of(step):
+        def watched():
+            with recheck.watch(raise_on_finding=False):
+                step()
+        return watched
+
+    added = {}
+    plain = {}
+    for ops in (fewer, more):
+        step = step_of(ops)
+        watched = watched_of(step)
+        step(), watched()
+        plain[ops] = best(step, repeats, CPU)
+        added[ops] = best(watched, repeats, CPU) - plain[ops]
+    tensors = (more - fewer) * calls
+    return (added[more] - added[fewer]) / tensors, (plain[more] - plain[fewer]) / tensors
 
 
 def _means(runs: dict, rounds: int) -> dict[str, tuple[float, int, float]]:
