@@ -119,10 +119,18 @@ class Runner:
         return frozenset({"cpu RNG"}) if self.options.preserve_rng_state else frozenset()
 
     def buffer_storages(self) -> frozenset[int]:
-        """Storage pointers of every buffer of a reached module."""
-        return frozenset(b.untyped_storage().data_ptr()
-                         for _, m in self.reach.modules.values() for b in m._buffers.values()
-                         if b is not None and b.layout == torch.strided)
+        """Storage pointers of every buffer of a reached module; a tensor subclass without a
+        storage of its own (FSDP2's DTensor) has none, and is left out, as a saved tensor of
+        that kind is (``runtime.saved_tensors``)."""
+        pointers = set()
+        for _, module in self.reach.modules.values():
+            for buffer in module._buffers.values():
+                if buffer is not None and buffer.layout == torch.strided:
+                    try:
+                        pointers.add(buffer.untyped_storage().data_ptr())
+                    except (RuntimeError, NotImplementedError):
+                        continue
+        return frozenset(pointers)
 
     # -- one run ---------------------------------------------------------------------------------
     def _call(self, observer: Observer, args: tuple, kwargs: dict, mode: str,

@@ -215,9 +215,12 @@ class Forward:
                         if (buffer := module._buffers.get(name)) is not None]
         self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
             if buffers else {}
-        self.parameter_pointers = {param.data_ptr(): param
+        self.buffer_pointers.pop(0, None)  # (a wrapper subclass's buffer: no data of its own)
+        # (a wrapper subclass's parameter, FSDP2's DTensor, has no data of its own: pointer 0)
+        self.parameter_pointers = {pointer: param
                                    for module in modules for param in module._parameters.values()
-                                   if param is not None and param.numel() and param.layout == torch.strided}
+                                   if param is not None and param.numel() and param.layout == torch.strided
+                                   and (pointer := param.data_ptr())}
 
     def is_buffer(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a buffer of a compared module (by data pointer)."""

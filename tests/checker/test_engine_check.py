@@ -100,6 +100,22 @@ def test_batchnorm_in_training_mode_is_a_buffer_finding(use_reentrant):
     assert check(model.eval(), _x(5, 4), use_reentrant=use_reentrant).ok
 
 
+def test_a_module_with_a_wrapper_subclass_buffer_and_parameter_is_checked():
+    """A tensor subclass without a storage of its own (FSDP2's DTensor; here torch's
+    TwoTensor) as a parameter and a buffer: before, asking for the buffer's storage raised."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3)
+    layer.weight = nn.Parameter(two_tensor.TwoTensor(torch.randn(3, 3), torch.randn(3, 3)))
+    layer.register_buffer("scale", two_tensor.TwoTensor(torch.ones(3), torch.ones(3)))
+
+    def region(x):
+        return (layer(x) * layer.scale).relu()
+
+    x = two_tensor.TwoTensor(torch.randn(2, 3), torch.randn(2, 3)).requires_grad_()
+    assert check(region, x).ok
+
+
 class Counter(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -266,6 +266,32 @@ def test_a_saved_parameter_is_told_by_its_data_pointer_and_a_slice_from_elsewher
     assert report.findings[0].message.startswith("2 of 6 tensors saved for backward differ"), str(report)
 
 
+def test_a_wrapper_subclass_parameter_and_activation_leave_the_program_as_it_is():
+    """A tensor subclass without data of its own (FSDP2's DTensor; here torch's TwoTensor) has
+    no storage to read: its pointer is 0, and asking for its storage raises.  Before, that
+    failed the forward's record, whose saved metadata torch then found empty at the recompute:
+    the user's backward raised ``CheckpointError``."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+
+    def model():
+        torch.manual_seed(0)
+        layer = nn.Linear(3, 3)
+        layer.weight = nn.Parameter(two_tensor.TwoTensor(torch.randn(3, 3), torch.randn(3, 3)))
+        return layer
+
+    def grads(watched):
+        layer = model()
+        x = two_tensor.TwoTensor(torch.ones(2, 3), torch.ones(2, 3)).requires_grad_()
+        with recheck.watch(raise_on_finding=False) if watched else contextlib.nullcontext() as watcher:
+            checkpoint(lambda t: layer(t).relu().sum(), x, use_reentrant=False).backward()
+        return watcher, layer.weight.grad
+
+    watcher, watched = grads(True)
+    _, plain = grads(False)
+    assert watcher.report.ok, str(watcher.report)
+    assert torch.equal(watched.a, plain.a) and torch.equal(watched.b, plain.b)
+
+
 def test_a_backward_after_the_block_ended_runs_as_plain_torch_with_the_saved_prints_torch_holds():
     from recheck.watcher.dispatch import DISPATCHER
 
