@@ -302,6 +302,8 @@ def tensor_digest(tensor: torch.Tensor) -> int:
     optimizer printed whole, its parameters and Adam's moments with it, took most of a
     ``check_step`` of a 3-million-parameter model, 0.8 s)."""
     plain = tensor.detach()
+    if type(plain) is not torch.Tensor and hasattr(plain, "__tensor_flatten__"):
+        return _wrapper_digest(plain)
     if plain.is_cpu and plain.layout is torch.strided:
         try:
             return _cpu_digest(plain)
@@ -309,6 +311,18 @@ def tensor_digest(tensor: torch.Tensor) -> int:
             pass  # a subclass or a dtype without plain bytes: hashed as ``bits.digest`` hashes it
     with torch.no_grad():
         return digest(plain)
+
+
+def _wrapper_digest(tensor: torch.Tensor) -> int:
+    """:func:`tensor_digest` of a tensor subclass that wraps others (FSDP2's ``DTensor``, its
+    local shard; torch's ``TwoTensor``), which has no bytes of its own to read: its type,
+    dtype and shape, the digest of each tensor it names in ``__tensor_flatten__``, in order,
+    and the text of what else it says there (a ``DTensor``'s placements)."""
+    names, context = tensor.__tensor_flatten__()
+    parts = [f"{type(tensor).__module__}.{type(tensor).__qualname__}", str(tensor.dtype),
+             repr(tuple(tensor.shape)), repr(context)]
+    parts += [f"{name}={tensor_digest(getattr(tensor, name))}" for name in names]
+    return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:16], "big")
 
 
 def memory_order(tensor: torch.Tensor) -> tuple[int, ...] | None:

@@ -51,6 +51,31 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.slow
+def test_a_step_whose_parameters_wrap_other_tensors_is_checked_and_put_back():
+    """FSDP2's parameters are DTensors, which wrap a local shard (here torch's TwoTensor): the
+    step's state is read through the tensors they wrap."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3)
+    layer.weight = nn.Parameter(two_tensor.TwoTensor(torch.randn(3, 3), torch.randn(3, 3)))
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    x = two_tensor.TwoTensor(torch.randn(2, 3), torch.randn(2, 3)).requires_grad_()
+
+    def step(preserve_rng_state):
+        optimizer.zero_grad()
+        out = checkpoint(lambda t: nn.functional.dropout(layer(t), 0.5).relu(), x, use_reentrant=False,
+                         preserve_rng_state=preserve_rng_state)
+        out.sum().backward()
+        optimizer.step()
+
+    before = (layer.weight.a.clone(), layer.weight.b.clone())
+    assert recheck.check_step(functools.partial(step, True), modules=[layer], optimizers=[optimizer]).ok
+    found = recheck.check_step(functools.partial(step, False), modules=[layer], optimizers=[optimizer])
+    found_in = {(f.kind, f.subject) for f in found.findings}
+    assert {("gradient", "grad of `layer.weight`"), ("state", "parameter `layer.weight`")} <= found_in, str(found)
+    assert torch.equal(layer.weight.a, before[0]) and torch.equal(layer.weight.b, before[1])
+
+
 def test_moe_router_under_reentrant_checkpoint_trains_a_different_gate():
     module = twin("moe_router")
     step, model = module.make_step()

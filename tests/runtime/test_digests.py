@@ -369,3 +369,19 @@ def test_a_tensor_digest_is_the_cpu_prints_digest_on_the_cpu_and_the_device_dige
     flipped = t.clone()
     flipped.view(torch.int32)[2, 1] ^= 1
     assert fingerprint(flipped) != fingerprint(t)
+
+
+def test_a_wrapper_subclass_is_digested_by_the_tensors_it_wraps():
+    """A subclass that wraps others (FSDP2's DTensor; here torch's TwoTensor) has no bytes of its
+    own: it is digested by each tensor ``__tensor_flatten__`` names, in order."""
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+    a, b = torch.randn(3, 2), torch.randn(3, 2)
+    wrapped = two_tensor.TwoTensor(a, b)
+    assert digests.tensor_digest(wrapped) == digests.tensor_digest(two_tensor.TwoTensor(a.clone(), b.clone()))
+    assert digests.tensor_digest(torch.nn.Parameter(wrapped)) == digests.tensor_digest(wrapped)
+    for inner in (a, b):
+        flipped = inner.clone()
+        flipped.view(torch.int32)[1, 0] ^= 1
+        other = two_tensor.TwoTensor(flipped, b) if inner is a else two_tensor.TwoTensor(a, flipped)
+        assert digests.tensor_digest(other) != digests.tensor_digest(wrapped)
+    assert digests.tensor_digest(two_tensor.TwoTensor(b, a)) != digests.tensor_digest(wrapped)  # in order
