@@ -299,9 +299,11 @@ def _attributes(value: Any) -> Any:
 #: exact types of a container's items whose print, one level down, is the same while the item
 #: is the same object: immutable values, classes, and tuples without a tensor (checked when kept)
 _STABLE = AS_IS | {bool, float, type}
-#: id(value) -> (value, its names, the objects it held, the indices of those whose print is read
-#: again, their prints, its print): what :func:`kept_shallow` answered last, per object
-_KEPT: dict[int, tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]] = {}
+#: what :func:`kept_shallow` keeps of an object: the object, its names, the objects it held, the
+#: indices of those whose print is read again, their prints, its print
+_Kept = tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]
+#: id(value) -> what :func:`kept_shallow` answered last for it
+_KEPT: dict[int, _Kept] = {}
 _KEPT_SIZE = 256
 
 
@@ -368,10 +370,10 @@ def kept_shallow(value: Any) -> Any:
 #: reads it), and their prints.  Only entries of objects that can be weakly referenced, whose
 #: items are immutable or containers without a tensor one level down (a config's numbers,
 #: strings and maps), sleep: one holding a tensor or another object is let go.
-_DORMANT: dict[int, tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]] = {}
+_DORMANT: dict[int, _Kept] = {}
 
 
-def _woken(value: Any) -> tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any] | None:
+def _woken(value: Any) -> _Kept | None:
     """The dormant entry of ``value`` made a kept one again, or None (none, or another object's)."""
     dormant = _DORMANT.pop(id(value), None)
     if dormant is None or dormant[0]() is not value:
@@ -386,7 +388,7 @@ def _woken(value: Any) -> tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any] 
 #: object is kept as it was woken (its print was answered from it, never made again), it goes
 #: back to sleep as that dormant entry, which was checked when it first went (no tensor held,
 #: a weak reference to it made)
-_WOKEN: dict[int, tuple[tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any], tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]]] = {}
+_WOKEN: dict[int, tuple[_Kept, _Kept]] = {}
 
 
 def _put_kept_to_sleep() -> None:
