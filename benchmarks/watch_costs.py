@@ -13,6 +13,11 @@
   it, what the same op costs checkpointed without ``watch()``.  An invocation costs about the
   fixed cost, plus this for each saved tensor, plus its bytes at the digest throughput (a
   transformers decoder layer saves about 40).
+* **Cost of a block** (µs): what a ``watch()`` block costs besides its invocations, the price
+  ``pytest --recheck`` pays once a test: ``--calls`` one-invocation steps each in a block of its
+  own, less as many plain steps and as many times the fixed cost (its enter and exit, and what its
+  first invocation of a region finds again: the region's reach and scope).  An empty block's
+  enter and exit beside it.
 
     python benchmarks/watch_costs.py [--calls 400] [--mib 64] [--mean 40]
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from timing import best
 
@@ -80,6 +86,9 @@ def main(argv=None) -> int:
               f"(full collections per 1,000 invocations: plain {plain_full / calls * 1e3:.2f}, "
               f"watched {watched_full / calls * 1e3:.2f}; their time per invocation: plain "
               f"{plain_gc / calls * 1e6:.1f} us, watched {watched_gc / calls * 1e6:.1f} us)")
+    fixed = (timed - plain) / ns.calls
+    block, empty = _per_block(region, ns.calls, ns.repeats, fixed)
+    print(f"cost of a watch() block: {block * 1e6:.1f} us (an empty block's enter and exit: {empty * 1e6:.1f} us)")
     per_tensor, per_op = _per_saved_tensor(ns.repeats)
     print(f"cost per saved tensor: {per_tensor * 1e6:.2f} us (a 256-byte activation; "
           f"the op itself, checkpointed: {per_op * 1e6:.2f} us)")
@@ -90,6 +99,38 @@ def main(argv=None) -> int:
     size = big.numel() * big.element_size() / 1e9
     print(f"digest throughput ({DIGEST_NAME}): {size / digest:.2f} GB/s; clone(): {size / clone:.2f} GB/s")
     return 0
+
+
+def _per_block(region: Any, blocks: int, repeats: int, fixed: float) -> tuple[float, float]:
+    """Seconds a ``watch()`` block adds besides its one invocation (``fixed`` a one), and an empty
+    block's: ``blocks`` one-invocation steps, best of ``repeats``."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    import recheck
+
+    x = torch.randn(1, requires_grad=True)
+
+    def one() -> None:
+        checkpoint(region, x, use_reentrant=False).sum().backward()
+
+    def plain() -> None:
+        for _ in range(blocks):
+            one()
+
+    def each() -> None:
+        for _ in range(blocks):
+            with recheck.watch(raise_on_finding=False):
+                one()
+
+    def empty() -> None:
+        for _ in range(blocks):
+            with recheck.watch(raise_on_finding=False):
+                pass
+
+    plain(), each(), empty()
+    base, watched, bare = best(plain, repeats, CPU), best(each, repeats, CPU), best(empty, repeats, CPU)
+    return (watched - base) / blocks - fixed, bare / blocks
 
 
 def _per_saved_tensor(repeats: int, calls: int = 60, fewer: int = 4, more: int = 40) -> tuple[float, float]:

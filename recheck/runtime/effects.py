@@ -164,21 +164,23 @@ _EMITTERS = {name: _emitter(name, level) for name, level in (*_LOG_METHODS.items
 
 
 def _install() -> None:
+    logger_class = logging.Logger
+    namespace = vars(logger_class)  # (a live view: one for the seven methods)
     for name, emit in _EMITTERS.items():
-        _SAVED[name] = logging.Logger.__dict__.get(name)
-        _CALLS[name] = getattr(logging.Logger, name)
-        emit.__wrapped__ = _CALLS[name]  # type: ignore[attr-defined]
-        setattr(logging.Logger, name, emit)
+        _SAVED[name] = namespace.get(name)
+        _CALLS[name] = emit.__wrapped__ = getattr(logger_class, name)  # type: ignore[attr-defined]
+        setattr(logger_class, name, emit)
 
 
 def _uninstall() -> None:
+    logger_class = logging.Logger
+    namespace = vars(logger_class)
     for name in _EMITTERS:
         original = _SAVED.pop(name, None)
-        if original is None:
-            if name in logging.Logger.__dict__:
-                delattr(logging.Logger, name)
-        else:
-            setattr(logging.Logger, name, original)
+        if original is not None:
+            setattr(logger_class, name, original)
+        elif name in namespace:
+            delattr(logger_class, name)
 
 
 def hold_logging() -> None:
