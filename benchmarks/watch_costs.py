@@ -9,7 +9,7 @@
   (the cost of ``store="copy"``).
 * **Cost per saved tensor** (µs): what each tensor autograd saves adds to an invocation besides
   its bytes (its print at the forward, its recompute's, the comparison), as the slope between a
-  region of 4 and one of 40 ``sin`` ops on a 256-byte activation, each saving its input; beside
+  region of 4 and one of 60 ``sin`` ops on a 256-byte activation, each saving its input; beside
   it, what the same op costs checkpointed without ``watch()``.  An invocation costs about the
   fixed cost, plus this for each saved tensor, plus its bytes at the digest throughput (a
   transformers decoder layer saves about 40).
@@ -32,11 +32,12 @@ collections counted and timed in each, which is what a long watched loop pays on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from typing import Any
 
-from timing import best
+from timing import best, interleaved
 
 CPU = time.process_time  # this process's CPU time: other processes' load counts less
 
@@ -133,10 +134,11 @@ def _per_block(region: Any, blocks: int, repeats: int, fixed: float) -> tuple[fl
     return (watched - base) / blocks - fixed, bare / blocks
 
 
-def _per_saved_tensor(repeats: int, calls: int = 60, fewer: int = 4, more: int = 40) -> tuple[float, float]:
+def _per_saved_tensor(repeats: int, calls: int = 100, fewer: int = 4, more: int = 60) -> tuple[float, float]:
     """Seconds each saved tensor adds to a watched invocation, and what its op costs
     checkpointed: the slope between regions of ``fewer`` and ``more`` ``sin`` ops (each saves
-    its input), ``calls`` invocations a step, best of ``repeats``."""
+    its input), ``calls`` invocations a step; the four runs interleaved, ``2 * repeats`` rounds
+    (a slope of four best times moves with the machine between them)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -144,39 +146,31 @@ def _per_saved_tensor(repeats: int, calls: int = 60, fewer: int = 4, more: int =
 
     x = torch.randn(4, 16, requires_grad=True)
 
-    def region_of(ops: int):
-        def region(t):
+    def region_of(ops: int) -> Any:
+        def region(t: torch.Tensor) -> torch.Tensor:
             for _ in range(ops):
                 t = t.sin()
             return t
         return region
 
-    def step_of(ops: int):
-        region = region_of(ops)
+    regions = {fewer: region_of(fewer), more: region_of(more)}
 
-        def step():
+    def run(mode: str) -> float:
+        watched, ops = mode.split(":")
+        region = regions[int(ops)]
+        start = CPU()
+        with recheck.watch(raise_on_finding=False) if watched == "watched" else contextlib.nullcontext():
             total = x
             for _ in range(calls):
                 total = checkpoint(region, total, use_reentrant=False)
             total.sum().backward()
-        return step
+        return CPU() - start
 
-    def watched_of(step):
-        def watched():
-            with recheck.watch(raise_on_finding=False):
-                step()
-        return watched
-
-    added = {}
-    plain = {}
-    for ops in (fewer, more):
-        step = step_of(ops)
-        watched = watched_of(step)
-        step(), watched()
-        plain[ops] = best(step, repeats, CPU)
-        added[ops] = best(watched, repeats, CPU) - plain[ops]
+    least = interleaved(run, [f"{kind}:{ops}" for ops in (fewer, more) for kind in ("plain", "watched")],
+                        2 * repeats)
     tensors = (more - fewer) * calls
-    return (added[more] - added[fewer]) / tensors, (plain[more] - plain[fewer]) / tensors
+    added = {ops: least[f"watched:{ops}"] - least[f"plain:{ops}"] for ops in (fewer, more)}
+    return (added[more] - added[fewer]) / tensors, (least[f"plain:{more}"] - least[f"plain:{fewer}"]) / tensors
 
 
 def _means(runs: dict, rounds: int) -> dict[str, tuple[float, int, float]]:
