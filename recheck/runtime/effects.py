@@ -103,10 +103,7 @@ class EffectCapture:
         self._saved["stdout"], self._saved["stderr"] = stdout, stderr = sys.stdout, sys.stderr
         sys.stdout = _Tee(stdout, self.effects, "stdout", self.passthrough)
         sys.stderr = _Tee(stderr, self.effects, "stderr", self.passthrough)
-        self._warnings = _catch_always()
-        self._caught = self._warnings.__enter__()
-        if not _ACTION_AT_ENTRY:
-            warnings.simplefilter("always")
+        self._warnings, self._caught = _recording_every_warning()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -124,16 +121,20 @@ class EffectCapture:
                 _uninstall()
 
 
-#: whether ``catch_warnings`` takes the filter to set on entry (Python 3.11 on): one call fewer
-#: for each capture than ``simplefilter`` after it, to the same effect
-_ACTION_AT_ENTRY = sys.version_info >= (3, 11)
-
-
-def _catch_always() -> warnings.catch_warnings:
-    """A ``catch_warnings`` that records every warning (the ``always`` filter on top)."""
+def _recording_every_warning() -> tuple[warnings.catch_warnings, list[warnings.WarningMessage]]:
+    """A ``catch_warnings`` entered with the ``always`` filter on top, and the list it records
+    into.  From Python 3.11 it takes the filter to set on entry: one call fewer for each capture
+    than ``simplefilter`` after it, to the same effect."""
     if _ACTION_AT_ENTRY:
-        return warnings.catch_warnings(record=True, action="always")
-    return warnings.catch_warnings(record=True)
+        caught = warnings.catch_warnings(record=True, action="always")
+        return caught, caught.__enter__()
+    caught = warnings.catch_warnings(record=True)
+    log = caught.__enter__()
+    warnings.simplefilter("always")
+    return caught, log
+
+
+_ACTION_AT_ENTRY = sys.version_info >= (3, 11)
 
 
 #: the active captures, in the order they were entered

@@ -74,6 +74,11 @@ def _state_bytes(state: torch.Tensor) -> bytes:
         flat = state  # what get_state() returns: read as it is (it is read four times a call)
     else:
         flat = state.detach().cpu().contiguous().view(torch.uint8).reshape(-1)
+    return _host_bytes(flat)
+
+
+def _host_bytes(flat: torch.Tensor) -> bytes:
+    """The bytes of a contiguous ``uint8`` host tensor, read in place."""
     size = flat.numel()
     return host_memory(flat.data_ptr(), size).raw if size else b""
 
@@ -117,25 +122,23 @@ def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
     ``uint8`` tensor of 5,056 bytes) is read without the general path.
     """
     prints: dict[str, Any] = {"cpu RNG": cpu_fingerprint()}
-    if generators or host or not only_cpu():
+    if not only_cpu(generators, host):
         for name, state in _other_states(generators, host).items():
             prints[name] = rng_fingerprint(state)
     return prints
 
 
-def only_cpu() -> bool:
+def only_cpu(generators: dict[str, torch.Generator] | None, host: frozenset[str] | set[str]) -> bool:
     """Whether torch's default CPU generator is the only stream :func:`rng_fingerprints` reads
-    without generators or host streams: no accelerator's state exists (a CUDA build of torch on
-    a machine with no GPU in use has none to read)."""
-    return not _ACCELERATORS or not _initialized_accelerators()
+    with these ``generators`` and ``host`` streams: none of them, and no accelerator's state
+    exists (a CUDA build of torch on a machine with no GPU in use has none to read)."""
+    return not generators and not host and (not _ACCELERATORS or not _initialized_accelerators())
 
 
 def cpu_fingerprint() -> tuple[str, bytes]:
-    """:func:`rng_fingerprint` of torch's default CPU generator's state (a ``uint8`` tensor of
-    5,056 bytes, contiguous on the host: its bytes read in place)."""
-    state = _DEFAULT_GENERATOR.get_state()
-    size = state.numel()
-    return "tensor", host_memory(state.data_ptr(), size).raw if size else b""
+    """:func:`rng_fingerprint` of torch's default CPU generator's state, without the general
+    path: ``get_state()`` gives a contiguous ``uint8`` host tensor of 5,056 bytes, read in place."""
+    return "tensor", _host_bytes(_DEFAULT_GENERATOR.get_state())  # (what _state_bytes reads it as)
 
 
 _DEFAULT_GENERATOR = torch.default_generator

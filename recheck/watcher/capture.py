@@ -443,7 +443,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     """
     shown: dict[tuple[str, str], str] = {}
     generators, host = reach.generators, reach.host_rng
-    if not generators and not host and only_cpu():  # (the usual region: torch's CPU stream only)
+    if only_cpu(generators, host):  # (the usual region: torch's CPU stream only)
         values: dict[tuple[str, str], Any] = {_CPU_RNG_KEY: cpu_fingerprint()}
     else:
         values = {}

@@ -65,8 +65,12 @@ def test_fingerprints_are_the_fingerprints_of_the_states(monkeypatch):
     # only the host streams asked for are read
     assert set(rng_fingerprints(None, frozenset())) == {"cpu RNG"}
     assert set(rng_fingerprints(None, {"Python random"})) == {"cpu RNG", "Python random"}
+    # the one question ``watch()``'s entry state asks before reading the CPU stream alone
+    assert rng.only_cpu(None, frozenset()) and rng.only_cpu({}, set())
+    assert not rng.only_cpu({"g": generator}, frozenset()) and not rng.only_cpu(None, {"Python random"})
     monkeypatch.setattr(rng, "_ACCELERATORS", (("cuda", torch.cuda),))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda index: torch.full((4,), 7, dtype=torch.uint8))
     assert rng_fingerprints(None, frozenset())["cuda:0 RNG"] == ("tensor", bytes([7] * 4))
+    assert not rng.only_cpu(None, frozenset())
