@@ -71,9 +71,14 @@ def _wrapper(replaced: Callable[..., Any], box: list[Any]) -> Callable[..., Any]
 
 def _patchable() -> bool:
     """Whether ``Module.__call__`` is torch's ``_wrapped_call_impl``, which calls ``_call_impl``."""
-    module_class = torch.nn.Module
-    return (module_class.__dict__.get("__call__") is module_class.__dict__.get("_wrapped_call_impl", object())
-            and callable(module_class.__dict__.get("_call_impl")))
+    namespace = _MODULE_NAMESPACE
+    return (namespace.get("__call__") is namespace.get("_wrapped_call_impl", _MISSING)
+            and callable(namespace.get("_call_impl")))
+
+
+#: ``torch.nn.Module``'s namespace (a live view: it shows what is set on the class later)
+_MODULE_NAMESPACE = vars(torch.nn.Module)
+_MISSING = object()
 
 
 def _put_in_place() -> None:
@@ -134,19 +139,10 @@ def listen(listener: Listener) -> Callable[[], None]:
     return _once(_stop)
 
 
-#: ``torch.nn.Module``'s namespace (a live view: it shows what is set on the class later)
-_MODULE_NAMESPACE = vars(torch.nn.Module)
-
-
 def _held_in_place() -> bool:
     """Whether our ``_call_impl`` is on top and ``Module.__call__`` calls it: a ``watch()`` block
     holds the patch, so every forward that starts listening finds it so (called under the lock)."""
-    namespace = _MODULE_NAMESPACE
-    return (_top is not None and namespace.get("_call_impl") is _top
-            and namespace.get("__call__") is namespace.get("_wrapped_call_impl", _MISSING))
-
-
-_MISSING = object()
+    return _top is not None and _MODULE_NAMESPACE.get("_call_impl") is _top and _patchable()
 
 
 def _stop() -> None:
