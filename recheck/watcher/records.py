@@ -213,10 +213,10 @@ class Forward:
         if self.touched_buffers:
             buffers += [buffer for _, module, name in self.touched_buffers
                         if (buffer := module._buffers.get(name)) is not None]
-        self.buffer_pointers = dict.fromkeys(buffer.data_ptr() for buffer in buffers if buffer.numel()) \
+        # (a wrapper subclass, FSDP2's DTensor, has no data of its own: pointer 0 is no one's)
+        self.buffer_pointers = dict.fromkeys(pointer for buffer in buffers
+                                             if buffer.numel() and (pointer := buffer.data_ptr())) \
             if buffers else {}
-        self.buffer_pointers.pop(0, None)  # (a wrapper subclass's buffer: no data of its own)
-        # (a wrapper subclass's parameter, FSDP2's DTensor, has no data of its own: pointer 0)
         self.parameter_pointers = {pointer: param
                                    for module in modules for param in module._parameters.values()
                                    if param is not None and param.numel() and param.layout == torch.strided

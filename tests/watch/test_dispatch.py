@@ -271,19 +271,26 @@ def test_a_wrapper_subclass_parameter_and_activation_leave_the_program_as_it_is(
     no storage to read: its pointer is 0, and asking for its storage raises.  Before, that
     failed the forward's record, whose saved metadata torch then found empty at the recompute:
     the user's backward raised ``CheckpointError``."""
+    from recheck.watcher.dispatch import DISPATCHER
+
     two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
 
     def model():
         torch.manual_seed(0)
         layer = nn.Linear(3, 3)
         layer.weight = nn.Parameter(two_tensor.TwoTensor(torch.randn(3, 3), torch.randn(3, 3)))
+        layer.register_buffer("scale", two_tensor.TwoTensor(torch.ones(3), torch.ones(3)))
         return layer
 
     def grads(watched):
         layer = model()
         x = two_tensor.TwoTensor(torch.ones(2, 3), torch.ones(2, 3)).requires_grad_()
         with recheck.watch(raise_on_finding=False) if watched else contextlib.nullcontext() as watcher:
-            checkpoint(lambda t: layer(t).relu().sum(), x, use_reentrant=False).backward()
+            out = checkpoint(lambda t: (layer(t) * layer.scale).relu().sum(), x, use_reentrant=False)
+            if watched:  # pointer 0 is no buffer's and no parameter's: a saved activation is not taken for one
+                forward = DISPATCHER.records[-1].forward
+                assert 0 not in forward.buffer_pointers and 0 not in forward.parameter_pointers
+            out.backward()
         return watcher, layer.weight.grad
 
     watcher, watched = grads(True)
