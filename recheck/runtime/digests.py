@@ -296,11 +296,11 @@ def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | No
 
 def tensor_digest(tensor: torch.Tensor) -> int:
     """128 bits of a hash of ``tensor``'s dtype, shape and bytes, as a print's ``digest``: on the
-    CPU, one call over its memory (:func:`_cpu_digest`, about 90 GB/s a core with XXH3); on
-    another device, or for a tensor whose bytes cannot be read in place, ``bits.digest``, which
-    hashes them where they are (0.2 GB/s a core on the CPU, with a 4 MiB tensor: a global
-    optimizer printed whole, its parameters and Adam's moments with it, took most of a
-    ``check_step`` of a 3-million-parameter model, 0.8 s)."""
+    CPU, one call over its memory (:func:`_cpu_digest`; with XXH3, 36-39 GB/s a core over 64 MiB
+    read from memory, 66-89 GB/s over 8 MiB); on another device, or for a tensor whose bytes
+    cannot be read in place, ``bits.digest``, which hashes them where they are (0.2 GB/s a core
+    on the CPU, with a 4 MiB tensor: a global optimizer printed whole, its parameters and Adam's
+    moments with it, took most of a ``check_step`` of a 3-million-parameter model, 0.8 s)."""
     plain = tensor.detach()
     if type(plain) is not torch.Tensor and hasattr(plain, "__tensor_flatten__"):
         return _wrapper_digest(plain)
