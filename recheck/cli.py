@@ -65,7 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(ns._run(ns))
-    except (ConfigError, MissingDependency) as exc:
+    except ConfigError as exc:  # "<file>: <key>: <reason>"
+        print(f"recheck: {exc}", file=sys.stderr)
+        return 2
+    except MissingDependency as exc:
         print(f"recheck: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,12 @@ The table is looked up from a start path upwards; the first ``pyproject.toml`` t
 style) or snake_case (pytest ini style); they are normalized to snake_case.  An unknown
 key or a value of the wrong type is a :class:`ConfigError` that names the file and the
 key.  Command-line flags override the file: see :meth:`Config.merged`.
+
+The file may be a stranger's (it is searched upwards from the linted path), so reading it
+is bounded (:data:`MAX_PYPROJECT_BYTES`) and every way it can fail to read, decode or parse
+(not UTF-8, not TOML, nested too deeply) becomes a :class:`ConfigError` in one place,
+:func:`_read_tool_tables`: the message is ``<file>: <key>: <reason>`` (``<file>: <reason>``
+when no key is at fault), and the command line prints it after ``recheck: `` and exits 2.
 """
 
 from __future__ import annotations
@@ -19,11 +25,22 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
-__all__ = ["SCHEMA", "Config", "ConfigError", "find_pyproject", "load_config"]
+__all__ = ["SCHEMA", "Config", "ConfigError", "config_error", "find_pyproject", "load_config"]
+
+
+#: A ``pyproject.toml`` larger than this is not read (no project's is within orders of magnitude).
+MAX_PYPROJECT_BYTES = 4 * 1024 * 1024
+#: The largest ``max-file-size`` accepted: a source file is read into memory whole.
+MAX_FILE_SIZE_LIMIT = 1 << 30
 
 
 class ConfigError(ValueError):
     """The ``[tool.recheck]`` table is invalid; the message names the file and key."""
+
+
+def config_error(source: object, key: str | None, reason: str) -> ConfigError:
+    """The error of one configuration file: ``<file>: <key>: <reason>`` (no key: ``<file>: <reason>``)."""
+    return ConfigError(f"{source}: {key}: {reason}" if key else f"{source}: {reason}")
 
 
 def _str(value: Any) -> bool:
@@ -44,6 +61,10 @@ def _number(value: Any) -> bool:
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _file_size(value: Any) -> bool:
+    return _positive_int(value) and value <= MAX_FILE_SIZE_LIMIT
 
 
 def _per_file_ignores(value: Any) -> bool:
@@ -74,7 +95,8 @@ SCHEMA: Mapping[str, tuple[Callable[[Any], bool], str, str]] = {
         "extra functions that checkpoint their first argument",
     ),
     "cache_dir": (_str, "a path", "where the linter keeps its cache"),
-    "max_file_size": (_positive_int, "a positive number of bytes", "larger files are skipped"),
+    "max_file_size": (_file_size, f"a positive number of bytes, at most {MAX_FILE_SIZE_LIMIT}",
+                      "larger files are skipped"),
     # dynamic checker, watch and the pytest plugin
     "early_stop": (_bool, "true or false",
                    "watch: false replays every recomputation fully, true forces early stop (default: as called)"),
@@ -100,13 +122,27 @@ def find_pyproject(start: Path | str | None = None) -> Path | None:
 
 
 def _read_tool_tables(path: Path) -> dict[str, Any]:
+    """The ``[tool]`` table of ``path``; every way reading it can fail is a :class:`ConfigError`."""
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        with path.open("rb") as handle:  # bounded whatever stat says (a /proc file reads as size 0)
+            raw = handle.read(MAX_PYPROJECT_BYTES + 1)
+        if len(raw) > MAX_PYPROJECT_BYTES:
+            raise config_error(path, None, f"larger than {MAX_PYPROJECT_BYTES} bytes; not read")
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except ConfigError:
+        raise
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise config_error(path, None, f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise config_error(path, None, f"not valid UTF-8 (invalid byte 0x{exc.object[exc.start]:02x} "
+                                       f"at offset {exc.start})") from None
+    except (RecursionError, MemoryError) as exc:
+        raise config_error(path, None, f"nested too deeply to parse ({type(exc).__name__})") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        raise config_error(path, None, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # anything else tomllib rejects
+        raise config_error(path, None, f"not valid TOML: {exc}") from None
     tool = data.get("tool", {})
     return tool if isinstance(tool, dict) else {}
 
@@ -122,16 +158,24 @@ def validate(table: Mapping[str, Any], source: str) -> dict[str, Any]:
         key = normalize_key(raw_key)
         if key not in SCHEMA:
             known = ", ".join(k.replace("_", "-") for k in SCHEMA)
-            raise ConfigError(f"{source}: unknown key '{raw_key}' in [tool.recheck]; known keys: {known}")
+            raise config_error(source, raw_key, f"unknown key in [tool.recheck]; known keys: {known}")
         check, expected, _ = SCHEMA[key]
         if not check(value):
-            raise ConfigError(
-                f"{source}: invalid value for '{raw_key}' in [tool.recheck]: expected {expected}, got {value!r}"
-            )
+            raise config_error(source, raw_key, f"invalid value in [tool.recheck]: expected {expected}, "
+                                                f"got {_shown_value(value)}")
         if key in values:
-            raise ConfigError(f"{source}: '{raw_key}' is given twice in [tool.recheck]")
+            raise config_error(source, raw_key, "given twice in [tool.recheck] (kebab-case and snake_case)")
         values[key] = value
     return values
+
+
+def _shown_value(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut short: a value from a stranger's file may be huge or deeply nested."""
+    try:
+        shown = repr(value)
+    except (RecursionError, MemoryError):
+        return f"a deeply nested {type(value).__name__}"
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -161,7 +205,7 @@ def load_config(start: Path | str | None = None, *, path: Path | str | None = No
     if path is not None:
         pyproject = Path(path)
         if not pyproject.is_file():
-            raise ConfigError(f"{pyproject}: no such configuration file")
+            raise config_error(pyproject, None, "no such configuration file")
     else:
         found = find_pyproject(start)
         if found is None:
@@ -169,5 +213,5 @@ def load_config(start: Path | str | None = None, *, path: Path | str | None = No
         pyproject = found
     table = _read_tool_tables(pyproject).get("recheck", {})
     if not isinstance(table, dict):
-        raise ConfigError(f"{pyproject}: [tool.recheck] must be a table")
+        raise config_error(pyproject, "tool.recheck", "must be a table")
     return Config(pyproject, validate(table, str(pyproject)))

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-__all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_source"]
+__all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_bytes", "read_source"]
 
 DEFAULT_MAX_FILE_SIZE = 5 * 1024 * 1024
+#: A ``.gitignore`` larger than this is not read.
+MAX_GITIGNORE_BYTES = 1 << 20
 ALWAYS_SKIPPED = frozenset({
     ".git", ".hg", ".svn", ".venv", "venv", ".tox", ".nox", "__pycache__", "node_modules",
     ".mypy_cache", ".ruff_cache", ".pytest_cache", ".recheck_cache", ".eggs", "site-packages",
@@ -69,10 +71,10 @@ class GitIgnore:
         self.rules: list[tuple[str, re.Pattern[str], bool, bool]] = []
 
     def load(self, folder: Path) -> None:
-        try:
-            text = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        data = read_bytes(folder / ".gitignore", MAX_GITIGNORE_BYTES)  # a FIFO or /dev/zero: not read
+        if isinstance(data, str):
             return
+        text = data.decode("utf-8", errors="replace")
         for raw in text.splitlines():
             line = raw.rstrip()
             if not line or line.startswith("#"):
@@ -155,32 +157,57 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
-def read_source(path: Path, display: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> tuple[str, bytes] | FileError:
-    """``(text, raw bytes)``, or the reason the file cannot be linted.
+#: Reads past what ``stat`` said go in pieces of this size (a /proc file says size 0).
+_CHUNK = 1 << 20
 
-    Only regular files are read: the file is opened without blocking (a FIFO would
-    otherwise wait for a writer forever) and checked on the open descriptor.
+
+def _read_at_most(descriptor: int, limit: int, expected: int) -> bytes:
+    """Up to ``limit`` bytes of an open file, whatever its size says: ``expected`` bytes are
+    asked for first, then pieces of :data:`_CHUNK`, so no read allocates more than it can use."""
+    pieces, total = [], 0
+    want = min(expected, limit)
+    while total < limit:
+        piece = os.read(descriptor, max(1, min(want, limit - total)))
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+        want = _CHUNK
+    return b"".join(pieces)
+
+
+def read_bytes(path: Path, max_bytes: int) -> bytes | str:
+    """The bytes of a regular file of at most ``max_bytes``, or why it cannot be read.
+
+    The file is opened without blocking (a FIFO would otherwise wait for a writer forever),
+    checked on the open descriptor, and read in a bounded way whatever ``stat`` says.
     """
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        return FileError(display, f"cannot read file: {exc.strerror or exc}")
+        return f"cannot read file: {exc.strerror or exc}"
     try:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode):
-            return FileError(display, f"is {_kind(info.st_mode)}, not a regular file; skipped")
+            return f"is {_kind(info.st_mode)}, not a regular file; skipped"
         if info.st_size > max_bytes:
-            return FileError(display, f"file is {info.st_size} bytes, larger than the {max_bytes}-byte limit (max-file-size); skipped")
-        with os.fdopen(descriptor, "rb", buffering=0, closefd=False) as handle:
-            data = handle.read(info.st_size + 1)
-            if len(data) > info.st_size:  # it grew since fstat (or says size 0, as /proc files do)
-                data += handle.read(max_bytes + 1 - len(data))
+            return f"file is {info.st_size} bytes, larger than the {max_bytes}-byte limit (max-file-size); skipped"
+        data = _read_at_most(descriptor, max_bytes + 1, info.st_size + 1)
         if len(data) > max_bytes:
-            return FileError(display, f"file is over the {max_bytes}-byte limit (max-file-size); skipped")
+            return f"file is over the {max_bytes}-byte limit (max-file-size); skipped"
     except OSError as exc:
-        return FileError(display, f"cannot read file: {exc.strerror or exc}")
+        return f"cannot read file: {exc.strerror or exc}"
     finally:
         os.close(descriptor)
+    return data
+
+
+def read_source(path: Path, display: str, max_bytes: int = DEFAULT_MAX_FILE_SIZE) -> tuple[str, bytes] | FileError:
+    """``(text, raw bytes)``, or the reason the file cannot be linted (only regular files
+    of at most ``max_bytes`` are read: :func:`read_bytes`)."""
+    data = read_bytes(path, max_bytes)
+    if isinstance(data, str):
+        return FileError(display, data)
     nul = data.find(b"\x00")
     if nul >= 0:
         return FileError(display, f"contains a NUL byte at offset {nul}; not Python source")

@@ -105,3 +105,32 @@ def test_warnings_about_the_linted_code_are_not_printed(lint, write, tree):
         warnings.simplefilter("always")
         run = lint("-j", "1")
     assert "Warning" not in run.err and [str(w.message) for w in caught] == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="no /proc")
+@pytest.mark.parametrize("limit", [1 << 30, 1 << 62])
+def test_a_file_whose_size_reads_as_0_is_read_within_the_limit(limit):
+    # /proc files say st_size 0; reading "up to the limit" must not allocate the limit (issue 40)
+    from pathlib import Path
+
+    from recheck.lint.files import read_source
+
+    text, data = read_source(Path("/proc/self/status"), "status.py", limit)
+    assert text.startswith("Name:") and len(data) < 1 << 20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="no /proc")
+def test_a_file_over_the_limit_is_never_read_past_it(tmp_path):
+    from pathlib import Path
+
+    from recheck.lint.files import read_source
+
+    error = read_source(Path("/proc/self/status"), "status.py", 10)
+    assert error.reason == "file is over the 10-byte limit (max-file-size); skipped"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_gitignore_that_never_ends_is_not_read(lint, tree, tmp_path):
+    (tmp_path / ".gitignore").symlink_to("/dev/zero")
+    run = lint()
+    assert run.code == 1 and any(line.startswith("good.py:15:9: RC103") for line in run.lines)
