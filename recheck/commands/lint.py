@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when there are findings")
     parser.add_argument("--fix", action="store_true", help="add use_reentrant=False where RC001 flags it")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument("--cache-dir", metavar="DIR",
+                        help="keep the cache in DIR, any folder (default: $RECHECK_CACHE_DIR, else cache-dir "
+                             "of [tool.recheck], a folder inside the project, else .recheck_cache)")
     parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: one per CPU)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
     parser.add_argument("--quiet", "-q", action="store_true",
@@ -62,7 +65,8 @@ def run(ns: argparse.Namespace) -> int:
                for key in (*flags, "per_file_ignores")}
     try:
         options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0),
-                                          origins=origins)
+                                          origins=origins, cache_dir=_user_cache_dir(ns),
+                                          source=config.path or "[tool.recheck]")
     except SelectorError as exc:
         print(f"recheck lint: error: {exc}", file=sys.stderr)
         return 2
@@ -75,7 +79,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.fix:
         from recheck.lint.fix import fix_use_reentrant
 
-        done = fix_use_reentrant(findings, result.sources)
+        outcome = fix_use_reentrant(findings, result.sources, within=paths)
+        for line in outcome.skipped:
+            print(line, file=sys.stderr)
+        done = outcome.fixed
         fixed = len(done)
         findings = [f for f in findings if (f.path, f.line, f.column) not in done or f.code != "RC001"]
     for line in result.warnings:
@@ -118,6 +125,14 @@ def _print_statistics(fmt: str, findings: list, result) -> None:
     if findings:
         print(lint_statistics(findings, names, FIXABLE))
     print(run_statistics_text(result))
+
+
+def _user_cache_dir(ns: argparse.Namespace) -> Path | None:
+    """The cache folder the user chose (``--cache-dir``, else ``RECHECK_CACHE_DIR``), or None."""
+    import os
+
+    chosen = ns.cache_dir or os.environ.get("RECHECK_CACHE_DIR")
+    return Path(chosen).absolute() if chosen else None
 
 
 def _shown(path: Path) -> str:

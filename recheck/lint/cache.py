@@ -8,6 +8,13 @@ format and version, and every value is validated against the linter's data types
 (:mod:`recheck.lint.typed_json`).  A file that is missing, from another version, corrupt
 or invalid is ignored and rewritten, with one warning per run; a cache that cannot be
 written is skipped.  Caches of earlier versions (``lint-v1/*.pickle``) are never read.
+
+Where the cache lives is the user's choice or the project's, never the tree's beyond the
+project: a folder the project names (``cache-dir``, or the default ``.recheck_cache``) is
+not used at all, with one warning, when it or any folder between it and the project root
+is a symbolic link (a tree could ship ``.recheck_cache`` as a link to any folder, which the
+tags would then mark as a cache that backups skip and git ignores).  The ``lint-v2``
+folder and the tags are never written through a link wherever the cache lives.
 """
 
 from __future__ import annotations
@@ -59,12 +66,21 @@ class FactsCache:
     parsed something (one sequential read is much cheaper than a file per entry).
     """
 
-    def __init__(self, directory: Path | None, settings: str = "") -> None:
+    def __init__(self, directory: Path | None, settings: str = "", inside: Path | None = None) -> None:
+        """``inside``: the project root when the project chose ``directory`` (no folder from
+        there down may be a symbolic link); None when the user chose it."""
+        #: At most one line per run: the cache folder not used, or the first cache file ignored.
+        self.warnings: list[str] = []
+        self.inside = inside
+        if directory is not None:
+            link = _symbolic_link(directory / f"lint-v{FORMAT_VERSION}", inside)
+            if link is not None:
+                self.warnings.append(f"recheck lint: warning: the cache folder {directory} is not used: {link} "
+                                     "is a symbolic link; linting without the cache")
+                directory = None
         self.folder = directory / f"lint-v{FORMAT_VERSION}" if directory is not None else None
         self.settings = settings + ("|" + code_fingerprint() if directory is not None else "")
         self.hits = 0
-        #: At most one line per run: the first cache file that was ignored, and why.
-        self.warnings: list[str] = []
         self._pack: _Pack | None = None
         self._used: set[str] = set()
         self._dirty = False
@@ -198,7 +214,7 @@ class FactsCache:
         replacement, so a planted symbolic link is replaced, never written through."""
         assert self.folder is not None
         top = self.folder.parent
-        if self.folder.is_symlink():
+        if _symbolic_link(self.folder, self.inside) is not None:  # planted since the run began
             raise OSError("the cache folder is a symbolic link: not written through")
         created = not top.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -206,6 +222,19 @@ class FactsCache:
             if created or not (top / ".gitignore").exists():
                 _replace(top / ".gitignore", b"*\n")
             _replace(top / "CACHEDIR.TAG", b"Signature: 8a477f597d28d172789f06886806bc55\n")
+
+
+def _symbolic_link(folder: Path, inside: Path | None) -> Path | None:
+    """The first symbolic link among ``folder`` and the folders between it and ``inside``
+    (``inside`` itself excluded; without ``inside``, ``folder`` alone), or None."""
+    chain = [folder]
+    if inside is not None:
+        try:
+            below = folder.relative_to(inside)
+        except ValueError:
+            return folder  # not inside the project at all: never used (callers keep it inside)
+        chain = [inside.joinpath(*below.parts[:n]) for n in range(1, len(below.parts) + 1)]
+    return next((path for path in chain if path.is_symlink()), None)
 
 
 def _replace(path: Path, data: bytes) -> None:

@@ -207,7 +207,7 @@ class _Run:
         self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
         self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN)] + [
             re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
-        self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)))
+        self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)), options.cache_root)
         self.salt = ""  # the discovered entry points the facts were extracted with
         self.workers = options.jobs or os.cpu_count() or 1
         self.sources: dict[str, _Source] = {}

@@ -220,3 +220,66 @@ def test_the_issue_reproduction_leaves_no_pwned_file(tmp_path):
     assert rerun.returncode == 0 and "All checks passed!" in rerun.stdout
     assert not (tmp_path / MARKER).exists()
     shutil.rmtree(tmp_path / ".recheck_cache")
+
+
+# --- where the cache may live: a linted tree never chooses a folder outside itself (issue 40, item 4) ---
+
+def _project(tmp_path: Path, table: str = "") -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(f"[tool.recheck]\n{table}")
+    (project / "m.py").write_text("from torch.utils.checkpoint import checkpoint\n"
+                                  "def f(x):\n    print(x)\n    return x\n"
+                                  "def g(x):\n    return checkpoint(f, x, use_reentrant=False)\n")
+    (tmp_path / "outside").mkdir()
+    return project
+
+
+def _lint_in(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "RECHECK_CACHE_DIR"}
+    return subprocess.run([*_lint_command(), "lint", *args], cwd=folder, capture_output=True, text=True,
+                          env={**environ, **(env or {})})
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("../outside", "must be a folder inside the project"),
+    ("sub/../../outside", "must be a folder inside the project"),
+    ("{outside}", "must be a relative path"),
+    (".", "must be a folder inside the project"),
+])
+def test_a_cache_dir_outside_the_project_is_a_config_error(tmp_path, value, reason):
+    value = value.format(outside=tmp_path / "outside")
+    project = _project(tmp_path, f"cache-dir = {json.dumps(value)}\n")
+    run = _lint_in(project, ".")
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.startswith(f"recheck: {project / 'pyproject.toml'}: cache-dir: {reason}"), run.stderr
+    assert list((tmp_path / "outside").iterdir()) == [] and not (project / ".recheck_cache").exists()
+
+
+@pytest.mark.parametrize("link", [".recheck_cache", "build"])
+def test_a_cache_folder_through_a_symbolic_link_is_not_used(tmp_path, link):
+    project = _project(tmp_path, 'cache-dir = "build/cache"\n' if link == "build" else "")
+    (project / link).symlink_to(tmp_path / "outside", target_is_directory=True)
+    run = _lint_in(project, ".")
+    assert run.returncode == 1 and "m.py:3:5: RC103" in run.stdout
+    assert run.stderr.count("warning") == 1 and "symbolic link" in run.stderr and "without the cache" in run.stderr
+    assert list((tmp_path / "outside").iterdir()) == []
+
+
+def test_a_cache_dir_inside_the_project_is_used(tmp_path):
+    project = _project(tmp_path, 'cache-dir = "build/cache"\n')
+    assert _lint_in(project, ".").returncode == 1
+    assert (project / "build" / "cache" / "CACHEDIR.TAG").is_file()
+    assert (project / "build" / "cache" / f"lint-v{FORMAT_VERSION}" / "facts.json").is_file()
+
+
+@pytest.mark.parametrize("how", ["flag", "environment", "both"])
+def test_the_user_can_choose_a_cache_folder_outside_the_project(tmp_path, how):
+    project = _project(tmp_path, 'cache-dir = "../outside"\n' if how == "both" else "")
+    chosen, other = tmp_path / "outside" / "cache", tmp_path / "other"
+    args = ["--cache-dir", str(chosen)] if how != "environment" else []
+    env = {"RECHECK_CACHE_DIR": str(chosen if how == "environment" else other)}
+    first, second = _lint_in(project, *args, ".", env=env), _lint_in(project, *args, ".", env=env)
+    assert first.returncode == second.returncode == 1 and first.stdout == second.stdout, first.stderr
+    assert (chosen / "CACHEDIR.TAG").is_file() and (chosen / f"lint-v{FORMAT_VERSION}" / "facts.json").is_file()
+    assert not (project / ".recheck_cache").exists() and not other.exists()
