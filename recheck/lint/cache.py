@@ -6,8 +6,8 @@ linter's own source.  The cache sits in the linted tree, which may be a stranger
 is JSON (never pickle: loading a pickle runs what it says) with a header naming its
 format and version, and every value is validated against the linter's data types on load
 (:mod:`recheck.lint.typed_json`).  A file that is missing, from another version, corrupt
-or invalid is ignored and rewritten, with one warning per run; a cache that cannot be
-written is skipped.  Caches of earlier versions (``lint-v1/*.pickle``) are never read.
+or invalid is ignored and rewritten, with one warning per run that says whether it was
+rewritten; a cache that cannot be written is skipped.  Caches of earlier versions (``lint-v1/*.pickle``) are never read.
 
 Where the cache lives is the user's choice or the project's, never the tree's beyond the
 project: a folder the project names (``cache-dir``, or the default ``.recheck_cache``) is
@@ -69,13 +69,16 @@ class FactsCache:
     def __init__(self, directory: Path | None, settings: str = "", inside: Path | None = None) -> None:
         """``inside``: the project root when the project chose ``directory`` (no folder from
         there down may be a symbolic link); None when the user chose it."""
-        #: At most one line per run: the cache folder not used, or the first cache file ignored.
-        self.warnings: list[str] = []
+        #: The cache folder not used (at most one line); see :attr:`warnings`.
+        self._unused: list[str] = []
+        #: The first cache file ignored this run, why, and what became of it (see :meth:`_write`).
+        self._ignored: tuple[Path, str] | None = None
+        self._outcome = "it was left as it is"
         self.inside = inside
         if directory is not None:
             link = _symbolic_link(directory / f"lint-v{FORMAT_VERSION}", inside)
             if link is not None:
-                self.warnings.append(f"recheck lint: warning: the cache folder {directory} is not used: {link} "
+                self._unused.append(f"recheck lint: warning: the cache folder {directory} is not used: {link} "
                                      "is a symbolic link; linting without the cache")
                 directory = None
         self.folder = directory / f"lint-v{FORMAT_VERSION}" if directory is not None else None
@@ -126,9 +129,18 @@ class FactsCache:
             return self._ignore(path, f"is not valid ({exc})")
 
     def _ignore(self, path: Path, why: str) -> None:
-        if not self.warnings:
-            self.warnings.append(f"recheck lint: warning: ignored the cache file {path}: it {why}; it will be rewritten")
+        if self._ignored is None:
+            self._ignored = (path, why)
         return None
+
+    @property
+    def warnings(self) -> list[str]:
+        """At most one line: the cache folder not used, or the first cache file ignored and
+        whether this run rewrote it (read once the run has written what it will)."""
+        if self._unused or self._ignored is None:
+            return list(self._unused)
+        path, why = self._ignored
+        return [f"recheck lint: warning: ignored the cache file {path}: it {why}; {self._outcome}"]
 
     def _load(self) -> _Pack:
         if self._pack is None:
@@ -205,8 +217,12 @@ class FactsCache:
         try:
             self._make_folder()
             _replace(path, text.encode("utf-8"))
-        except OSError:
-            pass
+        except OSError as exc:
+            if self._ignored is not None and self._ignored[0] == path:
+                self._outcome = f"it could not be rewritten ({exc.strerror or exc})"
+            return
+        if self._ignored is not None and self._ignored[0] == path:
+            self._outcome = "it was rewritten"
 
     def _make_folder(self) -> None:
         """Create the cache folder; one that this run creates is tagged as a cache

@@ -283,3 +283,19 @@ def test_the_user_can_choose_a_cache_folder_outside_the_project(tmp_path, how):
     assert first.returncode == second.returncode == 1 and first.stdout == second.stdout, first.stderr
     assert (chosen / "CACHEDIR.TAG").is_file() and (chosen / f"lint-v{FORMAT_VERSION}" / "facts.json").is_file()
     assert not (project / ".recheck_cache").exists() and not other.exists()
+
+
+def test_the_warning_says_whether_a_damaged_cache_file_was_rewritten(write, region_source, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write("m.py", region_source)
+    folder = tmp_path / ".recheck_cache" / f"lint-v{FORMAT_VERSION}"
+    folder.mkdir(parents=True)
+    (folder / "facts.json").write_bytes(b"{")
+    rewritten = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=tmp_path / ".recheck_cache", jobs=1))
+    assert len(rewritten.warnings) == 1 and rewritten.warnings[0].endswith("; it was rewritten")
+    (folder / "facts.json").unlink()
+    (folder / "facts.json").mkdir()  # cannot be read, and cannot be replaced (even by root)
+    (folder / "result.json").unlink()
+    stuck = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=tmp_path / ".recheck_cache", jobs=1))
+    assert len(stuck.warnings) == 1 and "facts.json: it cannot be read" in stuck.warnings[0]
+    assert "; it could not be rewritten (" in stuck.warnings[0] and "will be" not in stuck.warnings[0]
