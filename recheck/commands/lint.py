@@ -136,8 +136,12 @@ def _user_cache_dir(ns: argparse.Namespace) -> Path | None:
 
 
 def _shown(path: Path) -> str:
-    """``path`` relative to the current folder when it is below it."""
+    """``path`` relative to the current folder when it is below it (a path that cannot be
+    resolved, such as a symbolic link loop, is shown as given)."""
+    from recheck.lint.files import resolve
+
+    where = resolve(path)
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        return str(where.relative_to(Path.cwd().resolve())) if isinstance(where, Path) else str(path)
     except ValueError:
         return str(path)

@@ -28,7 +28,7 @@ from recheck.findings import LINT, Finding
 from recheck.lint.cache import FactsCache
 from recheck.lint.extract import FileExtraction, extract, parse
 from recheck.lint.facts import Deferred, FileFacts
-from recheck.lint.files import FileError, discover, read_source
+from recheck.lint.files import FileError, discover, read_source, resolve
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
@@ -85,6 +85,8 @@ class _Source:
     data: bytes
     module: str
     is_package: bool
+    #: the path per-file-ignores match: relative to the project root, symbolic links followed
+    relative: str = ""
     _bases: dict[str, set[str]] | None = None
 
     def base_names(self) -> set[str]:
@@ -392,6 +394,7 @@ class _Run:
 def _read(paths: list[Path], run: _Run) -> None:
     packages: dict[Path, str] = {}  # folder -> its dotted package ("" outside packages)
     seen: set[str] = set()
+    root = resolve(run.options.root)
     for path in paths:
         display = _display(path)
         if display in seen:  # named twice, or named and found in a folder named too
@@ -402,13 +405,18 @@ def _read(paths: list[Path], run: _Run) -> None:
             run.errors.append(result)
             continue
         text, data = result
+        where = resolve(path)  # once, here: a path that cannot be resolved is this file's error
+        if isinstance(where, str):
+            run.errors.append(FileError(display, where))
+            continue
+        relative = os.path.relpath(where, root) if isinstance(root, Path) else str(where)
         folder = path.parent
         if folder not in packages:
             package, _ = module_name(folder / "__init__.py") if (folder / "__init__.py").is_file() else ("", False)
             packages[folder] = package
         is_package = path.name == "__init__.py"
         module = packages[folder] if is_package else ".".join(p for p in (packages[folder], path.stem) if p)
-        run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package)
+        run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package, relative)
 
 
 def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
@@ -429,7 +437,7 @@ def lint_sources(sources: dict[str, str], options: LintOptions | None = None) ->
     run = _Run(options or LintOptions(cache_dir=None, jobs=1))
     for display, text in sources.items():
         stem = Path(display).stem
-        run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False)
+        run.sources[display] = _Source(Path(display), display, text, text.encode(), stem, False, display)
     with collector_paused():  # as in lint_paths
         return _lint(run)
 
@@ -502,14 +510,10 @@ def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:
     tables: dict[str, dict[int, set[str]]] = {}
     ignored_files: dict[str, bool] = {}
     lines: dict[str, list[str]] = {}
-    relative: dict[str, str] = {}
-    root = run.options.root.resolve()
     for hit in hits:
         code, span = hit.hazard.code, hit.hazard.span
         source = run.sources.get(hit.path)
-        if hit.path not in relative:
-            relative[hit.path] = os.path.relpath(source.path.resolve(), root) if source else hit.path
-        if not run.options.enabled(code, relative[hit.path]):
+        if not run.options.enabled(code, source.relative if source else hit.path):
             continue
         if source is not None:
             if hit.path not in ignored_files:

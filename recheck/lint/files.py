@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-__all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_bytes", "read_source"]
+__all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_bytes", "read_source", "resolve"]
 
 DEFAULT_MAX_FILE_SIZE = 5 * 1024 * 1024
 #: A ``.gitignore`` larger than this is not read.
@@ -174,6 +174,16 @@ def _read_at_most(descriptor: int, limit: int, expected: int) -> bytes:
         total += len(piece)
         want = _CHUNK
     return b"".join(pieces)
+
+
+def resolve(path: Path) -> Path | str:
+    """``path`` absolute with every symbolic link followed, or why it cannot be (a link
+    loop, a folder swapped meanwhile): the one place the linter resolves a path it read."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a loop, before Python 3.13
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
+        return f"cannot resolve path: {reason}"
 
 
 def read_bytes(path: Path, max_bytes: int) -> bytes | str:

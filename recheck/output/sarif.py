@@ -20,9 +20,11 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def _relative_uri(path: str, root: Path) -> str:
+    """``path`` relative to ``root``, as named (never resolved: a file may be a link loop, or
+    swapped for one meanwhile, and its location is still where it was named)."""
     try:
-        return Path(os.path.relpath(Path(path).resolve(), root.resolve())).as_posix()
-    except ValueError:
+        return Path(os.path.relpath(os.path.abspath(path), os.path.realpath(root))).as_posix()
+    except ValueError:  # another drive
         return Path(path).as_posix()
 
 

@@ -134,3 +134,50 @@ def test_a_gitignore_that_never_ends_is_not_read(lint, tree, tmp_path):
     (tmp_path / ".gitignore").symlink_to("/dev/zero")
     run = lint()
     assert run.code == 1 and any(line.startswith("good.py:15:9: RC103") for line in run.lines)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github", "sarif"])
+def test_a_symbolic_link_loop_is_a_file_error_in_every_format(lint, tree, tmp_path, fmt):
+    import json
+
+    os.symlink("loop.py", tmp_path / "loop.py")
+    run = lint("--format", fmt)
+    assert "Traceback" not in run.err and run.code in (1, 2)
+    reason = "cannot read file: Too many levels of symbolic links"
+    if fmt == "sarif":
+        invocation = json.loads(run.out)["runs"][0]["invocations"][0]
+        [note] = invocation["toolExecutionNotifications"]
+        assert note["message"]["text"] == reason
+        assert note["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "loop.py"
+    elif fmt == "github":
+        assert f"::error file=loop.py,title=recheck%3A file not linted::{reason}" in run.lines
+    else:
+        assert f"loop.py: error: {reason}" in run.err
+
+
+def test_a_file_swapped_for_a_symbolic_link_loop_during_the_run(lint, tree, tmp_path, monkeypatch):
+    from recheck.lint import engine
+
+    found = engine.find_regions
+
+    def swap_then_find(*args, **kwargs):
+        (tmp_path / "good.py").unlink()
+        os.symlink("good.py", tmp_path / "good.py")
+        return found(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "find_regions", swap_then_find)
+    run = lint("--format", "sarif")
+    assert "Traceback" not in run.err
+    assert any(r["ruleId"] == "RC103" for r in json_results(run.out))
+
+
+def json_results(out: str) -> list:
+    import json
+
+    return json.loads(out)["runs"][0]["results"]
+
+
+def test_show_regions_of_a_symbolic_link_loop(lint, tree, tmp_path):
+    os.symlink("loop.py", tmp_path / "loop.py")
+    run = lint("--show-regions", "loop.py", ".")
+    assert "Traceback" not in run.err and "loop.py: error: cannot read file" in run.err
