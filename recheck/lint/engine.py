@@ -428,7 +428,10 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
     # walk every fact built (a third of a cold run's time on transformers); the few cycles a run
     # makes (a deferred record's loader holds the run) are collected after it
     with collector_paused():
-        _read(list(discover([Path(p) for p in paths], options.root, options.exclude)), run)
+        def unreadable(folder: Path, reason: str) -> None:
+            run.errors.append(FileError(_display(folder), reason, "folder"))
+
+        _read(list(discover([Path(p) for p in paths], options.root, options.exclude, unreadable)), run)
         return _lint(run)
 
 
@@ -457,7 +460,7 @@ def _lint(run: _Run) -> LintResult:
                         sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
-    unread = sum(error.path not in run.sources for error in run.errors)  # files that failed to parse are sources
+    unread = sum(error.kind == "file" and error.path not in run.sources for error in run.errors)  # parse failures are sources
     result.stats = {"files": len(run.sources) + unread, **stats}
     return result
 

@@ -15,7 +15,7 @@ import stat
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 __all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_bytes", "read_source", "resolve"]
 
@@ -30,10 +30,12 @@ ALWAYS_SKIPPED = frozenset({
 
 @dataclass(frozen=True)
 class FileError:
-    """A file that could not be linted, and why (printed as ``path: error: reason``)."""
+    """A file (or a folder, ``kind="folder"``) that could not be linted, and why (printed as
+    ``path: error: reason``)."""
 
     path: str
     reason: str
+    kind: str = "file"
 
     def __str__(self) -> str:
         return f"{self.path}: error: {self.reason}"
@@ -118,9 +120,18 @@ def _git_root(start: Path) -> Path | None:
     return None
 
 
-def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> Iterator[Path]:
-    """Python files under ``paths`` (files given explicitly are always included)."""
+def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = (),
+             on_error: Callable[[Path, str], None] | None = None) -> Iterator[Path]:
+    """Python files under ``paths`` (files given explicitly are always included).
+
+    A folder that cannot be listed is passed to ``on_error`` with the reason (as an
+    unreadable file is an error, never silently skipped)."""
     exclude = list(exclude)
+
+    def unreadable(exc: OSError) -> None:
+        if on_error is not None:
+            on_error(Path(exc.filename) if exc.filename else start, f"cannot read folder: {exc.strerror or exc}")
+
     root = root.resolve()
     for start in paths:
         if not start.is_dir():  # a file named explicitly, also a FIFO or device: read_source judges it
@@ -134,7 +145,7 @@ def discover(paths: Iterable[Path], root: Path, exclude: Iterable[str] = ()) -> 
                 if parent == git_root or git_root in parent.parents:
                     if parent != top:
                         ignore.load(parent)
-        for folder, dirs, files in os.walk(start):
+        for folder, dirs, files in os.walk(start, onerror=unreadable):
             here = Path(folder)
             absolute = top / here.relative_to(start)
             ignore.load(absolute)

@@ -55,6 +55,7 @@ def workflow_commands(findings: Sequence[Finding], errors: Iterable[Any] = ()) -
     """The workflow commands for ``findings`` and for the inputs in ``errors`` (path, reason)."""
     lines = [_annotation(f) for f in findings]
     for error in errors:
+        title = f"recheck: {getattr(error, 'kind', 'file')} not linted"
         lines.append(f"::error file={escape(str(error.path), True)},"
-                     f"title={escape('recheck: file not linted', True)}::{escape(str(error.reason))}")
+                     f"title={escape(title, True)}::{escape(str(error.reason))}")
     return "\n".join(lines)

@@ -183,8 +183,9 @@ def lint_summary(findings: Sequence[Finding], errors: Sequence[Any], fixed: int 
         parts.append(line)
     elif not errors:
         parts.append("All checks passed!")
-    if errors:
-        parts.append(f"{_plural(len(errors), 'file')} could not be linted.")
+    kinds = Counter(getattr(error, "kind", "file") for error in errors)
+    for kind in sorted(kinds, key=lambda k: (k != "file", k)):  # files, then folders
+        parts.append(f"{_plural(kinds[kind], kind)} could not be linted.")
     return "\n".join(parts)
 
 

@@ -181,3 +181,48 @@ def test_show_regions_of_a_symbolic_link_loop(lint, tree, tmp_path):
     os.symlink("loop.py", tmp_path / "loop.py")
     run = lint("--show-regions", "loop.py", ".")
     assert "Traceback" not in run.err and "loop.py: error: cannot read file" in run.err
+
+
+@pytest.fixture
+def unreadable(tmp_path, monkeypatch):
+    """``unreadable(folder)``: a folder that cannot be listed (mode 0; for root, which the
+    kernel lets through, os.scandir refuses it as it would for anyone else)."""
+    real = os.scandir
+    made = []
+
+    def scandir(path="."):
+        if not os.stat(path).st_mode & 0o444:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+
+    def make(folder):
+        made.append(folder)
+        folder.chmod(0)
+
+    yield make
+    for folder in made:
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("fmt", ["text", "github"])
+def test_an_unreadable_sub_folder_is_reported_like_an_unreadable_file(lint, write, tree, tmp_path, unreadable, fmt):
+    write("sub/inner.py", "x = 1\n")
+    write("sub/deeper/m.py", "x = 1\n")
+    unreadable(tmp_path / "sub")
+    run = lint("--format", fmt)
+    assert run.code != 0 and any(line.startswith("good.py:15:9: RC103") or "line=15" in line for line in run.lines)
+    if fmt == "github":
+        assert "::error file=sub,title=recheck%3A folder not linted::cannot read folder: Permission denied" in run.lines
+    else:
+        assert "sub: error: cannot read folder: Permission denied" in run.err
+        assert run.lines[-2:] == ["Found 2 findings.", "1 folder could not be linted."]
+
+
+def test_an_unreadable_folder_named_directly_is_reported(lint, write, tree, tmp_path, unreadable):
+    write("sub/inner.py", "x = 1\n")
+    unreadable(tmp_path / "sub")
+    run = lint("sub")
+    assert run.code != 0 and "sub: error: cannot read folder: Permission denied" in run.err
+    assert "All checks passed!" not in run.out
