@@ -12,8 +12,11 @@ none put on ``sys.path`` (``mymodel/train.py`` is ``mymodel.train``, so its ``fr
 import ...`` and relative imports work); outside one under its own name.  As with
 ``python -m``, the current folder is importable too.
 
-Errors raised by the user's code (importing the file, building the region) become a
-:class:`TargetError` whose ``user_traceback`` shows the user's frames only.
+Errors raised by the user's code (importing the file, building the region, running it)
+become a :class:`TargetError` whose ``user_traceback`` shows the user's frames only: every
+face runs user code through :func:`run_user_code`, so an exit (``sys.exit(0)`` included) is
+that target's error like any exception, never recheck's exit status.  Only
+``KeyboardInterrupt`` passes through: Ctrl-C stops the run.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-__all__ = ["Region", "Target", "TargetError", "build_region", "load_target", "user_frames"]
+__all__ = ["Region", "Target", "TargetError", "UserCodeFailed", "build_region", "failure_text", "load_target",
+           "run_user_code", "user_frames"]
 
 _OPTION_NAMES = frozenset({"use_reentrant", "preserve_rng_state", "early_stop", "grad_outputs",
                            "atol", "rtol", "max_ulp"})
@@ -70,6 +74,43 @@ def user_frames(exc: BaseException) -> str:
     lines += traceback.format_list(frames)
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
+
+
+def failure_text(exc: BaseException) -> str:
+    """How user code ended: ``ValueError: bad``, or ``SystemExit (sys.exit(0))`` for an exit."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (sys.exit({'' if exc.code is None else repr(exc.code)}))"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class UserCodeFailed(TargetError):
+    """User code ended with an exception or an exit (``error``); the message is :func:`failure_text`'s."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(failure_text(exc), user_frames(exc))
+        self.error = exc
+
+
+def run_user_code(fn: Callable[..., Any], /, *args: Any, own: tuple[type[BaseException], ...] = (),
+                  **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, which runs the user's code: what it raises becomes :class:`UserCodeFailed`.
+
+    The one gate between a face and the user's code (importing a target, building a region,
+    checking it, running a step, measuring it): ``SystemExit`` and any other ``BaseException``
+    are the user code's error, so ``sys.exit(0)`` in a region is reported, never a silent exit
+    0 that drops the other targets.  ``KeyboardInterrupt`` passes through (Ctrl-C stops the
+    run), and so do the exception types in ``own``: recheck's own errors, which the caller
+    reports in its own words.  The caller's ``finally`` blocks and context managers have run
+    by then, so every patch is undone whatever the user's code raised.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except own:
+        raise
+    except BaseException as exc:
+        raise UserCodeFailed(exc) from None
 
 
 _LOADED: dict[str, ModuleType] = {}
@@ -133,12 +174,10 @@ def _import_in_package(path: Path, resolved: Path, root: Path, dotted: str) -> M
     """Import a file inside a package by its dotted name, its root kept on sys.path (as pytest does)."""
     _make_importable(str(root))
     try:
-        module = importlib.import_module(dotted)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise TargetError(f"importing {path} (as {dotted}) failed: {type(exc).__name__}: {exc}"
-                          f"{_not_found_hint(resolved, exc)}", user_frames(exc)) from None
+        module = run_user_code(importlib.import_module, dotted)
+    except UserCodeFailed as exc:
+        raise TargetError(f"importing {path} (as {dotted}) failed: {exc}"
+                          f"{_not_found_hint(resolved, exc.error)}", exc.user_traceback) from None
     found = getattr(module, "__file__", None)
     if found is None or Path(found).resolve() != resolved:
         raise TargetError(f"{path} is the module {dotted} (from {root}), but `import {dotted}` finds "
@@ -162,13 +201,13 @@ def _import_loose_file(path: Path, resolved: Path) -> ModuleType:
     directory = str(resolved.parent)
     sys.path.insert(0, directory)
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        del sys.modules[name]
-        if isinstance(exc, KeyboardInterrupt):
+        run_user_code(spec.loader.exec_module, module)
+    except BaseException as exc:  # the file's error, or Ctrl-C
+        sys.modules.pop(name, None)
+        if not isinstance(exc, UserCodeFailed):
             raise
-        raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}{_not_found_hint(resolved, exc)}",
-                          user_frames(exc)) from None
+        raise TargetError(f"importing {path} failed: {exc}{_not_found_hint(resolved, exc.error)}",
+                          exc.user_traceback) from None
     finally:
         if directory in sys.path:
             sys.path.remove(directory)
@@ -179,14 +218,12 @@ def _import_module(dotted: str) -> ModuleType:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return importlib.import_module(dotted)
-    except ModuleNotFoundError as exc:
-        if exc.name and dotted.startswith(exc.name):
+        return run_user_code(importlib.import_module, dotted)
+    except UserCodeFailed as exc:
+        missing = exc.error
+        if isinstance(missing, ModuleNotFoundError) and missing.name and dotted.startswith(missing.name):
             raise TargetError(f"no module named {dotted!r}") from None
-        raise TargetError(f"importing {dotted} failed: {exc}", user_frames(exc)) from None
-    except Exception as exc:
-        raise TargetError(f"importing {dotted} failed: {type(exc).__name__}: {exc}",
-                          user_frames(exc)) from None
+        raise TargetError(f"importing {dotted} failed: {exc}", exc.user_traceback) from None
 
 
 def _options(module: ModuleType, name: str) -> dict[str, Any]:
@@ -226,10 +263,9 @@ def load_target(spec: str) -> list[Target]:
 def build_region(target: Target) -> Region:
     """Call the factory and check the shape of what it returns."""
     try:
-        built = target.factory()
-    except Exception as exc:
-        raise TargetError(f"{target.label} raised {type(exc).__name__}: {exc}",
-                          user_frames(exc)) from None
+        built = run_user_code(target.factory)
+    except UserCodeFailed as exc:
+        raise TargetError(f"{target.label} raised {exc}", exc.user_traceback) from None
     if isinstance(built, tuple) and len(built) in (2, 3) and callable(built[0]):
         args = built[1]
         kwargs = built[2] if len(built) == 3 else {}

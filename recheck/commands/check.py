@@ -4,9 +4,11 @@ A target is ``file.py`` (every module-level ``region_*`` callable), ``file.py:na
 ``pkg.module:name``; a named callable returns ``(region, args)`` or
 ``(region, args, kwargs)``.  ``recheck check --step file.py:fn`` instead runs a
 zero-argument training step once under ``recheck.watch()`` and reports every checkpoint
-call it made.  Exit status: 0 clean, 1 findings, 2 usage or import error (with the
-traceback of the user's code); a target that cannot be checked is reported as an error and
-the others still run.  Options are validated before any region runs.  Tolerances, ``strict`` and ``store`` default to
+call it made.  Exit status: 0 clean, 1 findings, 2 usage, configuration or input error
+(with the traceback of the user's code), 2 winning over 1; a target that cannot be checked
+(its import, builder, region or step raised, or exited with ``sys.exit``) is reported as an
+error and the others still run.  Ctrl-C stops the run: what was checked so far is printed,
+then the status is 130.  Options are validated before any region runs.  Tolerances, ``strict`` and ``store`` default to
 ``[tool.recheck]``; flags override it.
 """
 
@@ -23,6 +25,8 @@ from recheck.progress import paint
 NAME = "check"
 HELP = "check that checkpointed regions recompute exactly what their forward computed"
 _TOLERANCES = ("atol", "rtol", "max_ulp")
+#: Ends the summary when Ctrl-C stopped the run (exit status 130); what ran before is reported.
+_INTERRUPTED = "; interrupted (Ctrl-C), the rest not checked"
 
 
 def _non_negative(kind: type) -> Any:
@@ -162,6 +166,7 @@ def _counted(count: int, noun: str) -> str:
 def _run_steps(ns: argparse.Namespace) -> int:
     """``--step``: each training step once under watch(); one report each, then a summary."""
     from recheck.config import load_config
+    from recheck.loading import UserCodeFailed, run_user_code
     from recheck.watcher.step import StepError, load_step, run_step
 
     config = load_config()
@@ -169,33 +174,39 @@ def _run_steps(ns: argparse.Namespace) -> int:
     from recheck.progress import progress
 
     outcomes: list[tuple[str, Any]] = []
+    interrupted = False  # Ctrl-C: what ran so far is still reported
     with progress("running step", quiet=ns.quiet) as bar:
         for target in ns.step:
             bar.describe(target)
             try:
                 with bar.redirected():  # the step's prints stay off stdout
                     if ns.watch_only:
-                        outcome: Any = run_step(target, **options)
+                        outcome: Any = run_user_code(run_step, target, **options, own=(StepError,))
                     else:
                         from recheck.checker.api import check_step
 
-                        outcome = check_step(load_step(target), repeats=ns.repeats or 1, **options)
+                        outcome = run_user_code(check_step, load_step(target), repeats=ns.repeats or 1,
+                                                **options, own=(StepError,))
             except StepError as exc:
                 outcome = _Broken(str(exc), exc.user_traceback)
-            except Exception as exc:  # the step's own error
-                from recheck.loading import user_frames
-
-                outcome = _Broken(f"the step raised {type(exc).__name__}: {exc}", user_frames(exc))
+            except UserCodeFailed as exc:  # the step's own error or exit
+                outcome = _Broken(f"the step raised {exc}", exc.user_traceback)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
             outcomes.append((target, outcome))
     broken = [t for t, o in outcomes if isinstance(o, _Broken)]
     dirty = [o for _, o in outcomes if not isinstance(o, _Broken) and not o.ok]
     summary = f"recheck: ran {_counted(len(outcomes), 'step')}: {len(dirty)} with findings"
     if broken:
         summary += f", {_counted(len(broken), 'error')}"
+    if interrupted:
+        summary += _INTERRUPTED
     if ns.format == "json":
         steps = [{"target": t, **o.to_dict()} for t, o in outcomes]
         print(json.dumps({"steps": steps, "summary": {"steps": len(outcomes), "with_findings": len(dirty),
-                                                     "errors": len(broken), "text": summary}},
+                                                     "errors": len(broken), "interrupted": interrupted,
+                                                     "text": summary}},
                          indent=2, default=repr))
         for target, outcome in outcomes:
             if isinstance(outcome, _Broken):
@@ -208,8 +219,13 @@ def _run_steps(ns: argparse.Namespace) -> int:
             print(f"step {target}")
             print(outcome)
             print()
-        print(paint(summary, "red" if broken or dirty else "green"))
-    return 2 if broken else 1 if dirty else 0
+        print(paint(summary, "red" if broken or dirty or interrupted else "green"))
+    return _exit_status(interrupted, broken, dirty)
+
+
+def _exit_status(interrupted: bool, broken: list[Any], dirty: list[Any]) -> int:
+    """130 when Ctrl-C stopped the run, else 2 for an error (over findings), 1 for findings, 0 clean."""
+    return 130 if interrupted else 2 if broken else 1 if dirty else 0
 
 
 def _watch_options(ns: argparse.Namespace, config: Any) -> dict[str, Any]:
@@ -243,7 +259,7 @@ def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
     """The report of one region, or what kept it from being checked."""
     from recheck.checker.api import check
     from recheck.checker.run import RegionError
-    from recheck.loading import TargetError, build_region, user_frames
+    from recheck.loading import TargetError, UserCodeFailed, build_region, run_user_code
 
     options = _options_for(target.options, overrides)
     if "max_ulp" in options and ("atol" in options or "rtol" in options):
@@ -254,11 +270,12 @@ def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
         return _Broken(str(exc), exc.user_traceback)
     try:
         with bar.redirected():  # the region's prints stay off stdout
-            report = check(region.fn, *region.args, kwargs=region.kwargs, **options)
+            report = run_user_code(check, region.fn, *region.args, kwargs=region.kwargs, **options,
+                                   own=(RegionError,))
     except RegionError as exc:
         return _Broken(str(exc))
-    except Exception as exc:  # the region's own error, re-raised by check()
-        return _Broken(f"the region raised {type(exc).__name__}: {exc}", user_frames(exc))
+    except UserCodeFailed as exc:  # the region's own error or exit, re-raised by check()
+        return _Broken(f"the region raised {exc}", exc.user_traceback)
     report.title = f"target         {target.label}\n{report.title or ''}".rstrip()
     return report
 
@@ -267,8 +284,8 @@ def run(ns: argparse.Namespace) -> int:
     """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error.
 
     A target that cannot be loaded, a region that cannot be built and a region that
-    raises are each reported as an error while the others are still checked; the exit
-    status is then 2.
+    raises or exits are each reported as an error while the others are still checked; the
+    exit status is then 2.  Ctrl-C reports what was checked so far and returns 130.
     """
     from recheck.dependencies import require_torch
 
@@ -284,6 +301,7 @@ def run(ns: argparse.Namespace) -> int:
     planned: list[Any] = []  # targets and, in their place, the specs that failed to load
     from recheck.loading import TargetError, load_target
 
+    interrupted = False  # Ctrl-C: what was checked so far is still reported
     with progress("loading", quiet=ns.quiet) as bar:  # the user's files, and torch with them
         for spec in ns.targets:
             bar.describe(spec)
@@ -291,6 +309,9 @@ def run(ns: argparse.Namespace) -> int:
                 planned += load_target(spec)
             except TargetError as exc:
                 planned.append((spec, _Broken(str(exc), exc.user_traceback)))
+            except KeyboardInterrupt:
+                interrupted = True
+                break
     outcomes: list[tuple[str, Any]] = []
     regions = sum(not isinstance(p, tuple) for p in planned)
     with progress("checking", total=regions, unit="region", quiet=ns.quiet) as bar:
@@ -298,8 +319,14 @@ def run(ns: argparse.Namespace) -> int:
             if isinstance(target, tuple):
                 outcomes.append(target)
                 continue
+            if interrupted:  # while loading: the targets that failed to load are still reported
+                continue
             bar.describe(target.label)
-            outcomes.append((target.label, _check_one(target, overrides, bar)))
+            try:
+                outcomes.append((target.label, _check_one(target, overrides, bar)))
+            except KeyboardInterrupt:
+                interrupted = True
+                break
             bar.advance()
     broken = [label for label, o in outcomes if isinstance(o, _Broken)]
     reports = [(label, o) for label, o in outcomes if not isinstance(o, _Broken)]
@@ -310,10 +337,13 @@ def run(ns: argparse.Namespace) -> int:
                f"{len(reports) - len(dirty)} clean")
     if broken:
         summary += f"; {_counted(len(broken), 'error')} ({', '.join(broken)})"
+    if interrupted:
+        summary += _INTERRUPTED
     if ns.format == "json":
         payload = {"reports": [{"target": label, **o.to_dict()} for label, o in outcomes],
                    "summary": {"regions": len(reports), "with_findings": len(dirty),
-                               "differences": differences, "errors": len(broken), "text": summary}}
+                               "differences": differences, "errors": len(broken), "interrupted": interrupted,
+                               "text": summary}}
         print(json.dumps(payload, indent=2, default=repr))
         for label, outcome in outcomes:
             if isinstance(outcome, _Broken):
@@ -325,5 +355,5 @@ def run(ns: argparse.Namespace) -> int:
                 continue
             print(outcome)
             print()
-        print(paint(summary, "red" if broken or dirty else "green"))
-    return 2 if broken else 1 if dirty else 0
+        print(paint(summary, "red" if broken or dirty or interrupted else "green"))
+    return _exit_status(interrupted, broken, dirty)

@@ -18,7 +18,8 @@ Three forms:
 Exit codes: 0 measured (with ``--suggest``: a plan measured within the budget and verified),
 1 the suggested plan's ``check_step`` found a difference or its measured peak is above the
 budget, 2 usage, import or measurement error (a failing rank is named, with its traceback;
-with ``--suggest`` also no repeated unit, or no plan fits).  torch is imported only inside
+a step that raises or calls ``sys.exit`` is such an error, whatever its exit code; with
+``--suggest`` also no repeated unit, or no plan fits).  torch is imported only inside
 :func:`run`.
 """
 
@@ -180,7 +181,7 @@ def run(ns: argparse.Namespace) -> int:
     require_torch("recheck cost")
     if ns.ranks is not None:
         return _run_ranks(ns)
-    from recheck.loading import TargetError, load_target
+    from recheck.loading import TargetError, UserCodeFailed, load_target, run_user_code
     from recheck.progress import progress
 
     with progress("loading", quiet=ns.quiet) as bar:  # the user's file, and torch with it
@@ -203,9 +204,9 @@ def run(ns: argparse.Namespace) -> int:
         with progress(f"measuring {target.label}", quiet=ns.quiet) as bar:
             bar.describe(f"checkpointed and bypassed, {ns.repeats} timed run{'s' if ns.repeats != 1 else ''} each")
             with bar.redirected():  # the step's prints stay off stdout (JSON)
-                comparison = measure(target.factory, repeats=ns.repeats, budget=ns.budget)
-    except Exception as exc:  # the user's step failed, or it is not a step: say so, no traceback dump
-        return _error(f"measuring {target.label} failed: {type(exc).__name__}: {exc}")
+                comparison = run_user_code(measure, target.factory, repeats=ns.repeats, budget=ns.budget)
+    except UserCodeFailed as exc:  # the user's step failed or exited, or it is not a step: no traceback dump
+        return _error(f"measuring {target.label} failed: {exc}")
     if ns.format == "json":
         print(comparison.to_json())
     else:
@@ -253,19 +254,20 @@ def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) ->
     """``--plan``: one process, one microbatch, a predicted table."""
     from recheck.cost.pipeline.plan import NoStageTags, measure_plan, predict
     from recheck.cost.pipeline.stage_table import plan_to_dict, render_plan
+    from recheck.loading import UserCodeFailed, run_user_code
     from recheck.progress import progress
 
     try:
         with progress(f"measuring {label} for the plan", quiet=ns.quiet) as bar:
             with bar.redirected():  # the step's prints stay off stdout (JSON)
-                measurement = measure_plan(step)
+                measurement = run_user_code(measure_plan, step, own=(NoStageTags, ValueError))
         predictions = predict(measurement, ns.schedule, ns.microbatches, ns.stages)
     except NoStageTags as exc:
         return _error(f"{label}: {exc}")
     except ValueError as exc:
         return _error(str(exc))
-    except Exception as exc:  # the user's step failed: say so, no traceback dump
-        return _error(f"measuring {label} failed: {type(exc).__name__}: {exc}")
+    except UserCodeFailed as exc:  # the user's step failed or exited: say so, no traceback dump
+        return _error(f"measuring {label} failed: {exc}")
     if ns.format == "json":
         print(json.dumps(plan_to_dict(predictions, ns.schedule, ns.microbatches, label), indent=2))
     else:
@@ -279,6 +281,7 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
     from recheck.cost.planner.solver import SolverLimit
     from recheck.cost.planner.suggest import suggest
     from recheck.cost.planner.suggestion import NothingFits
+    from recheck.loading import UserCodeFailed, run_user_code
     from recheck.progress import progress
 
     try:
@@ -288,14 +291,15 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
                 bar.describe(what)
 
             with bar.redirected():  # the step's prints stay off stdout (JSON)
-                suggestion = suggest(step, budget=ns.budget, objective=ns.objective or "time", repeats=ns.repeats,
-                                     clock=ns.clock or "wall", progress=tell)
+                suggestion = run_user_code(suggest, step, budget=ns.budget, objective=ns.objective or "time",
+                                           repeats=ns.repeats, clock=ns.clock or "wall", progress=tell,
+                                           own=(NoRepeatedUnit, NothingFits, SolverLimit, ValueError))
     except (NoRepeatedUnit, NothingFits, SolverLimit) as exc:
         return _error(f"{label}: {exc}")
     except ValueError as exc:
         return _error(f"{label}: {exc}")
-    except Exception as exc:  # the user's step failed: say so, no traceback dump
-        return _error(f"planning {label} failed: {type(exc).__name__}: {exc}")
+    except UserCodeFailed as exc:  # the user's step failed or exited: say so, no traceback dump
+        return _error(f"planning {label} failed: {exc}")
     suggestion.step = label
     if ns.save_plan:
         try:
