@@ -136,7 +136,10 @@ def _unparsable(display: str, exc: BaseException) -> FileError:
     if isinstance(exc, SyntaxError):
         where = f" (line {exc.lineno}, column {exc.offset})" if exc.lineno else ""
         return FileError(display, f"does not parse: {exc.msg}{where}")
-    return FileError(display, f"cannot be analysed: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (RecursionError, MemoryError)):  # what the parser raises on deep nesting
+        return FileError(display, f"too deeply nested to parse ({type(exc).__name__})")
+    detail = f": {exc}" if str(exc) else ""
+    return FileError(display, f"cannot be analysed: {type(exc).__name__}{detail}")
 
 
 R = TypeVar("R", bound=Deferred)

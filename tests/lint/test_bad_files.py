@@ -226,3 +226,14 @@ def test_an_unreadable_folder_named_directly_is_reported(lint, write, tree, tmp_
     run = lint("sub")
     assert run.code != 0 and "sub: error: cannot read folder: Permission denied" in run.err
     assert "All checks passed!" not in run.out
+
+
+@pytest.mark.parametrize("source", [
+    "x = " + "-" * 100_000 + "1\n",
+    "from torch.utils.checkpoint import checkpoint\nx = " + "-" * 100_000 + "1\n",
+    "from torch.utils.checkpoint import checkpoint\nx = " + "1+" * 100_000 + "1\n",
+])
+def test_a_too_deeply_nested_file_says_so(lint, write, tree, source):
+    write("deep.py", source)
+    [line] = [line for line in lint().err.splitlines() if line.startswith("deep.py")]
+    assert line.startswith("deep.py: error: too deeply nested to parse (") and line.endswith("Error)"), line

@@ -203,5 +203,5 @@ def test_an_outlined_body_that_cannot_be_analysed_is_a_file_error(write, tmp_pat
 
     monkeypatch.setattr(FileExtraction, "analyse_needed", deep)
     result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
-    assert [(e.path, e.reason.split(":")[0]) for e in result.errors] == [("helpers.py", "cannot be analysed")]
+    assert [(e.path, e.reason) for e in result.errors] == [("helpers.py", "too deeply nested to parse (RecursionError)")]
     assert [(f.path, f.code) for f in result.findings] == [("model.py", "RC103")]
