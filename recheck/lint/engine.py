@@ -217,7 +217,9 @@ class _Run:
         self.workers = options.jobs or os.cpu_count() or 1
         self.sources: dict[str, _Source] = {}
         self.facts: dict[str, FileFacts] = {}
-        self.errors: list[FileError] = []
+        #: files (and folders) that could not be linted, one error each: a file parsed again
+        #: (found to call a wrapper, or its outlined body analysed later) is reported once
+        self.errors: dict[str, FileError] = {}
         self.parsed = 0
         #: attribute name -> (file, top-level class) that assign ``self.<attribute>`` (see ``Index.holders``)
         self.assigners: dict[str, set[tuple[str, str]]] = {}
@@ -247,12 +249,16 @@ class _Run:
                 done += 1
                 self.progress(done, self.parsed)
             if isinstance(result, FileError):
-                self.errors.append(result)
+                self.report(result)
                 self.facts[display] = FileFacts(display, self.sources[display].module)
             else:
                 source = self.sources[display]
                 self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
                 self.facts[display] = self.adopt(result)
+
+    def report(self, error: FileError) -> None:
+        """Record that a file could not be linted (the first reason given for it is kept)."""
+        self.errors.setdefault(error.path, error)
 
     def adopt(self, facts: FileFacts) -> FileFacts:
         """Defer the outlined units' classes and functions: the first read of a body has the
@@ -301,8 +307,7 @@ class _Run:
     def give_up(self, facts: FileFacts, exc: BaseException) -> None:
         """A file whose outlined body cannot be analysed: its error, and every outlined body
         of it filled as empty (what phase two sees of a file phase one could not read)."""
-        if not any(error.path == facts.path for error in self.errors):
-            self.errors.append(_unparsable(facts.path, exc))
+        self.report(_unparsable(facts.path, exc))
         for qualnames in facts.outlined.values():
             for qualname in qualnames:
                 for table in (facts.classes, facts.functions):
@@ -344,10 +349,10 @@ class _Run:
             if verdict is None:
                 jobs.append((source.display, source.text))
             elif verdict:
-                self.errors.append(FileError(source.display, verdict))
+                self.report(FileError(source.display, verdict))
         for display, error in _pooled(_syntax_check, jobs, self.workers):
             if error is not None:
-                self.errors.append(error)
+                self.report(error)
             source = self.sources[display]
             self.cache.put_checked(self.cache.key(source.data, source.module), error.reason if error else "")
         return len(jobs)
@@ -405,12 +410,12 @@ def _read(paths: list[Path], run: _Run) -> None:
         seen.add(display)
         result = read_source(path, display, run.options.max_file_size)
         if isinstance(result, FileError):
-            run.errors.append(result)
+            run.report(result)
             continue
         text, data = result
         where = resolve(path)  # once, here: a path that cannot be resolved is this file's error
         if isinstance(where, str):
-            run.errors.append(FileError(display, where))
+            run.report(FileError(display, where))
             continue
         relative = os.path.relpath(where, root) if isinstance(root, Path) else str(where)
         folder = path.parent
@@ -432,7 +437,7 @@ def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
     # makes (a deferred record's loader holds the run) are collected after it
     with collector_paused():
         def unreadable(folder: Path, reason: str) -> None:
-            run.errors.append(FileError(_display(folder), reason, "folder"))
+            run.report(FileError(_display(folder), reason, "folder"))
 
         _read(list(discover([Path(p) for p in paths], options.root, options.exclude, unreadable)), run)
         return _lint(run)
@@ -454,16 +459,17 @@ def _lint(run: _Run) -> LintResult:
     stored = run.cache.get_result(tree_key, _StoredResult)
     if stored is not None:  # not one file changed since the last run: reuse its regions
         hits, sites = stored.hits, stored.sites
-        run.errors.extend(stored.errors)
+        for error in stored.errors:
+            run.report(error)
         stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
         hits, sites, stats = _analyse(run)
-        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors if e.path in run.sources], stats, sites))
-    result = LintResult(errors=sorted(run.errors, key=lambda e: e.path), warnings=run.cache.warnings,
+        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources], stats, sites))
+    result = LintResult(errors=sorted(run.errors.values(), key=lambda e: e.path), warnings=run.cache.warnings,
                         sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
-    unread = sum(error.kind == "file" and error.path not in run.sources for error in run.errors)  # parse failures are sources
+    unread = sum(error.kind == "file" and error.path not in run.sources for error in run.errors.values())  # parse failures are sources
     result.stats = {"files": len(run.sources) + unread, **stats}
     return result
 

@@ -237,3 +237,18 @@ def test_a_too_deeply_nested_file_says_so(lint, write, tree, source):
     write("deep.py", source)
     [line] = [line for line in lint().err.splitlines() if line.startswith("deep.py")]
     assert line.startswith("deep.py: error: too deeply nested to parse (") and line.endswith("Error)"), line
+
+
+@pytest.mark.parametrize("jobs", ["1", "0"])
+def test_a_broken_file_parsed_again_for_a_wrapper_is_reported_once(lint, write, tree, jobs):
+    # c.py is parsed in the first round (it calls checkpoint) and again once my_ckpt is found
+    # to be a wrapper (it calls my_ckpt): one error line, not two
+    write("a.py", "from torch.utils.checkpoint import checkpoint\n"
+                  "def my_ckpt(fn, x):\n    return checkpoint(fn, x, use_reentrant=False)\n")
+    write("c.py", "from torch.utils.checkpoint import checkpoint\nfrom a import my_ckpt\n"
+                  "def f(x):\n    checkpoint(g, x)\n    return my_ckpt(g, x)\ndef g(:\n    pass\n")
+    for _ in range(20 if jobs == "0" else 0):  # enough files for the pool
+        write(f"pad{_}.py", "from torch.utils.checkpoint import checkpoint\ncheckpoint(print, 1)\n")
+    run = lint("-j", jobs)
+    assert run.err.count("c.py: error: does not parse") == 1, run.err
+    assert run.lines[-1].endswith("1 file could not be linted.")
