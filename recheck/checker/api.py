@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 from recheck.collector import collector_paused
 from recheck.runtime.bits import Tolerance
 from recheck.checker.compare import Context
+from recheck.checker.inputs import given_upstream
 from recheck.checker.message import configuration_text, title
 from recheck.checker.run import CheckOptions, RegionError, RunResult, Runner
 from recheck.checker.verdict import judge
@@ -51,7 +52,8 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
             misspelt option is a ``TypeError``, never a keyword the region silently gets.
         use_reentrant, preserve_rng_state, early_stop: the checkpoint configuration checked.
         grad_outputs: the upstream gradient of each output that requires grad (default:
-            seeded random tensors, the same in every run).
+            seeded random tensors, the same in every run): a tensor, or a sequence of one
+            tensor per such output, each of that output's shape.
         atol, rtol: a tolerance for floating-point values, given together (as
             ``torch.testing.assert_close`` requires); integer state stays exact.
         max_ulp: a tolerance in units in the last place, instead of ``atol``/``rtol``.
@@ -61,7 +63,9 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
 
     Raises:
         TypeError, ValueError: for a bad option, before the region runs.
-        RegionError: when the region cannot be checked (no tensor output, nothing requires grad).
+        RegionError: when the region cannot be checked (no tensor output, nothing requires grad,
+            a ``grad_outputs`` whose count or shapes do not fit the outputs: known once the
+            plain forward returned, before any backward runs; a ``ValueError``).
         Exception: whatever the region's plain run raises, after the state is restored.
 
     Example:
@@ -75,6 +79,7 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
                        ("early_stop", early_stop)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    given_upstream(grad_outputs)  # a TypeError now; its shapes are checked against the outputs, before any backward
     options = CheckOptions(use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
                            early_stop=early_stop, grad_outputs=grad_outputs,
                            tolerance=Tolerance.of(atol, rtol, max_ulp))
@@ -111,6 +116,7 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
                      "the plain forward's exact state, so the plain forward's record stands for it")
     elif replay is not None:
         notes.append("early stop ended the recompute; a full replay observed the rest")
+    notes += runner.snapshot.notes()  # what the region reaches and the check cannot put back
     stats = {"runs": 3 if replay is not None and not replay.stand_in else 2,
              "saved_tensors_compared": user.saved.compared if user.saved else 0,
              "modules": len(runner.reach.modules)}

@@ -2,7 +2,8 @@
 
 :func:`prepare_inputs` gives every run fresh leaves for inputs that require grad;
 :func:`arguments_print` summarises the arguments' structure and non-tensor values;
-:func:`make_upstream` builds the fixed, seeded upstream gradient both runs share.
+:func:`make_upstream` builds the fixed, seeded upstream gradient both runs share, or checks
+the caller's ``grad_outputs`` against the outputs (:func:`given_upstream` checks its type first).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from recheck.runtime.fingerprints import fingerprint
 from recheck.runtime.trees import leaves, map_tensors
 
-__all__ = ["RegionError", "arguments_print", "make_upstream", "prepare_inputs"]
+__all__ = ["RegionError", "arguments_print", "given_upstream", "make_upstream", "prepare_inputs"]
 
 
 class RegionError(ValueError):
@@ -43,15 +44,42 @@ def arguments_print(args: tuple, kwargs: dict) -> Any:
                  for path, leaf in leaves(tuple(args), "args") + leaves(dict(kwargs), "kwargs"))
 
 
+def given_upstream(given: Any) -> list[torch.Tensor] | None:
+    """``grad_outputs`` as a list of tensors (None: seeded noise), checked before anything runs.
+
+    Raises:
+        TypeError: naming the argument, or the element, that is not a tensor.
+    """
+    if given is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        return [given]
+    if not isinstance(given, (list, tuple)):
+        raise TypeError(f"grad_outputs must be a tensor or a sequence of tensors, got {type(given).__name__}")
+    for index, item in enumerate(given):
+        if not isinstance(item, torch.Tensor):
+            raise TypeError(f"grad_outputs[{index}] must be a tensor, got {type(item).__name__}")
+    return list(given)
+
+
 def make_upstream(leaves: dict[str, Any], given: Any) -> list[tuple[str, torch.Tensor]]:
-    """The upstream gradient of each output that requires grad: ``given``, or seeded noise."""
+    """The upstream gradient of each output that requires grad: ``given``, or seeded noise.
+
+    Raises:
+        RegionError: when ``given`` does not fit the outputs (their count, or an output's
+            shape, named with both shapes): the backward, and so the recompute, would not run.
+    """
     wanted = [(p, t) for p, t in leaves.items() if isinstance(t, torch.Tensor)
               and t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    if given is not None:
-        given_list = [given] if isinstance(given, torch.Tensor) else list(given)
+    given_list = given_upstream(given)
+    if given_list is not None:
         if len(given_list) != len(wanted):
             raise RegionError(f"grad_outputs has {len(given_list)} tensor(s) but the region "
                               f"returns {len(wanted)} output(s) that require grad")
+        for index, ((path, output), grad) in enumerate(zip(wanted, given_list)):
+            if grad.shape != output.shape:
+                raise RegionError(f"grad_outputs[{index}] has shape {tuple(grad.shape)}, but the output "
+                                  f"`{path}` it is the gradient of has shape {tuple(output.shape)}")
         return [(p, g) for (p, _), g in zip(wanted, given_list)]
     upstream = []
     for index, (path, tensor) in enumerate(wanted):
