@@ -2,17 +2,32 @@
 
 libcst keeps every comment and space of the file; only the flagged calls change.  A call
 with a ``**`` splat is never flagged (the keyword may travel in it), so never rewritten.
+A file is written all or nothing (:func:`recheck.safe_files.write_atomically`): a full disk,
+a missing permission or a kill leaves the original whole, and the file is named in a line
+saying it was not fixed; the other files are still fixed.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from recheck.findings import Finding
+from recheck.safe_files import write_atomically
 
-__all__ = ["fix_use_reentrant"]
+__all__ = ["FixOutcome", "fix_use_reentrant"]
+
+
+@dataclass
+class FixOutcome:
+    """``fixed``: the ``(path, line, column)`` of every finding fixed; ``skipped``: one line per
+    file left unfixed, ``path: not fixed: reason`` (its findings stay reported)."""
+
+    fixed: set[tuple[str, int, int]] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
 
 
 def _rewrite(source: str, positions: set[tuple[int, int]]) -> tuple[str, int]:
@@ -58,17 +73,22 @@ def _rewrite(source: str, positions: set[tuple[int, int]]) -> tuple[str, int]:
     return module.code, transformer.fixed
 
 
-def fix_use_reentrant(findings: Iterable[Finding], sources: dict[str, str]) -> set[tuple[str, int, int]]:
-    """Rewrite the files of the RC001 findings in place; return ``(path, line, column)`` fixed."""
+def fix_use_reentrant(findings: Iterable[Finding], sources: dict[str, str],
+                      within: Iterable[str | os.PathLike[str]] | None = None) -> FixOutcome:
+    """Rewrite the files of the RC001 findings; ``within``: the paths the user gave."""
     by_path: dict[str, set[tuple[int, int]]] = {}
     for finding in findings:
         if finding.code == "RC001" and finding.path and finding.line and finding.column:
             by_path.setdefault(finding.path, set()).add((finding.line, finding.column))
-    fixed: set[tuple[str, int, int]] = set()
+    outcome = FixOutcome()
     for path, positions in by_path.items():
         new_source, count = _rewrite(sources[path], positions)
         if count:
-            with open(Path(path), "w", encoding="utf-8", newline="") as handle:
-                handle.write(new_source)
-            fixed |= {(path, line, column) for line, column in positions}
-    return fixed
+            try:
+                write_atomically(Path(path), new_source.encode("utf-8"))
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                outcome.skipped.append(f"{path}: not fixed: cannot write it: {reason}; the file is unchanged")
+                continue
+            outcome.fixed |= {(path, line, column) for line, column in positions}
+    return outcome
