@@ -15,6 +15,17 @@ HELP = "lint checkpointed regions for recomputation hazards (static, never impor
 FORMATS = ("text", "json", "sarif", "github")
 
 
+def _jobs(value: str) -> int:
+    """``-j N``: a count of worker processes, 0 for one per CPU (more than the CPUs: bounded)."""
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of worker processes, got {value!r}") from None
+    if jobs < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (one per CPU) or more, got {jobs}")
+    return jobs
+
+
 def _codes(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
@@ -36,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR",
                         help="keep the cache in DIR, any folder (default: $RECHECK_CACHE_DIR, else cache-dir "
                              "of [tool.recheck], a folder inside the project, else .recheck_cache)")
-    parser.add_argument("--jobs", "-j", type=int, default=0, metavar="N", help="worker processes (default: one per CPU)")
+    parser.add_argument("--jobs", "-j", type=_jobs, default=0, metavar="N",
+                        help="worker processes, at most one per CPU (default: 0, one per CPU)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bar (one is drawn on stderr only when it is a terminal)")
@@ -64,7 +76,7 @@ def run(ns: argparse.Namespace) -> int:
     origins = {key: f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{table} {key.replace('_', '-')}"
                for key in (*flags, "per_file_ignores")}
     try:
-        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=max(ns.jobs, 0),
+        options = LintOptions.from_values(values, config.root, use_cache=not ns.no_cache, jobs=ns.jobs,
                                           origins=origins, cache_dir=_user_cache_dir(ns),
                                           source=config.path or "[tool.recheck]")
     except SelectorError as exc:

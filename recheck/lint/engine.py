@@ -203,6 +203,14 @@ def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
 ProgressCallback = Callable[[int, int], None]
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class _Run:
     def __init__(self, options: LintOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
@@ -214,7 +222,13 @@ class _Run:
             re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
         self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)), options.cache_root)
         self.salt = ""  # the discovered entry points the facts were extracted with
-        self.workers = options.jobs or os.cpu_count() or 1
+        cpus = available_cpus()
+        self.workers = min(options.jobs, cpus) if options.jobs > 0 else cpus
+        #: notes for stderr besides the cache's (see LintResult.warnings)
+        self.notes: list[str] = []
+        if options.jobs > cpus:
+            self.notes.append(f"recheck lint: note: -j {options.jobs} is more than the {cpus} CPUs available; "
+                              f"using {cpus} worker processes")
         self.sources: dict[str, _Source] = {}
         self.facts: dict[str, FileFacts] = {}
         #: files (and folders) that could not be linted, one error each: a file parsed again
@@ -465,7 +479,7 @@ def _lint(run: _Run) -> LintResult:
     else:
         hits, sites, stats = _analyse(run)
         run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources], stats, sites))
-    result = LintResult(errors=sorted(run.errors.values(), key=lambda e: e.path), warnings=run.cache.warnings,
+    result = LintResult(errors=sorted(run.errors.values(), key=lambda e: e.path), warnings=[*run.notes, *run.cache.warnings],
                         sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}

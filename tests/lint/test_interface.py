@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ def test_text_output_is_sorted_with_summary(lint, write, region_source):
     write("a.py", region_source)
     run = lint()
     assert run.code == 1
-    assert [l.split(" ")[0] for l in run.lines[:4]] == ["a.py:14:9:", "a.py:15:9:", "b.py:14:9:", "b.py:15:9:"]
+    assert [line.split(" ")[0] for line in run.lines[:4]] == ["a.py:14:9:", "a.py:15:9:", "b.py:14:9:", "b.py:15:9:"]
     assert run.lines[0].startswith("a.py:14:9: RC104 `self.calls` is incremented inside checkpointed region `Block.forward` (checkpointed at a.py:25)")
     assert run.lines[-1] == "Found 4 findings."
 
@@ -110,10 +111,10 @@ def test_statistics_count_the_files_only_parse_checked(lint, write, region_sourc
 
 def test_select_and_ignore(lint, write, region_source):
     write("m.py", region_source)
-    assert {l.split()[1] for l in lint("--select", "RC103").lines[:-1]} == {"RC103"}
-    assert {l.split()[1] for l in lint("--ignore", "RC103").lines[:-1]} == {"RC104"}
+    assert {line.split()[1] for line in lint("--select", "RC103").lines[:-1]} == {"RC103"}
+    assert {line.split()[1] for line in lint("--ignore", "RC103").lines[:-1]} == {"RC104"}
     assert lint("--select", "RC1", "--ignore", "RC10").out == "All checks passed!\n"
-    assert {l.split()[1] for l in lint("--select", "RC1", "--ignore", "RC10", "--extend-select", "RC103").lines[:-1]} == {"RC103"}
+    assert {line.split()[1] for line in lint("--select", "RC1", "--ignore", "RC10", "--extend-select", "RC103").lines[:-1]} == {"RC103"}
 
 
 def test_unknown_selector_is_a_usage_error(lint, write, region_source):
@@ -153,8 +154,8 @@ def test_config_select_per_file_ignores_and_cli_override(lint, write, region_sou
         select = ["RC104"]
         per-file-ignores = {"pkg/b.py" = ["RC1"]}
         """)
-    assert [l.split()[0:2] for l in lint().lines[:-1]] == [["pkg/a.py:14:9:", "RC104"]]
-    assert {l.split()[1] for l in lint("--select", "RC103").lines[:-1]} == {"RC103"}
+    assert [line.split()[0:2] for line in lint().lines[:-1]] == [["pkg/a.py:14:9:", "RC104"]]
+    assert {line.split()[1] for line in lint("--select", "RC103").lines[:-1]} == {"RC103"}
 
 
 def test_config_exclude_and_checkpoint_functions(lint, write):
@@ -182,7 +183,7 @@ def test_config_exclude_and_checkpoint_functions(lint, write):
         checkpoint-functions = ["mylib.remat"]
         """)
     run = lint()
-    assert [l.split()[0:2] for l in run.lines[:-1]] == [["keep.py:7:9:", "RC103"]]
+    assert [line.split()[0:2] for line in run.lines[:-1]] == [["keep.py:7:9:", "RC103"]]
 
 
 def test_bad_config_key_exits_2(lint, write):
@@ -200,7 +201,7 @@ def test_gitignore_is_respected(lint, write, region_source, tmp_path):
     write("keep_gen.py", region_source)
     write("sub/.gitignore", "local.py\n")
     write("sub/local.py", region_source)
-    assert sorted({l.split(":")[0] for l in lint().lines[:-1]}) == ["keep_gen.py"]
+    assert sorted({line.split(":")[0] for line in lint().lines[:-1]}) == ["keep_gen.py"]
 
 
 def test_lint_never_imports_torch(tmp_path, region_source):
@@ -219,3 +220,32 @@ def test_command_module_is_cheap_to_import():
     root = Path(__file__).resolve().parents[2]
     code = "import sys, recheck.commands.lint; assert not {'torch', 'libcst'} & set(sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["-5", "-1", "x"])
+def test_jobs_must_be_a_count(lint, write, capsys, value):
+    write("m.py", "x = 1\n")
+    with pytest.raises(SystemExit) as exited:
+        lint("-j", value)
+    assert exited.value.code == 2 and "argument --jobs/-j: " in capsys.readouterr().err
+
+
+def test_jobs_are_bounded_by_the_cpus_and_it_says_so(lint, write, region_source, monkeypatch):
+    from recheck.lint import engine
+
+    cpus = engine.available_cpus() if hasattr(engine, "available_cpus") else os.cpu_count()
+    started = []
+    pooled = engine._pooled
+
+    def spy(work, jobs, workers):
+        started.append(workers)
+        return pooled(work, jobs, workers)
+
+    monkeypatch.setattr(engine, "_pooled", spy)
+    for n in range(20):
+        write(f"m{n}.py", region_source)
+    run = lint("-j", "1000")
+    assert run.code != 0 and "m0.py:15:9: RC103" in run.out
+    assert f"-j 1000 is more than the {cpus} CPUs available; using {cpus} worker processes" in run.err
+    assert started and max(started) == cpus
+    assert "more than" not in lint("-j", str(cpus)).err
