@@ -16,6 +16,7 @@ import hashlib
 import multiprocessing
 import os
 import re
+import signal
 import symtable
 import warnings
 from collections import OrderedDict
@@ -186,6 +187,13 @@ def _syntax_check(job: tuple[str, str]) -> tuple[str, FileError | None]:
 
 
 
+def _ignore_interrupts() -> None:
+    """In a pool worker: Ctrl-C (SIGINT, sent to the whole foreground process group) is the
+    parent's to handle; it stops the pool and says so once, where every worker would
+    otherwise print its own KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
     """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
     a fork pool when there are enough, the garbage collector paused meanwhile."""
@@ -194,7 +202,7 @@ def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
             yield from map(work, jobs)
             return
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        with multiprocessing.get_context(method).Pool(workers) as pool:
+        with multiprocessing.get_context(method).Pool(workers, initializer=_ignore_interrupts) as pool:
             yield from pool.imap_unordered(work, jobs, chunksize=8)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from recheck.lint.cache import FORMAT_VERSION
 from recheck.lint.engine import POOL_THRESHOLD, lint_paths
@@ -89,3 +92,47 @@ def test_a_file_that_does_not_parse_is_counted_once(write, tmp_path, monkeypatch
     result = lint_paths([Path(".")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
     assert [e.path for e in result.errors] == ["broken.py"]
     assert result.stats["files"] == 2
+
+
+INTERRUPTED = """
+import sys, time
+from recheck.lint import engine
+
+real = engine._phase_one
+
+
+def slow(job):  # a worker busy when Ctrl-C comes
+    with open(sys.argv[2], "a") as marker:
+        marker.write("x")
+    time.sleep(60)
+    return real(job)
+
+
+slow.__module__, slow.__qualname__ = "recheck.lint.engine", "_phase_one"
+engine._phase_one = slow
+from recheck.cli import main
+
+sys.exit(main(["lint", "--no-cache", "-j", "2", sys.argv[1]]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="no process groups")
+def test_ctrl_c_during_a_pooled_lint_prints_one_line_and_exits_130(tmp_path, region_source):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for n in range(20):
+        (tree / f"m{n}.py").write_text(region_source)
+    marker = tmp_path / "started"
+    process = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(tree), str(marker)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and len(marker.read_text()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err == "recheck: interrupted\n", err
