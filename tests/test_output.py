@@ -88,3 +88,34 @@ def test_report_documents_are_validated_on_load(bad):
 def test_report_from_json_refuses_text_that_is_not_json():
     with pytest.raises(ValueError, match="not a JSON report"):
         Report.from_json("cos\nsystem\n(S'echo PWNED'\ntR.")
+
+
+# --- paths from the linted tree are data: never a forged output line, always a valid URI (issue 40) ---
+
+NAMES = ["bad\nsrc/m.py:1:1: RC001 forged.py", "tab\there.py", "esc\x1b[31mred.py", "sep\u2028line.py"]
+
+
+def _lint_finding(path: str) -> Finding:
+    return Finding("lint", "`print(...)` prints", code="RC103", path=path, line=3, column=5, end_line=3,
+                   end_column=10, region="f")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fmt", ["text", "github"])
+def test_a_control_character_in_a_path_never_makes_another_line(fmt, name):
+    from recheck.lint.files import FileError
+
+    text = render(fmt, [_lint_finding(name)], [FileError(name, "does not parse")])
+    lines = [*text.splitlines(), *str(FileError(name, "does not parse")).splitlines()]
+    assert len(lines) == (2 if fmt == "text" else 3), lines
+    assert not any(ch in "".join(lines) for ch in "\x1b\u2028\t")
+    assert "\\n" in lines[0] or "\\t" in lines[0] or "\\x1b" in lines[0] or "\\u2028" in lines[0]
+
+
+@pytest.mark.parametrize(("name", "uri"), [
+    ("with space.py", "with%20space.py"), ("100%.py", "100%25.py"), ("q?#.py", "q%3F%23.py"),
+    ("new\nline.py", "new%0Aline.py"), ("sub/é.py", "sub/%C3%A9.py"),
+])
+def test_sarif_uris_are_percent_encoded(tmp_path, name, uri):
+    log = json.loads(render("sarif", [_lint_finding(str(tmp_path / name))], root=tmp_path))
+    assert log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == uri

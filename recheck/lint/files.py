@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from recheck.output.text import printable
+
 __all__ = ["DEFAULT_MAX_FILE_SIZE", "FileError", "GitIgnore", "discover", "read_bytes", "read_source", "resolve"]
 
 DEFAULT_MAX_FILE_SIZE = 5 * 1024 * 1024
@@ -38,7 +40,7 @@ class FileError:
     kind: str = "file"
 
     def __str__(self) -> str:
-        return f"{self.path}: error: {self.reason}"
+        return f"{printable(self.path)}: error: {self.reason}"
 
 
 def _glob_to_regex(pattern: str) -> str:

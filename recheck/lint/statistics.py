@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from recheck.lint.engine import LintResult
+from recheck.output.text import printable
 
 __all__ = ["run_statistics", "run_statistics_text", "show_regions"]
 
@@ -50,8 +51,8 @@ def run_statistics_text(result: LintResult) -> str:
     ]
     if data["unresolved"]:
         lines.append("unresolved call sites:")
-        lines += [f"  {u['path']}:{u['line']}:{u['column']}: `{u['entry'].rsplit('.', 1)[-1]}`: {u['reason']}"
-                  for u in data["unresolved"]]
+        lines += [printable(f"  {u['path']}:{u['line']}:{u['column']}: `{u['entry'].rsplit('.', 1)[-1]}`: "
+                            f"{u['reason']}") for u in data["unresolved"]]
     return "\n".join(lines)
 
 
@@ -75,4 +76,4 @@ def show_regions(result: LintResult, where: str) -> str:
             lines.append(f"{head} -> a wrapper: {site.reason}")
         else:
             lines.append(f"{head} -> unresolved: {site.reason}")
-    return "\n".join(lines) if lines else f"no checkpoint call sites under {where}"
+    return "\n".join(map(printable, lines)) if lines else f"no checkpoint call sites under {printable(where)}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from recheck.output.text import printable
+
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Finding
 
@@ -36,7 +38,7 @@ def _annotation(finding: Finding) -> str:
     path, line = place(finding)
     props = []
     if path is not None:
-        props.append(f"file={escape(path, True)}")
+        props.append(f"file={escape(printable(path), True)}")
         if line is not None:
             props.append(f"line={line}")
     if finding.kind == "lint":
@@ -56,6 +58,6 @@ def workflow_commands(findings: Sequence[Finding], errors: Iterable[Any] = ()) -
     lines = [_annotation(f) for f in findings]
     for error in errors:
         title = f"recheck: {getattr(error, 'kind', 'file')} not linted"
-        lines.append(f"::error file={escape(str(error.path), True)},"
+        lines.append(f"::error file={escape(printable(str(error.path)), True)},"
                      f"title={escape(title, True)}::{escape(str(error.reason))}")
     return "\n".join(lines)

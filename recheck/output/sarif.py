@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -20,12 +21,14 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def _relative_uri(path: str, root: Path) -> str:
-    """``path`` relative to ``root``, as named (never resolved: a file may be a link loop, or
-    swapped for one meanwhile, and its location is still where it was named)."""
+    """``path`` relative to ``root`` as a percent-encoded URI reference, as named (never
+    resolved: a file may be a link loop, or swapped for one meanwhile, and its location is
+    still where it was named)."""
     try:
-        return Path(os.path.relpath(os.path.abspath(path), os.path.realpath(root))).as_posix()
+        relative = Path(os.path.relpath(os.path.abspath(path), os.path.realpath(root))).as_posix()
     except ValueError:  # another drive
-        return Path(path).as_posix()
+        relative = Path(path).as_posix()
+    return urllib.parse.quote(relative, safe="/")
 
 
 def _location(finding: Finding, root: Path) -> list[dict[str, Any]]:

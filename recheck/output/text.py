@@ -20,11 +20,31 @@ if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Finding, Invocation, Report
 
 __all__ = ["FIRST_LINE", "format_finding", "format_findings", "format_report", "group",
-           "lint_statistics", "lint_summary", "span"]
+           "lint_statistics", "lint_summary", "printable", "span"]
 
 #: The first line of a report with dynamic findings.
 FIRST_LINE = "recheck: recomputation differs from the original forward"
 _INDENT = "      "
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(character: str) -> str:
+    if character in _ESCAPES:
+        return _ESCAPES[character]
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` (a path from the linted tree) with every control character escaped as
+    Python writes it (``\\n``, ``\\x1b``, ``\\u2028``): a file name can never start another
+    output line, move the cursor or colour the terminal.  Every text-like renderer (text,
+    GitHub workflow commands, a file's error line) shows paths through this."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escaped(c) for c in text)
 
 
 def span(numbers: Iterable[int]) -> str:
@@ -92,7 +112,7 @@ def format_finding(finding: Finding, number: int | None = None,
     ``invocations`` lists every invocation a grouped finding happened in (its own when None).
     """
     if finding.kind == "lint":
-        return f"{finding.location}: {finding.code} {finding.message}"
+        return f"{printable(finding.location or '')}: {finding.code} {finding.message}"
     prefix = f"[{number}] " if number is not None else ""
     tag = " (latent)" if finding.latent else ""
     lines = [f"{prefix}{finding.kind}{tag}: {finding.message}"]
