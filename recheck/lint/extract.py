@@ -1,9 +1,9 @@
 """Phase one: read one file's syntax tree into :class:`~recheck.lint.facts.FileFacts`.
 
 The tree is the standard library's :mod:`ast` (about ten times faster to build than a
-libcst tree, measured in ``benchmarks/lint_speed.py``); libcst is used only where the
-source is rewritten (``--fix``).  Every function body is scanned once, by every body
-rule, without knowing yet whether it is checkpointed.
+libcst tree, measured in ``benchmarks/lint_speed.py``); ``--fix`` places its insertions
+with the same positions.  Every function body is scanned once, by every body rule,
+without knowing yet whether it is checkpointed.
 """
 
 from __future__ import annotations
@@ -121,7 +121,9 @@ class FileExtraction:
             statement_scan(unit, scan)
         imports = import_aliases(itertools.chain(nodes, *scan.imports), module, is_package)
         self.facts = facts = FileFacts(path=path, module=module, imports=imports)
-        context = ModuleContext.build(tree, nodes, module, source.splitlines(), imports)
+        # lines as the parser counts them, for columns: str.splitlines also breaks at \f, \x85, \u2028
+        lines = (source.replace("\r\n", "\n").replace("\r", "\n") if "\r" in source else source).split("\n")
+        context = ModuleContext.build(tree, nodes, module, lines, imports)
         self.text = TextLines(source) if lazy else None
         written = set(scan.written)
         walked = call_write_units(self.text, self.units, context.assigned) if self.text else range(len(self.units))
