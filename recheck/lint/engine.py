@@ -487,6 +487,11 @@ def _lint(run: _Run) -> LintResult:
     else:
         hits, sites, stats = _analyse(run)
         run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources], stats, sites))
+    used = {site.entry for site in sites}
+    unmatched = [name for name in run.options.checkpoint_functions if name not in used]
+    if unmatched:  # a misspelt name is otherwise silently ignored
+        run.notes.append(f"recheck lint: warning: checkpoint-functions: {', '.join(map(repr, unmatched))} "
+                         "matched no call in the files linted (misspelt, or not called here?)")
     result = LintResult(errors=sorted(run.errors.values(), key=lambda e: e.path), warnings=[*run.notes, *run.cache.warnings],
                         sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))

@@ -249,3 +249,24 @@ def test_jobs_are_bounded_by_the_cpus_and_it_says_so(lint, write, region_source,
     assert f"-j 1000 is more than the {cpus} CPUs available; using {cpus} worker processes" in run.err
     assert started and max(started) == cpus
     assert "more than" not in lint("-j", str(cpus)).err
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_checkpoint_function_that_matches_no_call_is_named(lint, write, cache):
+    write("pyproject.toml", '[tool.recheck]\ncheckpoint-functions = ["mylib.ckpt", "mylib.ckpot", "self.ck"]\n')
+    write("m.py", """\
+        from mylib import ckpt
+
+        def f(x):
+            print(x)
+            return x
+
+        def g(x):
+            return ckpt(f, x)
+        """)
+    for _ in range(2 if cache else 1):
+        run = lint(cache=cache)
+        assert run.code != 0 and "m.py:4:5: RC103" in run.out
+        warnings = [line for line in run.err.splitlines() if "warning" in line]
+        assert warnings == ["recheck lint: warning: checkpoint-functions: 'mylib.ckpot', 'self.ck' matched no "
+                            "call in the files linted (misspelt, or not called here?)"], run.err
