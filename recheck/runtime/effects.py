@@ -7,8 +7,20 @@ is recorded whether or not the logger's level lets it through, writes to
 ``always`` filter.  With ``passthrough=True`` the output still reaches the user
 (the plain reference run); otherwise it is swallowed (the checkpointed runs).
 
+What a capture records is what its own thread emits: a ``watch()`` block sees recomputes run
+in several threads at once, and each one's capture must neither record another thread's
+output nor, by saving and restoring process-wide objects in an interleaved order, leave a
+wrapped ``sys.stdout`` or a dead warnings hook behind.  So the process-wide hooks are
+installed once, when the first capture starts (or a ``watch()`` block takes
+:func:`hold_logging`), and removed once, when the last capture ends and no block holds them
+(counted under one lock), and each hook routes by the calling thread's stack of active
+captures (see :class:`_Router`, :class:`_ThisThreadCaptures`, :func:`_show`).  Removing them
+puts back the very objects found: ``sys.stdout`` and ``sys.stderr`` (unless the program
+replaced them meanwhile), ``warnings._showwarnmsg``, the contents of ``warnings.filters``
+(less the one filter added) and ``logging.Logger``'s methods.
+
 Not seen: writes to file descriptors 1/2 from C code, ``print(file=sys.__stdout__)``,
-and loggers whose class overrides the emitting methods.
+output of threads that run no capture, and loggers whose class overrides the emitting methods.
 """
 
 from __future__ import annotations
@@ -46,33 +58,6 @@ class Effect:
         return f"{self.channel}: {shown!r}"
 
 
-class _Tee:
-    """A text stream that records its writes in ``effects`` as ``channel`` and optionally
-    forwards them (two are made per capture: no closure for each)."""
-
-    __slots__ = ("_target", "_effects", "_channel", "_passthrough")
-
-    def __init__(self, target: Any, effects: list[Effect], channel: str, passthrough: bool) -> None:
-        self._target = target
-        self._effects = effects
-        self._channel = channel
-        self._passthrough = passthrough
-
-    def write(self, text: str) -> int:
-        if text:
-            self._effects.append(Effect(self._channel, text))
-        if self._passthrough:
-            return self._target.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self._passthrough:
-            self._target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
-
 def _render(msg: Any, args: tuple) -> str:
     try:
         return str(msg) % args if args else str(msg)
@@ -80,81 +65,262 @@ def _render(msg: Any, args: tuple) -> str:
         return f"{msg!s} {args!r}"
 
 
-class EffectCapture:
-    """Record logging, stdout/stderr and warnings while active (not re-entrant).
+#: each thread's active captures, innermost last (``_LOCAL.stack``, made on a thread's first capture)
+_LOCAL = threading.local()
 
-    ``logging.Logger``'s emitting methods are patched while any capture is active, by
-    functions made once (a capture is entered for every recompute ``watch()`` sees); a
-    logging call made while several captures are active is recorded in each.
+
+def _captures() -> list[EffectCapture] | None:
+    """The calling thread's active captures, innermost last (None or empty: it runs none)."""
+    return getattr(_LOCAL, "stack", None)
+
+
+class EffectCapture:
+    """Record the logging, stdout/stderr writes and warnings of the thread that enters it, while
+    active (not re-entrant; captures nest on a thread, see below).
+
+    A write to stdout/stderr is recorded by the thread's innermost capture and, while that one
+    passes it through, by the one outside it, and so on; what every capture passes through reaches
+    the stream.  A warning is recorded by the innermost capture, which re-emits it on exit when it
+    passes output through (the capture outside it then records it).  A logging call is recorded by
+    every capture of the thread.  The hooks are process-wide and installed while any
+    capture is active or held (see :func:`hold_logging`); a capture only puts itself on its
+    thread's stack.
     """
 
     def __init__(self, passthrough: bool = False) -> None:
         self.passthrough = passthrough
         self.effects: list[Effect] = []
-        self._saved: dict[str, Any] = {}
-        self._warnings: Any = None
         self._caught: list[warnings.WarningMessage] = []
+        #: the thread's stack this capture is on while active
+        self._stack: list[EffectCapture] | None = None
+        #: the warnings module's display functions at entry: a warning shown through others was
+        #: caught inside the region (its own ``catch_warnings``), not by this capture
+        self._showwarning: Any = None
+        self._showwarnmsg_impl: Any = None
 
     def __enter__(self) -> EffectCapture:
+        if self._stack is not None:
+            raise RuntimeError("recheck: an EffectCapture cannot be entered while it is active")
         with _LOCK:
-            if not _ACTIVE and not _HOLD.count:
-                _install()
-            _ACTIVE.append(self)
-        self._saved["stdout"], self._saved["stderr"] = stdout, stderr = sys.stdout, sys.stderr
-        sys.stdout = _Tee(stdout, self.effects, "stdout", self.passthrough)
-        sys.stderr = _Tee(stderr, self.effects, "stderr", self.passthrough)
-        self._warnings, self._caught = _recording_every_warning()
+            _enter()
+            self._showwarning, self._showwarnmsg_impl = warnings.showwarning, warnings._showwarnmsg_impl
+        stack = _captures()
+        if stack is None:
+            stack = _LOCAL.stack = []
+        stack.append(self)
+        self._stack = stack
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._warnings.__exit__(*exc)
-        for message in self._caught:
-            self.effects.append(Effect("warning", f"{message.category.__name__}: {message.message}"))
-            if self.passthrough:
-                warnings.warn_explicit(message.message, message.category,
-                                       message.filename, message.lineno)
-        sys.stdout, sys.stderr = self._saved["stdout"], self._saved["stderr"]
-        with _LOCK:
-            if self in _ACTIVE:
-                _ACTIVE.remove(self)
-            if not _ACTIVE and not _HOLD.count:
-                _uninstall()
+        stack, self._stack = self._stack, None
+        if stack is None:
+            return
+        for index in range(len(stack) - 1, -1, -1):  # (the innermost, unless captures ended out of order)
+            if stack[index] is self:
+                del stack[index]
+                break
+        try:
+            for message in self._caught:
+                self.effects.append(Effect("warning", f"{message.category.__name__}: {message.message}"))
+                if self.passthrough:
+                    warnings.warn_explicit(message.message, message.category,
+                                           message.filename, message.lineno)
+        finally:
+            with _LOCK:
+                _leave()
 
 
-def _recording_every_warning() -> tuple[warnings.catch_warnings, list[warnings.WarningMessage]]:
-    """A ``catch_warnings`` entered with the ``always`` filter on top, and the list it records
-    into.  From Python 3.11 it takes the filter to set on entry: one call fewer for each capture
-    than ``simplefilter`` after it, to the same effect."""
-    if _ACTION_AT_ENTRY:
-        caught = warnings.catch_warnings(record=True, action="always")
-        return caught, caught.__enter__()
-    caught = warnings.catch_warnings(record=True)
-    log = caught.__enter__()
-    warnings.simplefilter("always")
-    return caught, log
+class _Router:
+    """``sys.stdout`` or ``sys.stderr`` while any capture is active: a write from a thread with
+    active captures is recorded as :class:`EffectCapture` says, a write from any other thread goes
+    straight to the stream found at installation (``target``)."""
+
+    __slots__ = ("_target", "_channel")
+
+    def __init__(self, target: Any, channel: str) -> None:
+        self._target = target
+        self._channel = channel
+
+    def write(self, text: str) -> int:
+        stack = _captures()
+        if stack:
+            for capture in reversed(stack):
+                if text:
+                    capture.effects.append(Effect(self._channel, text))
+                if not capture.passthrough:
+                    return len(text)
+        return self._target.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
 
 
-_ACTION_AT_ENTRY = sys.version_info >= (3, 11)
+class _ThisThreadCaptures:
+    """The message pattern of the ``always`` filter a capture puts first in ``warnings.filters``:
+    it matches only in a thread that runs a capture, so another thread's warnings meet the user's
+    filters as they are (a filter's message pattern is asked ``match(text)``, in C as in Python)."""
+
+    __slots__ = ()
+
+    def match(self, text: str) -> bool:
+        return bool(_captures())
+
+    def __repr__(self) -> str:
+        return "<recheck: any warning of a thread whose effects are captured>"
 
 
-#: the active captures, in the order they were entered
-_ACTIVE: list[EffectCapture] = []
+_FILTER = ("always", _ThisThreadCaptures(), Warning, None, 0)
+
+
+def _show(message: warnings.WarningMessage) -> None:
+    """``warnings._showwarnmsg`` while any capture is active (the warnings module, C and Python,
+    shows every warning a filter lets through with it): the innermost capture of the calling
+    thread records the warning, unless the region changed how warnings are shown since that
+    capture began; everything else is shown as before."""
+    stack = _captures()
+    if stack:
+        capture = stack[-1]
+        if warnings.showwarning is capture._showwarning and warnings._showwarnmsg_impl is capture._showwarnmsg_impl:
+            capture._caught.append(message)
+            return
+    _FOUND["_showwarnmsg"](message)
+
+
+#: the number of active captures, all threads together (under ``_LOCK``)
+_ACTIVE = [0]
 _LOCK = threading.Lock()
+#: the routers installed, in order, with the name of the stream each stands for (a program that
+#: replaces ``sys.stdout`` meanwhile gets its own stream routed at the next capture)
+_ROUTERS: list[tuple[str, _Router]] = []
+#: the warnings module's display function found at installation (kept after removal: a caller
+#: holding ``_show`` still reaches it)
+_FOUND: dict[str, Any] = {"_showwarnmsg": warnings._showwarnmsg}
+#: the filter lists ``_FILTER`` was put into (the program may swap ``warnings.filters`` for
+#: another list, with ``catch_warnings``); it is taken out of each at removal
+_FILTER_LISTS: list[list[Any]] = []
 #: per patched method: what ``logging.Logger.__dict__`` held before (None: nothing) and the
-#: method the patch calls on, both read when the first capture is entered
+#: method the patch calls on, both read at installation
 _SAVED: dict[str, Any] = {}
 _CALLS: dict[str, Callable[..., Any]] = {}
 
 
+def _installed() -> bool:
+    return bool(_ACTIVE[0] or _HOLD.count)
+
+
+def _enter() -> None:
+    """One more active capture (under ``_LOCK``): the hooks are installed unless they are already
+    (the first capture, or a hold), and put back in place where the program replaced them since.
+    Whatever fails leaves nothing installed by it behind."""
+    first = not _installed()
+    try:
+        _install() if first else _route()
+    except BaseException:
+        if first:
+            _uninstall()
+        raise
+    _ACTIVE[0] += 1
+
+
+def _leave() -> None:
+    """One active capture less (under ``_LOCK``): the last, without a hold, removes the hooks."""
+    _ACTIVE[0] -= 1
+    if not _installed():
+        _uninstall()
+
+
+def _install() -> None:
+    """Install every hook: ``logging.Logger``'s methods, the stream routers, the warnings filter
+    and display function."""
+    logger_class = logging.Logger
+    namespace = vars(logger_class)  # (a live view: one for the seven methods)
+    for name, emit in _EMITTERS.items():
+        _SAVED[name] = namespace.get(name)
+        _CALLS[name] = emit.__wrapped__ = getattr(logger_class, name)  # type: ignore[attr-defined]
+        setattr(logger_class, name, emit)
+    _route()
+
+
+def _route() -> None:
+    """Route ``sys.stdout``, ``sys.stderr`` and the display of warnings through the hooks, where
+    they are not already, and put ``_FILTER`` first in the filters (a filter added since the last
+    capture began goes after it).  Then reset the registries of warnings shown once, as
+    ``catch_warnings`` does on entry: a warning its forward showed once is recorded when the
+    recompute shows it again."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and type(stream) is not _Router:
+            router = _Router(stream, name)
+            _ROUTERS.append((name, router))
+            setattr(sys, name, router)
+    if warnings._showwarnmsg is not _show:
+        _FOUND["_showwarnmsg"] = warnings._showwarnmsg
+        warnings._showwarnmsg = _show
+    filters = _current_filters()
+    if not filters or filters[0] is not _FILTER:
+        _remove_filter(filters)
+        filters.insert(0, _FILTER)
+        if not any(known is filters for known in _FILTER_LISTS):
+            _FILTER_LISTS.append(filters)
+    warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+def _current_filters() -> list[Any]:
+    """The filter list warnings are matched against now: ``warnings.filters``, or from Python 3.14
+    the list of the innermost ``catch_warnings`` where those hold their own (context-aware warnings)."""
+    current = getattr(warnings, "_get_filters", None)
+    return current() if current is not None else warnings.filters
+
+
+def _remove_filter(filters: list[Any]) -> None:
+    for index in range(len(filters) - 1, -1, -1):
+        if filters[index] is _FILTER:
+            del filters[index]
+
+
+def _uninstall() -> None:
+    """Put back what :func:`_install` and :func:`_route` replaced, where it is still theirs: a
+    stream or function the program replaced meanwhile is left as the program set it."""
+    try:
+        for name, router in reversed(_ROUTERS):
+            if getattr(sys, name) is router:
+                setattr(sys, name, router._target)
+        _ROUTERS.clear()
+        if warnings._showwarnmsg is _show:
+            warnings._showwarnmsg = _FOUND["_showwarnmsg"]
+        for filters in (*_FILTER_LISTS, _current_filters()):
+            _remove_filter(filters)
+        _FILTER_LISTS.clear()
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+    finally:
+        logger_class = logging.Logger
+        namespace = vars(logger_class)
+        for name in _EMITTERS:
+            original = _SAVED.pop(name, None)
+            if original is not None:
+                setattr(logger_class, name, original)
+            elif name in namespace:
+                delattr(logger_class, name)
+
+
 def _emitter(name: str, level: int | None) -> Callable[..., Any]:
     def emit(logger: logging.Logger, *args: Any, **kwargs: Any) -> Any:
-        if level is None:  # Logger.log(level, msg, *args)
-            lvl, msg, rest = (args[0], args[1], args[2:]) if len(args) >= 2 else (0, "", ())
-        else:
-            lvl, msg, rest = level, (args[0] if args else ""), args[1:]
-        effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
-        for capture in _ACTIVE.copy():  # a capture may end meanwhile (another thread)
-            capture.effects.append(effect)
+        stack = _captures()
+        if stack:
+            if level is None:  # Logger.log(level, msg, *args)
+                lvl, msg, rest = (args[0], args[1], args[2:]) if len(args) >= 2 else (0, "", ())
+            else:
+                lvl, msg, rest = level, (args[0] if args else ""), args[1:]
+            effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
+            for capture in stack:
+                capture.effects.append(effect)
         return _CALLS[name](logger, *args, **kwargs)
 
     emit.__name__ = emit.__qualname__ = name
@@ -164,53 +330,35 @@ def _emitter(name: str, level: int | None) -> Callable[..., Any]:
 _EMITTERS = {name: _emitter(name, level) for name, level in (*_LOG_METHODS.items(), ("log", None))}
 
 
-def _install() -> None:
-    logger_class = logging.Logger
-    namespace = vars(logger_class)  # (a live view: one for the seven methods)
-    for name, emit in _EMITTERS.items():
-        _SAVED[name] = namespace.get(name)
-        _CALLS[name] = emit.__wrapped__ = getattr(logger_class, name)  # type: ignore[attr-defined]
-        setattr(logger_class, name, emit)
-
-
-def _uninstall() -> None:
-    logger_class = logging.Logger
-    namespace = vars(logger_class)
-    for name in _EMITTERS:
-        original = _SAVED.pop(name, None)
-        if original is not None:
-            setattr(logger_class, name, original)
-        elif name in namespace:
-            delattr(logger_class, name)
-
-
 def hold_logging() -> None:
-    """Keep the logging patches installed between captures until :func:`release_logging`.
+    """Keep the capture's hooks installed between captures until :func:`release_logging`.
 
-    A ``watch()`` block enters a capture for every recompute; patching ``logging.Logger``
-    once for the block instead of once per recompute saves setting and restoring seven class
-    attributes each time.  Between captures the patched methods record nothing and call the
-    originals.
+    A ``watch()`` block enters a capture for every recompute, in any of its threads; holding
+    the hooks for the block installs them once when it starts and removes them once when it
+    ends (``logging.Logger``'s seven methods, the routers of ``sys.stdout`` and ``sys.stderr``,
+    the warnings filter and display function), whatever order its threads' captures begin and
+    end in.  Between captures, and in threads running none, the hooks record nothing and pass
+    everything on as it was.  (Named for the logging patches, the first it held.)
     """
     _HOLD.take()
 
 
 def release_logging() -> None:
-    """Undo one :func:`hold_logging`; the last one restores ``logging.Logger`` (when no capture is
+    """Undo one :func:`hold_logging`; the last one removes the hooks (when no capture is
     active).  Raises without a hold."""
     _HOLD.release()
 
 
 def _install_unless_active() -> None:
-    if not _ACTIVE:
+    if not _ACTIVE[0]:
         _install()
 
 
 def _uninstall_unless_active() -> None:
-    if not _ACTIVE:
+    if not _ACTIVE[0]:
         _uninstall()
 
 
-#: the holders that keep the patches installed between captures (under the captures' lock:
+#: the holders that keep the hooks installed between captures (under the captures' lock:
 #: a capture asks whether any holds them)
 _HOLD = Hold("hold_logging", _install_unless_active, _uninstall_unless_active, _LOCK)
