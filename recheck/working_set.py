@@ -9,6 +9,11 @@ the first 16 requests, so a freshly reset lab already shows 16 requests;
 When the working set fits (``capacity >= working_set``) every request after the first
 pass hits; when it does not, LRU evicts each line just before it is needed again and
 nothing hits.  That cliff is the point of the lab.
+
+A step serves at most :data:`MAX_STEPS` requests: the lab prints one line for each and
+keeps them until then, and since 16 is a multiple of every working set, the stream after a
+reset repeats every ``working_set`` (at most 16) requests; more would show nothing new and
+only grow memory without bound (``--steps 100000000`` once ran until the kernel killed it).
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from math import gcd
 
-__all__ = ["MEMORY_LINES", "NOT_MODELLED", "Access", "LabError", "WorkingSetLab"]
+__all__ = ["MAX_STEPS", "MEMORY_LINES", "NOT_MODELLED", "Access", "LabError", "WorkingSetLab"]
 
 MEMORY_LINES = 16
+#: The most requests one step serves (the stream repeats every 16 or fewer; see above).
+MAX_STEPS = 10_000
 
 NOT_MODELLED = (
     "This lab models only an LRU cache serving a strided request stream. It does not "
@@ -53,6 +60,16 @@ def parse_count(value: object, what: str) -> int:
     return number
 
 
+def parse_steps(value: object, what: str) -> int:
+    """A count of requests to serve: 0 to :data:`MAX_STEPS`."""
+    number = parse_count(value, what)
+    if number > MAX_STEPS:
+        raise LabError(f"{what} must be at most {MAX_STEPS}, got {_shown(number)}: after the reset the request "
+                       f"stream repeats every {MEMORY_LINES} requests or fewer, so more steps show nothing new "
+                       f"(each is printed and kept until the step ends)")
+    return number
+
+
 def _parse_int(value: object, what: str) -> int:
     if isinstance(value, bool):
         raise LabError(f"{what} must be a whole number, got {value!r}")
@@ -61,7 +78,17 @@ def _parse_int(value: object, what: str) -> int:
     try:
         return int(str(value).strip(), 10)
     except ValueError:
-        raise LabError(f"{what} must be a whole number, got {str(value)!r}") from None
+        raise LabError(f"{what} must be a whole number, got {_shown(str(value))}") from None
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """``value`` for a message, its middle elided past ``limit`` characters (a 5,000-digit
+    argument is not echoed whole)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    length = len(value) if isinstance(value, str) else len(text)
+    return f"{text[:limit // 2]}...{text[-limit // 2:]} ({length} characters)"
 
 
 @dataclass(frozen=True)
@@ -107,7 +134,7 @@ class WorkingSetLab:
     def step(self, count: int = 1) -> list[Access]:
         """Serve ``count`` more requests; return what each did."""
         served = []
-        for _ in range(parse_count(count, "step count")):
+        for _ in range(parse_steps(count, "step count")):
             address = self.address(self.requests)
             hit = address in self.cache
             if hit:

@@ -104,3 +104,40 @@ def test_library_rejects_bad_settings():
         WorkingSetLab(2, -1)
     with pytest.raises(LabError):
         WorkingSetLab(True, 1)
+
+
+def test_steps_past_the_limit_are_a_usage_error_naming_it():
+    from recheck.working_set import MAX_STEPS
+
+    out = run_cli("--steps", str(MAX_STEPS + 1))
+    assert out.returncode == 2
+    assert f"steps must be at most {MAX_STEPS}" in out.stderr
+    assert "repeats" in out.stderr  # why: more steps show nothing new
+    assert out.stdout == "" and "Traceback" not in out.stderr
+    edge = run_cli("--capacity", "4", "--stride", "4", "--steps", str(MAX_STEPS))
+    assert edge.returncode == 0, edge.stderr
+    assert f"{16 + MAX_STEPS} requests" in edge.stdout
+
+
+def test_interactive_step_past_the_limit_is_an_error_and_the_loop_goes_on():
+    from recheck.working_set import MAX_STEPS
+
+    stdout = io.StringIO()
+    assert interact(WorkingSetLab(4, 4), io.StringIO(f"step {MAX_STEPS + 1}\nstep 1\n"), stdout) == 0
+    assert f"error: step count must be at most {MAX_STEPS}" in stdout.getvalue()
+    assert "17 requests, 13 hits, 4 misses" in stdout.getvalue()
+
+
+def test_library_step_is_bounded_too():
+    from recheck.working_set import MAX_STEPS
+
+    lab = WorkingSetLab(4, 4)
+    with pytest.raises(LabError, match=f"at most {MAX_STEPS}"):
+        lab.step(MAX_STEPS + 1)
+    assert lab.requests == 16  # nothing was served
+
+
+def test_a_huge_number_is_not_echoed_whole():
+    out = run_cli("--steps", "9" * 5000)
+    assert out.returncode == 2
+    assert len(out.stderr) < 600 and "Traceback" not in out.stderr

@@ -7,12 +7,14 @@ import sys
 from typing import Callable, TextIO
 
 from recheck.working_set import (
+    MAX_STEPS,
     NOT_MODELLED,
     LabError,
     WorkingSetLab,
     describe_accesses,
     parse_capacity,
     parse_count,
+    parse_steps,
     parse_stride,
 )
 
@@ -22,12 +24,12 @@ HELP = "the working-set lab: an LRU cache serving a strided request stream (a te
 DEFAULT_CAPACITY = 4
 DEFAULT_STRIDE = 4
 
-COMMANDS_HELP = """commands:
+COMMANDS_HELP = f"""commands:
   reset          empty the cache and replay the first 16 requests
   capacity N     set the cache size in lines (resets)
   stride N       set the request stride (resets)
   predict N      predict that the next step's requests score N hits
-  step [K]       serve K more requests (default 1)
+  step [K]       serve K more requests (default 1, at most {MAX_STEPS})
   show           print the cache and the counts
   help           this list
   quit           leave"""
@@ -47,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=_argtype(parse_capacity), help=f"cache lines (default {DEFAULT_CAPACITY})")
     parser.add_argument("--stride", type=_argtype(parse_stride), help=f"address stride (default {DEFAULT_STRIDE})")
     parser.add_argument(
-        "--steps", type=_argtype(lambda t: parse_count(t, "steps")), help="requests to serve after the reset (default 0)"
+        "--steps", type=_argtype(lambda t: parse_steps(t, "steps")),
+        help=f"requests to serve after the reset (default 0, at most {MAX_STEPS})"
     )
     parser.add_argument(
         "--predict",
@@ -143,7 +146,7 @@ def interact(lab: WorkingSetLab, stdin: TextIO, stdout: TextIO) -> int:
                 say(f"prediction noted: the next step's requests score {prediction} hits")
                 continue
             elif command == "step":
-                stepped = lab.step(parse_count(args[0], "step count") if args else 1)
+                stepped = lab.step(parse_steps(args[0], "step count") if args else 1)
                 if stepped:
                     say(describe_accesses(stepped))
                 if prediction is not None:
