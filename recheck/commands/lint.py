@@ -1,7 +1,8 @@
 """``recheck lint [PATHS]``: find recomputation hazards inside checkpointed regions.
 
-Exit codes (ruff's): 0 clean, 1 findings or files that could not be linted, 2 usage or
-configuration error.  Nothing here imports torch; libcst is imported only by ``--fix``.
+Exit codes (README's contract for every face): 0 clean, 1 findings, 2 usage, configuration
+or input error, including a file or folder that could not be linted, which wins over 1 (the
+findings are still all printed); ``--exit-zero`` turns 1 into 0, never 2.  Nothing here imports torch; libcst is imported only by ``--fix``.
 """
 
 from __future__ import annotations
@@ -106,20 +107,25 @@ def run(ns: argparse.Namespace) -> int:
         from recheck.lint.statistics import show_regions
 
         print(show_regions(result, _shown(Path(ns.show_regions))))
-        return 0 if ns.exit_zero or not (findings or result.errors) else 1
+        return _status(findings, result.errors, ns.exit_zero)
     if ns.statistics:
         _print_statistics(ns.format, findings, result)
         if ns.format != "text":
-            return 0 if ns.exit_zero or not (findings or result.errors) else 1
+            return _status(findings, result.errors, ns.exit_zero)
     else:
         text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
         if text:
             print(text)
     if ns.format == "text":
         print(lint_summary(findings, result.errors, fixed, FIXABLE))
-    if ns.exit_zero:
-        return 0
-    return 1 if findings or result.errors else 0
+    return _status(findings, result.errors, ns.exit_zero)
+
+
+def _status(findings: list, errors: list, exit_zero: bool) -> int:
+    """2 when a file or folder could not be linted (over findings), 1 for findings, else 0."""
+    if errors:
+        return 2
+    return 1 if findings and not exit_zero else 0
 
 
 def _print_statistics(fmt: str, findings: list, result) -> None:

@@ -1,4 +1,4 @@
-"""Files that cannot be linted: one ``path: error: ...`` line each, the rest still linted, exit 1."""
+"""Files that cannot be linted: one ``path: error: ...`` line each, the rest still linted, exit 2."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def tree(write, region_source):
 
 
 def _check(run, path, reason):
-    assert run.code == 1
+    assert run.code == 2  # an input error wins over the findings, which are still all printed
     assert f"{path}: error: {reason}" in run.err
     assert any(line.startswith("good.py:15:9: RC103") for line in run.lines), run.out  # the rest is linted
     assert run.lines[-1].endswith("1 file could not be linted.")
@@ -36,7 +36,7 @@ def test_syntax_check_verdicts_are_cached(lint, write, tree):
     write("fine.py", "x = 1\n")
     lint(cache=True)
     again = lint("--statistics", "--format", "json", cache=True)
-    assert "broken.py: error: does not parse" in again.err and again.code == 1
+    assert "broken.py: error: does not parse" in again.err and again.code == 2
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
@@ -51,14 +51,14 @@ def test_a_fifo_named_directly_is_an_error(lint, write, tree, tmp_path):
     os.mkfifo(tmp_path / "pipe.py")
     _check(lint(".", "pipe.py"), "pipe.py", "is a FIFO, not a regular file; skipped")
     alone = lint("pipe.py")
-    assert alone.code == 1 and "pipe.py: error: is a FIFO" in alone.err
+    assert alone.code == 2 and "pipe.py: error: is a FIFO" in alone.err
 
 
 def test_a_device_named_directly_is_an_error(lint, tree):
     if not os.path.exists("/dev/null"):
         pytest.skip("no /dev/null")
     run = lint("/dev/null")
-    assert run.code == 1 and "/dev/null: error: is a character device, not a regular file; skipped" in run.err
+    assert run.code == 2 and "/dev/null: error: is a character device, not a regular file; skipped" in run.err
 
 
 def test_not_utf8(lint, write, tree):
@@ -93,7 +93,7 @@ def test_errors_and_json_keep_stdout_parseable(lint, write, tree):
 
     write("broken.py", "checkpoint(\n")
     run = lint("--format", "json")
-    assert run.code == 1
+    assert run.code == 2
     assert {r["path"] for r in json.loads(run.out)} == {"good.py"}
     assert "broken.py: error: does not parse" in run.err
 
@@ -142,7 +142,7 @@ def test_a_symbolic_link_loop_is_a_file_error_in_every_format(lint, tree, tmp_pa
 
     os.symlink("loop.py", tmp_path / "loop.py")
     run = lint("--format", fmt)
-    assert "Traceback" not in run.err and run.code in (1, 2)
+    assert "Traceback" not in run.err and run.code == 2
     reason = "cannot read file: Too many levels of symbolic links"
     if fmt == "sarif":
         invocation = json.loads(run.out)["runs"][0]["invocations"][0]
@@ -212,7 +212,7 @@ def test_an_unreadable_sub_folder_is_reported_like_an_unreadable_file(lint, writ
     write("sub/deeper/m.py", "x = 1\n")
     unreadable(tmp_path / "sub")
     run = lint("--format", fmt)
-    assert run.code != 0 and any(line.startswith("good.py:15:9: RC103") or "line=15" in line for line in run.lines)
+    assert run.code == 2 and any(line.startswith("good.py:15:9: RC103") or "line=15" in line for line in run.lines)
     if fmt == "github":
         assert "::error file=sub,title=recheck%3A folder not linted::cannot read folder: Permission denied" in run.lines
     else:
@@ -224,7 +224,7 @@ def test_an_unreadable_folder_named_directly_is_reported(lint, write, tree, tmp_
     write("sub/inner.py", "x = 1\n")
     unreadable(tmp_path / "sub")
     run = lint("sub")
-    assert run.code != 0 and "sub: error: cannot read folder: Permission denied" in run.err
+    assert run.code == 2 and "sub: error: cannot read folder: Permission denied" in run.err
     assert "All checks passed!" not in run.out
 
 
@@ -252,3 +252,15 @@ def test_a_broken_file_parsed_again_for_a_wrapper_is_reported_once(lint, write, 
     run = lint("-j", jobs)
     assert run.err.count("c.py: error: does not parse") == 1, run.err
     assert run.lines[-1].endswith("1 file could not be linted.")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github"])
+@pytest.mark.parametrize("extra", [(), ("--exit-zero",), ("--statistics",)])
+def test_an_input_error_exits_2_over_findings_in_every_format(lint, write, tree, fmt, extra):
+    # README's one contract: 0 clean, 1 findings, 2 usage/config/input error (which wins over 1)
+    assert lint("--format", fmt, *extra).code == (0 if "--exit-zero" in extra else 1)
+    write("broken.py", "def f(:\n")
+    run = lint("--format", fmt, *extra)
+    assert run.code == 2 and "RC103" in run.out + run.err
+    alone = lint("--format", fmt, *extra, "broken.py")
+    assert alone.code == 2

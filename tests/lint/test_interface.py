@@ -77,7 +77,7 @@ def test_github_format(lint, write, region_source):
 def test_github_format_gives_file_errors_as_error_annotations(lint, write):
     write("bad.py", "from torch.utils.checkpoint import checkpoint\ny = checkpoint(f, x\n")
     run = lint("--format", "github")
-    assert run.code == 1
+    assert run.code == 2
     errors = [line for line in run.lines if line.startswith("::error ")]
     assert len(errors) == 1 and errors[0].startswith("::error file=bad.py,title=recheck%3A file not linted::")
 
