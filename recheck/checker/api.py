@@ -183,7 +183,10 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
 
     Raises:
         TypeError, ValueError: for a bad option, before the step runs.
-        RuntimeError: inside another interception (``watch()``, ``measure()``).
+        RuntimeError: inside ``measure()``, or inside a checkpointed region's forward or recompute.
+            Inside a ``watch()`` block (a test ``pytest --recheck`` watches) it runs: the block's
+            interception is set aside for its length, and the block notes that the step was
+            checked by it.
         Exception: whatever the step raises, after the state is restored.
 
     Example:
@@ -196,19 +199,16 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"recheck.check_step(): repeats must be a whole number of 1 or more, got {repeats!r}")
     from recheck.checker.twin import check_step_report
-    from recheck.intercept import patches
+    from recheck.watcher.dispatch import DISPATCHER
     from recheck.watcher.options import WatchOptions
 
     options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
                               checkpoint_functions=checkpoint_functions, where="recheck.check_step")
-    if patches.installed() is not None:
-        raise RuntimeError("recheck.check_step() cannot run while checkpoint calls are already intercepted "
-                           "(inside recheck.watch(), recheck.measure() or another check); run it outside that block")
     # no cyclic collection while the step and its twin run (on again after, if it was on), as
     # timeit pauses it: the snapshots' records survive into the oldest generation, whose
     # collection walks every object of the process (247 ms with transformers and timm
     # imported), and that came about once per ten checks
-    with collector_paused():
+    with DISPATCHER.taken_over("recheck.check_step()"), collector_paused():  # (a watch() block waits)
         return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
                                  watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
 

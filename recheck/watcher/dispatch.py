@@ -117,6 +117,57 @@ class Dispatcher(Interceptor):
             pipelining.release()
             patches.release()
 
+    @contextlib.contextmanager
+    def taken_over(self, what: str) -> Iterator[None]:
+        """The checkpoint interception to ``what`` (a check that installs its own) for the length
+        of the ``with`` block; the ``watch()`` blocks active meanwhile take it back after.
+
+        ``recheck.check_step()`` runs its step inside a ``watch()`` of its own and then with every
+        checkpoint bypassed, which needs the patches to itself.  Called in a test that
+        ``pytest --recheck`` watches, or in any ``watch()`` block, it sets the active blocks aside
+        instead of refusing to run: their sessions and records are put away and their hold on the
+        patches let go (every original object is back), and when it ends the patches are acquired
+        again for the same blocks, which go on recording; each is told so in a note.  The holds a
+        block keeps on the runtime (logging, kept prints, the working directory, the module-call
+        patch) stay taken meanwhile: the check's own block takes them again.
+
+        Raises RuntimeError, leaving everything as it was, where the patches are installed for
+        another user (``recheck.measure()``, a bypassed twin), while a checkpointed forward is running
+        or in a recompute (the check would run inside it).
+        """
+        refusal = RuntimeError(f"{what} cannot run while checkpoint calls are already intercepted (inside "
+                               "recheck.measure(), another check, or a checkpointed region's run); run it outside that")
+        if patches.installed() is None:
+            yield
+            return
+        with self._lock:
+            if not self.sessions or self._listeners or self._capturing():  # (a forward anywhere, a recompute here)
+                raise refusal
+            sessions = self.sessions
+            kept = (sessions, self.records, self.region_calls, self._reach_cache, self._options,
+                    self._launched, self._let_go_of_calls)
+            for _ in sessions:
+                pipelining.release()
+                patches.release()
+            self.sessions, self.records, self.region_calls, self._reach_cache = [], [], {}, ReachCache()
+            self._options, self._let_go_of_calls = None, None
+        try:
+            if patches.installed() is not None:  # another user holds them too
+                raise refusal
+            for session in sessions:
+                session.add_note(f"{what} ran inside this block: the checkpoint calls of its step were "
+                                 "verified by it, not recorded here")
+            yield
+        finally:
+            with self._lock:
+                if self._let_go_of_calls is not None:  # a block the check left open (it never does)
+                    self._let_go_of_calls()
+                (self.sessions, self.records, self.region_calls, self._reach_cache, self._options,
+                 self._launched, self._let_go_of_calls) = kept
+                for session in sessions:
+                    patches.acquire(self, extra_functions=session.options.checkpoint_functions)
+                    pipelining.acquire()
+
     def _record_options(self) -> dict[str, Any]:
         """What the active blocks together ask of a new record (nested blocks share records):
         copies if any keeps copies, a full replay if any asks, a tolerance only if all give one.

@@ -177,9 +177,14 @@ def test_bad_options_and_nesting_are_refused():
         recheck.check_step(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="atol was given without rtol"):
         recheck.check_step(lambda: None, atol=1e-3)
-    with recheck.watch():
+    from recheck.intercept.bypass import bypassing
+
+    with bypassing():  # another check's interception (a bypassed twin, measure()): refused
         with pytest.raises(RuntimeError, match="already intercepted"):
             recheck.check_step(lambda: None)
+    with recheck.watch() as w:  # a watch() block sets itself aside for the check (issue 40)
+        assert recheck.check_step(lambda: None).ok
+    assert any("recheck.check_step() ran inside this block" in note for note in w.report.notes)
 
 
 def test_assert_step_equal_raises_with_the_report():

@@ -263,3 +263,58 @@ def test_a_tolerance_from_the_command_line_must_be_whole(pytester):
     ok = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-atol", "1e-3", "--recheck-rtol", "0")
     ok.assert_outcomes(passed=1)
     ok.stdout.fnmatch_lines(["*store=copy, tolerance: up to atol=0.001, rtol=0 allowed*"])
+
+
+TWIN_IN_A_TEST = """
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+
+SCALE = [1.0]
+
+def make():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    def step():
+        model.zero_grad()
+        checkpoint(model, x, use_reentrant=False).sum().backward()
+    return model, step
+
+def test_twin_in_a_watched_test():
+    model, step = make()
+    checkpoint(model, torch.ones(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
+    recheck.assert_step_equal(step)
+    report = recheck.check_step(step)
+    assert report.ok, report
+    checkpoint(model, torch.ones(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
+
+def test_twin_finds_the_hazard():
+    def scaled(t):
+        return torch.tanh(t * SCALE[0])
+    x = torch.ones(2, 4, requires_grad=True)
+    def step():
+        y = checkpoint(scaled, x, use_reentrant=False)
+        SCALE[0] += 1.0
+        y.sum().backward()
+    with pytest.raises(recheck.RecomputeMismatch, match="recomputation differs"):
+        recheck.assert_step_equal(step)
+"""
+
+
+def test_assert_step_equal_runs_in_a_test_watched_by_the_plugin(pytester):
+    """The test's own twin check takes the interception over for its length; the plugin's
+    watch goes on around it (its calls before and after are watched) and says so in a note."""
+    pytester.makepyfile(test_step_twin_in_plugin=TWIN_IN_A_TEST)
+    result = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-report=run.json")
+    result.assert_outcomes(passed=2)
+    assert "already intercepted" not in result.stdout.str()
+    document = json.loads((pytester.path / "run.json").read_text())
+    by_test = {test["nodeid"].rpartition("::")[2]: test for test in document["tests"]}
+    watched = by_test["test_twin_in_a_watched_test"]
+    assert watched["stats"]["invocations"] == 2 and watched["stats"]["verified"] == 2
+    assert not watched["findings"]
+    assert any("check_step" in note for note in watched["notes"]), watched["notes"]
+    assert not by_test["test_twin_finds_the_hazard"]["findings"]  # the twin check's, not the plugin's
