@@ -26,8 +26,10 @@ first watched test runs, so a pytest run without ``--recheck`` never pays for it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -159,7 +161,30 @@ def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
     settings.options = _validated(settings.watch_options, "recheck")
     settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
                                   table.get("report"))
+    if settings.report_path:
+        _check_report_path(_report_file(config, settings.report_path))
     return settings
+
+
+def _report_file(config: pytest.Config, given: str) -> Path:
+    """The JSON report's path: as given, relative to the root directory."""
+    path = Path(given)
+    return path if path.is_absolute() else config.rootpath / path
+
+
+def _check_report_path(path: Path) -> None:
+    """Refuse, before any test runs, a report path that cannot be written as a file: a folder,
+    or a path below something that is not a folder (pytest would end with an internal error at
+    the end of the run)."""
+    where = "(--recheck-report, the recheck_report ini key or [tool.recheck] report)"
+    if path.is_dir():
+        raise pytest.UsageError(f"recheck: the JSON report path {str(path)!r} is a folder; give a file name {where}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise pytest.UsageError(f"recheck: the JSON report path {str(path)!r} lies below {str(parent)!r}, "
+                                        f"which is not a folder {where}")
+            break
 
 
 def _validated(options: dict[str, Any], where: str) -> Any:
@@ -295,16 +320,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from recheck.distributed.reports import rank_report_path
 
-    path = Path(settings.report_path)
-    if not path.is_absolute():
-        path = config.rootpath / path
+    path = _report_file(config, settings.report_path)
     options = settings.options.as_kwargs() if settings.options is not None else {}
     document: dict[str, Any] = {"tests": settings.results, "options": options}
     place = _place(settings)
     if place is not None:
         path = rank_report_path(path, place.rank)
         document.update(rank=place.rank, world_size=place.world_size)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, default=repr), encoding="utf-8")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(document, indent=2, default=repr), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:  # the path changed during the run (checked when it began), a full disk ...
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        message = f"recheck: could not write the JSON report to {str(path)!r}: {exc.strerror or exc}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR

@@ -318,3 +318,37 @@ def test_assert_step_equal_runs_in_a_test_watched_by_the_plugin(pytester):
     assert not watched["findings"]
     assert any("check_step" in note for note in watched["notes"]), watched["notes"]
     assert not by_test["test_twin_finds_the_hazard"]["findings"]  # the twin check's, not the plugin's
+
+
+@pytest.mark.parametrize("where", ["option", "ini", "tool"])
+def test_a_folder_as_the_report_path_is_a_usage_error_naming_it(pytester, where):
+    (pytester.path / "reports").mkdir()
+    (pytester.path / "afile").write_text("")
+    pytester.makepyfile(test_x="def test_x(): pass")
+    for given in ("reports", "afile/run.json"):  # a folder; a path below a file
+        args: list[str] = []
+        if where == "option":
+            args = [f"--recheck-report={given}"]
+        elif where == "ini":
+            pytester.makeini(f"[pytest]\nrecheck_report = {given}\n")
+        else:
+            pytester.makepyprojecttoml(f'[tool.recheck]\nreport = "{given}"\n')
+        result = pytester.runpytest(*PLUGIN, "--recheck", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (given, result.stdout.str(), result.stderr.str())
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+        result.stderr.fnmatch_lines([f"*recheck: the JSON report path {str(pytester.path / given)!r}*"])
+        for name in ("pytest.ini", "pyproject.toml"):
+            (pytester.path / name).unlink(missing_ok=True)
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_a_clear_error_not_an_internal_one(pytester):
+    pytester.makepyfile(test_x="""
+        from pathlib import Path
+        def test_x():
+            Path("late").write_text("")  # the report's folder, made a file during the run
+    """)
+    result = pytester.runpytest(*PLUGIN, "--recheck", "--recheck-report=late/run.json")
+    text = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in text
+    result.stdout.fnmatch_lines([f"recheck: could not write the JSON report to {str(pytester.path / 'late' / 'run.json')!r}: *"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
