@@ -165,7 +165,7 @@ def test_invalid_tool_recheck_is_a_usage_error(pytester):
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest(*PLUGIN, "--recheck")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*invalid value for 'store' in [[]tool.recheck[]]*"])
+    result.stderr.fnmatch_lines(["*recheck: *pyproject.toml: store: invalid value in [[]tool.recheck[]]*everything*"])
 
 
 def test_tool_recheck_is_not_read_unless_recheck_is_enabled(pytester):
