@@ -29,14 +29,26 @@ _TOLERANCES = ("atol", "rtol", "max_ulp")
 _INTERRUPTED = "; interrupted (Ctrl-C), the rest not checked"
 
 
-def _non_negative(kind: type) -> Any:
+def _tolerance(name: str) -> Any:
+    """The parser of ``--atol``, ``--rtol`` or ``--max-ulp``: a number that ``Tolerance.of`` accepts.
+
+    The one rule every face applies (``check()``, ``watch()``, ``[tool.recheck]``, pytest),
+    here when the command line is read, before any file is imported: an infinite or NaN
+    ``--atol`` or a ``--max-ulp`` past what the comparison holds is a usage error.
+    """
+    kind = int if name == "max_ulp" else float
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
-        if not value >= 0:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        from recheck.runtime.bits import Tolerance
+
+        try:
+            Tolerance.of(max_ulp=value) if kind is int else Tolerance.of(**{"atol": 0.0, "rtol": 0.0, name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return value
 
     return parse
@@ -73,11 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="non-reentrant checkpoint's early_stop: the configuration checked for a "
                              "region (default: on); with --step, --no-early-stop replays every "
                              "recomputation fully (default: as each call says)")
-    parser.add_argument("--atol", type=_non_negative(float), default=None,
+    parser.add_argument("--atol", type=_tolerance("atol"), default=None,
                         help="absolute tolerance (default: exact)")
-    parser.add_argument("--rtol", type=_non_negative(float), default=None,
+    parser.add_argument("--rtol", type=_tolerance("rtol"), default=None,
                         help="relative tolerance (default: exact)")
-    parser.add_argument("--max-ulp", type=_non_negative(int), default=None,
+    parser.add_argument("--max-ulp", type=_tolerance("max_ulp"), default=None,
                         help="allowed distance in units in the last place, instead of --atol/--rtol "
                              "(default: exact)")
 
@@ -99,6 +111,12 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     if ("atol" in options) != ("rtol" in options):
         raise ConfigError(f"{config.path}: [tool.recheck] sets only one of atol and rtol; "
                           "give both, as torch.testing.assert_close takes them (rtol = 0 for an absolute tolerance)")
+    from recheck.runtime.bits import Tolerance
+
+    try:
+        Tolerance.of(**options)
+    except ValueError as exc:
+        raise ConfigError(f"{config.path}: [tool.recheck]: {exc}") from None
     flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
     if flags:
         options = flags

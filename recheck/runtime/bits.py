@@ -32,6 +32,10 @@ __all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+#: The largest ``max_ulp``: ULP distances are compared as int64 tensors.
+MAX_ULP = 2 ** 63 - 1
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """A relaxed comparison: ``|a - b| <= atol + rtol * |b|`` or at most ``max_ulp`` ULPs."""
@@ -59,8 +63,8 @@ class Tolerance:
         if max_ulp is not None:
             if atol is not None or rtol is not None:
                 raise ValueError("pass either max_ulp or atol and rtol, not both")
-            if isinstance(max_ulp, bool) or not isinstance(max_ulp, int) or max_ulp < 0:
-                raise ValueError(f"max_ulp must be a whole number of 0 or more, got {max_ulp!r}")
+            if isinstance(max_ulp, bool) or not isinstance(max_ulp, int) or not 0 <= max_ulp <= MAX_ULP:
+                raise ValueError(f"max_ulp must be a whole number from 0 to 2**63 - 1, got {max_ulp!r}")
             return cls(max_ulp=max_ulp)
         if atol is None or rtol is None:
             given, missing = ("atol", "rtol") if rtol is None else ("rtol", "atol")

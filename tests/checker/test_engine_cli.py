@@ -239,9 +239,9 @@ RUNS_LEAVE_A_MARK = textwrap.dedent('''
 @pytest.mark.parametrize("flags, message", [
     (["--atol", "1e-3", "--max-ulp", "4"], "pass either --max-ulp or --atol/--rtol, not both"),
     (["--rtol", "0.1", "--max-ulp", "0"], "pass either --max-ulp or --atol/--rtol, not both"),
-    (["--atol", "-1e-3", "--rtol", "0"], "argument --atol: must be 0 or more, got -1e-3"),
-    (["--max-ulp", "-4"], "argument --max-ulp: must be 0 or more, got -4"),
-    (["--rtol", "nan", "--atol", "0"], "argument --rtol: must be 0 or more, got nan"),
+    (["--atol", "-1e-3", "--rtol", "0"], "argument --atol: atol must be a finite number of 0 or more, got -0.001"),
+    (["--max-ulp", "-4"], "argument --max-ulp: max_ulp must be a whole number from 0 to 2**63 - 1, got -4"),
+    (["--rtol", "nan", "--atol", "0"], "argument --rtol: rtol must be a finite number of 0 or more, got nan"),
     (["--max-ulp", "1.5"], "argument --max-ulp: not a whole number: '1.5'"),
     (["--atol", "1e-3"], "--atol and --rtol go together, as torch.testing.assert_close takes them"),
 ])
