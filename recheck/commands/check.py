@@ -29,6 +29,10 @@ _TOLERANCES = ("atol", "rtol", "max_ulp")
 _INTERRUPTED = "; interrupted (Ctrl-C), the rest not checked"
 
 
+#: The most ``--repeats`` a ``--step`` is run with (each is a whole run of the step and its snapshot).
+_MOST_REPEATS = 1000
+
+
 def _tolerance(name: str) -> Any:
     """The parser of ``--atol``, ``--rtol`` or ``--max-ulp``: a number that ``Tolerance.of`` accepts.
 
@@ -54,6 +58,16 @@ def _tolerance(name: str) -> Any:
     return parse
 
 
+def _repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= _MOST_REPEATS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {_MOST_REPEATS}, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Targets, output format, checkpoint configuration and tolerance options."""
     parser.add_argument("targets", nargs="*", metavar="TARGET",
@@ -65,9 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch-only", action="store_true",
                         help="with --step: only verify each recomputation against its own forward "
                              "(recheck.watch()), without the uncheckpointed twin")
-    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+    parser.add_argument("--repeats", type=_repeats, default=None, metavar="N",
                         help="with --step: runs of the step as written (what differs between them is "
-                             "not blamed on checkpointing; default 1)")
+                             f"not blamed on checkpointing; default 1, at most {_MOST_REPEATS})")
     parser.add_argument("--strict", action="store_true", default=None,
                         help="with --step: the old name of --no-early-stop")
     parser.add_argument("--store", choices=("digest", "copy"), default=None,
@@ -143,8 +157,8 @@ def _usage_problem(ns: argparse.Namespace) -> str | None:
         return "nothing to check: give a TARGET (file.py, file.py:name, pkg.module:name) or --step FILE.py:FN"
     if ns.targets and (ns.strict is not None or ns.store is not None or ns.watch_only or ns.repeats is not None):
         return "--strict, --store, --watch-only and --repeats go with --step"
-    if ns.repeats is not None and (ns.repeats < 1 or ns.watch_only):
-        return "--repeats takes a whole number of 1 or more, and runs the twin (not with --watch-only)"
+    if ns.repeats is not None and ns.watch_only:
+        return "--repeats runs the twin, not with --watch-only"
     if ns.step and any(getattr(ns, n) is not None for n in ("use_reentrant", "preserve_rng_state")):
         return ("--use-reentrant and --preserve-rng-state choose the checkpoint a region TARGET is checked "
                 "under; a --step runs its checkpoints as written")

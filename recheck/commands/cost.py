@@ -40,6 +40,8 @@ HELP = (
 )
 
 _DEFAULT_FUNCTION = "step"
+#: The most timed runs per mode ``--repeats`` asks for.
+_MOST_REPEATS = 10_000
 #: Seconds a ``--ranks`` world may run before its processes are killed.
 _DEFAULT_TIMEOUT = 300.0
 
@@ -49,16 +51,6 @@ def _size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("--repeats must be 1 or more")
-    return value
 
 
 def _positive(option: str, most: int) -> Callable[[str], int]:
@@ -91,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a zero-argument callable doing forward + backward (file.py:name or pkg.module:name; "
         f"the name defaults to '{_DEFAULT_FUNCTION}')",
     )
-    parser.add_argument("--repeats", type=_repeats, default=5, help="timed runs per mode (default 5; --ranks and --plan trace one run per mode)")
+    parser.add_argument("--repeats", type=_positive("--repeats", _MOST_REPEATS), default=5,
+                        help=f"timed runs per mode (default 5, at most {_MOST_REPEATS}; --ranks and --plan trace "
+                        "one run per mode)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress display (one is drawn on stderr only when it is a terminal)")

@@ -2,7 +2,7 @@
 
 A tolerance is validated by one rule (``Tolerance.of``) on every face: an infinite ``--atol``
 or a ``--max-ulp`` beyond what the comparison can hold is a usage error (exit 2) before the
-user's file is imported, never an error of each region.
+user's file is imported, never an error of each region.  ``--repeats`` is bounded.
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ HUGE = str(10 ** 30)
                  "argument --atol: atol must be a finite", id="step-atol-inf"),
     pytest.param(["check", "--step", "marks.py:step", "--max-ulp", HUGE], "argument --max-ulp: max_ulp must be a whole",
                  id="step-max-ulp-huge"),
+    pytest.param(["check", "--step", "marks.py:step", "--repeats", str(10 ** 20)],
+                 "argument --repeats: must be between 1 and", id="step-repeats-huge"),
+    pytest.param(["check", "--step", "marks.py:step", "--repeats", "1e20"],
+                 "argument --repeats: not a whole number: '1e20'", id="step-repeats-float"),
+    pytest.param(["cost", "marks.py:step", "--repeats", str(10 ** 20)], "argument --repeats: --repeats must be between",
+                 id="cost-repeats-huge"),
 ])
 def test_an_out_of_range_argument_is_a_usage_error_before_anything_runs(marks, capsys, argv, message):
     assert _exit_code(argv) == 2
