@@ -199,8 +199,12 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"recheck.check_step(): repeats must be a whole number of 1 or more, got {repeats!r}")
     from recheck.checker.twin import check_step_report
+    from recheck.runtime.steps import given_objects
     from recheck.watcher.dispatch import DISPATCHER
     from recheck.watcher.options import WatchOptions
+
+    modules = given_objects(modules, "modules", "recheck.check_step()")
+    optimizers = given_objects(optimizers, "optimizers", "recheck.check_step()")
 
     options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
                               checkpoint_functions=checkpoint_functions, where="recheck.check_step")

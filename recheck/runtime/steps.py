@@ -26,7 +26,7 @@ from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
 
-__all__ = ["StepState", "discover_state"]
+__all__ = ["StepState", "discover_state", "given_objects"]
 
 _MAX_DEPTH = 3
 #: Training-loop objects whose ``state_dict`` changes in a step: restored like the optimizer.
@@ -269,7 +269,7 @@ def discover_state(
     Submodules of a found module are not listed separately (their parameters are reached
     through the parent).
     """
-    state = StepState(modules=list(modules), optimizers=list(optimizers))
+    state = StepState(modules=given_objects(modules, "modules"), optimizers=given_objects(optimizers, "optimizers"))
     seen: set[int] = {id(m) for m in state.modules} | {id(o) for o in state.optimizers}
     _visit(step, state, seen, depth=0)
     covered = {id(t) for t in state.parameters()} | {id(t) for t in state.buffers()}
@@ -277,6 +277,27 @@ def discover_state(
     state.leaves = [t for t in loose if t.requires_grad and t.is_leaf]
     state.tensors = [t for t in loose if not (t.requires_grad and t.is_leaf)]
     return state
+
+
+#: What ``modules`` and ``optimizers`` hold, and the name a message gives it.
+_GIVEN = {"modules": (torch.nn.Module, "torch.nn.Module"),
+          "optimizers": (torch.optim.Optimizer, "torch.optim.Optimizer")}
+
+
+def given_objects(values: Any, name: str, where: str = "recheck") -> list[Any]:
+    """The ``modules`` or ``optimizers`` (``name``) a caller gives, as a list, checked before the step runs.
+
+    Raises:
+        TypeError: naming ``where``, the argument and the element that is not a module (an optimizer).
+    """
+    kind, shown = _GIVEN[name]
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{where}: {name} must be a sequence of {shown}, got {type(values).__name__}")
+    given = list(values)
+    for index, value in enumerate(given):
+        if not isinstance(value, kind):
+            raise TypeError(f"{where}: {name}[{index}] must be a {shown}, got {type(value).__name__}")
+    return given
 
 
 def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:

@@ -105,6 +105,24 @@ def test_the_library_refuses_a_max_ulp_the_comparison_cannot_hold():
     assert check(region, torch.randn(2, requires_grad=True), max_ulp=2 ** 63 - 1).ok
 
 
+@pytest.mark.parametrize("modules, optimizers, message", [
+    pytest.param([5], (), r"check_step\(\): modules\[0\] must be a torch.nn.Module, got int", id="module-int"),
+    pytest.param(torch.nn.Linear(2, 2), (), r"check_step\(\): modules must be a sequence of torch.nn.Module, "
+                 r"got Linear", id="modules-not-a-sequence"),
+    pytest.param((), [torch.nn.Linear(2, 2)], r"check_step\(\): optimizers\[0\] must be a torch.optim.Optimizer, "
+                 r"got Linear", id="optimizer-module"),
+    pytest.param((), "adam", r"check_step\(\): optimizers must be a sequence of torch.optim.Optimizer, got str",
+                 id="optimizers-str"),
+])
+def test_check_step_names_a_bad_modules_or_optimizers_element(modules, optimizers, message):
+    from recheck import check_step
+
+    calls = []
+    with pytest.raises(TypeError, match=message):
+        check_step(lambda: calls.append(1), modules=modules, optimizers=optimizers)
+    assert not calls
+
+
 @pytest.mark.parametrize("flags, message", [
     pytest.param(["--recheck-max-ulp", HUGE], "max_ulp must be a whole number from 0 to 2**63 - 1", id="max-ulp-huge"),
     pytest.param(["--recheck-atol", "inf", "--recheck-rtol", "0"], "atol must be a finite number", id="atol-inf"),
