@@ -1,6 +1,6 @@
 """The optional dependencies of recheck's faces, and what to say when one is missing.
 
-The linter and the rule catalogue need only libcst (and the standard library), so a plain
+The linter and the rule catalogue need only the standard library (and tqdm for progress bars), so a plain
 ``pip install recheck`` does not bring in PyTorch (gigabytes) for them: a pre-commit hook
 gets that light install.  The dynamic faces (``recheck check``, ``recheck cost``,
 ``recheck.watch()``, ``pytest --recheck``) need torch; :func:`require_torch` says how to

@@ -41,7 +41,7 @@ def test_lint_path_never_imports_torch(tmp_path):
     pytest.importorskip("recheck.commands.lint")
     (tmp_path / "m.py").write_text("print('not checkpointed')\n")
     out = subprocess.run(
-        [sys.executable, "-c", NO_TORCH.format(argvs=[["lint", str(tmp_path)]]).replace("\"libcst\"", "\"_\"")],
+        [sys.executable, "-c", NO_TORCH.format(argvs=[["lint", str(tmp_path)]])],
         capture_output=True,
         text=True,
         timeout=120,

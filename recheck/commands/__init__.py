@@ -1,7 +1,7 @@
 """The ``recheck`` subcommands, one module each.
 
 Each module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(ns) -> int``.
-Importing a command module must stay cheap: torch and libcst are imported inside ``run``.
+Importing a command module must stay cheap: torch is imported inside ``run``.
 """
 
 #: The subcommands in the order ``recheck --help`` lists them.

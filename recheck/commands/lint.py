@@ -2,7 +2,7 @@
 
 Exit codes (README's contract for every face): 0 clean, 1 findings, 2 usage, configuration
 or input error, including a file or folder that could not be linted, which wins over 1 (the
-findings are still all printed); ``--exit-zero`` turns 1 into 0, never 2.  Nothing here imports torch; libcst is imported only by ``--fix``.
+findings are still all printed); ``--exit-zero`` turns 1 into 0, never 2.  Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Phase one (:mod:`recheck.lint.extract`) reads each candidate file into plain facts;
 phase two (:mod:`recheck.lint.regions`) finds the regions across files and reports the
-hazards inside them.  This package never imports torch, nor libcst: ``--fix``
+hazards inside them.  This package never imports torch; ``--fix``
 (:mod:`recheck.lint.fix`) splices its insertions into the file's bytes at :mod:`ast` positions.
 """
 

@@ -1,8 +1,7 @@
 """Phase one: read one file's syntax tree into :class:`~recheck.lint.facts.FileFacts`.
 
-The tree is the standard library's :mod:`ast` (about ten times faster to build than a
-libcst tree, measured in ``benchmarks/lint_speed.py``); ``--fix`` places its insertions
-with the same positions.  Every function body is scanned once, by every body rule,
+The tree is the standard library's :mod:`ast`; ``--fix`` places its insertions with the
+same positions.  Every function body is scanned once, by every body rule,
 without knowing yet whether it is checkpointed.
 """
 
