@@ -6,6 +6,11 @@ numpy's global state), keyed by the name findings use (``cpu RNG``, ``cuda:0 RNG
 ``generator `self.gen```, ``Python random``, ``numpy global RNG``); :func:`rng_fingerprint`
 is the one exact comparable encoding of a state (tensor bytes; Python's tuple as it is;
 numpy's arrays as bytes); :class:`RngRecord` restores them all.
+
+RNG *instances* a region holds (``random.Random``, ``numpy.random.RandomState``, numpy's
+``Generator`` and bit generators) are found by the snapshot where it finds other held state:
+:func:`instance_kind` tells one, :func:`instance_state` and :func:`set_instance_state` read and
+put back its state.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import torch
 from recheck.runtime.bits import host_memory
 from recheck.runtime.fingerprints import Observed, show
 
-__all__ = ["HOST_STREAMS", "RngRecord", "cpu_fingerprint", "only_cpu", "rng_fingerprint", "rng_fingerprints", "rng_states",
-           "rng_summary"]
+__all__ = ["HOST_STREAMS", "RngRecord", "cpu_fingerprint", "instance_kind", "instance_state", "only_cpu",
+           "rng_fingerprint", "rng_fingerprints", "rng_states", "rng_summary", "set_instance_state"]
 
 
 def _initialized_accelerators() -> tuple[tuple[str, Any], ...]:
@@ -59,6 +64,8 @@ def rng_fingerprint(state: Any) -> Any:
             return state
         except TypeError:  # holds an array (numpy)
             return tuple(rng_fingerprint(item) for item in state)
+    if isinstance(state, dict):  # numpy's bit generators: {"bit_generator": ..., "state": {...}}
+        return ("dict", tuple((key, rng_fingerprint(value)) for key, value in state.items()))
     if hasattr(state, "tobytes"):
         return ("ndarray", state.tobytes())
     return state
@@ -192,6 +199,49 @@ class RngRecord:
             yield Observed("rng", name, rng_fingerprint(state), rng_summary(state))
 
 
+def instance_kind(value: Any) -> str | None:
+    """How findings name an RNG instance's kind (``random.Random``, ``numpy RandomState``,
+    ``numpy Generator``, ``numpy BitGenerator``), or None for anything else.  numpy is asked only
+    where it is imported already (an instance of its classes cannot exist otherwise)."""
+    if isinstance(value, random.Random):  # (SystemRandom draws from the OS: no state of its own)
+        return None if isinstance(value, random.SystemRandom) else "random.Random"
+    numpy = sys.modules.get("numpy")
+    generators = getattr(numpy, "random", None) if numpy is not None else None
+    if generators is None:
+        return None
+    for kind, name in (("numpy RandomState", "RandomState"), ("numpy Generator", "Generator"),
+                       ("numpy BitGenerator", "BitGenerator")):
+        cls = getattr(generators, name, None)
+        if isinstance(cls, type) and isinstance(value, cls):
+            return kind
+    return None
+
+
+def instance_state(value: Any, kind: str) -> Any:
+    """The state of the RNG instance ``value`` of :func:`instance_kind` ``kind`` (a new object:
+    what a later draw changes is not it).  Raises what the instance raises where it has no
+    state to read."""
+    if kind == "random.Random":
+        return value.getstate()
+    if kind == "numpy RandomState":
+        return value.get_state()
+    if kind == "numpy Generator":
+        return value.bit_generator.state
+    return value.state
+
+
+def set_instance_state(value: Any, kind: str, state: Any) -> None:
+    """Put ``state`` (from :func:`instance_state`) back into the RNG instance ``value``."""
+    if kind == "random.Random":
+        value.setstate(state)
+    elif kind == "numpy RandomState":
+        value.set_state(state)
+    elif kind == "numpy Generator":
+        value.bit_generator.state = state
+    else:
+        value.state = state
+
+
 def rng_summary(state: Any) -> str:
     """A short description of an RNG state (a Mersenne Twister position, or a CRC-32)."""
     if isinstance(state, torch.Tensor):
@@ -200,4 +250,6 @@ def rng_summary(state: Any) -> str:
         return f"position {state[1][-1]}"  # Python random: the Mersenne Twister index
     if isinstance(state, tuple) and len(state) >= 3:
         return f"position {state[2]}"  # numpy legacy state
+    if isinstance(state, dict):  # numpy's bit generators
+        return f"state digest {zlib.crc32(repr(rng_fingerprint(state)).encode()):08x}"
     return show(state)
