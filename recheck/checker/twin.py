@@ -477,6 +477,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
     watched = written.report if written.report is not None else Report()
     watched.findings.extend(written.probe)
     notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
+    notes += twin.snapshot.notes()  # what the step reaches and the check cannot put back
     stats = {"runs": twin.runs, "parameters": len(twin.parameters),
              "watch": dict(watched.stats)}
     title = (f"step           {name}\n"

@@ -27,8 +27,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from recheck.runtime.rng import instance_kind
+
 __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "ReachCache", "cell_values", "code_globals", "dereferenced",
-           "put_to_sleep", "reach_of", "static_reach"]
+           "is_library", "put_to_sleep", "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -111,9 +113,15 @@ def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 
-def _is_library(module_name: str | None) -> bool:
+def is_library(module_name: str | None) -> bool:
+    """Whether ``module_name`` (a ``__module__``) is torch's, numpy's or the standard library's:
+    code a region runs there keeps no state of the project's (its globals, its classes'
+    attributes), and objects of its classes are no plain objects of the project's."""
     top = (module_name or "").split(".")[0]
     return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
+
+
+_is_library = is_library
 
 
 class Reach:
@@ -123,7 +131,8 @@ class Reach:
         self.modules: dict[int, tuple[str, torch.nn.Module]] = {}
         self.generators: dict[str, torch.Generator] = {}
         self.tensors: dict[str, torch.Tensor] = {}  # outside modules: closures, partials, globals
-        #: plain Python objects whose attributes a region can change (a cache passed in, a tracker)
+        #: plain Python objects whose attributes a region can change (a cache passed in, a tracker),
+        #: and RNG instances it can draw from (``random.Random``, numpy's; see ``rng.instance_kind``)
         self.objects: dict[str, Any] = {}
         #: callables and modules made by ``torch.compile`` that the region or step reaches
         self.compiled: list[str] = []
@@ -332,7 +341,7 @@ class Reach:
         elif depth > 0 and isinstance(value, dict):
             for key, item in value.items():
                 self.add_value(f"{name}[{key!r}]", item, depth - 1)
-        elif _is_plain_object(value):
+        elif _is_plain_object(value) or instance_kind(value) is not None:
             if all(o is not value for o in self.objects.values()):
                 self.objects[name] = value
 

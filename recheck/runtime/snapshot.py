@@ -15,7 +15,20 @@ runs (:meth:`Snapshot.observe`).  Records exist for
 * Python values in a namespace (:class:`ValueRecord`): module attributes (the
   module's ``__dict__``) and module-level globals, rebinding the original object
   and restoring the content of containers (nested up to three levels);
-* torch's default dtype (:class:`DefaultDtypeRecord`), which code may set and not reset.
+* torch's default dtype (:class:`DefaultDtypeRecord`), which code may set and not reset;
+* what the values above hold (:meth:`Snapshot.hold`): the attributes of plain objects a module,
+  a plain object, a global or an argument holds (:class:`HeldValueRecord`, to
+  :data:`~recheck.runtime.fingerprints._MAX_DEPTH` levels and ``_MAX_ITEMS`` items a container,
+  as fingerprints look), their ``__slots__`` (:class:`SlotRecord`), the plain data in the
+  namespaces of the classes whose code the region runs (the classes of its modules and of those
+  objects: :class:`ClassValueRecord`, :class:`ClassKeysRecord`), and the RNG instances found
+  there (``random.Random``, numpy's ``RandomState``, ``Generator`` and bit generators:
+  :class:`InstanceRngRecord`).
+
+Whatever a snapshot records it puts back.  What it finds and cannot put back (an iterator's
+position, an object of a compiled extension without readable attributes, a record whose restore
+raised) it names in :meth:`Snapshot.notes`, which the report carries: a check never claims to
+leave no trace where it cannot.
 
 :func:`fingerprint` turns any value into a comparable structure: numbers by bits,
 tensors by :func:`~recheck.runtime.bits.digest`, containers by content and length.
@@ -23,10 +36,14 @@ tensors by :func:`~recheck.runtime.bits.digest`, containers by content and lengt
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import enum
 import functools
+import itertools
 import operator
 import threading
+import types
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
@@ -36,19 +53,27 @@ from recheck.runtime.digests import tensor_digest
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
-from recheck.runtime.rng import RngRecord, rng_fingerprint, rng_states, rng_summary
+from recheck.runtime.reach import is_library
+from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_fingerprint, rng_states, rng_summary,
+                                 set_instance_state)
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.runtime.reach import Reach
 
 __all__ = [
     "BindingsRecord",
+    "ClassKeysRecord",
+    "ClassValueRecord",
     "DefaultDtypeRecord",
     "DigestedTensor",
     "GradRecord",
+    "HeldKeysRecord",
+    "HeldValueRecord",
+    "InstanceRngRecord",
     "NewKeysRecord",
     "Observed",
     "RngRecord",
+    "SlotRecord",
     "Snapshot",
     "TensorRecord",
     "ValueRecord",
@@ -243,10 +268,14 @@ class _Content:
             self.items = bytes(obj)
         elif isinstance(obj, torch.Tensor):
             self.items = (obj._version, obj.detach().clone())
+        elif isinstance(obj, collections.deque):
+            self.items = list(obj)
+        elif _is_ndarray(obj):
+            self.items = obj.copy()
         else:
             self.items = None
         values = (dict.values(obj) if isinstance(obj, dict) else obj
-                  if isinstance(obj, (list, tuple, set)) else ())
+                  if isinstance(obj, (list, tuple, set, collections.deque)) else ())
         self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
                          if depth > 0 and _is_container(v)]
 
@@ -271,6 +300,12 @@ class _Content:
                 with torch.no_grad():
                     obj.copy_(copy)
                 _set_version(obj, version)
+        elif isinstance(obj, collections.deque) and not same_items(list(obj), items):
+            obj.clear()
+            obj.extend(items)
+        elif items is not None and _is_ndarray(obj) and not (
+                obj.shape == items.shape and obj.dtype == items.dtype and obj.tobytes() == items.tobytes()):
+            obj[...] = items
 
 
 def same_mapping(now: dict, then: dict) -> bool:
@@ -297,7 +332,12 @@ def is_immutable(value: Any) -> bool:
 
 
 def _is_container(value: Any) -> bool:
-    return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor))
+    return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor, collections.deque)) or _is_ndarray(value)
+
+
+def _is_ndarray(value: Any) -> bool:
+    """A numpy array (numpy is not imported for the question: an array cannot exist without it)."""
+    return type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
 
 
 #: per thread, while :meth:`Snapshot.track` or :meth:`Snapshot.observe` runs: the fingerprints
@@ -428,6 +468,194 @@ class BindingsRecord:
         return iter(())
 
 
+class HeldValueRecord(ValueRecord):
+    """One attribute of a plain object that another recorded value holds (``self.counter.n``):
+    put back like any :class:`ValueRecord`, and observed through its holder, whose fingerprint
+    prints the object's attributes (a finding names ``attribute `self.counter```, once)."""
+
+    def observe(self) -> tuple[()]:  # type: ignore[override]
+        return ()
+
+
+class HeldKeysRecord(NewKeysRecord):
+    """Attributes created on a held plain object: removed by restore, observed through its holder."""
+
+    def observe(self) -> Iterator[Observed]:
+        return iter(())
+
+
+class SlotRecord:
+    """One ``__slots__`` attribute of a held object, read and put back through its descriptor
+    (so a ``__setattr__`` that refuses writes does not stop the restore)."""
+
+    def __init__(self, subject: str, obj: Any, descriptor: Any) -> None:
+        self.subject = subject
+        self.obj = obj
+        self.descriptor = descriptor
+        self.value = self._read()
+        self.print = _printed(self.value)
+        self.content = _Content(self.value, _MAX_DEPTH) if _is_container(self.value) else None
+
+    def _read(self) -> Any:
+        try:
+            return self.descriptor.__get__(self.obj, type(self.obj))
+        except AttributeError:  # an empty slot
+            return MISSING
+
+    def unchanged(self) -> bool:
+        value = self._read()
+        return value is self.value if is_immutable(value) else fingerprint(value) == self.print
+
+    def restore(self) -> None:
+        value = self._read()
+        if value is not self.value:
+            if self.value is MISSING:
+                self.descriptor.__delete__(self.obj)
+            else:
+                self.descriptor.__set__(self.obj, self.value)
+        if self.content is not None:
+            self.content.restore()
+
+    def observe(self) -> tuple[Observed]:
+        value = self._read()
+        if value is MISSING:
+            return (Observed("state", self.subject, "<absent>", "<absent>"),)
+        seen = _printed(value)
+        return (Observed("state", self.subject, seen, show_printed(value, seen)),)
+
+
+def class_subject(cls: type, key: str) -> str:
+    """``class attribute `Block.calls```."""
+    return f"class attribute `{cls.__qualname__}.{key}`"
+
+
+class ClassValueRecord(ValueRecord):
+    """One piece of plain data in a class's namespace (a counter bumped as ``type(self).calls += 1``,
+    a registry dict): the binding put back with ``type.__setattr__`` (a class's ``__dict__`` is a
+    read-only view; a metaclass's ``__setattr__`` is not asked), the content as a value's."""
+
+    def __init__(self, cls: type, key: str) -> None:
+        self.owner = cls
+        super().__init__("state", class_subject(cls, key), cls.__dict__, key)  # (a live view)
+
+    def restore(self) -> None:
+        cls, key = self.owner, self.key
+        if not self.present:
+            if key in cls.__dict__:
+                type.__delattr__(cls, key)
+            return
+        if cls.__dict__.get(key, MISSING) is not self.value:
+            type.__setattr__(cls, key, self.value)
+        if self.content is not None:
+            self.content.restore()
+
+
+class ClassKeysRecord:
+    """Plain data a region creates in a class's namespace (``type(self).total += 1`` where
+    ``total`` is inherited makes it the subclass's own): removed by restore, observed as
+    ``class attribute `Block.total```."""
+
+    def __init__(self, cls: type) -> None:
+        self.owner = cls
+        self.keys = set(cls.__dict__)
+
+    def _new(self) -> list[str]:
+        namespace = self.owner.__dict__
+        if namespace.keys() <= self.keys:
+            return []
+        return [k for k in namespace if k not in self.keys and _class_data(k, namespace[k])]
+
+    def unchanged(self) -> bool:
+        return not self._new()
+
+    def restore(self) -> None:
+        for key in self._new():
+            type.__delattr__(self.owner, key)
+
+    def observe(self) -> Iterator[Observed]:
+        namespace = self.owner.__dict__
+        for key in self._new():
+            value = namespace[key]
+            seen = _printed(value)
+            yield Observed("state", class_subject(self.owner, key), seen, show_printed(value, seen))
+
+
+def _class_data(key: str, value: Any) -> bool:
+    """Whether a class namespace's ``key`` holds plain data a region may change: not a function,
+    method, property or other descriptor, not a class, and not a dunder name."""
+    return (is_module_state(key) and not isinstance(value, (type, types.ModuleType))
+            and not callable(value) and not hasattr(type(value), "__get__"))
+
+
+class InstanceRngRecord:
+    """An RNG instance the region can draw from (``random.Random``, numpy's ``RandomState``,
+    ``Generator`` or a bit generator), by its state: observed as ``rng``
+    (``random.Random `self.rng```), put back with its own setter."""
+
+    def __init__(self, name: str, obj: Any, kind: str) -> None:
+        self.obj, self.kind = obj, kind
+        self.subject = f"{kind} `{name}`"
+        self.state = instance_state(obj, kind)
+        self.print = rng_fingerprint(self.state)
+
+    def unchanged(self) -> bool:
+        return rng_fingerprint(instance_state(self.obj, self.kind)) == self.print
+
+    def restore(self) -> None:
+        if not self.unchanged():
+            set_instance_state(self.obj, self.kind, self.state)
+
+    def observe(self) -> tuple[Observed]:
+        state = instance_state(self.obj, self.kind)
+        return (Observed("rng", self.subject, rng_fingerprint(state), rng_summary(state)),)
+
+
+def _record_name(record: Any) -> str:
+    """How :meth:`Snapshot.notes` names what ``record`` holds."""
+    subject = getattr(record, "subject", None)
+    if subject:
+        return str(subject)
+    owner = getattr(record, "owner", None)
+    if isinstance(owner, type):
+        return f"attributes created on class `{owner.__qualname__}`"
+    module = getattr(record, "module", None)
+    if module is not None:
+        return f"attributes created on `{module or 'self'}`"
+    return type(record).__name__
+
+
+class _NoRecord:
+    """Stands for an object whose slots have records of their own (its key marks it found)."""
+
+    def unchanged(self) -> bool:
+        return True
+
+    def restore(self) -> None:
+        pass
+
+    def observe(self) -> tuple[()]:
+        return ()
+
+
+_NO_RECORD = _NoRecord()
+
+#: at most this many values are looked into for held state in one snapshot (besides the depth and
+#: items a container bounds, as fingerprints have): the search stays bounded on any model
+_MAX_HELD = 1 << 16
+
+#: exact types never looked into for held state: immutable values, and what the snapshot records
+#: otherwise (modules, tensors, generators) or never holds state of its own (functions, classes)
+_NOT_HOLDERS = frozenset({bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
+                          torch.Size, range, slice, types.FunctionType, types.BuiltinFunctionType,
+                          types.MethodType, functools.partial, type, types.ModuleType, torch.Tensor,
+                          torch.nn.Parameter, frozenset})
+
+#: types whose objects a held search does not look into: what the snapshot records by other means
+#: (modules, tensors, torch's generators, a training loop's optimizer) and values without state
+_SKIPPED_HOLDERS = (torch.nn.Module, torch.Tensor, torch.Generator, torch.optim.Optimizer, type,
+                    types.ModuleType, enum.Enum)
+
+
 class DefaultDtypeRecord:
     """``torch.get_default_dtype()``: a region that sets it and does not reset it changes every
     later factory call (and no checkpoint restores it for the recompute)."""
@@ -458,6 +686,9 @@ class Snapshot:
         self.records: list[Any] = []
         self.keys: set[Any] = set()
         self._makers: list[tuple[Any, Any]] = []
+        #: what was found and cannot be put back, by its name in backticks: why (see :meth:`notes`)
+        self.unrestorable: dict[str, str] = {}
+        self._held_left = _MAX_HELD  # values a held search may still look into
 
     def add(self, key: Any, make: Any) -> bool:
         """Add ``make()`` under ``key`` unless a record for ``key`` exists; True when added."""
@@ -474,6 +705,7 @@ class Snapshot:
         Tensors found unchanged (version and bytes) share the existing copy.
         """
         again = Snapshot(RngRecord(self.rng.generators))
+        again.unrestorable = self.unrestorable  # (the same pieces: one account of what is not put back)
         for (key, make), record in zip(self._makers, self.records):
             again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
             again._makers[-1] = (key, make)
@@ -484,7 +716,9 @@ class Snapshot:
 
         Modules (parameters with their grads, buffers, every attribute, the bindings of their
         parameter, buffer and submodule dicts, attributes created later), globals read and
-        written, tensors held outside modules, plain objects' attributes, explicit generators.
+        written, tensors held outside modules, plain objects' attributes, explicit generators,
+        and what all these values hold (see :meth:`hold`): plain objects' attributes, class
+        attributes of the classes whose code runs, RNG instances.
         Parameters are recorded as ``param_kind`` (``param_version`` for a region, whose
         parameters must not change; ``state`` for a step, whose optimizer changes them).
         Returns the parameters newly tracked, by dotted name.
@@ -517,24 +751,125 @@ class Snapshot:
                 if buffer is not None:
                     add(("buffer", id(buffer)), functools.partial(
                         TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
-            for key in list(vars(module)):
-                if is_module_state(key):
-                    add(("attr", id(module), key), functools.partial(
-                        ValueRecord, "state", attribute_subject(prefix, key), module.__dict__, key))
+            attributes = module.__dict__
+            for key in list(attributes):
+                if is_module_state(key) and add(("attr", id(module), key), functools.partial(
+                        ValueRecord, "state", attribute_subject(prefix, key), attributes, key)):
+                    self.hold(f"{prefix or 'self'}.{key}", attributes.get(key))
+            self._classes(type(module))
         for place, ref in list(reach.writes.items()) + list(reach.reads.items()):
-            add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name))
+            if add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name)):
+                self.hold(ref.display, ref.namespace.get(ref.name))
         for name, tensor in list(reach.tensors.items()):
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
                 parameter(name, tensor)
             else:
                 add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", f"tensor `{name}`", tensor))
         for name, obj in list(reach.objects.items()):
-            if add(("object", id(obj)), functools.partial(NewKeysRecord, obj.__dict__, name)):
-                for key in list(vars(obj)):
-                    if is_module_state(key):
-                        add(("object-attr", id(obj), key), functools.partial(
-                            ValueRecord, "state", attribute_subject(name, key), obj.__dict__, key))
+            self.hold(name, obj, held=False)
         return found
+
+    # -- what values hold ------------------------------------------------------------------------
+
+    def hold(self, name: str, value: Any, depth: int = _MAX_DEPTH, held: bool = True) -> None:
+        """Records for the state ``value`` (reached as ``name``) holds, ``depth`` levels down.
+
+        A plain object's attributes (and those created later) and its class's plain data, a
+        ``__slots__`` object's slots, an RNG instance's state; lists, tuples, deques and dicts
+        are looked into for them (their own content is put back by the record that holds
+        them).  Modules, tensors and torch's generators are the reach's, recorded by
+        :meth:`track` once.  ``held``: the value is itself recorded (a module's attribute, a
+        global), whose fingerprint shows its object's attributes; the attributes' records then
+        only put back.  What cannot be put back is named in :attr:`unrestorable`.
+        """
+        cls = type(value)
+        if cls in _NOT_HOLDERS or depth <= 0 or isinstance(value, _SKIPPED_HOLDERS):
+            return
+        self._held_left -= 1
+        if self._held_left < 0:
+            self.unrestorable.setdefault(f"what lies beyond the first {_MAX_HELD:,} values the region reaches",
+                                         "recheck looks no further for state held in them")
+            return
+        kind = instance_kind(value)
+        if kind is not None:
+            self._rng_instance(name, value, kind)
+        elif isinstance(value, (list, tuple, collections.deque)):
+            for index, item in enumerate(itertools.islice(value, _MAX_ITEMS)):
+                if type(item) not in _NOT_HOLDERS:
+                    self.hold(f"{name}[{index}]", item, depth - 1)
+        elif isinstance(value, dict):
+            for key, item in itertools.islice(dict.items(value), _MAX_ITEMS):
+                if type(item) not in _NOT_HOLDERS:  # (a key of another type is not asked for its repr)
+                    self.hold(f"{name}[{key!r}]" if type(key) in (str, int) else f"{name}[...]", item, depth - 1)
+        elif isinstance(value, (set, frozenset)) or is_library(cls.__module__) and not hasattr(cls, "__next__"):
+            return  # (a set holds hashable values; torch's, numpy's and Python's own objects keep no project state)
+        elif isinstance(getattr(value, "__dict__", None), dict):
+            self._object(name, value, depth, held)
+        elif not self._slots(name, value, depth):
+            what = f"{cls.__module__}.{cls.__qualname__}"
+            self.unrestorable.setdefault(f"`{name}`", (
+                f"an iterator ({what}), whose position cannot be read" if hasattr(cls, "__next__") else
+                f"a {what} object without attributes recheck can read (a compiled extension's)"))
+
+    def _object(self, name: str, obj: Any, depth: int, held: bool) -> None:
+        """A plain object's attributes, those it creates later, and its classes' plain data."""
+        attributes = obj.__dict__
+        if not self.add(("object", id(obj)), functools.partial(HeldKeysRecord if held else NewKeysRecord,
+                                                               attributes, name)):
+            return
+        value_record = HeldValueRecord if held else ValueRecord
+        for key in list(attributes):
+            if is_module_state(key) and self.add(("object-attr", id(obj), key), functools.partial(
+                    value_record, "state", attribute_subject(name, key), attributes, key)):
+                self.hold(f"{name}.{key}", attributes.get(key), depth - 1)
+        self._classes(type(obj))
+
+    def _slots(self, name: str, obj: Any, depth: int) -> bool:
+        """Records for the ``__slots__`` of an object without a ``__dict__``; False where it has none."""
+        descriptors = []
+        for klass in type(obj).__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                mangled = f"_{klass.__name__.lstrip('_')}{slot}" if slot.startswith("__") and not slot.endswith("__") \
+                    else slot
+                descriptor = klass.__dict__.get(mangled)
+                if isinstance(descriptor, types.MemberDescriptorType):
+                    descriptors.append((slot, descriptor))
+        if not descriptors:
+            return False
+        if self.add(("object", id(obj)), lambda: _NO_RECORD):
+            for slot, descriptor in descriptors:
+                if self.add(("slot", id(obj), slot), functools.partial(
+                        SlotRecord, attribute_subject(name, slot), obj, descriptor)):
+                    self.hold(f"{name}.{slot}", self.records[-1].value, depth - 1)
+            self._classes(type(obj))
+        return True
+
+    def _classes(self, cls: type) -> None:
+        """The plain data in the namespaces of ``cls`` and its bases (the project's, not a library's)."""
+        for klass in cls.__mro__:
+            if klass is object or is_library(klass.__module__):
+                continue
+            if not self.add(("class", id(klass)), functools.partial(ClassKeysRecord, klass)):
+                continue
+            namespace = klass.__dict__
+            for key, value in list(namespace.items()):
+                if _class_data(key, value) and self.add(("class-attr", id(klass), key),
+                                                        functools.partial(ClassValueRecord, klass, key)):
+                    self.hold(f"{klass.__qualname__}.{key}", value)
+
+    def _rng_instance(self, name: str, obj: Any, kind: str) -> None:
+        try:
+            self.add(("rng-instance", id(obj)), functools.partial(InstanceRngRecord, name, obj, kind))
+        except Exception as exc:  # noqa: BLE001 - a state that cannot be read
+            self.keys.discard(("rng-instance", id(obj)))
+            self.unrestorable.setdefault(f"{kind} `{name}`", f"its state cannot be read ({type(exc).__name__}: {exc})")
+
+    def notes(self) -> list[str]:
+        """One note per piece of state the region reaches that this snapshot cannot put back
+        (the check may leave it changed); none where everything found is put back."""
+        return [f"{name} cannot be put back: {why}; the check may have left it changed"
+                for name, why in self.unrestorable.items()]
 
     def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
         """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
@@ -556,23 +891,22 @@ class Snapshot:
         return [r for r in self.records if isinstance(r, GradRecord)]
 
     def restore(self, trust_observed: bool = False) -> None:
-        """Put everything back; continues past a failing record and re-raises the first error.
+        """Put everything back; a record that fails is named in :meth:`notes` and the rest still
+        put back (recheck's own failure is never raised into the user's run).
 
         ``trust_observed`` (only for :meth:`observe_and_restore`): tensors the last
         :meth:`observe` found unchanged are not compared again.
         """
-        first: BaseException | None = None
         for record in reversed(self.records):
             try:
                 if isinstance(record, TensorRecord):
                     record.restore(trust_observed)
                 else:
                     record.restore()
-            except Exception as exc:  # keep restoring the rest
-                first = first or exc
+            except Exception as exc:  # noqa: BLE001 - named in the notes; the rest is still put back
+                self.unrestorable.setdefault(_record_name(record),
+                                             f"putting it back raised {type(exc).__name__}: {exc}")
         self.rng.restore()
-        if first is not None:
-            raise first
 
     def observe(self, reference: Mapping[tuple[str, str], Observed] | None = None,
                 lean: bool = False) -> dict[tuple[str, str], Observed]:

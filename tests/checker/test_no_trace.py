@@ -1,9 +1,11 @@
 """Property: a check leaves no trace, even when the region raises.
 
 After ``recheck.check`` returns or raises, every parameter, buffer, gradient (None vs tensor),
-``requires_grad`` flag, input tensor, module attribute (hooks included), RNG state (torch CPU,
-Python ``random``, numpy, explicit generators) and module-level global of the region's code
-equals its value before, bit for bit.  The state is gathered here independently of the checker.
+``requires_grad`` flag, input tensor, module attribute (hooks included), what a module attribute
+holds (a plain object's attributes, an RNG instance's state), the plain data of the modules'
+classes, RNG state (torch CPU, Python ``random``, numpy, explicit generators) and module-level
+global of the region's code equals its value before, bit for bit.  The state is gathered here
+independently of the checker.
 """
 
 from __future__ import annotations
@@ -54,9 +56,30 @@ def fingerprint(value: Any, depth: int = 4) -> Any:
         return ("dict", tuple((repr(k), fingerprint(v, depth - 1)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(fingerprint(v, depth - 1) for v in value))
+    if isinstance(value, random.Random):
+        return ("random.Random", value.getstate())
+    if isinstance(value, np.random.RandomState):
+        return ("RandomState", fingerprint(list(value.get_state()), depth))
+    if isinstance(value, np.random.Generator):
+        return ("Generator", repr(value.bit_generator.state))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return ("dataclass", fingerprint(vars(value), depth - 1))
+    if isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (type, torch.nn.Module)) \
+            and not callable(value):  # a plain object a module holds (a counter, a tracker)
+        return ("object", type(value).__name__, id(value), fingerprint(dict(vars(value)), depth - 1))
     return ("object", type(value).__name__, id(value))
+
+
+def _class_data(cls: type) -> dict[str, Any]:
+    """The plain data in the namespaces of ``cls`` and its bases outside torch."""
+    found = {}
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__.startswith("torch"):
+            continue
+        for key, value in vars(klass).items():
+            if not key.startswith("__") and not callable(value) and not hasattr(type(value), "__get__"):
+                found[f"class {klass.__qualname__}@{id(klass)}.{key}"] = fingerprint(value)
+    return found
 
 
 def _reachable(value: Any, depth: int = 3) -> Iterator[Any]:
@@ -96,6 +119,7 @@ def snapshot(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any
             for name, module in item.named_modules():
                 for attr, value in vars(module).items():
                     state[f"{type(module).__name__}@{id(module)}.{attr}"] = fingerprint(value)
+                state.update(_class_data(type(module)))
                 forward = vars(type(module)).get("forward")
                 if isinstance(forward, types.FunctionType):
                     functions.append(forward)
@@ -290,3 +314,28 @@ def test_a_check_leaves_no_reference_cycle_holding_tensors(options: dict) -> Non
         if was:
             gc.enable()
     assert kept == []
+
+
+def _held_blocks() -> list[type]:
+    from test_no_trace_held import CASES
+
+    return list(CASES)
+
+
+@pytest.mark.parametrize("raise_on", [None, 1, 2], ids=["returns", "raises-plain", "raises-checkpointed"])
+@pytest.mark.parametrize("block", _held_blocks(), ids=lambda c: c.__name__)
+def test_check_of_a_module_holding_state_leaves_no_trace(block: type, raise_on: int | None, check) -> None:
+    """A helper object, a class attribute, an RNG instance a module holds: as found, also when
+    the region raises in the plain or the checkpointed run."""
+    torch.manual_seed(0)
+    module = block()
+    x = torch.randn(2, 4, requires_grad=True)
+    _check_leaves_no_trace(check, module, (x,), {}, {}, raise_on, with_grads=True)
+
+
+@pytest.mark.parametrize("block", _held_blocks(), ids=lambda c: c.__name__)
+def test_the_snapshot_sees_what_a_plain_step_changes_in_held_state(block: type) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError, match="state changed by the check"):
+        _check_leaves_no_trace(_plain_step, block(), (torch.randn(2, 4, requires_grad=True),), {}, {}, None,
+                               with_grads=False)
