@@ -639,6 +639,9 @@ class _NoRecord:
 
 _NO_RECORD = _NoRecord()
 
+#: at most this many notes name what a snapshot cannot put back (one more counts the rest)
+_MAX_NOTES = 8
+
 #: at most this many values are looked into for held state in one snapshot (besides the depth and
 #: items a container bounds, as fingerprints have): the search stays bounded on any model
 _MAX_HELD = 1 << 16
@@ -689,6 +692,8 @@ class Snapshot:
         #: what was found and cannot be put back, by its name in backticks: why (see :meth:`notes`)
         self.unrestorable: dict[str, str] = {}
         self._held_left = _MAX_HELD  # values a held search may still look into
+        #: plain objects and RNG instances found below the depth a held search looks, by id: (name, object)
+        self._deeper: dict[int, tuple[str, Any]] = {}
 
     def add(self, key: Any, make: Any) -> bool:
         """Add ``make()`` under ``key`` unless a record for ``key`` exists; True when added."""
@@ -705,7 +710,7 @@ class Snapshot:
         Tensors found unchanged (version and bytes) share the existing copy.
         """
         again = Snapshot(RngRecord(self.rng.generators))
-        again.unrestorable = self.unrestorable  # (the same pieces: one account of what is not put back)
+        again.unrestorable, again._deeper = self.unrestorable, self._deeper  # (one account of what is not put back)
         for (key, make), record in zip(self._makers, self.records):
             again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
             again._makers[-1] = (key, make)
@@ -783,7 +788,12 @@ class Snapshot:
         only put back.  What cannot be put back is named in :attr:`unrestorable`.
         """
         cls = type(value)
-        if cls in _NOT_HOLDERS or depth <= 0 or isinstance(value, _SKIPPED_HOLDERS):
+        if cls in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
+            return
+        if depth <= 0:
+            if id(value) not in self._deeper and (instance_kind(value) is not None or not is_library(cls.__module__)
+                                                  and isinstance(getattr(value, "__dict__", None), dict)):
+                self._deeper[id(value)] = (name, value)  # named in the notes unless recorded by another way
             return
         self._held_left -= 1
         if self._held_left < 0:
@@ -867,9 +877,18 @@ class Snapshot:
 
     def notes(self) -> list[str]:
         """One note per piece of state the region reaches that this snapshot cannot put back
-        (the check may leave it changed); none where everything found is put back."""
-        return [f"{name} cannot be put back: {why}; the check may have left it changed"
-                for name, why in self.unrestorable.items()]
+        (the check may leave it changed), the first :data:`_MAX_NOTES` and a count of the rest;
+        none where everything found is put back."""
+        found = dict(self.unrestorable)
+        for key, (name, value) in self._deeper.items():
+            if ("object", key) not in self.keys and ("rng-instance", key) not in self.keys:
+                found.setdefault(f"`{name}`", f"it is held more than {_MAX_DEPTH} levels down, where recheck "
+                                              f"does not look ({type(value).__qualname__})")
+        notes = [f"{name} cannot be put back: {why}; the check may have left it changed"
+                 for name, why in itertools.islice(found.items(), _MAX_NOTES)]
+        if len(found) > _MAX_NOTES:
+            notes.append(f"{len(found) - _MAX_NOTES} more pieces of state the check reaches cannot be put back")
+        return notes
 
     def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
         """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
