@@ -125,3 +125,16 @@ def test_the_fast_subset_is_documented_and_the_marker_exists():
     pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert any(marker.startswith("slow:") for marker in pytest_ini["markers"])
     assert 'python -m pytest -m "not slow"' in README
+
+
+def test_every_test_readme_cites_exists():
+    """README's safety section cites the test that holds each guarantee; a renamed or removed
+    test would leave the guarantee standing on nothing."""
+    cited = sorted(set(re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", README)))
+    assert cited, "README cites no test"
+    missing = []
+    for path, name in cited:
+        source = ROOT / path
+        if not source.is_file() or not re.search(rf"^\s*def {name}\(", source.read_text(encoding="utf-8"), re.M):
+            missing.append(f"{path}::{name}")
+    assert not missing, f"README cites tests that do not exist: {missing}"
