@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recheck.cost import measure
-from recheck.cost.router import Router, routing
+from recheck.cost import measure  # noqa: E402
+from recheck.cost.router import Router, routing  # noqa: E402
 
 
 def load_demo():

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recheck.lint import engine, extract, regions  # noqa: E402
+from recheck.lint import engine, extract  # noqa: E402
 from recheck.lint.settings import LintOptions  # noqa: E402
 
 PHASES = ("read", "pre-filter", "parse", "facts", "rules", "syntax check", "transfer", "regions",

@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recheck.loading import load_target
-from recheck.cost.pipeline.plan import measure_plan, predict
-from recheck.cost.pipeline.stage_table import plan_error, render_comparison, render_stages
-from recheck.cost.pipeline.stages import rank_entry
-from recheck.distributed.launch import run_world
+from recheck.loading import load_target  # noqa: E402
+from recheck.cost.pipeline.plan import measure_plan, predict  # noqa: E402
+from recheck.cost.pipeline.stage_table import plan_error, render_comparison, render_stages  # noqa: E402
+from recheck.cost.pipeline.stages import rank_entry  # noqa: E402
+from recheck.distributed.launch import run_world  # noqa: E402
 
 FIXTURE = ROOT / "fixtures" / "pipeline" / "pipeline_steps.py"
 #: shape -> (real-run step per schedule, planning step)

@@ -67,7 +67,7 @@ def test_unknown_schedules_and_bad_layouts_are_refused():
 
 class _Kind(enum.Enum):
     F = 1
-    I = 2  # torch's name for backward-input
+    I = 2  # noqa: E741 - torch's name for backward-input
     W = 3
 
 

@@ -39,17 +39,17 @@ def _suppressed_source(region_source: str, old: str, new: str) -> str:
 
 def test_noqa_on_the_line(lint, write, region_source):
     write("m.py", _suppressed_source(region_source, "self.calls += 1", "self.calls += 1  # noqa: RC104"))
-    assert [l.split()[1] for l in lint().lines[:-1]] == ["RC103"]
+    assert [line.split()[1] for line in lint().lines[:-1]] == ["RC103"]
 
 
 def test_noqa_for_another_code_does_not_suppress(lint, write, region_source):
     write("m.py", _suppressed_source(region_source, "self.calls += 1", "self.calls += 1  # noqa: RC103"))
-    assert [l.split()[1] for l in lint().lines[:-1]] == ["RC104", "RC103"]
+    assert [line.split()[1] for line in lint().lines[:-1]] == ["RC104", "RC103"]
 
 
 def test_recheck_ignore_on_the_line(lint, write, region_source):
     write("m.py", _suppressed_source(region_source, 'print("block")', 'print("block")  # recheck: ignore[RC103]'))
-    assert [l.split()[1] for l in lint().lines[:-1]] == ["RC104"]
+    assert [line.split()[1] for line in lint().lines[:-1]] == ["RC104"]
 
 
 def test_ignore_file(lint, write, region_source):
