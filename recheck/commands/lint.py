@@ -62,7 +62,8 @@ def run(ns: argparse.Namespace) -> int:
     from recheck.lint.settings import LintOptions, SelectorError
     from recheck.catalogue import FIXABLE
     from recheck.output import render
-    from recheck.output.text import lint_summary
+    from recheck.lint.statistics import unresolved_sites
+    from recheck.output.text import lint_summary, unresolved_summary
 
     paths = [Path(p) for p in (ns.paths or ["."])]
     missing = [str(p) for p in paths if not p.exists()]
@@ -112,12 +113,15 @@ def run(ns: argparse.Namespace) -> int:
         _print_statistics(ns.format, findings, result)
         if ns.format != "text":
             return _status(findings, result.errors, ns.exit_zero)
-    else:
-        text = render(ns.format, findings, result.errors, root=config.root, version=__version__)
+    unresolved = unresolved_sites(result)
+    if not ns.statistics:  # --statistics lists them itself
+        text = render(ns.format, findings, result.errors, root=config.root, version=__version__, unresolved=unresolved)
         if text:
             print(text)
+        if ns.format == "json" and unresolved:  # stdout stays ruff's list
+            print(f"recheck lint: note: {unresolved_summary(len(unresolved))}", file=sys.stderr)
     if ns.format == "text":
-        print(lint_summary(findings, result.errors, fixed, FIXABLE))
+        print(lint_summary(findings, result.errors, fixed, FIXABLE, 0 if ns.statistics else len(unresolved)))
     return _status(findings, result.errors, ns.exit_zero)
 
 

@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from recheck.lint.engine import LintResult
+from recheck.lint.regions import SiteReport
 from recheck.output.text import printable
 
-__all__ = ["run_statistics", "run_statistics_text", "show_regions"]
+__all__ = ["run_statistics", "run_statistics_text", "show_regions", "unresolved_sites"]
+
+
+def unresolved_sites(result: LintResult) -> list[SiteReport]:
+    """The checkpoint call sites resolved to no region (wrappers' own calls left out: their
+    callers name the region), in order: every output format says them."""
+    return [r for r in result.sites if r.kind == "site" and not r.regions]
 
 
 def run_statistics(result: LintResult) -> dict[str, Any]:
@@ -34,7 +41,7 @@ def run_statistics(result: LintResult) -> dict[str, Any]:
         "functions_walked": stats.get("functions_walked", 0),
         "unresolved": [{"path": r.path, "line": r.line, "column": r.column, "entry": r.entry,
                         "region": r.region_source, "reason": r.reason}
-                       for r in result.sites if r.kind == "site" and not r.regions],
+                       for r in unresolved_sites(result)],
     }
 
 

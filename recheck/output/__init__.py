@@ -36,11 +36,13 @@ class FileErrorLike:
 
 
 def render(fmt: str, findings: Sequence[Finding], errors: Iterable[Any] = (), *,
-           root: Path | None = None, version: str = "0") -> str:
+           root: Path | None = None, version: str = "0", unresolved: Sequence[Any] = ()) -> str:
     """``findings`` (and the ``errors`` of inputs that could not be read) in format ``fmt``.
 
-    Text leaves out the errors (faces print them to stderr) and the closing summary line
-    (:func:`recheck.output.text.lint_summary`).
+    ``unresolved``: checkpoint call sites resolved to no region (``path``, ``line``,
+    ``column``, ``reason``): SARIF gives each a ``note`` notification, GitHub a ``::notice``.
+    Text and JSON leave them out, as the errors (faces print the count after the summary
+    line, :func:`recheck.output.text.lint_summary`, or on stderr: JSON stays a list).
     """
     errors = list(errors)
     if fmt == "json":
@@ -51,11 +53,11 @@ def render(fmt: str, findings: Sequence[Finding], errors: Iterable[Any] = (), *,
         from recheck.output.json import dumps
         from recheck.output.sarif import sarif_log
 
-        return dumps(sarif_log(findings, errors, root or Path.cwd(), version))
+        return dumps(sarif_log(findings, errors, root or Path.cwd(), version, unresolved))
     if fmt == "github":
         from recheck.output.github import workflow_commands
 
-        return workflow_commands(findings, errors)
+        return workflow_commands(findings, errors, unresolved)
     if fmt == "text":
         from recheck.output.text import format_findings
 

@@ -53,9 +53,15 @@ def _annotation(finding: Finding) -> str:
     return f"::warning {','.join(props)}::{escape(message)}"
 
 
-def workflow_commands(findings: Sequence[Finding], errors: Iterable[Any] = ()) -> str:
-    """The workflow commands for ``findings`` and for the inputs in ``errors`` (path, reason)."""
+def workflow_commands(findings: Sequence[Finding], errors: Iterable[Any] = (), unresolved: Iterable[Any] = ()) -> str:
+    """The workflow commands for ``findings``, for the inputs in ``errors`` (path, reason),
+    and a ``::notice`` for each checkpoint call site in ``unresolved`` (path, line, column,
+    reason): the linter did not see its region."""
     lines = [_annotation(f) for f in findings]
+    for site in unresolved:
+        title = escape("recheck: checkpoint call not resolved to a region", True)
+        lines.append(f"::notice file={escape(printable(str(site.path)), True)},line={site.line},col={site.column},"
+                     f"title={title}::{escape(str(site.reason))}")
     for error in errors:
         title = f"recheck: {getattr(error, 'kind', 'file')} not linted"
         lines.append(f"::error file={escape(printable(str(error.path)), True)},"

@@ -46,8 +46,10 @@ def _location(finding: Finding, root: Path) -> list[dict[str, Any]]:
     return [{"physicalLocation": physical}]
 
 
-def sarif_log(findings: Sequence[Finding], errors: Iterable[Any], root: Path, version: str) -> dict[str, Any]:
-    """The SARIF log of one run."""
+def sarif_log(findings: Sequence[Finding], errors: Iterable[Any], root: Path, version: str,
+              unresolved: Iterable[Any] = ()) -> dict[str, Any]:
+    """The SARIF log of one run; each checkpoint call site in ``unresolved`` (path, line,
+    column, reason) is a ``note`` notification: the linter did not see its region."""
     rules = list(all_rules())
     index = {rule.code: i for i, rule in enumerate(rules)}
     descriptors = [{
@@ -77,6 +79,12 @@ def sarif_log(findings: Sequence[Finding], errors: Iterable[Any], root: Path, ve
                       "locations": [{"physicalLocation": {"artifactLocation": {
                           "uri": _relative_uri(e.path, root), "uriBaseId": "%SRCROOT%"}}}]}
                      for e in errors]
+    notifications += [{"level": "note",
+                       "message": {"text": f"checkpoint call site not resolved to a region: {site.reason}"},
+                       "locations": [{"physicalLocation": {
+                           "artifactLocation": {"uri": _relative_uri(site.path, root), "uriBaseId": "%SRCROOT%"},
+                           "region": {"startLine": site.line, "startColumn": site.column}}}]}
+                      for site in unresolved]
     return {
         "$schema": SARIF_SCHEMA, "version": "2.1.0",
         "runs": [{

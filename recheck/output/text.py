@@ -190,9 +190,18 @@ def format_findings(findings: Sequence[Finding]) -> str:
     return "\n".join([*static, *blocks])
 
 
+def unresolved_summary(count: int) -> str:
+    """What a run that could not see some regions says about them ("" when it saw them all)."""
+    if not count:
+        return ""
+    sites = "checkpoint call site was" if count == 1 else "checkpoint call sites were"
+    return f"{count} {sites} not resolved to a region; `--statistics` lists them"
+
+
 def lint_summary(findings: Sequence[Finding], errors: Sequence[Any], fixed: int = 0,
-                 fixable: frozenset[str] = frozenset()) -> str:
-    """The closing line of text output (ruff's wording)."""
+                 fixable: frozenset[str] = frozenset(), unresolved: int = 0) -> str:
+    """The closing lines of text output (ruff's wording), then the count of checkpoint call
+    sites resolved to no region: their hazards were not looked for, whatever the rest says."""
     parts = []
     if fixed:
         parts.append(f"Fixed {_plural(fixed, 'finding')}.")
@@ -206,6 +215,8 @@ def lint_summary(findings: Sequence[Finding], errors: Sequence[Any], fixed: int 
     kinds = Counter(getattr(error, "kind", "file") for error in errors)
     for kind in sorted(kinds, key=lambda k: (k != "file", k)):  # files, then folders
         parts.append(f"{_plural(kinds[kind], kind)} could not be linted.")
+    if unresolved:
+        parts.append(unresolved_summary(unresolved))
     return "\n".join(parts)
 
 

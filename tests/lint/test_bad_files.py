@@ -17,7 +17,7 @@ def _check(run, path, reason):
     assert run.code == 2  # an input error wins over the findings, which are still all printed
     assert f"{path}: error: {reason}" in run.err
     assert any(line.startswith("good.py:15:9: RC103") for line in run.lines), run.out  # the rest is linted
-    assert run.lines[-1].endswith("1 file could not be linted.")
+    assert "1 file could not be linted." in run.lines  # the count of unresolved sites may follow
 
 
 def test_syntax_error(lint, write, tree):
@@ -251,7 +251,7 @@ def test_a_broken_file_parsed_again_for_a_wrapper_is_reported_once(lint, write, 
         write(f"pad{_}.py", "from torch.utils.checkpoint import checkpoint\ncheckpoint(print, 1)\n")
     run = lint("-j", jobs)
     assert run.err.count("c.py: error: does not parse") == 1, run.err
-    assert run.lines[-1].endswith("1 file could not be linted.")
+    assert "1 file could not be linted." in run.lines  # the count of unresolved sites may follow
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github"])
