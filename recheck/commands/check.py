@@ -50,7 +50,10 @@ def _tolerance(name: str) -> Any:
         from recheck.runtime.bits import Tolerance
 
         try:
-            Tolerance.of(max_ulp=value) if kind is int else Tolerance.of(**{"atol": 0.0, "rtol": 0.0, name: value})
+            if kind is int:
+                Tolerance.of(max_ulp=int(value))
+            else:
+                Tolerance.of(atol=value if name == "atol" else 0.0, rtol=value if name == "rtol" else 0.0)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return value

@@ -174,7 +174,7 @@ def _insertions(text: str, positions: set[tuple[int, int]]) -> list[tuple[int, s
         position = (node.lineno, begin - starts[node.lineno - 1] + 1)
         if position not in positions:
             continue
-        arguments = [*node.args, *node.keywords]
+        arguments: list[ast.expr | ast.keyword] = [*node.args, *node.keywords]
         if not arguments or any(k.arg in (None, "use_reentrant") for k in node.keywords):
             continue
         last = max(arguments, key=lambda a: (a.end_lineno or 0, a.end_col_offset or 0))

@@ -36,6 +36,11 @@ from recheck.runtime.holds import Hold
 
 __all__ = ["Effect", "EffectCapture", "hold_logging", "release_logging"]
 
+#: the warnings module, typed loosely: its display hooks ``_showwarnmsg`` and ``_showwarnmsg_impl``
+#: and ``_filters_mutated`` are private (the stubs do not declare them; ``filters`` is declared a
+#: read-only sequence), yet they are what every warning is shown and filtered through
+_WARNINGS: Any = warnings
+
 _LOG_METHODS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -103,7 +108,7 @@ class EffectCapture:
             raise RuntimeError("recheck: an EffectCapture cannot be entered while it is active")
         with _LOCK:
             _enter()
-            self._showwarning, self._showwarnmsg_impl = warnings.showwarning, warnings._showwarnmsg_impl
+            self._showwarning, self._showwarnmsg_impl = warnings.showwarning, _WARNINGS._showwarnmsg_impl
         stack = _captures()
         if stack is None:
             stack = _LOCAL.stack = []
@@ -187,7 +192,7 @@ def _show(message: warnings.WarningMessage) -> None:
     stack = _captures()
     if stack:
         capture = stack[-1]
-        if warnings.showwarning is capture._showwarning and warnings._showwarnmsg_impl is capture._showwarnmsg_impl:
+        if warnings.showwarning is capture._showwarning and _WARNINGS._showwarnmsg_impl is capture._showwarnmsg_impl:
             capture._caught.append(message)
             return
     _FOUND["_showwarnmsg"](message)
@@ -201,7 +206,7 @@ _LOCK = threading.Lock()
 _ROUTERS: list[tuple[str, _Router]] = []
 #: the warnings module's display function found at installation (kept after removal: a caller
 #: holding ``_show`` still reaches it)
-_FOUND: dict[str, Any] = {"_showwarnmsg": warnings._showwarnmsg}
+_FOUND: dict[str, Any] = {"_showwarnmsg": _WARNINGS._showwarnmsg}
 #: the filter lists ``_FILTER`` was put into (the program may swap ``warnings.filters`` for
 #: another list, with ``catch_warnings``); it is taken out of each at removal
 _FILTER_LISTS: list[list[Any]] = []
@@ -260,23 +265,23 @@ def _route() -> None:
             router = _Router(stream, name)
             _ROUTERS.append((name, router))
             setattr(sys, name, router)
-    if warnings._showwarnmsg is not _show:
-        _FOUND["_showwarnmsg"] = warnings._showwarnmsg
-        warnings._showwarnmsg = _show
+    if _WARNINGS._showwarnmsg is not _show:
+        _FOUND["_showwarnmsg"] = _WARNINGS._showwarnmsg
+        _WARNINGS._showwarnmsg = _show
     filters = _current_filters()
     if not filters or filters[0] is not _FILTER:
         _remove_filter(filters)
         filters.insert(0, _FILTER)
         if not any(known is filters for known in _FILTER_LISTS):
             _FILTER_LISTS.append(filters)
-    warnings._filters_mutated()  # type: ignore[attr-defined]
+    _WARNINGS._filters_mutated()
 
 
 def _current_filters() -> list[Any]:
     """The filter list warnings are matched against now: ``warnings.filters``, or from Python 3.14
     the list of the innermost ``catch_warnings`` where those hold their own (context-aware warnings)."""
     current = getattr(warnings, "_get_filters", None)
-    return current() if current is not None else warnings.filters
+    return current() if current is not None else _WARNINGS.filters  # a list, that we change in place
 
 
 def _remove_filter(filters: list[Any]) -> None:
@@ -293,12 +298,12 @@ def _uninstall() -> None:
             if getattr(sys, name) is router:
                 setattr(sys, name, router._target)
         _ROUTERS.clear()
-        if warnings._showwarnmsg is _show:
-            warnings._showwarnmsg = _FOUND["_showwarnmsg"]
+        if _WARNINGS._showwarnmsg is _show:
+            _WARNINGS._showwarnmsg = _FOUND["_showwarnmsg"]
         for filters in (*_FILTER_LISTS, _current_filters()):
             _remove_filter(filters)
         _FILTER_LISTS.clear()
-        warnings._filters_mutated()  # type: ignore[attr-defined]
+        _WARNINGS._filters_mutated()
     finally:
         logger_class = logging.Logger
         namespace = vars(logger_class)
