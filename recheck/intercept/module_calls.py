@@ -96,7 +96,7 @@ def _put_in_place() -> None:
 def _take_away() -> None:
     """Put back what our ``_call_impl`` replaced, when nothing was put over it (under the lock)."""
     global _top
-    if _top is not None and torch.nn.Module.__dict__.get("_call_impl") is _top:
+    if _top is not None and _top_replaced is not None and torch.nn.Module.__dict__.get("_call_impl") is _top:
         torch.nn.Module._call_impl = _top_replaced  # type: ignore[method-assign]
         _top = None
     # else another patch wraps ours: ours stays below it, passing calls on untold

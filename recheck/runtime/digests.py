@@ -128,7 +128,7 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
 
 
 #: what identifies a saved parameter's view (see :func:`parameter_view`)
-ParameterView = tuple[tuple[int, ...], torch.dtype, str, int, int, tuple[int, ...], int]
+ParameterView = tuple[tuple[int, ...], torch.dtype, str, int, "int | torch.SymInt", tuple[int, ...], int]
 
 
 def parameter_view(tensor: torch.Tensor, parameter: torch.Tensor | None) -> ParameterView | None:
@@ -195,7 +195,7 @@ def planned_digest(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, 
     declined, as is a negative view (its bytes are not its values) and a dtype without an
     integer view of its width (a complex one)."""
     if type(tensor) is not _TENSOR or not (tensor.is_cpu and tensor.layout is _STRIDED) or tensor.is_neg() \
-            or _HASHER is not _XXH3_128:  # (without xxhash, _XXH3_128 is None)
+            or _HASHER is not _XXH3_128 or _XXH3_128_SEEDED is None:  # (without xxhash, both are None)
         return None
     dtype = tensor.dtype
     plan = _PLANS.get((tensor.shape, tensor.stride(), dtype)) or _plan(tensor, dtype)
@@ -318,7 +318,8 @@ def _wrapper_digest(tensor: torch.Tensor) -> int:
     local shard; torch's ``TwoTensor``), which has no bytes of its own to read: its type,
     dtype and shape, the digest of each tensor it names in ``__tensor_flatten__``, in order,
     and the text of what else it says there (a ``DTensor``'s placements)."""
-    names, context = tensor.__tensor_flatten__()
+    wrapper: Any = tensor  # ``__tensor_flatten__`` is the wrapper subclass's method, not Tensor's
+    names, context = wrapper.__tensor_flatten__()
     parts = [f"{type(tensor).__module__}.{type(tensor).__qualname__}", str(tensor.dtype),
              repr(tuple(tensor.shape)), repr(context)]
     parts += [f"{name}={tensor_digest(getattr(tensor, name))}" for name in names]
@@ -432,7 +433,7 @@ def _cpu_digest(tensor: torch.Tensor, shape: tuple[int, ...] | None = None,
         _address(tensor)  # (a view of a freed storage: its copy would read freed memory)
         detached = tensor.detach().permute(order) if lies and order is not None else tensor.detach()
         # the same bits as ``bit_view`` gives, in one view and one copy where no bit is to resolve
-        bits = detached.view(same_width).contiguous() if plain else bit_view(detached)
+        bits = detached.view(same_width).contiguous() if plain and same_width is not None else bit_view(detached)
         data = host_memory(_address(bits), bits.nbytes)
     if _HASHER is _XXH3_128 and _XXH3_128_SEEDED is not None:
         return _XXH3_128_SEEDED(data, seed)
