@@ -372,10 +372,13 @@ def _printed(value: Any) -> Any:
 class ValueRecord:
     """One key of a namespace dict (a module's ``__dict__`` or a module's globals)."""
 
-    def __init__(self, kind: str, subject: str, namespace: dict, key: str) -> None:
+    def __init__(self, kind: str, subject: str, namespace: dict[str, Any] | types.MappingProxyType[str, Any],
+                 key: str) -> None:
         self.kind = kind
         self.subject = subject
-        self.namespace = namespace
+        #: written by :meth:`restore` only where it is a dict (a class's read-only view is put back
+        #: through ``type.__setattr__`` by :class:`ClassValueRecord`'s own restore)
+        self.namespace: Any = namespace
         self.key = key
         self.present = key in namespace
         self.value = namespace.get(key)
