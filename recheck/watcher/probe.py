@@ -51,6 +51,7 @@ import inspect
 import sys
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
@@ -90,7 +91,7 @@ class ModuleRun:
     rng_entry: dict[str, Any]
     state_entry: capture.ModuleState
     rng_exit: dict[str, Any] | None = None
-    state_exit: capture.ModuleState | None = None
+    state_exit: Mapping[tuple[str, str], Any] | None = None  # {} where the module was gone
     outputs: list[tuple[str, TensorPrint]] | None = None
     #: recompute only: who ran it (the Function's class and file:line, or the engine's callback)
     driver: str = ""
@@ -400,7 +401,8 @@ class RecomputeProbe:
         return found
 
     @staticmethod
-    def _compare_state(add: Any, before: capture.ModuleState, after: capture.ModuleState, how: str) -> None:
+    def _compare_state(add: Any, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any],
+                       how: str) -> None:
         for key in before.keys() & after.keys():
             then, now = before[key], after[key]
             if _same(then, now):
