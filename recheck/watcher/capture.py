@@ -310,7 +310,7 @@ class _ReachLayouts:
         #: by the names and ids of the modules (a tuple of ids is hashed without asking the
         #: modules; a layout is checked against the modules' dicts, and its keys are made of
         #: the names, so a new module with a dead one's id and name is laid out rightly)
-        self.states: dict[tuple[tuple[str, ...], tuple[int, ...]], _Flat] = {}
+        self.states: dict[tuple[tuple[str, ...], tuple[int, ...], int], _Flat] = {}
 
 
 def _layouts_of(reach: Reach) -> _ReachLayouts:
