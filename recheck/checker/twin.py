@@ -78,7 +78,8 @@ class StepRun:
 
     mode: str
     result: Any = None
-    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    #: a lean run keeps a gradient as its digest (:class:`~recheck.runtime.snapshot.DigestedTensor`)
+    grads: dict[str, torch.Tensor | DigestedTensor | None] = field(default_factory=dict)
     post: dict[tuple[str, str], Observed] = field(default_factory=dict)
     error: BaseException | None = None
     report: Report | None = None
@@ -139,12 +140,13 @@ class Twin:
         (:class:`~recheck.runtime.snapshot.DigestedTensor`), its gradients too, which are then
         freed before the next run.
         """
-        grads = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        fresh = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        grads: dict[str, torch.Tensor | DigestedTensor | None] = dict(fresh)
         if lean:
             grads = {name: DigestedTensor.of(grad) if grad is not None and DigestedTensor.fits(grad) else grad
-                     for name, grad in grads.items()}
+                     for name, grad in fresh.items()}
         elif reference is not None:
-            for name, grad in grads.items():
+            for name, grad in fresh.items():
                 theirs = reference.grads.get(name)
                 if type(theirs) is DigestedTensor and grad is not None and theirs.matches(grad):
                     grads[name] = theirs  # alike: the other run's value (compared by identity)
@@ -274,7 +276,8 @@ def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
 def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Finding]:
     findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True,
                                check_requires_grad=False)
-    findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,
+    # a digest (a lean run's) is here only where both runs share it, which compares by identity
+    findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,  # type: ignore[arg-type]
                               reference="the uncheckpointed step")
     findings += compare_observed(ctx, bypassed.post, written.post, when="from the uncheckpointed step",
                                  labels=_LABELS)
