@@ -66,6 +66,8 @@ class LintResult:
     sources: dict[str, str] = field(default_factory=dict, repr=False)  # display path -> text
     warnings: list[str] = field(default_factory=list)  # e.g. a cache file that was ignored
     sites: list[SiteReport] = field(default_factory=list)  # every checkpoint call site and its regions
+    #: what was assumed of a checkpointing base class whose source was found nowhere (``--statistics``)
+    assumed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +78,7 @@ class _StoredResult:
     errors: list[FileError]
     stats: dict[str, int]
     sites: list[SiteReport]
+    assumed: list[str]
 
 
 @dataclass
@@ -416,6 +419,11 @@ class _Run:
                 demand.setdefault(source.display, set()).update(classes)
         return list(wanted.values()), demand
 
+    def source_text(self, display: str) -> str | None:
+        """The text of a linted file, by its display path (None when it is not one)."""
+        source = self.sources.get(display)
+        return source.text if source is not None else None
+
     def is_candidate(self, text: str) -> bool:
         """The text pre-filter: can this file hold a checkpoint call or an implicit region?"""
         return any(base in text for base in CHECKPOINTING_BASES) or any(p.search(text) for p in self.patterns)
@@ -480,20 +488,21 @@ def _lint(run: _Run) -> LintResult:
         f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
     stored = run.cache.get_result(tree_key, _StoredResult)
     if stored is not None:  # not one file changed since the last run: reuse its regions
-        hits, sites = stored.hits, stored.sites
+        hits, sites, assumed = stored.hits, stored.sites, stored.assumed
         for error in stored.errors:
             run.report(error)
         stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
-        hits, sites, stats = _analyse(run)
-        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources], stats, sites))
+        hits, sites, stats, assumed = _analyse(run)
+        run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources],
+                                                     stats, sites, assumed))
     used = {site.entry for site in sites}
     unmatched = [name for name in run.options.checkpoint_functions if name not in used]
     if unmatched:  # a misspelt name is otherwise silently ignored
         run.notes.append(f"recheck lint: warning: checkpoint-functions: {', '.join(map(repr, unmatched))} "
                          "matched no call in the files linted (misspelt, or not called here?)")
     result = LintResult(errors=sorted(run.errors.values(), key=lambda e: e.path), warnings=[*run.notes, *run.cache.warnings],
-                        sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)))
+                        sites=sorted(sites, key=lambda r: (r.path, r.line, r.column)), assumed=assumed)
     result.findings = sorted(_findings(hits, run), key=lambda f: (f.path, f.line, f.column, f.code))
     result.sources = {d: s.text for d, s in run.sources.items()}
     unread = sum(error.kind == "file" and error.path not in run.sources for error in run.errors.values())  # parse failures are sources
@@ -501,7 +510,7 @@ def _lint(run: _Run) -> LintResult:
     return result
 
 
-def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
+def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], list[str]]:
     """Phase one for the candidates and what their regions reach, then phase two."""
     by_module: dict[str, _Source] = {}
     for source in run.sources.values():
@@ -512,6 +521,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
     regions: list = []
     reports: list[SiteReport] = []
     walked: set[tuple[str, str]] = set()
+    assumed: list[str] = []
     index = Index(())
     analysed = False
     demand: dict[str, set[str]] = {}
@@ -522,16 +532,16 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
         pending = run.discover(index)
         if pending:  # wrappers found: their callers are call sites, extract them again first
             continue
-        reports, walked = [], set()
-        regions = find_regions(index, reports)
+        reports, walked, assumed = [], set(), []
+        regions = find_regions(index, reports, run.source_text, assumed)
         hits = region_hits(index, regions, walked)
         analysed = True
         pending, demand = run.wanted(index, by_module) if regions or index.misses else ([], {})
         if not pending:
             break
     if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
-        reports, walked = [], set()
-        regions = find_regions(index, reports)
+        reports, walked, assumed = [], set(), []
+        regions = find_regions(index, reports, run.source_text, assumed)
         hits = region_hits(index, regions, walked)
     checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
@@ -542,7 +552,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int]]:
         "syntax_only": len(run.sources) - len(run.facts), "call_sites": len(sites),
         "resolved_sites": sum(1 for r in sites if r.regions), "wrapper_sites": len(reports) - len(sites),
         "functions_walked": len(walked), "outlined_analysed_later": run.analysed_here,
-    }
+    }, assumed
 
 
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:

@@ -9,13 +9,14 @@ become findings only here, named after the region and where it is checkpointed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
 from recheck.lint.reachability import SPLAT, empty_params, passes_on, unreachable
 from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc104_state_write, rc106_batchnorm
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
+from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
@@ -35,12 +36,6 @@ class Region:
     passed: tuple[int, tuple[str, ...]] | None = None
 
 
-#: Keyword arguments transformers' ``GradientCheckpointingLayer`` sets to ``None`` before it
-#: checkpoints the layer's forward (5.24, ``modeling_layers.py``), unless the class sets
-#: ``_can_checkpoint_with_cache = True``: a layer that writes its KV cache would write it
-#: again on the recompute, so the wrapper takes the cache away.
-LAYER_CLEARED = ("cache", "layer_past")
-KEEPS_CACHE = "_can_checkpoint_with_cache"
 
 
 @dataclass(frozen=True)
@@ -278,11 +273,17 @@ def _where(file: FileFacts, function: FunctionFacts) -> str:
     return f"{function.qualname} ({file.path}:{function.span.line})"
 
 
-def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[Region]:
+def find_regions(index: Index, reports: list[SiteReport] | None = None,
+                 source_text: Callable[[str], str | None] | None = None,
+                 assumed: list[str] | None = None) -> list[Region]:
     """Every region of the tree, in a stable order (by file, then line).
 
     With ``reports``, also append one :class:`SiteReport` per checkpoint call site.
+    ``source_text(path)``: a linted file's text, to read a checkpointing base class defined
+    in the tree (:mod:`recheck.lint.wrappers`); ``assumed`` collects, for each such class
+    whose source was found nowhere, what was assumed of it instead.
     """
+    wrappers: dict[str, Wrapper] = {}
     resolver = _Resolver(index)
     regions: list[Region] = []
     seen: set[tuple[str, str]] = set()
@@ -317,22 +318,51 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None) -> list[
             key = (method[0].path, method[1].qualname)
             if key not in seen:
                 seen.add(key)
+                wrapper = _wrapper(index, file, cls, wrappers, source_text, assumed)
                 regions.append(Region(method[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
-                                      method[0], method[1], passed=_layer_passes(index, file, cls, method[1])))
+                                      method[0], method[1], passed=_layer_passes(index, file, cls, method[1], wrapper)))
     return regions
 
 
-def _layer_passes(index: Index, file: FileFacts, cls: ClassFacts, forward: FunctionFacts) -> tuple[int, tuple[str, ...]] | None:
-    """What a ``GradientCheckpointingLayer`` hands its checkpointed forward: every argument
-    the caller gave (unknown: all of them), but ``LAYER_CLEARED`` set to ``None`` unless the
-    class (or the nearest base that says) keeps the cache.  Layers are called with their
-    cache as a keyword (``layer(hidden, cache=cache)``), which is what the wrapper clears."""
+def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wrapper],
+             source_text: Callable[[str], str | None] | None, assumed: list[str] | None) -> Wrapper | None:
+    """What the checkpointing base of ``cls`` does to its arguments, read from its source
+    (the tree's, else the installed package's), or the built-in assumption (said in ``assumed``)."""
+    base = next((b for b in sorted(index.base_names(file, cls)) if _short(b) in CHECKPOINTING_BASES), None)
+    if base is None:
+        return None
+    if base not in found:
+        in_tree = index.lookup_class(base, file)
+        text = source_text(in_tree[0].path) if in_tree is not None and source_text is not None else None
+        wrapper = find_wrapper(base, (in_tree[0].path, in_tree[0].module, in_tree[1].qualname, text)
+                               if in_tree is not None and text is not None else None)
+        if wrapper is None:
+            wrapper = ASSUMED.get(_short(base))
+            if wrapper is not None and assumed is not None:
+                cleared = ", ".join(f"`{name}`" for name, _ in wrapper.cleared)
+                assumed.append(f"wrapper `{base}` not found in the tree or installed; assumed it checkpoints "
+                               f"`{wrapper.checkpoints}` with {cleared} set to None or False")
+        if wrapper is not None:
+            found[base] = wrapper
+        else:
+            return None
+    return found[base]
+
+
+def _layer_passes(index: Index, file: FileFacts, cls: ClassFacts, forward: FunctionFacts,
+                  wrapper: Wrapper | None) -> tuple[int, tuple[str, ...]] | None:
+    """What a checkpointing layer hands its checkpointed forward: every argument the caller
+    gave (unknown: all of them), but the keywords its wrapper clears set to ``None`` (unless
+    the class, or the nearest base that says, sets the flag that keeps them).  Layers are
+    called with their cache as a keyword (``layer(hidden, cache=cache)``), which is what
+    the wrapper clears."""
+    if wrapper is None:
+        return None
+    flags: dict[str, bool] = {}
     for _, klass in index.lineage(file, cls):
-        if KEEPS_CACHE in klass.flags:
-            if klass.flags[KEEPS_CACHE]:
-                return None
-            break
-    cleared = set(LAYER_CLEARED) & set(forward.optional)
+        for name, value in klass.flags.items():
+            flags.setdefault(name, value)
+    cleared = wrapper.cleared_for(flags) & set(forward.optional)
     if not cleared:
         return None
     return 0, (SPLAT, *(f"-{name}" for name in sorted(cleared)))  # every other argument may be given

@@ -39,6 +39,7 @@ def run_statistics(result: LintResult) -> dict[str, Any]:
         "resolved_sites": stats.get("resolved_sites", 0),
         "wrapper_sites": stats.get("wrapper_sites", 0),
         "functions_walked": stats.get("functions_walked", 0),
+        "assumed": list(result.assumed),
         "unresolved": [{"path": r.path, "line": r.line, "column": r.column, "entry": r.entry,
                         "region": r.region_source, "reason": r.reason}
                        for r in unresolved_sites(result)],
@@ -56,6 +57,7 @@ def run_statistics_text(result: LintResult) -> str:
         f"{data['wrapper_sites']} more inside wrappers (their callers name the region); "
         f"{data['regions']} regions, {data['functions_walked']} functions walked",
     ]
+    lines += [printable(f"note: {line}") for line in data["assumed"]]
     if data["unresolved"]:
         lines.append("unresolved call sites:")
         lines += [printable(f"  {u['path']}:{u['line']}:{u['column']}: `{u['entry'].rsplit('.', 1)[-1]}`: "

@@ -1,0 +1,197 @@
+"""A checkpointing base class is read from its source, not from a list of one release's names.
+
+The fixtures imitate the shapes transformers' ``GradientCheckpointingLayer`` took over its
+releases (written here, not copied): 4.5x clears ``past_key_value``/``past_key_values``/
+``layer_past`` and checkpoints ``partial(super().__call__, **kwargs)``; 5.1x gates the same
+under ``if not self._can_checkpoint_with_cache``; 5.2x wraps ``forward`` from
+``__init_subclass__`` and clears ``cache``.  The wrapper is found in the linted tree, or in a
+package on the import path (read, never imported), and a decoder layer that updates the
+cache the wrapper clears has no RC104; one that updates a cache it does not clear has.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from recheck.lint.engine import lint_sources
+from recheck.lint.statistics import run_statistics
+
+CALL_SHAPE = '''
+from functools import partial
+from torch import nn
+
+
+class GradientCheckpointingLayer(nn.Module):
+    gradient_checkpointing = False
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            if "use_cache" in kwargs and kwargs["use_cache"]:
+                kwargs["use_cache"] = False
+            if "past_key_value" in kwargs and kwargs["past_key_value"] is not None:
+                kwargs["past_key_value"] = None
+            if "past_key_values" in kwargs and kwargs["past_key_values"] is not None:
+                kwargs["past_key_values"] = None
+            if "layer_past" in kwargs and kwargs["layer_past"] is not None:
+                kwargs["layer_past"] = None
+            return self._gradient_checkpointing_func(partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+'''
+
+GATED_SHAPE = '''
+from functools import partial
+from torch import nn
+
+
+class GradientCheckpointingLayer(nn.Module):
+    gradient_checkpointing = False
+    _can_checkpoint_with_cache = False
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            if not self._can_checkpoint_with_cache:
+                for name in ("past_key_value", "past_key_values", "layer_past"):
+                    if name in kwargs:
+                        kwargs[name] = None
+            return self._gradient_checkpointing_func(partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+'''
+
+SUBCLASS_HOOK_SHAPE = '''
+from functools import partial, wraps
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class GradientCheckpointingLayer(nn.Module):
+    gradient_checkpointing = False
+    _can_checkpoint_with_cache = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        forward = cls.forward
+
+        @wraps(forward)
+        def checkpointed(self, *args, **kwargs):
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                kwargs.pop("use_cache", None)
+                if not self._can_checkpoint_with_cache:
+                    if kwargs.get("cache") is not None:
+                        kwargs["cache"] = None
+                    kwargs.update(layer_past=None)
+                return checkpoint(partial(forward, self, **kwargs), *args, use_reentrant=False)
+            return forward(self, *args, **kwargs)
+
+        cls.forward = checkpointed
+'''
+
+SHAPES = {"call": CALL_SHAPE, "gated": GATED_SHAPE, "subclass_hook": SUBCLASS_HOOK_SHAPE}
+
+LAYER = '''
+from torch import nn
+from {module} import GradientCheckpointingLayer
+
+
+class Attention(nn.Module):
+    def forward(self, hidden_states, {cache}=None, **kwargs):
+        key, value = self.k(hidden_states), self.v(hidden_states)
+        if {cache} is not None:
+            key, value = {cache}.update(key, value, self.layer_idx)
+        return hidden_states
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = Attention()
+
+    def forward(self, hidden_states, attention_mask=None, {cache}=None, use_cache=False, **kwargs):
+        return self.self_attn(hidden_states, {cache}={cache}, **kwargs)
+'''
+
+CLEARED = {"call": ["past_key_value", "past_key_values", "layer_past"],
+           "gated": ["past_key_value", "past_key_values", "layer_past"],
+           "subclass_hook": ["cache", "layer_past"]}
+KEPT = {"call": ["cache"], "gated": ["cache"], "subclass_hook": ["past_key_values"]}
+
+
+def _rc104(result) -> list[int]:
+    return [f.line for f in result.findings if f.code == "RC104"]
+
+
+def _cases(table):
+    return [(shape, name) for shape, names in table.items() for name in names]
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """``installed(shape)``: a package ``fakelib`` on ``sys.path`` whose ``layers`` module
+    defines the wrapper, re-exported by ``fakelib/__init__.py`` lazily (never importable:
+    its ``__init__`` raises, so reading it by importing would fail the test)."""
+
+    def put(shape: str) -> None:
+        package = tmp_path / "site" / "fakelib"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text('raise RuntimeError("imported")\n'
+                                             '_import_structure = {}\n_import_structure["layers"] = ["GradientCheckpointingLayer"]\n')
+        (package / "layers.py").write_text(SHAPES[shape])
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+    return put
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cache_the_tree_wrapper_clears_is_not_written(shape, cache):
+    result = lint_sources({"wrap.py": SHAPES[shape], "layer.py": LAYER.format(module="wrap", cache=cache)})
+    assert _rc104(result) == []
+    assert run_statistics(result)["assumed"] == []
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_a_cache_the_tree_wrapper_does_not_clear_is_written(shape, cache):
+    source = LAYER.format(module="wrap", cache=cache)
+    result = lint_sources({"wrap.py": SHAPES[shape], "layer.py": source})
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if ".update(" in text)
+    assert _rc104(result) == [line]
+
+
+@pytest.mark.parametrize("shape", ["gated", "subclass_hook"])
+def test_a_layer_that_keeps_its_cache_by_the_wrappers_flag_writes_it(shape):
+    source = LAYER.format(module="wrap", cache="layer_past").replace(
+        "class DecoderLayer(GradientCheckpointingLayer):\n", "class DecoderLayer(GradientCheckpointingLayer):\n"
+        "    _can_checkpoint_with_cache = True\n")
+    assert len(_rc104(lint_sources({"wrap.py": SHAPES[shape], "layer.py": source}))) == 1
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_an_installed_wrapper_is_read_through_its_lazy_export(installed, shape, cache):
+    installed(shape)
+    result = lint_sources({"layer.py": LAYER.format(module="fakelib", cache=cache)})
+    assert _rc104(result) == []
+    assert run_statistics(result)["assumed"] == []
+    assert "fakelib" not in sys.modules
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_an_installed_wrapper_that_does_not_clear_a_cache_leaves_its_finding(installed, shape, cache):
+    installed(shape)
+    assert len(_rc104(lint_sources({"layer.py": LAYER.format(module="fakelib", cache=cache)}))) == 1
+
+
+def test_a_wrapper_found_nowhere_is_assumed_and_said():
+    layer = LAYER.format(module="transformers.modeling_layers", cache="past_key_values")
+    result = lint_sources({"layer.py": layer})
+    assert _rc104(result) == []  # the built-in assumption: every release's spelling
+    [note] = run_statistics(result)["assumed"]
+    assert note.startswith("wrapper `transformers.modeling_layers.GradientCheckpointingLayer` not found in the tree "
+                           "or installed; assumed")
+
+
+def test_the_statistics_text_names_the_assumption(lint, write):
+    write("layer.py", textwrap.dedent(LAYER.format(module="transformers", cache="cache")))
+    out = lint("--statistics").out
+    assert "note: wrapper `transformers.GradientCheckpointingLayer` not found in the tree or installed" in out
