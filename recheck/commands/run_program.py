@@ -1,0 +1,208 @@
+"""``recheck run [options] SCRIPT.py [ARGS...]`` / ``recheck run [options] -m MODULE [ARGS...]``.
+
+Runs an unmodified program as ``python`` would (its own ``sys.argv``, ``__main__``,
+``sys.path[0]`` and exit status) inside ``recheck.watch()``, like ``coverage run`` or
+``python -m cProfile``.  A step is one ``torch.optim.Optimizer.step()`` call, or one
+``torch.autograd.backward`` call in a program that never makes an optimizer; ``--steps N``
+watches the first N steps, prints the report on stderr when they end and stops intercepting,
+so the rest of the run pays nothing.  The report is printed again at exit (stderr: the
+program's stdout stays the program's).  Everything after SCRIPT (or after ``-m MODULE``)
+belongs to the program, options included.
+
+Exit status: the program's own when it failed (``sys.exit(3)`` is 3, an uncaught exception 1
+with its traceback, as ``python`` prints it); else 1 when findings were reported
+(0 with ``--exit-zero``) and 0 when clean; 2 for a usage error (no program, a script or
+module that does not exist, a ``--report`` path that is a folder) or a bad ``[tool.recheck]``.
+Watch options (``early-stop``, ``store``, the tolerance, ``checkpoint-functions``) come from
+``[tool.recheck]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from recheck.progress import paint
+
+NAME = "run"
+HELP = ("run a Python program as python would, verifying every checkpoint call of its first "
+        "training steps (recheck.watch())")
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The step window, the report's path and format, and the program with its arguments."""
+    parser.usage = ("%(prog)s [--steps N] [--report PATH] [--format {text,json}] [--exit-zero] "
+                    "(SCRIPT.py | -m MODULE) [ARGS...]")
+    parser.add_argument("--steps", type=_steps, default=None, metavar="N",
+                        help="watch only the first N steps (optimizer steps, or backward calls when no "
+                             "optimizer steps), then stop intercepting (default: the whole program)")
+    parser.add_argument("--report", default=None, metavar="PATH",
+                        help="also write the final report to PATH, in --format")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="format of the final report (default: text); without --report a JSON "
+                             "report goes to stderr")
+    parser.add_argument("--exit-zero", action="store_true",
+                        help="exit with 0 when the program succeeded, even with findings")
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE",
+                        help="run a library module as a script (python -m MODULE); the rest are its arguments")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT.py [ARGS...]",
+                        help="the program and its arguments (everything after it is the program's)")
+
+
+def _error(message: str) -> int:
+    print(f"recheck run: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _usage_problem(ns: argparse.Namespace) -> str | None:
+    """What keeps the program from being started, before torch or the program is imported."""
+    if ns.module is not None:
+        if not ns.module:
+            return "-m needs a MODULE name (recheck run -m MODULE [ARGS...])"
+        import importlib.util
+
+        name = ns.module[0]
+        sys.path.insert(0, os.getcwd())  # where python -m looks first
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            return f"cannot find module {name!r} ({exc})"
+        finally:
+            sys.path.pop(0)
+        if found is None:
+            return f"no module named {name!r}"
+    elif not ns.program:
+        return "nothing to run: give SCRIPT.py [ARGS...] or -m MODULE [ARGS...]"
+    elif not os.path.exists(ns.program[0]):
+        return f"cannot open file {ns.program[0]!r}: no such file"
+    if ns.report is not None and Path(ns.report).is_dir():
+        return f"--report {ns.report!r} is a folder; give a file name"
+    return None
+
+
+def _watch_options() -> dict[str, Any]:
+    """``watch()`` options from ``[tool.recheck]`` (validated; ConfigError for a bad table)."""
+    from recheck.commands.check import _watch_options as check_options
+    from recheck.config import load_config
+
+    flags = argparse.Namespace(early_stop=None, strict=None, store=None, atol=None, rtol=None, max_ulp=None)
+    return check_options(flags, load_config())
+
+
+def _header(label: str, watcher: Any) -> str:
+    """What was watched: the program, how many steps, and what a step was."""
+    from recheck.watcher.program import UNIT_MEANING
+
+    unit, seen, asked = watcher.unit, watcher.steps_watched, watcher.steps
+    if unit is None:
+        return f"recheck run {label}: no optimizer step and no backward call was made"
+    counted = f"{seen} step{'s' if seen != 1 else ''}"
+    if asked is None:
+        what = f"watched the whole program ({counted})"
+    elif watcher.window_ended:
+        what = f"watched the first {counted}"
+    else:
+        what = f"watched {counted} of the {asked} asked (the program made no more)"
+    return f"recheck run {label}: {what}; {UNIT_MEANING[unit]}"
+
+
+def _titled(report: Any, label: str, watcher: Any) -> Any:
+    """The report with the run's header above the watch block's own title."""
+    report.title = "\n".join(t for t in (_header(label, watcher), report.title) if t)
+    if not report.stats.get("invocations"):
+        note = "no checkpoint call was made while watching (is gradient checkpointing on?)"
+        if note not in report.notes:
+            report.notes.append(note)
+    return report
+
+
+def _say(text: str) -> None:
+    try:
+        sys.stdout.flush()  # what the program printed comes first
+    except Exception:
+        pass
+    print(text, file=sys.stderr, flush=True)
+
+
+def _document(ns: argparse.Namespace, label: str, argv: list[str], watcher: Any, status: int,
+              report: Any) -> dict[str, Any]:
+    """The JSON report: the run (program, argv, steps, exit status) and the watch report."""
+    return {
+        "program": label,
+        "module": ns.module is not None,
+        "argv": argv,
+        "steps": {"asked": watcher.steps, "watched": watcher.steps_watched, "unit": watcher.unit,
+                  "optimizer_steps": watcher.optimizer_steps, "backward_calls": watcher.backward_calls,
+                  "window_ended": watcher.window_ended},
+        "program_status": status,
+        "report": report.to_dict(),
+    }
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run the program inside ``watch()``; its status when it failed, else 1 for findings, else 0."""
+    problem = _usage_problem(ns)
+    if problem:
+        return _error(problem)
+    from recheck.dependencies import require_torch
+
+    require_torch("recheck run")
+    options = _watch_options()  # a bad [tool.recheck] stops here, before the program starts
+    from recheck.watcher.program import ProgramWatch, run_program
+
+    module = ns.module is not None
+    target, args = (ns.module[0], ns.module[1:]) if module else (ns.program[0], ns.program[1:])
+    label = f"-m {target}" if module else target
+
+    def window_ended(watcher: ProgramWatch) -> None:
+        report = watcher.report
+        if report is None:
+            return
+        _say(paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
+                   "runs unwatched", "bold", sys.stderr))
+        _say(str(_titled(report, label, watcher)))
+
+    watcher = ProgramWatch(ns.steps, options, on_window_end=window_ended)
+    status = run_program(target, list(args), module=module, before=watcher.start, after=watcher.stop)
+    report = watcher.report
+    if report is None:  # never started (the program could not be loaded)
+        return status
+    if not watcher.window_ended:
+        _titled(report, label, watcher)
+    findings = 0 if report.ok else len(report)
+    outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
+    summary = f"recheck run: {outcome}; the program exited with status {status}"
+    text = f"{report}\n\n{summary}"
+    from recheck.output.json import dumps
+
+    rendered = dumps(_document(ns, label, [target, *args], watcher, status, report)) \
+        if ns.format == "json" else text
+    if ns.format == "json" and ns.report is None:
+        _say(rendered)
+    else:
+        _say(paint("recheck run: summary", "bold", sys.stderr))
+        _say(f"{report}\n\n{paint(summary, 'red' if findings else 'green', sys.stderr)}")
+    if ns.report is not None:
+        try:
+            path = Path(ns.report)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(rendered + "\n", encoding="utf-8")
+        except OSError as exc:
+            _say(f"recheck run: error: could not write the report to {ns.report!r}: {exc.strerror or exc}")
+            return status or 2
+    if status:
+        return status
+    return 1 if findings and not ns.exit_zero else 0

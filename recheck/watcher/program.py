@@ -1,0 +1,299 @@
+"""``recheck run``: run a whole, unmodified Python program inside ``recheck.watch()``.
+
+Two parts, both used by :mod:`recheck.commands.run_program`:
+
+* :func:`run_program` runs ``SCRIPT.py`` or ``-m MODULE`` as ``python`` would (``runpy``, as
+  ``python -m cProfile`` and ``coverage run`` do): ``sys.argv`` is the program's own,
+  ``__name__`` is ``"__main__"``, ``sys.path[0]`` is the script's folder (the working
+  directory for a module), and it returns the status ``python`` would exit with, printing an
+  uncaught exception's traceback the way ``python`` prints it (without recheck's frames).
+* :class:`ProgramWatch` is the ``watch()`` block around it, with step boundaries: a *step* is
+  one ``torch.optim.Optimizer.step()`` call (torch's global optimizer step post hook), or, in a
+  program that never made an optimizer, one outermost ``torch.autograd.backward`` call.  With
+  ``steps=N`` the block ends when the N-th step ends: the hook is removed, the patched
+  checkpoint entry points are the originals again, and the rest of the program runs without
+  recheck.  Anything that goes wrong inside recheck becomes a note; the program keeps running.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import runpy
+import sys
+import threading
+from typing import Any, Callable
+
+from recheck.findings import Report
+
+__all__ = ["BACKWARD", "OPTIMIZER_STEP", "ProgramWatch", "run_program"]
+
+#: What a step was: ``ProgramWatch.unit``.
+OPTIMIZER_STEP = "optimizer step"
+BACKWARD = "backward"
+#: What the report's header says each unit is.
+UNIT_MEANING = {
+    OPTIMIZER_STEP: "a step is one torch.optim.Optimizer.step() call",
+    BACKWARD: "no optimizer stepped: a step is one torch.autograd.backward call",
+}
+
+
+class ProgramWatch:
+    """A ``watch()`` block from :meth:`start` until the ``steps``-th step ends, or :meth:`stop`.
+
+    ``on_window_end(self)`` is called once, when the ``steps``-th step ends (not when
+    :meth:`stop` ends the block early).  Nothing here raises into the program: a failure of
+    recheck's own is kept in ``errors`` and stops the watching.
+    """
+
+    def __init__(self, steps: int | None, watch_options: dict[str, Any],
+                 on_window_end: Callable[[ProgramWatch], None] | None = None) -> None:
+        self.steps = steps
+        self.watch_options = dict(watch_options)
+        self.on_window_end = on_window_end
+        self.optimizer_steps = 0
+        self.backward_calls = 0
+        self.errors: list[str] = []
+        self.report: Report | None = None
+        self.window_ended = False  # the steps-th step ended (as opposed to the program ending)
+        self._watch: Any = None
+        self._hook: Any = None
+        self._backward: Any = None  # the original torch.autograd.backward while ours is installed
+        self._counting = False
+        self._depth = threading.local()
+        self._lock = threading.RLock()
+
+    # -- what was watched -----------------------------------------------------------------
+
+    @property
+    def unit(self) -> str | None:
+        """``OPTIMIZER_STEP`` once an optimizer stepped (or exists), ``BACKWARD`` when only backward ran."""
+        if self.optimizer_steps or (self.backward_calls and _optimizer_exists()):
+            return OPTIMIZER_STEP
+        return BACKWARD if self.backward_calls else None
+
+    @property
+    def steps_watched(self) -> int:
+        """How many steps ended while the block was active."""
+        return self.optimizer_steps if self.unit == OPTIMIZER_STEP else self.backward_calls
+
+    # -- the block ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Enter the ``watch()`` block and install the step counters (failures become notes)."""
+        from recheck.watcher.session import watch
+
+        self._watch = watch(raise_on_finding=False, **self.watch_options)
+        self._watch.__enter__()
+        self._counting = True
+        try:
+            import torch
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+            self._backward = torch.autograd.backward
+            torch.autograd.backward = self._counted_backward(self._backward)
+        except Exception as exc:  # an older or unusual torch: watch the whole program instead
+            self._note(f"steps cannot be counted ({type(exc).__name__}: {exc}); the whole program is watched")
+
+    def stop(self, exc: BaseException | None = None) -> Report | None:
+        """End the block (once): hooks removed, interception undone, the report built."""
+        with self._lock:
+            if not self._counting and self._watch is None:
+                return self.report
+            self._counting = False
+            self._uninstall()
+            watcher, self._watch = self._watch, None
+        if watcher is not None:
+            try:
+                watcher.__exit__(type(exc) if exc is not None else None, exc, None)
+                self.report = watcher.report
+            except Exception as error:  # recheck's own failure: a note, never the program's
+                self._note(f"the watch block failed to close ({type(error).__name__}: {error})")
+                try:
+                    self.report = watcher.report
+                except Exception:
+                    self.report = Report(title="watch: the report could not be built")
+            for error in self.errors:
+                self.report.notes.append(f"recheck run: {error}")
+        return self.report
+
+    def _uninstall(self) -> None:
+        if self._hook is not None:
+            hook, self._hook = self._hook, None
+            try:
+                hook.remove()
+            except Exception as exc:
+                self._note(f"the optimizer step hook could not be removed ({exc})")
+        if self._backward is not None:
+            original, self._backward = self._backward, None
+            try:
+                import torch
+
+                if getattr(torch.autograd.backward, "__wrapped__", None) is original:
+                    torch.autograd.backward = original
+                # else someone wrapped it after us: ours stays below theirs and passes calls through
+            except Exception as exc:
+                self._note(f"torch.autograd.backward could not be put back ({exc})")
+
+    def _note(self, message: str) -> None:
+        self.errors.append(message)
+        if self.report is not None:  # the block already ended: the report says it too
+            self.report.notes.append(f"recheck run: {message}")
+
+    # -- step boundaries ---------------------------------------------------------------
+
+    def _counted_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        depth = self._depth
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not self._counting or getattr(depth, "value", 0):  # not watching, or a nested call
+                return original(*args, **kwargs)  # (a reentrant checkpoint's backward calls it)
+            depth.value = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                depth.value = 0
+            self._step_ended(backward=True)
+            return result
+
+        return backward
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_ended(backward=False)
+
+    def _step_ended(self, *, backward: bool) -> None:
+        try:
+            with self._lock:
+                if not self._counting:
+                    return
+                if backward:
+                    self.backward_calls += 1
+                    if self.optimizer_steps or _optimizer_exists():
+                        return  # the optimizer's steps are the steps
+                    done = self.steps is not None and self.backward_calls >= self.steps
+                else:
+                    self.optimizer_steps += 1
+                    done = self.steps is not None and self.optimizer_steps >= self.steps
+                if not done:
+                    return
+                self.window_ended = True
+            self.stop()
+            if self.on_window_end is not None:
+                self.on_window_end(self)
+        except Exception as exc:  # never raised into the program's training step
+            self._note(f"watching stopped after an internal error ({type(exc).__name__}: {exc})")
+            _say(f"recheck run: internal error, watching stopped: {type(exc).__name__}: {exc}")
+            try:
+                self.stop()
+            except Exception:
+                pass
+
+
+def _optimizer_exists() -> bool:
+    """Whether a ``torch.optim.Optimizer`` was made in this process.
+
+    Read without patching anything: the first optimizer of a class wraps its class's ``step``
+    and marks it ``hooked`` (``Optimizer._patch_step_function``).
+    """
+    torch = sys.modules.get("torch")
+    base = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    if base is None:
+        return False
+    stack, seen = [base], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if getattr(cls.__dict__.get("step"), "hooked", False):
+            return True
+        stack.extend(cls.__subclasses__())
+    return False
+
+
+def _say(text: str) -> None:
+    """A line of recheck's on stderr, after what the program has printed so far."""
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- running the program as python would ------------------------------------------------------------
+
+
+def run_program(target: str, args: list[str], *, module: bool = False,
+                before: Callable[[], None] | None = None,
+                after: Callable[[BaseException | None], None] | None = None) -> int:
+    """Run ``target`` (a script path, or a module name with ``module=True``) as ``python`` would.
+
+    ``before()`` is called just before the program's first line, ``after(exc)`` right after its
+    last (``exc`` the exception that ended it, None when it returned); the traceback of an
+    uncaught exception is printed after ``after``.  Returns the exit status ``python`` would
+    have had: 0, ``sys.exit``'s code, 1 for an uncaught exception, 130 for Ctrl-C.
+    ``sys.argv`` and ``sys.path[0]`` are put back when it returns.
+    """
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [target, *args]  # runpy puts the script's or module's file in argv[0] as python does
+    folder = os.getcwd() if module else os.path.dirname(os.path.realpath(target))
+    if sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+    ended: BaseException | None = None
+    try:
+        if before is not None:
+            before()
+        try:
+            if module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+        except BaseException as exc:
+            ended = exc
+        if after is not None:
+            after(ended)
+        return _status(ended)
+    finally:
+        sys.argv[:] = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+
+
+def _status(exc: BaseException | None) -> int:
+    """The exit status of a program that ended with ``exc``; an uncaught exception's traceback is printed."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):  # bool too: sys.exit(True) is 1
+            return int(code) & 0xFF
+        _say(str(code))  # python prints a non-integer code and exits with 1
+        return 1
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    trimmed = _user_frames(exc.__traceback__)
+    exc.with_traceback(trimmed)  # the default hook prints the exception's own __traceback__
+    sys.excepthook(type(exc), exc, trimmed)
+    sys.stderr.flush()
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _user_frames(tb: Any) -> Any:
+    """The traceback from the program's first frame on: runpy's and recheck's are dropped."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the recheck package
+    internal = (os.path.abspath(runpy.__file__),)
+    while tb is not None:
+        raw = tb.tb_frame.f_code.co_filename
+        name = os.path.abspath(raw)
+        if not (name.startswith(here + os.sep) or name in internal or raw.startswith("<frozen runpy")):
+            break
+        tb = tb.tb_next
+    return tb

@@ -1,0 +1,215 @@
+"""``recheck run``: an unmodified program run as python runs it, inside ``watch()``, with a step window."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recheck.findings import Report
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = ROOT / "fixtures" / "programs"
+
+
+def recheck_run(*args, cwd=ROOT, stderr=subprocess.PIPE):
+    return subprocess.run([sys.executable, "-m", "recheck", "run", *map(str, args)], cwd=cwd,
+                          stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300)
+
+
+def python(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def shown(stdout):
+    seen = json.loads(stdout.strip().splitlines()[0])
+    seen.pop("file")  # python 3.9+ makes a script's __file__ absolute; runpy keeps it as typed
+    return seen
+
+
+# -- running the program as python would ----------------------------------------------------------
+
+
+def test_a_script_sees_the_argv_name_and_path_python_gives_it():
+    args = ["fixtures/programs/show_argv.py", "a", "--steps", "5", "--format", "json", "-m", "x", "-h"]
+    watched = recheck_run(*args)
+    plain = python(*args)
+    assert watched.returncode == 0, watched.stderr
+    assert shown(watched.stdout) == shown(plain.stdout)
+    assert shown(watched.stdout)["argv"] == args  # recheck's look-alike options are the program's
+    assert shown(watched.stdout)["name"] == "__main__" and shown(watched.stdout)["main_is_me"]
+    assert shown(watched.stdout)["path0"] == str(PROGRAMS)
+
+
+def test_a_module_sees_the_argv_and_path_python_m_gives_it():
+    watched = recheck_run("--steps", "1", "-m", "programs.show_argv", "--steps", "5", cwd=ROOT / "fixtures")
+    plain = python("-m", "programs.show_argv", "--steps", "5", cwd=ROOT / "fixtures")
+    assert watched.returncode == 0, watched.stderr
+    assert shown(watched.stdout) == shown(plain.stdout)
+    assert shown(watched.stdout)["argv"] == [str(PROGRAMS / "show_argv.py"), "--steps", "5"]
+    assert shown(watched.stdout)["path0"] == str(ROOT / "fixtures")
+
+
+# -- exit status ---------------------------------------------------------------------------------
+
+
+def test_a_clean_program_exits_0_with_its_report_on_stderr():
+    out = recheck_run(PROGRAMS / "train_clean.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [line for line in python(PROGRAMS / "train_clean.py").stdout.splitlines()]
+    assert "recheck: no difference found" in out.stderr
+    assert "watched the whole program (3 steps); a step is one torch.optim.Optimizer.step() call" in out.stderr
+    assert "no finding; the program exited with status 0" in out.stderr
+
+
+def test_findings_exit_1_and_exit_zero_makes_them_0():
+    out = recheck_run(PROGRAMS / "train_loop.py", "--steps", "2")
+    assert out.returncode == 1, out.stderr
+    assert "RC002" in out.stderr and "the program exited with status 0" in out.stderr
+    assert recheck_run("--exit-zero", PROGRAMS / "train_loop.py", "--steps", "2").returncode == 0
+
+
+def test_a_program_that_raises_exits_with_its_status_and_traceback():
+    out = recheck_run(PROGRAMS / "raises.py")
+    plain = python(PROGRAMS / "raises.py")
+    assert out.returncode == plain.returncode == 1
+    traceback = out.stderr[out.stderr.index("Traceback"):out.stderr.index("recheck run: summary")]
+    assert traceback == plain.stderr  # as python prints it: no runpy or recheck frame
+    assert out.stdout == plain.stdout == "one step done\n"
+
+
+def test_sys_exit_status_is_the_program_status():
+    assert recheck_run(PROGRAMS / "show_argv.py", "exit=3").returncode == 3
+    assert recheck_run(PROGRAMS / "show_argv.py", "exit=0").returncode == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "nothing to run"),
+    (["no_such_script.py"], "'no_such_script.py': no such file"),
+    (["-m", "no_such_module_anywhere"], "no module named 'no_such_module_anywhere'"),
+    (["-m"], "-m needs a MODULE"),
+    (["--report", ".", "fixtures/programs/train_clean.py"], "is a folder"),
+])
+def test_usage_errors_exit_2_before_anything_runs(argv, message, capsys):
+    from recheck.cli import main
+
+    assert main(["run", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_module_does_not_import_torch():
+    code = ("import sys; from recheck.cli import main; import recheck.commands.run_program; "
+            "status = main(['run', 'no_such_script.py']); print(status, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+
+
+# -- the step window -----------------------------------------------------------------------------
+
+WATCHED_PER_STEP = """
+import torch
+from torch.utils.checkpoint import checkpoint
+from recheck.intercept import patches
+
+torch.manual_seed(0)
+layer = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+for step in range(1, 6):
+    intercepted = patches.installed() is not None
+    checkpoint(layer, torch.randn(2, 4), use_reentrant=False).sum().backward()
+    opt.step()
+    print(step, intercepted)
+"""
+
+
+def test_steps_2_stops_intercepting_after_the_second_optimizer_step(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(WATCHED_PER_STEP)
+    report = tmp_path / "report.json"
+    out = recheck_run("--steps", "2", "--format", "json", "--report", report, script)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:5] == ["1 True", "2 True", "3 False", "4 False", "5 False"]
+    document = json.loads(report.read_text())
+    assert document["steps"]["unit"] == "optimizer step" and document["steps"]["watched"] == 2
+    assert document["report"]["stats"]["invocations"] == 2  # the calls of steps 3-5 were not seen
+
+
+def test_the_report_prints_when_the_steps_end_and_again_at_exit():
+    out = recheck_run("--steps", "2", PROGRAMS / "train_loop.py", "--steps", "5", stderr=subprocess.STDOUT)
+    text = out.stdout
+    ended = text.index("recheck run: the first 2 step(s) ended")
+    assert text.index("step 1 loss") < ended < text.index("step 3 loss")
+    assert text.index("step 5 loss") < text.index("recheck run: summary")
+    assert text.count("watched the first 2 steps; a step is one torch.optim.Optimizer.step() call") == 2
+    assert "calls 1–2 of 2" in text  # the report counts only the first two steps' invocations
+
+
+def test_without_an_optimizer_a_step_is_one_backward_call(tmp_path):
+    report = tmp_path / "report.json"
+    out = recheck_run("--steps", "2", "--format", "json", "--report", report, PROGRAMS / "backward_only.py")
+    assert out.returncode == 0, out.stderr
+    document = json.loads(report.read_text())
+    assert document["steps"]["unit"] == "backward" and document["steps"]["watched"] == 2
+    assert document["report"]["stats"]["invocations"] == 2
+    assert "a step is one torch.autograd.backward call" in out.stderr
+
+
+def test_json_report_to_a_path_holds_the_run_and_the_whole_report(tmp_path):
+    path = tmp_path / "out" / "report.json"
+    out = recheck_run("--format", "json", "--report", path, PROGRAMS / "train_loop.py", "--steps", "3")
+    assert out.returncode == 1
+    document = json.loads(path.read_text())
+    assert document["program"] == str(PROGRAMS / "train_loop.py")
+    assert document["argv"][1:] == ["--steps", "3"] and document["program_status"] == 0
+    report = Report.from_dict(document["report"])
+    assert not report.ok and {f.code for f in report} >= {"RC002"}
+    assert "recheck run: summary" in out.stderr  # the person at the terminal still reads the text
+
+
+# -- the step counter in process -----------------------------------------------------------------
+
+
+def _reentrant_backward_steps(count):
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    layer = torch.nn.Linear(4, 4)
+    for _ in range(count):
+        checkpoint(layer, torch.randn(2, 4, requires_grad=True), use_reentrant=True).sum().backward()
+
+
+def test_a_reentrant_checkpoints_inner_backward_is_not_a_step():
+    from recheck.watcher.program import BACKWARD, ProgramWatch
+
+    watcher = ProgramWatch(2, {})
+    watcher.start()
+    try:
+        _reentrant_backward_steps(4)
+    finally:
+        watcher.stop()
+    assert (watcher.unit, watcher.backward_calls) == (BACKWARD, 2)
+    assert watcher.report.stats["invocations"] == 2
+
+
+def test_a_failure_of_recheck_at_the_step_boundary_is_a_note_and_the_program_goes_on():
+    import torch
+
+    from recheck.watcher.program import ProgramWatch
+
+    def broken(_watcher):
+        raise RuntimeError("renderer broke")
+
+    original = torch.autograd.backward
+    watcher = ProgramWatch(1, {}, on_window_end=broken)
+    watcher.start()
+    try:
+        layer = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        for _ in range(3):
+            layer(torch.randn(2, 4)).sum().backward()
+            opt.step()  # the window ends here, and its callback raises
+    finally:
+        report = watcher.stop()
+    assert any("renderer broke" in note for note in report.notes)
+    assert torch.autograd.backward is original  # no trace left
