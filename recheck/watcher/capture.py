@@ -635,7 +635,8 @@ class ModuleState(Mapping[tuple[str, str], Any]):
             # a buffer slot holding None: no entry
         return entries
 
-    def differing(self, other: ModuleState) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], Any]] | None:
+    def differing(self, other: Mapping[tuple[str, str], Any]) -> tuple[dict[tuple[str, str], Any],
+                                                                  dict[tuple[str, str], Any]] | None:
         """The entries of this state and ``other``'s that may differ, as two dicts in the order
         of :meth:`entries`; None where the two are not of one layout (compare all entries then).
 

@@ -161,11 +161,11 @@ class Forward:
             self.state_modules, covered = last[0], last[3]
         else:
             last, covered = None, {id(module) for _, module in self.state_modules}
-        attribute_modules = []
+        attributes: list[tuple[str, torch.nn.Module]] = []
         for module in self.direct.values():
             if id(module) not in covered:
                 capture.add_module(reach, module)
-                attribute_modules.append(reach.modules[id(module)])
+                attributes.append(reach.modules[id(module)])
         touched, self.written_buffers = [], {}
         for module, name in capture.changed_buffers(self.buffers_seen):
             capture.add_module(reach, module)
@@ -173,7 +173,7 @@ class Forward:
             self.written_buffers[buffer_subject(prefix, name)] = None
             if id(module) not in covered:
                 touched.append((prefix, module, name))
-        attribute_modules = tuple(attribute_modules)
+        attribute_modules = tuple(attributes)
         if self.state_modules or attribute_modules:  # (a region of plain functions has none)
             if last is not None and same_objects(last[1], attribute_modules):
                 attribute_modules, self.scope_pairs = last[1], last[2]
@@ -294,8 +294,7 @@ class SavedPrint:
         self.viewed: ParameterView | None = None
 
     def __eq__(self, other: object) -> bool:
-        kind = type(other)
-        if kind is Recomputed:  # torch's default check, at a recompute: the common case
+        if type(other) is Recomputed:  # torch's default check, at a recompute: the common case
             record = self.record
             if record is not None:
                 theirs = record.compare_saved(self, other[0])
@@ -303,9 +302,10 @@ class SavedPrint:
                     return True  # equal, to the byte
                 if theirs is not None:  # printed: shape, dtype, device
                     mine = self.forward_print()
-                    return mine.shape == theirs.shape and mine.dtype == theirs.dtype and mine.device == theirs.device
+                    return mine is not None and mine.shape == theirs.shape and mine.dtype == theirs.dtype \
+                        and mine.device == theirs.device
             return self.metadata() == other.metadata() if self.base is LAZY else NotImplemented
-        if kind is not SavedPrint:
+        if type(other) is not SavedPrint:
             return NotImplemented
         # a recompute's under another check (``base``: torch's default answers with a Recomputed):
         # its bytes compared by the record, its equality that check's own
@@ -572,9 +572,9 @@ class InvocationRecord:
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
             state, effects = self._at_last_save
-            state = _entries(state)
+            earlier = _entries(state)
             self._late_keys = frozenset(k for k, v in _entries(forward.state_exit).items()
-                                        if k not in state or not _same(state[k], v))
+                                        if k not in earlier or not _same(earlier[k], v))
             self._early_effects = effects
             self._at_last_save = None
         self._check_grad_reaches()
@@ -713,11 +713,12 @@ class InvocationRecord:
         # (name, version at forward, version now) of the parameters modified in place since
         # the parameters of the forward's scope (the modules that ran, their submodules, the
         # callable's own): a region of timm's checkpoint_seq reaches every block of the model
-        now = capture.parameter_versions(forward.reach, forward.scope_pairs)
-        versions = forward.params.moved(now) if forward.params else []
+        versions_now = capture.parameter_versions(forward.reach, forward.scope_pairs)
+        versions = forward.params.moved(versions_now) if forward.params else []
         if forward.params_after is not None:  # the scope was not the one predicted at the entry
             read = dict(forward.params.items()) if forward.params else {}
-            versions += [moved for moved in forward.params_after.moved(now) if ("param_version", moved[0]) not in read]
+            versions += [moved for moved in forward.params_after.moved(versions_now)
+                         if ("param_version", moved[0]) not in read]
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
@@ -864,7 +865,7 @@ class InvocationRecord:
 
     # -- findings ------------------------------------------------------------------------
 
-    def _compare_state(self, before: capture.ModuleState, after: capture.ModuleState, how: str,
+    def _compare_state(self, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
                        latent_keys: frozenset[tuple[str, str]] = frozenset(),
                        leave_out: Callable[[tuple[str, str]], bool] | None = None) -> None:
         """A finding for every buffer, attribute or written global that differs (or appeared,
@@ -959,7 +960,7 @@ class _Draft(NamedTuple):
     latent: bool
 
 
-def _all_equal(before: capture.ModuleState, after: capture.ModuleState) -> bool:
+def _all_equal(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any]) -> bool:
     """Whether two states are equal entry for entry, without a finding to look for (the common
     case): C-level passes over two states of one layout (:meth:`capture.ModuleState.same`).
 
