@@ -12,7 +12,7 @@ import itertools
 import warnings
 from typing import Iterable, Iterator, Mapping, cast
 
-from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
+from recheck.lint.facts import DYNAMIC_ATTRIBUTE, CallSite, ClassFacts, FileFacts, FunctionFacts, Ref, Span
 from recheck.lint.imports import dotted, import_aliases
 from recheck.lint.outline import (
     DEFINITIONS,
@@ -50,6 +50,7 @@ from recheck.lint.targets import (
     callee_refs,
     entry_point,
     lambda_name,
+    submodule_path,
     target_refs,
 )
 
@@ -552,9 +553,35 @@ class _Extractor:
             if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
                 local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
 
+        sources: dict[str, ast.AST] = {}  # a loop variable's iterable, an unpacked name's value
+        for node in nodes:
+            if isinstance(node, (ast.For, ast.comprehension)) or (
+                    isinstance(node, ast.Assign) and any(isinstance(t, ast.Tuple) for t in node.targets)):
+                targets = [node.target] if not isinstance(node, ast.Assign) else node.targets
+                origin = node.value if isinstance(node, ast.Assign) else node.iter
+                for target in targets:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            sources.setdefault(name.id, origin)
+
+        def traced(value: ast.AST, depth: int = 0) -> list[str]:
+            """What ``value`` builds, through the loops and unpackings that bound its names."""
+            classes = _module_classes(value, context, local_lists)
+            inner = value.value if isinstance(value, ast.Starred) else value
+            if not classes and isinstance(inner, ast.Name) and inner.id in sources and depth < 3:
+                return traced(sources[inner.id], depth + 1)
+            return classes
+
         for node in nodes:
             kind = type(node)
             if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return:
+                continue
+            named = _named_module(cast(ast.Call, node), context) if kind is ast.Call and owner is not None else None
+            if named is not None:  # self.add_module("layer1", m), setattr(self, name, m): "*" when computed
+                attribute, value = named
+                classes = traced(value)
+                if classes:
+                    owner.attributes.setdefault(attribute, []).extend(classes)  # type: ignore[union-attr]
                 continue
             if kind is ast.Call and isinstance(func := cast(ast.Call, node).func, ast.Attribute) \
                     and func.attr in ("append", "extend", "insert", "add_module"):
@@ -568,6 +595,29 @@ class _Extractor:
                     store(target, classes, node.value)
             elif isinstance(node, ast.Return) and node.value is not None:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
+
+
+_ADDING_METHODS = frozenset({"add_module", "register_module"})
+
+
+def _named_module(node: ast.Call, context: FunctionContext) -> tuple[str, ast.AST] | None:
+    """``self.add_module(name, m)``, ``self.register_module(name, m)``, ``setattr(self, name,
+    m)``: the attribute (``DYNAMIC_ATTRIBUTE`` when not a constant) and the module expression
+    (``*pair`` as given)."""
+    func, args = node.func, node.args
+    if isinstance(func, ast.Attribute) and func.attr in _ADDING_METHODS and context.is_self(func.value):
+        pair = args
+    elif isinstance(func, ast.Name) and func.id == "setattr" and args and context.is_self(args[0]):
+        pair = args[1:]
+    else:
+        return None
+    if len(pair) == 1 and isinstance(pair[0], ast.Starred):
+        return DYNAMIC_ATTRIBUTE, pair[0]
+    if len(pair) != 2 or any(isinstance(a, ast.Starred) for a in pair):
+        return None
+    known, name = _constant(pair[0], context)
+    attribute = name if known and isinstance(name, str) and name.isidentifier() else DYNAMIC_ATTRIBUTE
+    return attribute, pair[1]
 
 
 def _bound(node: FunctionNode, owner: str | None) -> bool:
@@ -644,7 +694,8 @@ def _is_iterable(value: ast.AST) -> bool:
 
 def _alias_refs(value: ast.AST, context: FunctionContext, iterables: dict[str, ast.AST]) -> list[Ref]:
     """``layer = self.layers[i]``, ``fn = partial(...)``, ``fn = create_custom_forward(m)``,
-    ``blocks = list(self.blocks)``."""
+    ``blocks = list(self.blocks)``, ``layers = model.get_submodule("layers")``."""
+    value = submodule_path(value)
     if isinstance(value, (ast.Attribute, ast.Subscript, ast.Name)):
         return callee_refs(value, context)
     if isinstance(value, ast.Call):

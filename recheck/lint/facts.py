@@ -20,7 +20,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, NamedTuple
 
-__all__ = ["CallSite", "ClassFacts", "Deferred", "FileFacts", "FunctionFacts", "Hazard", "Ref", "Span"]
+__all__ = ["DYNAMIC_ATTRIBUTE", "CallSite", "ClassFacts", "Deferred", "FileFacts", "FunctionFacts", "Hazard", "Ref",
+           "Span"]
+
+#: The key of :attr:`ClassFacts.attributes` for modules added under a name computed at run
+#: time (``self.add_module(*stage)``, ``setattr(self, name, m)``): the candidates for every
+#: ``self.<attr>`` the class assigns no other way (:meth:`recheck.lint.index.Index.attribute_classes`)
+DYNAMIC_ATTRIBUTE = "*"
 
 
 class Span(NamedTuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Mapping, Union
 
-from recheck.lint.facts import ClassFacts, FileFacts, FunctionFacts
+from recheck.lint.facts import DYNAMIC_ATTRIBUTE, ClassFacts, FileFacts, FunctionFacts
 
 __all__ = ["Index", "Symbol"]
 
@@ -134,9 +134,15 @@ class Index:
         return None
 
     def attribute_classes(self, facts: FileFacts, cls: ClassFacts, attribute: str) -> list[str]:
-        for _, klass in self.lineage(facts, cls):
+        """The module classes of ``self.<attribute>``; for one the class never assigns, the
+        modules it adds by a name computed at run time (``self.add_module(*stage)``), if any."""
+        lineage = self.lineage(facts, cls)
+        for _, klass in lineage:
             if attribute in klass.attributes:
                 return klass.attributes[attribute]
+        for _, klass in lineage:
+            if DYNAMIC_ATTRIBUTE in klass.attributes and "." not in attribute:
+                return klass.attributes[DYNAMIC_ATTRIBUTE]
         return []
 
     def holders(self, attribute: str) -> list[tuple[FileFacts, ClassFacts]]:

@@ -16,7 +16,8 @@ from recheck.lint.facts import Ref
 from recheck.lint.imports import dotted
 from recheck.lint.scope import FunctionContext
 
-__all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "entry_point", "lambda_name", "target_refs"]
+__all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "entry_point", "lambda_name", "submodule_path",
+           "target_refs"]
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,27 @@ def _self_path(node: ast.AST, self_name: str | None) -> str | None:
     return ".".join(reversed(parts))
 
 
+def submodule_path(node: ast.AST) -> ast.AST:
+    """``m.get_submodule("a.b")`` as the expression ``m.a.b`` it names (with the call's place);
+    any other node as it is."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_submodule"):
+        return node
+    arguments = [*node.args, *(k.value for k in node.keywords if k.arg == "target")]
+    if len(arguments) != 1 or not (isinstance(arguments[0], ast.Constant) and isinstance(arguments[0].value, str)):
+        return node
+    parts = arguments[0].value.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return node
+    path: ast.AST = node.func.value
+    for part in parts:
+        path = ast.copy_location(ast.Attribute(value=path, attr=part, ctx=ast.Load()), node)
+        path.end_lineno, path.end_col_offset = node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+    return path
+
+
 def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
     """What calling ``func`` may run: a function, a method, or a submodule's ``forward``."""
+    func = submodule_path(func)
     span = context.span(func)
     if isinstance(func, ast.Attribute) and func.attr in ("forward", "__call__"):
         inner = callee_refs(func.value, context)
@@ -213,6 +233,8 @@ def target_refs(node: ast.AST, context: FunctionContext) -> list[Ref]:
         return [r for e in node.elts for r in target_refs(e, context)]
     if isinstance(node, ast.Starred):
         return target_refs(node.value, context)
+    if isinstance(node, ast.Call) and submodule_path(node) is not node:
+        return callee_refs(node, context)
     if isinstance(node, ast.Call):
         qualified = context.qualify(node.func)
         if qualified in PARTIALS and node.args:
