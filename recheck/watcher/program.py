@@ -114,8 +114,8 @@ class ProgramWatch:
                     self.report = watcher.report
                 except Exception:
                     self.report = Report(title="watch: the report could not be built")
-            for error in self.errors:
-                self.report.notes.append(f"recheck run: {error}")
+            for message in self.errors:
+                self.report.notes.append(f"recheck run: {message}")
         return self.report
 
     def _uninstall(self) -> None:
@@ -126,7 +126,8 @@ class ProgramWatch:
             except Exception as exc:
                 self._note(f"the optimizer step hook could not be removed ({exc})")
         if self._backward is not None:
-            original, self._backward = self._backward, None
+            original: Callable[..., Any] = self._backward
+            self._backward = None
             try:
                 import torch
 
@@ -148,7 +149,7 @@ class ProgramWatch:
 
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if not self._counting or getattr(depth, "value", 0):  # not watching, or a nested call
+            if not self._counting or getattr(depth, "value", 0) != 0:  # not watching, or a nested call
                 return original(*args, **kwargs)  # (a reentrant checkpoint's backward calls it)
             depth.value = 1
             try:
@@ -227,7 +228,7 @@ def _say(text: str) -> None:
 
 def run_program(target: str, args: list[str], *, module: bool = False,
                 before: Callable[[], None] | None = None,
-                after: Callable[[BaseException | None], None] | None = None) -> int:
+                after: Callable[[BaseException | None], object] | None = None) -> int:
     """Run ``target`` (a script path, or a module name with ``module=True``) as ``python`` would.
 
     ``before()`` is called just before the program's first line, ``after(exc)`` right after its
