@@ -171,10 +171,10 @@ def submodule_path(node: ast.AST) -> ast.AST:
     parts = arguments[0].value.split(".")
     if not all(part.isidentifier() for part in parts):
         return node
-    path: ast.AST = node.func.value
+    path: ast.expr = node.func.value
     for part in parts:
         path = ast.copy_location(ast.Attribute(value=path, attr=part, ctx=ast.Load()), node)
-        path.end_lineno, path.end_col_offset = node.end_lineno, node.end_col_offset  # type: ignore[attr-defined]
+        path.end_lineno, path.end_col_offset = node.end_lineno, node.end_col_offset
     return path
 
 
