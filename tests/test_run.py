@@ -213,3 +213,30 @@ def test_a_failure_of_recheck_at_the_step_boundary_is_a_note_and_the_program_goe
         report = watcher.stop()
     assert any("renderer broke" in note for note in report.notes)
     assert torch.autograd.backward is original  # no trace left
+
+
+def test_a_relative_report_path_is_the_one_given_even_when_the_program_changes_folder(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    script = tmp_path / "wander.py"
+    script.write_text("import os\nos.chdir('elsewhere')\nprint('moved')\n")
+    out = recheck_run("--format", "json", "--report", "report.json", script, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["program_status"] == 0
+    assert not (tmp_path / "elsewhere" / "report.json").exists()
+
+
+def test_json_without_report_goes_to_stderr_and_stdout_stays_the_programs():
+    out = recheck_run("--format", "json", PROGRAMS / "train_clean.py")
+    assert out.returncode == 0, out.stderr
+    assert all(line.startswith("step ") for line in out.stdout.splitlines())
+    document = json.loads(out.stderr[out.stderr.index("{"):])
+    assert document["report"]["ok"] and document["steps"]["watched"] == 3
+
+
+def test_a_watch_that_cannot_start_is_a_note_and_nothing_raises():
+    from recheck.watcher.program import ProgramWatch
+
+    watcher = ProgramWatch(1, {"store": "bogus"})
+    watcher.start()  # never raised into the program
+    report = watcher.stop()
+    assert any("store" in note for note in report.notes)

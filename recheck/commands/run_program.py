@@ -107,6 +107,8 @@ def _header(label: str, watcher: Any) -> str:
     from recheck.watcher.program import UNIT_MEANING
 
     unit, seen, asked = watcher.unit, watcher.steps_watched, watcher.steps
+    if not watcher.started:
+        return f"recheck run {label}: not watched (see the notes)"
     if unit is None:
         return f"recheck run {label}: no optimizer step and no backward call was made"
     counted = f"{seen} step{'s' if seen != 1 else ''}"
@@ -175,6 +177,7 @@ def run(ns: argparse.Namespace) -> int:
                    "runs unwatched", "bold", sys.stderr))
         _say(str(_titled(report, label, watcher)))
 
+    report_path = Path(ns.report).absolute() if ns.report is not None else None  # before the program's chdir
     watcher = ProgramWatch(ns.steps, options, on_window_end=window_ended)
     status = run_program(target, list(args), module=module, before=watcher.start, after=watcher.stop)
     report = watcher.report
@@ -195,11 +198,10 @@ def run(ns: argparse.Namespace) -> int:
     else:
         _say(paint("recheck run: summary", "bold", sys.stderr))
         _say(f"{report}\n\n{paint(summary, 'red' if findings else 'green', sys.stderr)}")
-    if ns.report is not None:
+    if report_path is not None:
         try:
-            path = Path(ns.report)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(rendered + "\n", encoding="utf-8")
+            report_path.parent.mkdir(parents=True, exist_ok=True)
+            report_path.write_text(rendered + "\n", encoding="utf-8")
         except OSError as exc:
             _say(f"recheck run: error: could not write the report to {ns.report!r}: {exc.strerror or exc}")
             return status or 2

@@ -56,6 +56,7 @@ class ProgramWatch:
         self.errors: list[str] = []
         self.report: Report | None = None
         self.window_ended = False  # the steps-th step ended (as opposed to the program ending)
+        self.started = False  # the watch block was entered
         self._watch: Any = None
         self._hook: Any = None
         self._backward: Any = None  # the original torch.autograd.backward while ours is installed
@@ -83,9 +84,17 @@ class ProgramWatch:
         """Enter the ``watch()`` block and install the step counters (failures become notes)."""
         from recheck.watcher.session import watch
 
-        self._watch = watch(raise_on_finding=False, **self.watch_options)
-        self._watch.__enter__()
-        self._counting = True
+        try:
+            block = watch(raise_on_finding=False, **self.watch_options)
+            block.__enter__()
+        except Exception as exc:  # the program still runs, unwatched
+            message = f"the watch block could not start ({type(exc).__name__}: {exc}); the program runs unwatched"
+            _say(f"recheck run: {message}")
+            self.report = Report(title="watch: not started")
+            self._note(message)
+            return
+        self._watch = block
+        self.started = self._counting = True
         try:
             import torch
             from torch.optim.optimizer import register_optimizer_step_post_hook
