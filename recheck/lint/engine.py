@@ -33,6 +33,7 @@ from recheck.lint.files import FileError, discover, read_source, resolve
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.wrappers import unchanged
 from recheck.lint.settings import LintOptions
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
@@ -79,6 +80,8 @@ class _StoredResult:
     stats: dict[str, int]
     sites: list[SiteReport]
     assumed: list[str]
+    #: stamps of the installed files read for checkpointing base classes: changed, the result is stale
+    read: dict[str, list[str]]
 
 
 @dataclass
@@ -487,15 +490,17 @@ def _lint(run: _Run) -> LintResult:
     tree_key = hashlib.sha256("\0".join(
         f"{d}\0{run.cache.key(s.data, s.module)}" for d, s in sorted(run.sources.items())).encode()).hexdigest()
     stored = run.cache.get_result(tree_key, _StoredResult)
+    if stored is not None and not unchanged(stored.read):  # an installed wrapper was upgraded
+        stored = None
     if stored is not None:  # not one file changed since the last run: reuse its regions
         hits, sites, assumed = stored.hits, stored.sites, stored.assumed
         for error in stored.errors:
             run.report(error)
         stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
-        hits, sites, stats, assumed = _analyse(run)
+        hits, sites, stats, assumed, read = _analyse(run)
         run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources],
-                                                     stats, sites, assumed))
+                                                     stats, sites, assumed, read))
     used = {site.entry for site in sites}
     unmatched = [name for name in run.options.checkpoint_functions if name not in used]
     if unmatched:  # a misspelt name is otherwise silently ignored
@@ -510,7 +515,7 @@ def _lint(run: _Run) -> LintResult:
     return result
 
 
-def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], list[str]]:
+def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], list[str], dict[str, list[str]]]:
     """Phase one for the candidates and what their regions reach, then phase two."""
     by_module: dict[str, _Source] = {}
     for source in run.sources.values():
@@ -522,6 +527,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
     reports: list[SiteReport] = []
     walked: set[tuple[str, str]] = set()
     assumed: list[str] = []
+    read: dict[str, list[str]] = {}
     index = Index(())
     analysed = False
     demand: dict[str, set[str]] = {}
@@ -532,16 +538,16 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
         pending = run.discover(index)
         if pending:  # wrappers found: their callers are call sites, extract them again first
             continue
-        reports, walked, assumed = [], set(), []
-        regions = find_regions(index, reports, run.source_text, assumed)
+        reports, walked, assumed, read = [], set(), [], {}
+        regions = find_regions(index, reports, run.source_text, assumed, read)
         hits = region_hits(index, regions, walked)
         analysed = True
         pending, demand = run.wanted(index, by_module) if regions or index.misses else ([], {})
         if not pending:
             break
     if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
-        reports, walked, assumed = [], set(), []
-        regions = find_regions(index, reports, run.source_text, assumed)
+        reports, walked, assumed, read = [], set(), [], {}
+        regions = find_regions(index, reports, run.source_text, assumed, read)
         hits = region_hits(index, regions, walked)
     checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
@@ -552,7 +558,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
         "syntax_only": len(run.sources) - len(run.facts), "call_sites": len(sites),
         "resolved_sites": sum(1 for r in sites if r.regions), "wrapper_sites": len(reports) - len(sites),
         "functions_walked": len(walked), "outlined_analysed_later": run.analysed_here,
-    }, assumed
+    }, assumed, read
 
 
 def _findings(hits: list[Hit], run: _Run) -> Iterable[Finding]:

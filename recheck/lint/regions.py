@@ -275,13 +275,14 @@ def _where(file: FileFacts, function: FunctionFacts) -> str:
 
 def find_regions(index: Index, reports: list[SiteReport] | None = None,
                  source_text: Callable[[str], str | None] | None = None,
-                 assumed: list[str] | None = None) -> list[Region]:
+                 assumed: list[str] | None = None, read: dict[str, list[str]] | None = None) -> list[Region]:
     """Every region of the tree, in a stable order (by file, then line).
 
     With ``reports``, also append one :class:`SiteReport` per checkpoint call site.
     ``source_text(path)``: a linted file's text, to read a checkpointing base class defined
     in the tree (:mod:`recheck.lint.wrappers`); ``assumed`` collects, for each such class
-    whose source was found nowhere, what was assumed of it instead.
+    whose source was found nowhere, what was assumed of it instead; ``read``, the stamps of
+    the installed files read for them (:func:`recheck.lint.wrappers.unchanged`).
     """
     wrappers: dict[str, Wrapper] = {}
     resolver = _Resolver(index)
@@ -318,14 +319,15 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None,
             key = (method[0].path, method[1].qualname)
             if key not in seen:
                 seen.add(key)
-                wrapper = _wrapper(index, file, cls, wrappers, source_text, assumed)
+                wrapper = _wrapper(index, file, cls, wrappers, source_text, assumed, read)
                 regions.append(Region(method[1].qualname, f"a GradientCheckpointingLayer, {file.path}:{cls.span.line}",
                                       method[0], method[1], passed=_layer_passes(index, file, cls, method[1], wrapper)))
     return regions
 
 
 def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wrapper],
-             source_text: Callable[[str], str | None] | None, assumed: list[str] | None) -> Wrapper | None:
+             source_text: Callable[[str], str | None] | None, assumed: list[str] | None,
+             read: dict[str, list[str]] | None) -> Wrapper | None:
     """What the checkpointing base of ``cls`` does to its arguments, read from its source
     (the tree's, else the installed package's), or the built-in assumption (said in ``assumed``)."""
     base = next((b for b in sorted(index.base_names(file, cls)) if _short(b) in CHECKPOINTING_BASES), None)
@@ -335,7 +337,7 @@ def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wr
         in_tree = index.lookup_class(base, file)
         text = source_text(in_tree[0].path) if in_tree is not None and source_text is not None else None
         wrapper = find_wrapper(base, (in_tree[0].path, in_tree[0].module, in_tree[1].qualname, text)
-                               if in_tree is not None and text is not None else None)
+                               if in_tree is not None and text is not None else None, read)
         if wrapper is None:
             wrapper = ASSUMED.get(_short(base))
             if wrapper is not None and assumed is not None:

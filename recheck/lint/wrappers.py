@@ -24,7 +24,6 @@ the layer class sets ``<flag> = True``.
 from __future__ import annotations
 
 import ast
-import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Iterable, Iterator, Mapping
 
 from recheck.lint.targets import ENTRY_ATTRIBUTES, ENTRY_POINTS, PARTIALS
 
-__all__ = ["ASSUMED", "Wrapper", "find_wrapper", "installed_source", "read_wrapper"]
+__all__ = ["ASSUMED", "Wrapper", "find_wrapper", "installed_source", "read_wrapper", "unchanged"]
 
 
 @dataclass(frozen=True)
@@ -257,10 +256,12 @@ def _lazy_exports(tree: ast.Module, name: str) -> Iterator[str]:
                     yield key.value
 
 
-def installed_source(qualified: str, search: list[str] | None = None) -> tuple[ast.ClassDef, dict[str, str], str, str] | None:
+def installed_source(qualified: str, search: list[str] | None = None,
+                     visited: list[str] | None = None) -> tuple[ast.ClassDef, dict[str, str], str, str] | None:
     """The class ``qualified`` as defined in the installed package's source on the import path
     (``search``, default ``sys.path``): its node, its module's imports, its qualified name
-    where it is defined and the file; None when it cannot be found.  Nothing is imported."""
+    where it is defined and the file; None when it cannot be found.  Nothing is imported.
+    ``visited`` collects the files read."""
     module, _, name = qualified.rpartition(".")
     seen: set[str] = set()
     for _ in range(MAX_REEXPORTS):
@@ -271,6 +272,8 @@ def installed_source(qualified: str, search: list[str] | None = None) -> tuple[a
         if found is None:
             return None
         origin, is_package = found
+        if visited is not None:
+            visited.append(origin)
         try:
             with open(origin, "rb") as handle:
                 tree = ast.parse(handle.read(), origin)
@@ -302,10 +305,12 @@ def _class_node(tree: ast.Module, qualname: str) -> ast.ClassDef | None:
     return node
 
 
-def find_wrapper(qualified: str, in_tree: tuple[str, str, str, str] | None) -> Wrapper | None:
+def find_wrapper(qualified: str, in_tree: tuple[str, str, str, str] | None,
+                 read: dict[str, list[str]] | None = None) -> Wrapper | None:
     """What the checkpointing base class ``qualified`` does to its arguments: read from
     ``in_tree`` (path, module, class qualname and text of its file in the linted tree) when
-    given, else from the installed package (None when neither has it)."""
+    given, else from the installed package (None when neither has it).  ``read`` collects,
+    for an installed lookup, the stamps of the files it read (see :func:`unchanged`)."""
     if in_tree is not None:
         path, module, qualname, text = in_tree
         try:
@@ -315,10 +320,45 @@ def find_wrapper(qualified: str, in_tree: tuple[str, str, str, str] | None) -> W
         node = _class_node(tree, qualname)
         is_package = os.path.basename(path) == "__init__.py"
         return read_wrapper(node, _imports(tree, module, is_package), qualified, path) if node is not None else None
-    return _installed(qualified, tuple(sys.path))
+    search = tuple(p or os.getcwd() for p in sys.path)
+    cached = _INSTALLED.get((qualified, search))
+    if cached is None or _stamps(cached[1]) != list(cached[1]):
+        visited: list[str] = []
+        found = installed_source(qualified, list(search), visited)
+        cached = (read_wrapper(*found) if found is not None else None, tuple(_stamps(visited)))
+        _INSTALLED[(qualified, search)] = cached
+    if read is not None:
+        read[qualified] = list(cached[1])
+    return cached[0]
 
 
-@functools.lru_cache(maxsize=64)
-def _installed(qualified: str, search: tuple[str, ...]) -> Wrapper | None:
-    found = installed_source(qualified, [p or os.getcwd() for p in search])
-    return read_wrapper(*found) if found is not None else None
+#: installed lookups of this process, with the stamps of the files each read (a file that
+#: changed since, as on an upgrade, makes it look again)
+_INSTALLED: dict[tuple[str, tuple[str, ...]], tuple[Wrapper | None, tuple[str, ...]]] = {}
+
+
+def _stamps(files: Iterable[str]) -> list[str]:
+    """``path|mtime_ns|size`` of each file (``path|-`` when it is gone); a stamp given back
+    is taken apart again."""
+    stamps = []
+    for entry in files:
+        path = entry.split("|", 1)[0]
+        try:
+            status = os.stat(path)
+        except OSError:
+            stamps.append(f"{path}|-")
+            continue
+        stamps.append(f"{path}|{status.st_mtime_ns}|{status.st_size}")
+    return stamps
+
+
+def unchanged(read: Mapping[str, list[str]]) -> bool:
+    """Whether installed lookups recorded by :func:`find_wrapper` would read the same now:
+    every file they read is unchanged, and a package that was not found is still not."""
+    for qualified, stamps in read.items():
+        if stamps:
+            if _stamps(stamps) != stamps:
+                return False
+        elif _find([qualified.split(".", 1)[0]], [p or os.getcwd() for p in sys.path]) is not None:
+            return False
+    return True

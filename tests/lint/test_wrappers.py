@@ -195,3 +195,14 @@ def test_the_statistics_text_names_the_assumption(lint, write):
     write("layer.py", textwrap.dedent(LAYER.format(module="transformers", cache="cache")))
     out = lint("--statistics").out
     assert "note: wrapper `transformers.GradientCheckpointingLayer` not found in the tree or installed" in out
+
+
+def test_an_upgraded_installed_wrapper_is_read_again_through_the_cache(installed, lint, write, tmp_path):
+    installed("call")
+    write("layer.py", textwrap.dedent(LAYER.format(module="fakelib", cache="past_key_values")))
+    assert lint("layer.py", cache=True).code == 0
+    assert lint("layer.py", cache=True).code == 0  # the cached result
+    layers = tmp_path / "site" / "fakelib" / "layers.py"
+    layers.write_text(SHAPES["call"].replace('kwargs["past_key_values"] = None', "pass") + "\n# upgraded\n")
+    run = lint("layer.py", cache=True)
+    assert run.code == 1 and "RC104" in run.out
