@@ -37,7 +37,8 @@ def test_ci_runs_every_readme_command_in_its_own_fresh_environment():
     # the Quickstart check of the zoo, the main suite, the real-library tests
     assert len(commands) == 3, commands
     assert commands[0].endswith("recheck check fixtures/models/zoo.py")
-    assert shlex.split(commands[1].split("&&")[-1]) == ["python", "-m", "pytest"]
+    assert [shlex.split(part) for part in commands[1].split("&&")[1:]] == [
+        ["mypy"], ["ruff", "check", "."], ["python", "-m", "pytest"]]  # the static checks, then the suite
     assert "RECHECK_REQUIRE_LIBRARIES=1" in commands[2]
     environments = _ci_environments()
     homes = []
