@@ -1,6 +1,7 @@
 """``recheck run``: an unmodified program run as python runs it, inside ``watch()``, with a step window."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,15 @@ def test_a_watch_that_cannot_start_is_a_note_and_nothing_raises():
     watcher.start()  # never raised into the program
     report = watcher.stop()
     assert any("store" in note for note in report.notes)
+
+
+def test_under_a_launcher_each_rank_writes_its_own_report_file(tmp_path):
+    report = tmp_path / "report.json"
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    out = subprocess.run([sys.executable, "-m", "recheck", "run", "--format", "json", "--report", str(report),
+                          str(PROGRAMS / "train_clean.py")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert not report.exists()
+    document = json.loads((tmp_path / "report.rank1.json").read_text())
+    assert (document["rank"], document["world_size"]) == (1, 2)

@@ -14,7 +14,8 @@ with its traceback, as ``python`` prints it); else 1 when findings were reported
 (0 with ``--exit-zero``) and 0 when clean; 2 for a usage error (no program, a script or
 module that does not exist, a ``--report`` path that is a folder) or a bad ``[tool.recheck]``.
 Watch options (``early-stop``, ``store``, the tolerance, ``checkpoint-functions``) come from
-``[tool.recheck]``.
+``[tool.recheck]``.  Under a launcher (``torchrun``) each rank reports for itself, and
+``--report PATH`` writes ``PATH`` with ``.rank<N>`` before its suffix.
 """
 
 from __future__ import annotations
@@ -191,8 +192,14 @@ def run(ns: argparse.Namespace) -> int:
     text = f"{report}\n\n{summary}"
     from recheck.output.json import dumps
 
-    rendered = dumps(_document(ns, label, [target, *args], watcher, status, report)) \
-        if ns.format == "json" else text
+    document = _document(ns, label, [target, *args], watcher, status, report)
+    if watcher.place is not None:  # under a launcher: one report file per rank, as pytest --recheck writes
+        from recheck.distributed.reports import rank_report_path
+
+        document.update(rank=watcher.place.rank, world_size=watcher.place.world_size)
+        if report_path is not None:
+            report_path = rank_report_path(report_path, watcher.place.rank)
+    rendered = dumps(document) if ns.format == "json" else text
     if ns.format == "json" and ns.report is None:
         _say(rendered)
     else:

@@ -57,6 +57,7 @@ class ProgramWatch:
         self.report: Report | None = None
         self.window_ended = False  # the steps-th step ended (as opposed to the program ending)
         self.started = False  # the watch block was entered
+        self.place: Any = None  # the rank and world size the block saw (None for one process)
         self._watch: Any = None
         self._hook: Any = None
         self._backward: Any = None  # the original torch.autograd.backward while ours is installed
@@ -116,6 +117,7 @@ class ProgramWatch:
         if watcher is not None:
             try:
                 watcher.__exit__(type(exc) if exc is not None else None, exc, None)
+                self.place = watcher.place
                 self.report = watcher.report
             except Exception as error:  # recheck's own failure: a note, never the program's
                 self._note(f"the watch block failed to close ({type(error).__name__}: {error})")
