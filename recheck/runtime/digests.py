@@ -2,9 +2,10 @@
 
 A :class:`TensorPrint` is compared with the recomputed tensor's print.  Digests are exact
 and position dependent: CPU tensors hash their dtype, shape and bytes, read in place without a
-copy, with XXH3-128 (``xxhash``, installed with ``recheck[torch]``; measured 11 GB/s on one core
-here, against 1.7 GB/s for SHA-256), or with SHA-256 truncated to 128 bits (``hashlib``) where
-xxhash is not installed; tensors on other devices use ``recheck.runtime.bits.digest`` (128-bit,
+copy, with XXH3-128 (``xxhash``, installed with ``recheck[torch]``: a non-cryptographic hash
+that runs near memory speed, so hashing every saved tensor stays a small part of a step; see
+``benchmarks/watch_costs.py``), or with SHA-256 truncated to 128 bits (``hashlib``, several
+times slower) where xxhash is not installed; tensors on other devices use ``recheck.runtime.bits.digest`` (128-bit,
 computed on the device; only two integers reach the host).  Both are functions of every byte in
 order: a one-bit flip anywhere, a NaN payload or ``-0.0`` changes the digest.  A print is taken for every saved tensor of every
 forward and recompute, so :func:`print_tensor` avoids per-call work that only a
@@ -114,8 +115,8 @@ def print_saved(tensor: torch.Tensor, store: Store, parameter: torch.Tensor | No
     A saved parameter, or a view of one (a linear layer saves ``weight.t()``), is the same object
     in the forward and in the recompute; what can change between them is an in-place update,
     which moves its version counter.  So its print is its identity, view and version, and no
-    byte is read (on ResNet-18 that skips about 37 MiB of hashing per step, and the contiguous
-    copy of every transposed weight).  A write through ``.data`` bypasses version counters; it
+    byte is read (a model's weights are most of what its layers save: their hashing is skipped,
+    and the contiguous copy of every transposed weight).  A write through ``.data`` bypasses version counters; it
     still shows in the activations the parameter computes, which are digested.  ``parameter`` is
     the compared module's parameter whose storage ``tensor`` views (None: not one); anything
     else is :func:`print_tensor` of its bytes.
@@ -296,11 +297,11 @@ def print_tensor(tensor: torch.Tensor, store: Store, order: tuple[int, ...] | No
 
 def tensor_digest(tensor: torch.Tensor) -> int:
     """128 bits of a hash of ``tensor``'s dtype, shape and bytes, as a print's ``digest``: on the
-    CPU, one call over its memory (:func:`_cpu_digest`; with XXH3, 36-39 GB/s a core over 64 MiB
-    read from memory, 66-89 GB/s over 8 MiB); on another device, or for a tensor whose bytes
-    cannot be read in place, ``bits.digest``, which hashes them where they are (0.2 GB/s a core
-    on the CPU, with a 4 MiB tensor: a global optimizer printed whole, its parameters and Adam's
-    moments with it, took most of a ``check_step`` of a 3-million-parameter model, 0.8 s)."""
+    CPU, one call over its memory (:func:`_cpu_digest`, bound by memory bandwidth); on another
+    device, or for a tensor whose bytes cannot be read in place, ``bits.digest``, which hashes
+    them where they are with torch kernels (on the CPU far slower than XXH3, which is why the
+    CPU path reads the bytes in place: a global optimizer printed whole, its parameters and
+    Adam's moments with it, is hashed at every run of a ``check_step``)."""
     plain = tensor.detach()
     if type(plain) is not torch.Tensor and hasattr(plain, "__tensor_flatten__"):
         return _wrapper_digest(plain)
@@ -367,7 +368,7 @@ def _worked_out(shape: tuple[int, ...], strides: tuple[int, ...], order: tuple[i
 _LIES_IN: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], bool] = {}
 
 
-#: the names of devices other than the CPU (``str(torch.device)`` costs a microsecond)
+#: the names of devices other than the CPU (``str(torch.device)`` builds a new string at each call)
 _DEVICE_NAMES: dict[torch.device, str] = {}
 
 
