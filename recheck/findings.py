@@ -25,6 +25,8 @@ __all__ = [
     "Invocation",
     "RecomputeMismatch",
     "Report",
+    "could_not",
+    "one_line",
 ]
 
 #: The dynamic kinds, each with the one-line meaning every face of recheck uses.
@@ -47,6 +49,30 @@ LINT = "lint"
 
 #: All kinds a :class:`Finding` may carry.
 KINDS: tuple[str, ...] = (*DYNAMIC_KINDS, LINT)
+
+
+def one_line(text: str, limit: int = 80) -> str:
+    """``text`` as a message shows a value: one line of at most ``limit`` characters.
+
+    The one formatter of every value a finding's message, subject or a note embeds (a
+    ``repr``, an exception's text): runs of whitespace, line breaks included, become one
+    space (a transformers config prints itself as indented JSON over a hundred lines), and a
+    longer text is cut with an ellipsis and its full length, ``Config {"a": 1, ... (4210 chars)``.
+    """
+    flat = " ".join(text.split()) if not text.isprintable() or "  " in text else text
+    if len(flat) <= limit:
+        return flat
+    tail = f"... ({len(flat)} chars)"
+    return flat[: max(limit - len(tail), 0)] + tail
+
+
+def could_not(what: str, exc: BaseException) -> str:
+    """The note that says recheck's own observation ``what`` failed, and why: ``could not
+    compare the recompute of Block.forward (m.py:8): RuntimeError: reason`` (one bounded line).
+
+    recheck never raises its own failure into the program it watches: the check that failed is
+    skipped, the note says which, and the user's step goes on."""
+    return f"could not {what}: {type(exc).__name__}: {one_line(str(exc), 200)}"
 
 
 

@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
-from recheck.findings import Finding, Report
+from recheck.findings import Finding, Report, could_not, one_line
 from recheck.intercept.bypass import bypassing
 from recheck.runtime.bits import Tolerance, bit_view
 from recheck.runtime.explaining import with_likely_causes
@@ -208,6 +208,7 @@ class Twin:
             finally:
                 run.report = watcher.report
                 run.probe = list(probe.findings)
+                run.notes.extend(probe.notes)
                 run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
             return
         extra = watch_options.get("checkpoint_functions") or ()
@@ -390,13 +391,13 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
             bypassed64 = twin.run("bypassed", {}, before=_to_float64, reference=written64)
     except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
         return findings, [f"the differences were not rerun in float64 to tell rounding from a hazard "
-                          f"({type(exc).__name__}: {exc}); they are shown as findings"]
+                          f"({type(exc).__name__}: {one_line(str(exc), 200)}); they are shown as findings"]
     finally:
         twin.restore()
     if written64.error is not None or bypassed64.error is not None:
         error = written64.error or bypassed64.error
-        return findings, [f"the float64 rerun of the step raised ({type(error).__name__}: {error}); "
-                          "the differences are shown as findings"]
+        return findings, [f"the float64 rerun of the step raised ({type(error).__name__}: "
+                          f"{one_line(str(error), 200)}); the differences are shown as findings"]
     scale32, scale64 = _magnitudes(bypassed), _magnitudes(bypassed64)
     kept: list[Finding] = []
     rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, epsilons in it, in float64
@@ -465,7 +466,11 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
             lean = False
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
-        findings = _twin_findings(ctx, written, bypassed)
+        try:
+            findings = _twin_findings(ctx, written, bypassed)
+        except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
+            findings = []
+            notes.append(could_not("compare the step with its uncheckpointed twin", exc))
         if unsteady:
             shown = ", ".join(sorted(str(s) for _, s in unsteady))
             notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): "
@@ -473,7 +478,10 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                          "uncheckpointed step are not attributed to checkpointing")
             findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
         if tolerance is None:
-            findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
+            try:
+                findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
+            except Exception as exc:  # noqa: BLE001 - recheck's own analysis: the differences stay findings
+                rounding = [could_not("tell rounding from a hazard; the differences are shown as findings", exc)]
             notes += rounding
     finally:
         twin.restore()
@@ -487,4 +495,9 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
              f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"
              + (f", tolerance: {tolerance}" if tolerance else "")
              + f"\nwatched        {watched.title or 'nothing'}")
-    return Report(with_likely_causes([*watched.findings, *findings]), title=title, notes=notes, stats=stats)
+    try:
+        found = with_likely_causes([*watched.findings, *findings])
+    except Exception as exc:  # noqa: BLE001 - the findings as they were found
+        found = [*watched.findings, *findings]
+        notes.append(could_not("point the findings at their likely causes", exc))
+    return Report(found, title=title, notes=notes, stats=stats)

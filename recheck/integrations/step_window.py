@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from recheck.findings import RecomputeMismatch, Report
+from recheck.findings import RecomputeMismatch, Report, could_not
 
 __all__ = ["StepWindow"]
 
@@ -52,23 +52,47 @@ class StepWindow:
         return Report.merge(self.reports)
 
     def begin(self) -> None:
-        """A training step starts: watch it if it is one of the first ``steps``."""
+        """A training step starts: watch it if it is one of the first ``steps``.
+
+        Where the watch cannot start (recheck's own failure), the step runs unwatched and the
+        log says why: the callbacks never stop the training for recheck's sake."""
         self.close()  # a step that never ended (the loop raised, or skipped its end hook)
         if self.done:
             return
         from recheck.watcher import watch
 
-        self._watch = watch(raise_on_finding=False, **self.watch_options)
-        self._watch.__enter__()
+        watcher = watch(raise_on_finding=False, **self.watch_options)
+        try:
+            watcher.__enter__()
+        except Exception as exc:  # noqa: BLE001
+            self.log(logging.WARNING, "recheck: " + could_not(f"watch training step {len(self.reports) + 1}", exc))
+            return
+        self._watch = watcher
 
     def end(self) -> Report | None:
-        """The step ends: its report (None when it was not watched), logged; raises if asked."""
+        """The step ends: its report (None when it was not watched), logged; raises if asked
+        (``fail_fast``: the one exception the window raises on purpose)."""
         if self._watch is None:
             return None
         watcher, self._watch = self._watch, None
-        watcher.__exit__(None, None, None)
-        report = watcher.report
+        try:
+            watcher.__exit__(None, None, None)
+            report = watcher.report
+        except Exception as exc:  # noqa: BLE001 - recheck's own failure: the training goes on
+            self.log(logging.WARNING, "recheck: " + could_not(f"report training step {len(self.reports) + 1}", exc))
+            return None
         self.reports.append(report)
+        try:
+            self._log(report)
+        except Exception as exc:  # noqa: BLE001
+            self.log(logging.WARNING, "recheck: " + could_not(f"word the report of training step {len(self.reports)}",
+                                                              exc))
+        if self.fail_fast and not report.ok:
+            raise RecomputeMismatch(report)
+        return report
+
+    def _log(self, report: Report) -> None:
+        """What one watched step found, through the framework's log."""
         number = len(self.reports)
         where = f"recheck: training step {number} of the {self.steps} watched"
         if not report.ok:
@@ -84,12 +108,12 @@ class StepWindow:
                      f"recheck: watched the first {self.steps} training step(s): "
                      f"{merged.stats.get('invocations', 0)} checkpoint call(s), "
                      f"{merged.stats.get('verified', 0)} verified, {len(merged)} finding(s)")
-        if self.fail_fast and not report.ok:
-            raise RecomputeMismatch(report)
-        return report
 
     def close(self) -> None:
         """Leave an open watch block without reporting it (the step did not finish)."""
         if self._watch is not None:
             watcher, self._watch = self._watch, None
-            watcher.__exit__(None, None, None)
+            try:
+                watcher.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001
+                self.log(logging.WARNING, "recheck: " + could_not("close the watch of an unfinished step", exc))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from recheck.findings import one_line
 from recheck.runtime.bits import float_bits
 from recheck.runtime.digests import tensor_digest
 from recheck.runtime.holds import Hold
@@ -33,13 +34,14 @@ _MAX_DEPTH = 3
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
-    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    """``repr`` as one line of at most ``limit`` characters (:func:`recheck.findings.one_line`),
+    tensors as ``float32[4] on cpu`` (also inside lists, tuples and dicts: a cache of tensors
+    reads ``[float32[2, 8] on cpu, ...]``).  A ``repr`` that raises shows the type."""
     try:
         text = _brief(value, 3)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user's __repr__
         text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(text, limit)
 
 
 #: texts :func:`show_printed` made, by (id, type, fingerprint) of the value, most recent last
@@ -50,8 +52,8 @@ _SHOWN_SIZE = 1024
 def show_printed(value: Any, printed: Any) -> str:
     """:func:`show` of ``value`` whose :func:`fingerprint` is ``printed``, made once while the
     same object keeps the same fingerprint.  A snapshot observes the same state several times
-    (at entry, after each run), and a ``repr`` can cost far more than the fingerprint: a
-    transformers config prints itself as JSON, about 1 ms each time."""
+    (at entry, after each run), and a ``repr`` can cost far more than the fingerprint (a
+    transformers config prints itself as JSON)."""
     try:
         key = (id(value), type(value), printed)
         text = _SHOWN.get(key)
@@ -165,8 +167,8 @@ AS_IS = frozenset({int, str, bytes, type(None)})
 _SCALARS = AS_IS | {bool}
 
 
-# what :func:`shallow` does with a value, by its type (an ``issubclass`` chain costs up to nine
-# calls a value; a state read at every invocation shallow-prints the same few types again)
+# what :func:`shallow` does with a value, by its type (an ``issubclass`` chain is a call per
+# type tried; a state read at every invocation shallow-prints the same few types again)
 _SCALAR, _BOOL, _FLOAT, _TENSOR, _IDENTITY, _SEQUENCE, _DICT, _SET, _LOGGER, _OBJECT = range(10)
 _KINDS: dict[type, int] = {}
 _KINDS_SIZE = 4096
@@ -228,8 +230,8 @@ def shallow(value: Any, depth: int = 2) -> Any:
     (which bypasses the version counter) does not.  Containers compare by type, length and
     their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
     by identity and their ``__dict__``; numbers by bits.  Types are read with ``type()``, not
-    ``isinstance``, which asks a value for its ``__class__``: a transformers config's
-    ``__getattribute__`` made each check cost 2 µs.  What a type is (a number, a container
+    ``isinstance``, which asks a value for its ``__class__``: a class with its own
+    ``__getattribute__`` (a transformers config) answers that in Python.  What a type is (a number, a container
     ...) is looked up once per type (:func:`_kind`).
     """
     cls = type(value)
@@ -270,7 +272,7 @@ def shallow(value: Any, depth: int = 2) -> Any:
 
 #: per type whose ``__getattribute__`` is its own: whether an instance's ``__dict__`` is read
 #: directly (a transformers config answers ``getattr(config, "__dict__")`` through its
-#: ``__getattribute__`` in 0.7 µs, the slot in 0.07 µs, and a state read asks it of every layer)
+#: ``__getattribute__``, a Python call, where the slot is read in C; a state read asks it of every layer)
 _DIRECT_DICT: dict[type, bool] = {}
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 

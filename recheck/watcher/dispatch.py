@@ -26,6 +26,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from recheck.distributed.world import current_place, launched_place
+from recheck.findings import could_not
 from recheck.intercept import module_calls, patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
@@ -186,9 +187,15 @@ class Dispatcher(Interceptor):
                 "early_stop": forced,
                 "tolerance": tolerances[0] if all(t is not None for t in tolerances) else None}
 
-    def _internal_error(self, where: str, exc: BaseException) -> None:
+    def _internal_error(self, what: str, exc: BaseException, record: InvocationRecord | None = None) -> None:
+        """recheck's own observation ``what`` failed: a note in every active block (of the record,
+        where it is one call's), the check skipped; never raised into the program."""
+        if record is not None:
+            record.could_not(what, exc)
+            return
+        note = could_not(what, exc)
         for session in list(self.sessions):
-            session.add_note(f"internal error while {where} ({type(exc).__name__}: {exc}); that check was skipped")
+            session.add_note(note)
 
     # -- the interceptor's decisions ---------------------------------------------------------
 
@@ -196,6 +203,13 @@ class Dispatcher(Interceptor):
         return bool(self.sessions)
 
     def started(self, call: CheckpointCall) -> None:
+        try:
+            self._start(call)
+        except Exception as exc:  # noqa: BLE001 - the call runs unwatched
+            call.state = None
+            self._internal_error(f"record a checkpoint call of {call.region}", exc)
+
+    def _start(self, call: CheckpointCall) -> None:
         region = call.region
         with self._lock:
             index = self.region_calls.get(region, 0) + 1
@@ -218,7 +232,7 @@ class Dispatcher(Interceptor):
 
     def refined(self, call: CheckpointCall) -> None:
         record: InvocationRecord | None = call.state
-        if record is not None:
+        if record is not None:  # (assignments only)
             record.entry, record.implementation = call.entry, call.implementation
             record.reentrant, record.needs_input_grad = bool(call.reentrant), bool(call.needs_input_grad)
             record.preserve_rng_state = call.preserve_rng_state
@@ -227,9 +241,24 @@ class Dispatcher(Interceptor):
         # torch drops the region function with the autograd graph: no recompute can come
         # after that, so the record can let go of its prints and copies (findings stay).
         if call.state is not None:
-            call.state.release()
+            try:
+                call.state.release()
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error("let go of the forward's prints", exc, call.state)
 
     def configure_generator(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
+        given = dict(arguments)
+        try:
+            return self._configure(call, arguments)
+        except Exception as exc:  # noqa: BLE001 - the call runs with its own arguments, unwatched
+            arguments.clear()
+            arguments.update(given)
+            if isinstance(call.state, InvocationRecord):
+                call.state.failed = True
+            self._internal_error("configure the checkpoint call", exc, call.state)
+            return None
+
+    def _configure(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
         record: InvocationRecord = call.state
         user_early_stop = torch_checkpoint._enable_checkpoint_early_stop
         record.early_stop = bool(arguments["early_stop"] if user_early_stop is None else user_early_stop)
@@ -353,7 +382,10 @@ class Dispatcher(Interceptor):
         stack = getattr(self._local, "stack", None)
         if stack:
             for record in stack:
-                record.add_module(module)
+                try:
+                    record.add_module(module)
+                except Exception as exc:  # noqa: BLE001
+                    record.could_not(f"observe the module {type(module).__name__} called by the forward", exc)
 
     def _pass_over(self, stack: list[InvocationRecord]) -> None:
         """Which module calls the listener need not hear (under the lock): those of the modules
@@ -368,7 +400,7 @@ class Dispatcher(Interceptor):
             record.begin_forward(reach_of(function, self._reach_cache), args, kwargs)
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             record.abort_forward()
-            self._internal_error("recording a forward", exc)
+            self._internal_error("record the forward", exc, record)
         stack = self._collectors()
         stack.append(record)
         with self._lock:
@@ -397,7 +429,7 @@ class Dispatcher(Interceptor):
             record.end_forward(output, has_output)
         except Exception as exc:  # noqa: BLE001
             record.abort_forward()
-            self._internal_error("recording a forward", exc)
+            self._internal_error("record the forward", exc, record)
 
     def _capturing(self) -> bool:
         """Whether an outer run on this thread is capturing effects already (captures do not nest)."""
@@ -420,12 +452,13 @@ class Dispatcher(Interceptor):
         if not record.replay_fully or self._capturing():
             return None
         capture = EffectCapture(passthrough=True)
-        record.forward_effects = capture.effects
         try:
             self._start_capture(capture)
-        except BaseException:
-            self._end_forward(record, None, False, failed=True)
-            raise
+        except Exception as exc:  # noqa: BLE001 - the forward runs, its effects not counted
+            self._local.capturing = False
+            self._internal_error("capture the forward's effects", exc, record)
+            return None
+        record.forward_effects = capture.effects
         return capture
 
     def _close_forward(self, record: InvocationRecord, capture: EffectCapture | None, output: Any,
@@ -433,6 +466,8 @@ class Dispatcher(Interceptor):
         try:
             if capture is not None:
                 self._stop_capture(capture)
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("end the capture of the forward's effects", exc, record)
         finally:
             self._end_forward(record, output, has_output, failed=failed)
 
@@ -443,7 +478,7 @@ class Dispatcher(Interceptor):
         try:
             rng_entry, state_entry = record.begin_recompute(grad_enabled)
         except Exception as exc:  # noqa: BLE001
-            self._internal_error("starting a recompute", exc)
+            self._internal_error("compare the start of the recompute", exc, record)
             return None
         effects = None
         if not self._capturing():
@@ -452,13 +487,18 @@ class Dispatcher(Interceptor):
                 self._start_capture(effects)
             except Exception as exc:  # noqa: BLE001 - the run is compared without its effects
                 effects = None
-                self._internal_error("capturing a recompute's effects", exc)
+                self._local.capturing = False
+                self._internal_error("capture the recompute's effects", exc, record)
         return rng_entry, state_entry, effects
 
     @staticmethod
     def _recompute_failed(record: InvocationRecord, exc: BaseException) -> None:
-        if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
-            record.recompute_raised(exc)
+        """Called while the region's own exception propagates: noted, never replaced."""
+        try:
+            if not _ends_early(exc):  # torch's early stop ends a recompute by raising; anything else failed
+                record.recompute_raised(exc)
+        except Exception as failure:  # noqa: BLE001
+            record.could_not("read the error of the recompute", failure)
 
     def _close_recompute(self, record: InvocationRecord, opened: tuple[Any, Any, EffectCapture | None],
                          output: Any, has_output: bool) -> None:
@@ -466,12 +506,13 @@ class Dispatcher(Interceptor):
         try:
             if effects is not None:
                 self._stop_capture(effects)
-        finally:
-            try:
-                record.end_recompute(rng_entry, state_entry, output, has_output,
-                                     effects.effects if effects is not None else [])
-            except Exception as exc:  # noqa: BLE001
-                self._internal_error("comparing a recompute", exc)
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("end the capture of the recompute's effects", exc, record)
+        try:
+            record.end_recompute(rng_entry, state_entry, output, has_output,
+                                 effects.effects if effects is not None else [])
+        except Exception as exc:  # noqa: BLE001
+            self._internal_error("compare the recompute", exc, record)
 
 
 class _SavedPrinter:
@@ -485,7 +526,12 @@ class _SavedPrinter:
         self.record, self.base = record, base
 
     def __call__(self, tensor: torch.Tensor) -> Any:
-        return self.record.saved_print(tensor, self.base(tensor))
+        base = self.base(tensor)  # torch's own check: its errors are torch's
+        try:
+            return self.record.saved_print(tensor, base)
+        except Exception as exc:  # noqa: BLE001 - torch's check goes on without the print
+            self.record.could_not("print a saved tensor", exc)
+            return base
 
 
 _STOP = getattr(torch_checkpoint, "_StopRecomputationError", None)

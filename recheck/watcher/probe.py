@@ -60,7 +60,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from recheck.catalogue import explain, hint
-from recheck.findings import Finding, Invocation
+from recheck.findings import Finding, Invocation, could_not
 from recheck.intercept.hooks import Phase, active_runs
 from recheck.runtime.context import ComputeContext, context_differences, current_context
 from recheck.runtime.digests import TensorPrint, print_tensor
@@ -158,6 +158,8 @@ class RecomputeProbe:
         self._names: dict[int, str] | None = None
         self._sites: dict[type, str | None] = {}
         self.findings: list[Finding] = []
+        #: the comparisons that failed in recheck itself (``could not compare ...``), skipped
+        self.notes: list[str] = []
 
     # -- the block ---------------------------------------------------------------------------
     def __enter__(self) -> RecomputeProbe:
@@ -360,7 +362,12 @@ class RecomputeProbe:
                 continue
             region = f"{self._name(run)} recomputed by {run.driver}"
             counts[region] = counts.get(region, 0) + 1
-            made.append((region, counts[region], self._differences(run, forward, region, counts[region])))
+            try:
+                made.append((region, counts[region], self._differences(run, forward, region, counts[region])))
+            except Exception as exc:  # noqa: BLE001 - recheck's own: that recompute is not compared
+                note = could_not(f"compare the recompute of {region}, call {counts[region]}", exc)
+                if note not in self.notes:
+                    self.notes.append(note)
         findings: list[Finding] = []
         for region, _, found in made:
             findings.extend(dataclasses.replace(f, invocation=dataclasses.replace(f.invocation, of=counts[region]))

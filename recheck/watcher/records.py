@@ -38,7 +38,7 @@ from recheck.runtime.fingerprints import same_objects, show
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
-from recheck.findings import Finding, Invocation
+from recheck.findings import Finding, Invocation, could_not, one_line
 from recheck.watcher import capture
 from recheck.runtime.digests import (ParameterView, Store, TensorPrint, parameter_print_of, parameter_view, planned_digest,
                                      planned_print_of, print_activation, print_tensor)
@@ -297,7 +297,11 @@ class SavedPrint:
         if type(other) is Recomputed:  # torch's default check, at a recompute: the common case
             record = self.record
             if record is not None:
-                theirs = record.compare_saved(self, other[0])
+                try:
+                    theirs = record.compare_saved(self, other[0])
+                except Exception as exc:  # noqa: BLE001 - recheck's own: torch's check still answers
+                    record.could_not("compare a saved tensor", exc)
+                    theirs = None
                 if theirs is True:
                     return True  # equal, to the byte
                 if theirs is not None:  # printed: shape, dtype, device
@@ -311,7 +315,10 @@ class SavedPrint:
         # its bytes compared by the record, its equality that check's own
         record, tensor = self.record, other.tensor
         if record is not None and other.record is None and tensor is not None:
-            record.compare_saved(self, tensor)
+            try:
+                record.compare_saved(self, tensor)
+            except Exception as exc:  # noqa: BLE001 - recheck's own: that check's equality still answers
+                record.could_not("compare a saved tensor", exc)
         if self.base is LAZY and other.base is LAZY:
             return self.metadata() == other.metadata()
         return bool(self.base == other.base)
@@ -444,6 +451,9 @@ class InvocationRecord:
     _at_last_save: tuple[capture.ModuleState, int | None] | None = None
     _late_keys: frozenset[tuple[str, str]] = _NONE
     _early_effects: int | None = None
+    #: notes of the observations of this call that failed (recheck's own failures, never the
+    #: region's): each check that failed was skipped, and the call went on
+    problems: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -506,6 +516,13 @@ class InvocationRecord:
         #: a tuple until the first finding, then a list: each as :meth:`_finding` drafts it,
         #: made a :class:`Finding` by :meth:`findings_of`
         self.findings: list[_Draft] | tuple[()] = ()
+
+    def could_not(self, what: str, exc: BaseException) -> None:
+        """Note that recheck's own observation ``what`` of this call failed with ``exc`` (the
+        report's notes say so); the check is skipped, nothing is raised into the program."""
+        note = could_not(f"{what} of {self.region}, call {self.index}", exc)
+        if note not in self.problems:
+            self.problems = (*self.problems, note)
 
     # -- forward -------------------------------------------------------------------------
 
@@ -781,7 +798,7 @@ class InvocationRecord:
     def recompute_raised(self, exc: BaseException) -> None:
         """The region raised while recomputing (its forward returned): the backward fails with it."""
         text = str(exc).strip().splitlines()
-        head = f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+        head = one_line(f"{type(exc).__name__}: {text[0] if text else ''}", 160)
         self._add("recompute", f"the region raised during recompute: {head}", subject="recompute",
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")

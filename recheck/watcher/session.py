@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from recheck.distributed.world import Place, current_place
-from recheck.findings import Finding, RecomputeMismatch, Report
+from recheck.findings import Finding, RecomputeMismatch, Report, could_not
 from recheck.watcher.dispatch import DISPATCHER
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -112,14 +112,23 @@ class Watch:
         DISPATCHER.exit(self)
         if self.place is None:  # the process group was set up inside the block
             self.place = current_place()
-        report = self._report = self.build_report()
+        report = self._report = self._built_report()
         if exc_type is None and self.raise_on_finding and not report.ok:
             raise RecomputeMismatch(report)
 
     @property
     def report(self) -> Report:
         """The report of the block (so far, while it is still running)."""
-        return self._report if self._report is not None else self.build_report()
+        return self._report if self._report is not None else self._built_report()
+
+    def _built_report(self) -> Report:
+        """:meth:`build_report`, or where recheck itself fails to build it, a report that says so
+        (the block never raises recheck's own failure into the program it watches)."""
+        try:
+            return self.build_report()
+        except Exception as exc:  # noqa: BLE001
+            return Report(title="watch: the report could not be built",
+                          notes=[*self.notes, could_not("build the report of the watch() block", exc)])
 
     def build_report(self) -> Report:
         """Findings of every record, the run's notes and its statistics."""
@@ -132,7 +141,12 @@ class Watch:
             calls[record.region] = max(calls.get(record.region, 0), record.index)
         findings: list[Finding] = []
         for record in ran:
-            findings.extend(record.findings_of(calls[record.region]))
+            try:
+                findings.extend(record.findings_of(calls[record.region]))
+            except Exception as exc:  # noqa: BLE001 - recheck's own wording failed: the rest is reported
+                record.could_not("report the findings", exc)
+        for record in records:
+            notes.extend(note for note in record.problems if note not in notes)
         # a call made inside a reentrant forward runs under its no_grad and is never recomputed
         # itself: the outer recompute makes it again, and that run is compared with it
         replaced = [r for r in ran if r.replaced]

@@ -54,7 +54,17 @@ def test_show_describes_tensors_and_truncates():
     assert show(torch.zeros(2, 3)) == "float32[2, 3] on cpu"
     assert show([torch.zeros(1)]) == "[float32[1] on cpu]"
     text = show("x" * 500)
-    assert len(text) == 80 and text.endswith("...")
+    assert len(text) == 80 and text.endswith("... (502 chars)")
+
+
+def test_show_is_one_line_however_the_value_prints_itself():
+    class Config:
+        def __repr__(self):
+            return "Config {\n  \"hidden_size\": 16,\n  \"problem_type\": null\n}\n"
+
+    assert show(Config()) == 'Config { "hidden_size": 16, "problem_type": null }'
+    long = show({f"key{i}": "value\n" for i in range(100)})
+    assert "\n" not in long and len(long) <= 80 and long.endswith(" chars)")
 
 
 def test_an_unhashable_fingerprint_still_shows():

@@ -1,0 +1,75 @@
+"""transformers' sequence-classification head under recheck: the run is never broken.
+
+``*ForSequenceClassification`` sets ``config.problem_type`` at its first loss: after the
+checkpointed decoder layers ran, before backward recomputes them.  Every layer holds that
+config, whose ``repr`` is JSON over many lines.  recheck observed it, then raised
+``ValueError: Finding.message is one line`` from watch(), check_step and the Trainer callback
+at step 0.  Now every message is one bounded line and the step completes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from library_env import require
+
+torch = require("torch")
+transformers = require("transformers")
+
+import recheck  # noqa: E402
+
+VARIANTS = pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+
+
+def tiny(reentrant: bool):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, num_labels=3, pad_token_id=0)
+    model = transformers.LlamaForSequenceClassification(config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:
+        model.enable_input_require_grads()
+    return model.train()
+
+
+def batch():
+    torch.manual_seed(1)
+    return torch.randint(1, 128, (2, 16)), torch.tensor([0, 2])
+
+
+def _bounded(report) -> None:
+    for finding in report:
+        assert "\n" not in finding.message and len(finding.message) <= 400, finding.message
+
+
+@VARIANTS
+def test_watch_survives_the_head_setting_problem_type(reentrant):
+    model = tiny(reentrant)
+    ids, labels = batch()
+    assert model.config.problem_type is None
+    with recheck.watch(raise_on_finding=False) as w:
+        model(input_ids=ids, labels=labels).loss.backward()
+    assert model.config.problem_type == "single_label_classification"
+    assert w.report.stats["verified"] == 2, str(w.report)
+    _bounded(w.report)
+    # the decoder layer by its class and forward's file:line, whatever the release checkpoints
+    (region,) = {f.region for f in w.report} or {None}
+    if region is not None:
+        assert region.startswith("LlamaDecoderLayer.") and "modeling_llama.py:" in region, region
+
+
+@VARIANTS
+def test_check_step_survives_the_head_setting_problem_type(reentrant):
+    model = tiny(reentrant)
+    ids, labels = batch()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+
+    report = recheck.check_step(step)
+    assert report.stats["watch"]["verified"] == 2, str(report)
+    _bounded(report)
+    assert model.config.problem_type is None  # the check leaves no trace
