@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from recheck.findings import one_line
 from recheck.runtime.bits import float_bits
 from recheck.runtime.digests import tensor_digest
 from recheck.runtime.holds import Hold
@@ -33,13 +34,14 @@ _MAX_DEPTH = 3
 
 
 def show(value: Any, limit: int = 80) -> str:
-    """``repr`` truncated to ``limit`` characters, tensors as ``float32[4] on cpu`` (also inside
-    lists, tuples and dicts: a cache of tensors reads ``[float32[2, 8] on cpu, ...]``)."""
+    """``repr`` as one line of at most ``limit`` characters (:func:`recheck.findings.one_line`),
+    tensors as ``float32[4] on cpu`` (also inside lists, tuples and dicts: a cache of tensors
+    reads ``[float32[2, 8] on cpu, ...]``).  A ``repr`` that raises shows the type."""
     try:
         text = _brief(value, 3)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user's __repr__
         text = f"<{type(value).__name__} object>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return one_line(text, limit)
 
 
 #: texts :func:`show_printed` made, by (id, type, fingerprint) of the value, most recent last
