@@ -574,8 +574,8 @@ class _SharedModules:
     block), and the ``(name, module)`` pairs last revived from them while a reach revived from
     them lives.  A block per step revives every region's reach in each block: the pairs are
     made once for all of them, not once per region (a tuple holding a module is one more object
-    for the garbage collector's oldest generation: 2,556 a step on mobilenetv3_small_050, which
-    made its full collections three times as frequent).
+    for the garbage collector's oldest generation, and objects made per region and step make
+    its full collections more frequent).
     """
 
     __slots__ = ("keys", "names", "refs", "last", "__weakref__")

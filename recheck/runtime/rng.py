@@ -98,9 +98,10 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
                host: frozenset[str] = HOST_STREAMS) -> dict[str, Any]:
     """Current state of every RNG the check tracks, keyed by its display name.
 
-    ``host`` narrows the host streams read (``"Python random"``, ``"numpy global RNG"``): reading
-    Python's state costs about 35 µs and numpy's about 110 µs, so ``watch()`` reads them only for
-    regions whose code refers to them.  torch's own streams and explicit generators are always read.
+    ``host`` narrows the host streams read (``"Python random"``, ``"numpy global RNG"``): each is
+    read as a whole Mersenne Twister state (hundreds of words, copied into Python objects), far
+    more than torch's streams cost, so ``watch()`` reads them only for regions whose code refers
+    to them.  torch's own streams and explicit generators are always read.
     """
     return {"cpu RNG": torch.default_generator.get_state(), **_other_states(generators, host)}
 

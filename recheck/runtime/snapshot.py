@@ -173,7 +173,7 @@ def shared_or_copied(kind: str, subject: str, tensor: torch.Tensor, reference: O
 
     A run compared with an earlier one (``check_step``'s twin) keeps what it left alike
     without a copy: a copy of every parameter a step moved is fresh memory the size of the
-    model, whose page faults cost more than the comparison (timm's resnet10t: 22 MB a run).
+    model, whose page faults cost more than the comparison.
     """
     if reference is not None:
         value = reference.value

@@ -222,8 +222,8 @@ class _Flat:
     read against the dicts as they are now (:func:`_read`), so it can be kept with a dormant
     reach between ``watch()`` blocks without keeping a model alive.  It is valid while the
     dicts hold as many names, and the first ``keyed`` the same names.  Checking that takes a
-    few C-level passes over the dicts, not a Python loop over the modules: a region that
-    reaches 80 modules (timm's ``checkpoint_seq`` closes over every block) reads their
+    few C-level passes over the dicts, not a Python loop over the modules: a region may reach
+    every block of a model (timm's ``checkpoint_seq`` closes over them all) and reads their
     parameters' versions twice per invocation."""
 
     __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed", "places", "tuples")
