@@ -35,7 +35,7 @@ A finding names the module (``blocks.0.out_layers``) and the custom function: it
 the recompute, or, without one, the first Python frame the autograd engine called (torch's
 unpack hook, DeepSpeed's ``checkpoint_unpack``, Megatron's ``_recompute``).
 
-Limits (measured, docs/research/checkpoint-implementations.md): a module called through ``.forward()`` or
+Limits (docs/research/checkpoint-implementations.md tries each): a module called through ``.forward()`` or
 ``type(m).forward(m, ...)`` fires no hooks (its children do); tensor operations between module
 calls inside a region are not compared; a recompute whose inputs were made inside the region
 matches by order; module calls made by a user's own backward hooks are taken for recomputes;

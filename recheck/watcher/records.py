@@ -431,7 +431,8 @@ class InvocationRecord:
     A block keeps every record until it ends (a training loop watched for 10,000 steps keeps
     10,000 times its invocations): what every invocation sets lives in slots, which ``__init__``
     sets.  Where they lived in a dict, a record that gained a finding held a dict of its own
-    order: 1.4 KB more an invocation on timm's ResNet, whose BatchNorm layers each say one.
+    order, a kilobyte or more for every invocation of a model whose every layer has a finding
+    (timm's ResNet, whose BatchNorm layers each say one).
     What only some records set (a replay, a full replay's state at the last saved tensor)
     starts from the class attributes below: an assignment gives that record a dict of its own.
     """
