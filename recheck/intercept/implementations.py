@@ -22,7 +22,7 @@ like torch's: ``watch()`` verifies its recomputes, a bypassing interceptor calls
 
 The functions a project lists in ``checkpoint-functions`` (``[tool.recheck]``, the linter's key:
 functions that checkpoint their first argument) are intercepted the same way by
-:func:`declared_adapter`.  How a function is patched (measured in
+:func:`declared_adapter`.  How a function is patched (each case is held by
 ``tests/intercept/test_implementations.py``):
 
 * a plain function without free variables gets its ``__code__`` swapped for a trampoline: the

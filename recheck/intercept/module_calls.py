@@ -3,8 +3,8 @@
 ``watch()`` compares the state of the modules a region's forward runs, so it must see each
 module called while a forward is in progress.  A global forward pre-hook
 (``register_module_forward_pre_hook``) tells that, but any hook sends every module call of the
-program down ``Module._call_impl``'s slow path: a closure made per call and about 80 bytecodes
-of hook bookkeeping, 1,600 per invocation on a timm ViT block, and the hook's own call on top.
+program down ``Module._call_impl``'s slow path: a closure made per call and the hooks'
+bookkeeping in Python, for every module of every layer, and the hook's own call on top.
 So while someone listens, :func:`listen` puts a function of one frame in place of
 ``torch.nn.Module._call_impl`` (which ``Module.__call__`` calls for every module not compiled
 on its own): it tells the listener the module, then calls the ``_call_impl`` it replaced, which
@@ -107,7 +107,7 @@ def hold() -> Callable[[], None]:
     called (once).  Setting a class attribute of ``nn.Module`` invalidates the interpreter's
     caches of every module class's attributes: a ``watch()`` block holds the patch for its
     whole length, so that a listener set and unset at every region's forward costs nothing
-    but the assignment (and each module call outside a forward one frame, 0.14 µs)."""
+    but the assignment (and each module call outside a forward one Python frame)."""
     global _holds
     with _lock:
         _holds += 1

@@ -1,6 +1,6 @@
 """Interception of every entry point of ``torch.utils.checkpoint``, installed at any time.
 
-What is patched (layout measured on torch 2.13, see the research notes §2.3):
+What is patched (as torch 2.13 lays it out, see the research notes §2.3):
 
 1. ``torch.utils.checkpoint.checkpoint`` is ``torch._disable_dynamo``'s ``inner`` closure,
    which calls the real function held in its free variable ``fn``.  Swapping that cell

@@ -12,8 +12,8 @@ methods are wrapped, so that
   cost report attributes saved state to microbatch bundles this way).
 
 The patch is installed only when ``torch.distributed.pipelining`` has already been imported
-(importing it costs about a second, and a program that builds pipeline stages has imported
-it before it runs them).  :func:`acquire` and :func:`release` count nested users; the last
+(importing it is slow, as it brings in much of ``torch.distributed``, and a program that
+builds pipeline stages has imported it before it runs them).  :func:`acquire` and :func:`release` count nested users; the last
 release puts the original functions back (``is`` identity).
 """
 
