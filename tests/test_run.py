@@ -253,3 +253,32 @@ def test_under_a_launcher_each_rank_writes_its_own_report_file(tmp_path):
     assert not report.exists()
     document = json.loads((tmp_path / "report.rank1.json").read_text())
     assert (document["rank"], document["world_size"]) == (1, 2)
+
+
+def test_an_optimizer_that_steps_an_inner_optimizer_is_one_step():
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from recheck.watcher.program import OPTIMIZER_STEP, ProgramWatch
+
+    class Wrapping(torch.optim.Optimizer):  # ZeroRedundancyOptimizer's shape: an optimizer around a local one
+        def __init__(self, params):
+            params = list(params)
+            super().__init__(params, {})
+            self.inner = torch.optim.SGD(params, lr=0.1)
+
+        def step(self, closure=None):
+            return self.inner.step(closure)
+
+    layer = torch.nn.Linear(4, 4)
+    opt = Wrapping(layer.parameters())
+    watcher = ProgramWatch(2, {})
+    watcher.start()
+    try:
+        for _ in range(4):
+            checkpoint(layer, torch.randn(2, 4), use_reentrant=False).sum().backward()
+            opt.step()
+    finally:
+        watcher.stop()
+    assert (watcher.unit, watcher.optimizer_steps) == (OPTIMIZER_STEP, 2)
+    assert watcher.report.stats["invocations"] == 2

@@ -5,10 +5,12 @@ Two parts, both used by :mod:`recheck.commands.run_program`:
 * :func:`run_program` runs ``SCRIPT.py`` or ``-m MODULE`` as ``python`` would (``runpy``, as
   ``python -m cProfile`` and ``coverage run`` do): ``sys.argv`` is the program's own,
   ``__name__`` is ``"__main__"``, ``sys.path[0]`` is the script's folder (the working
-  directory for a module), and it returns the status ``python`` would exit with, printing an
-  uncaught exception's traceback the way ``python`` prints it (without recheck's frames).
+  directory for a module; ``__file__`` is the path as typed, as runpy sets it), and it returns
+  the status ``python`` would exit with, printing an uncaught exception's traceback the way
+  ``python`` prints it (without recheck's frames).
 * :class:`ProgramWatch` is the ``watch()`` block around it, with step boundaries: a *step* is
-  one ``torch.optim.Optimizer.step()`` call (torch's global optimizer step post hook), or, in a
+  one outermost ``torch.optim.Optimizer.step()`` call (torch's global optimizer step hooks; an
+  optimizer that steps an inner one, as ZeRO's does, is one step), or, in a
   program that never made an optimizer, one outermost ``torch.autograd.backward`` call.  With
   ``steps=N`` the block ends when the N-th step ends: the hook is removed, the patched
   checkpoint entry points are the originals again, and the rest of the program runs without
@@ -59,7 +61,8 @@ class ProgramWatch:
         self.started = False  # the watch block was entered
         self.place: Any = None  # the rank and world size the block saw (None for one process)
         self._watch: Any = None
-        self._hook: Any = None
+        self._hooks: list[Any] = []
+        self._stepping = threading.local()  # the optimizers whose step() is running, outermost first
         self._backward: Any = None  # the original torch.autograd.backward while ours is installed
         self._counting = False
         self._depth = threading.local()
@@ -98,9 +101,10 @@ class ProgramWatch:
         self.started = self._counting = True
         try:
             import torch
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-            self._hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+            self._hooks = [register_optimizer_step_pre_hook(self._before_optimizer_step),
+                           register_optimizer_step_post_hook(self._after_optimizer_step)]
             self._backward = torch.autograd.backward
             torch.autograd.backward = self._counted_backward(self._backward)
         except Exception as exc:  # an older or unusual torch: watch the whole program instead
@@ -130,12 +134,12 @@ class ProgramWatch:
         return self.report
 
     def _uninstall(self) -> None:
-        if self._hook is not None:
-            hook, self._hook = self._hook, None
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
             try:
                 hook.remove()
             except Exception as exc:
-                self._note(f"the optimizer step hook could not be removed ({exc})")
+                self._note(f"an optimizer step hook could not be removed ({exc})")
         if self._backward is not None:
             original: Callable[..., Any] = self._backward
             self._backward = None
@@ -172,8 +176,34 @@ class ProgramWatch:
 
         return backward
 
+    def _running(self) -> list[Any]:
+        running = getattr(self._stepping, "optimizers", None)
+        if running is None:
+            running = self._stepping.optimizers = []
+        return running
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            running = self._running()
+            if any(o is optimizer for o in running):  # left there by a step() that raised
+                del running[next(i for i, o in enumerate(running) if o is optimizer):]
+            running.append(optimizer)
+        except Exception as exc:  # never raised into the program's optimizer step
+            self._note(f"an optimizer step was not followed ({type(exc).__name__}: {exc})")
+
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._step_ended(backward=False)
+        """One step per outermost ``step()``: an optimizer that steps an inner one (ZeRO) is one step."""
+        try:
+            running = self._running()
+            for i in range(len(running) - 1, -1, -1):
+                if running[i] is optimizer:
+                    del running[i:]
+                    break
+        except Exception as exc:  # never raised into the program's optimizer step
+            self._note(f"an optimizer step was not followed ({type(exc).__name__}: {exc})")
+            return
+        if not running:
+            self._step_ended(backward=False)
 
     def _step_ended(self, *, backward: bool) -> None:
         try:
