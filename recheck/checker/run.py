@@ -1,12 +1,12 @@
 """The check algorithm for one region.
 
-1. Snapshot every piece of state the region can touch (see :mod:`.reach`,
-   :mod:`.state`), the input tensors included.
+1. Snapshot every piece of state the region can touch (see :mod:`recheck.runtime.reach`,
+   :mod:`recheck.runtime.snapshot`), the input tensors included.
 2. Plain run: call the region without checkpoint, then backward with a fixed,
    seeded upstream gradient (or the caller's ``grad_outputs``).
 3. Restore.  4. Checkpointed run with the caller's configuration, same upstream
    gradient; for non-reentrant checkpoint a bitwise ``determinism_check`` compares
-   every saved tensor (:mod:`.saved`).  Restore.
+   every saved tensor (:mod:`recheck.runtime.saved_tensors`).  Restore.
 5. When early stop cut the recompute short (non-reentrant, ``early_stop=True``), a
    full replay observes the whole recompute: the state right after the checkpointed
    forward is put back and the region is called again the way checkpoint's recompute

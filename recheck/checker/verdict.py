@@ -138,7 +138,7 @@ def judge(ctx: Context, plain: RunResult, user: RunResult, replay: RunResult | N
           ) -> list[Finding]:
     """Every finding of one check, ordered by kind, latent ones last.
 
-    ``buffers`` holds the storage pointers of module buffers (see :mod:`.saved`);
+    ``buffers`` holds the storage pointers of module buffers (see :mod:`recheck.runtime.saved_tensors`);
     ``written`` the subjects (``global `mod.NAME```) of globals the region writes.
     """
     mutations = _input_mutations(ctx, plain)

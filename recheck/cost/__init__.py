@@ -3,7 +3,7 @@
 Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and bytes of one
 operator), ``ledger`` (live storages by category), ``router`` (runs each checkpoint as written or bypassed, through
 ``recheck.intercept.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
-``results``/``budget`` (figures), ``compare`` (:func:`measure`), ``table``/``plot``
+``results``/``budget`` (figures), ``measurement`` (:func:`measure`), ``table``/``plot``
 (rendering).  The subpackage ``planner`` chooses what to checkpoint within a budget
 (:func:`suggest`, ``recheck cost --suggest``) and applies a plan (:func:`apply_plan`).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
 the schedule model, per-stage bundles, ``recheck cost --ranks`` and ``--plan``.  Importing this package does not import torch; ``measure`` loads it.

@@ -1,10 +1,12 @@
 """``recheck.watch()`` and ``recheck.tag()``: verify every checkpoint call a real program makes.
 
-Modules, bottom to top: ``tags`` (labels), ``regions`` (naming a region), ``prints``
-(digests or copies of tensors), ``capture`` (snapshots), ``records`` (one record per
-invocation, compared at recompute), ``patches`` (interception of torch's entry points),
-``dispatch`` (routes intercepted calls to records), ``session`` (the ``watch()`` block),
-``step`` (``recheck check --step file.py:fn``).
+Modules, bottom to top: ``options`` (a block's options), ``capture`` (snapshots of module
+state), ``records`` (one record per invocation, compared at recompute), ``probe`` (recomputes
+of hand-written checkpoints, seen as module forwards during backward), ``dispatch`` (routes
+intercepted calls to records), ``session`` (the ``watch()`` block), ``step`` (``recheck check
+--step file.py:fn``), ``program`` (``recheck run``).  Labels, region names and tensor prints
+are :mod:`recheck.runtime`'s ``tags``, ``naming`` and ``digests``; torch's entry points are
+intercepted by :mod:`recheck.intercept`.
 
 The names below load on first use, so ``recheck.intercept.patches`` (used by the cost
 report to bypass checkpoint) can be imported without the session machinery.
