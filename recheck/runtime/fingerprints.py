@@ -1,11 +1,9 @@
-"""Comparable views of Python values and RNG streams: fingerprints, display, RNG capture.
+"""Comparable views of Python values: fingerprints and their display.
 
 :func:`fingerprint` turns any value into a comparable structure: numbers by bits,
-tensors by :func:`~recheck.runtime.digests.tensor_digest`, containers by content and length.
-:func:`rng_states` reads every RNG stream the checker tracks (torch's default CPU
-generator, every initialized CUDA/XPU device, explicit ``torch.Generator`` objects,
-Python ``random`` and numpy's global state); :class:`RngRecord` restores them.
-These are re-exported by :mod:`recheck.runtime.snapshot`.
+tensors by :func:`~recheck.runtime.digests.tensor_digest`, containers by content and length;
+:func:`show` displays a value in a finding.  The RNG streams are read and restored by
+:mod:`recheck.runtime.rng`; both are re-exported by :mod:`recheck.runtime.snapshot`.
 """
 
 from __future__ import annotations
