@@ -176,18 +176,30 @@ def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...],
     _, _, positional, keywords, splats, _ = call
     if positional < 0:
         return None
+    kwarg = caller.star[1] if len(caller.star) == 2 else ""
+    own = set(caller.optional) | {kwarg}
+    held = {name for name in (empty or ()) if name not in own}  # in the caller's **kwargs, as none
+    empty = {name for name in (empty or ()) if name in own}
     # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
     pairs = [(name, value) for name, _, value in (k.partition("=") for k in keywords)]
     passed = tuple(name for name, value in pairs if value not in (empty or ()))
     if any(name not in (empty or ()) for name in splats):
-        # `f(x, cache=cache, **kwargs)`: the splat may give any other parameter, not `cache`
-        return positional, (*passed, SPLAT, *(f"-{name}" for name, value in pairs if value in (empty or ())))
+        # `f(x, cache=cache, **kwargs)`: the splat may give any other parameter, not `cache`;
+        # nor a keyword the caller's own `**kwargs` is known to hold as None (see empty_params)
+        named = {name for name, _ in pairs}
+        return positional, (*passed, SPLAT, *(f"-{name}" for name, value in pairs if value in (empty or ())),
+                            *(f"-{name}" for name in sorted(held - named) if kwarg and kwarg in splats))
     return positional, passed
 
 
 def empty_params(function: FunctionFacts, passed: tuple[int, tuple[str, ...]] | None) -> set[str]:
-    """The optional parameters of ``function`` a call that passes ``passed`` leaves out."""
+    """The optional parameters of ``function`` a call that passes ``passed`` leaves out, and
+    the keywords it passes as none into ``function``'s ``**kwargs`` (``-cache``)."""
     if passed is None:
         return set()
     given = _given(function, passed)
-    return {name for name in function.optional if name not in given}
+    left_out = {name for name in function.optional if name not in given}
+    if len(function.star) == 2 and function.star[1]:  # `-cache` lands in **kwargs as None: passed on as none
+        named = set(function.params) | set(function.keyword_only)
+        left_out |= {k[1:] for k in passed[1] if k.startswith("-") and k[1:] not in named}
+    return left_out

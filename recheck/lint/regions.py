@@ -364,7 +364,9 @@ def _layer_passes(index: Index, file: FileFacts, cls: ClassFacts, forward: Funct
     for _, klass in index.lineage(file, cls):
         for name, value in klass.flags.items():
             flags.setdefault(name, value)
-    cleared = wrapper.cleared_for(flags) & set(forward.optional)
+    cleared = wrapper.cleared_for(flags)
+    if not (len(forward.star) == 2 and forward.star[1]):  # without **kwargs, only its own parameters
+        cleared &= set(forward.optional)
     if not cleared:
         return None
     return 0, (SPLAT, *(f"-{name}" for name in sorted(cleared)))  # every other argument may be given

@@ -206,3 +206,39 @@ def test_an_upgraded_installed_wrapper_is_read_again_through_the_cache(installed
     layers.write_text(SHAPES["call"].replace('kwargs["past_key_values"] = None', "pass") + "\n# upgraded\n")
     run = lint("layer.py", cache=True)
     assert run.code == 1 and "RC104" in run.out
+
+
+KWARGS_LAYER = '''
+from torch import nn
+from wrap import GradientCheckpointingLayer
+
+
+class Attention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None, {cache}=None, **kwargs):
+        key, value = self.k(hidden_states), self.v(hidden_states)
+        if {cache} is not None:
+            key, value = {cache}.update(key, value, self.layer_idx)
+        return hidden_states
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = Attention()
+
+    def forward(self, hidden_states, attention_mask=None, use_cache=False, **kwargs):
+        return self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+'''
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cleared_cache_that_reaches_the_attention_through_kwargs_is_not_written(shape, cache):
+    # gpt_neox: the layer takes the cache in **kwargs only and splats it into the attention
+    result = lint_sources({"wrap.py": SHAPES[shape], "layer.py": KWARGS_LAYER.format(cache=cache)})
+    assert _rc104(result) == []
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_a_kept_cache_that_reaches_the_attention_through_kwargs_is_written(shape, cache):
+    result = lint_sources({"wrap.py": SHAPES[shape], "layer.py": KWARGS_LAYER.format(cache=cache)})
+    assert len(_rc104(result)) == 1
