@@ -5,7 +5,11 @@ A region is keyed by the qualified name of the checkpointed callable with its
 frame outside torch, functools, contextlib and recheck).  The callable is unwrapped
 through ``functools.partial`` (transformers checkpoints ``partial(forward, self)``),
 bound methods and modules (``checkpoint_wrapper`` checkpoints the module itself), which
-also gives the module that owns the region, when there is one.
+also gives the module that owns the region, when there is one.  A call of a module
+(``layer.__call__``, ``partial(super().__call__, **kwargs)`` as transformers 5.16's
+``GradientCheckpointingLayer`` checkpoints itself, torch's ``_wrapped_call_impl`` or
+``_call_impl`` bound to it) runs its ``forward``, and is named by it: the layer's class and
+its ``forward``'s ``file:line``, never torch's ``module.py``.
 """
 
 from __future__ import annotations
@@ -58,8 +62,16 @@ class RegionKey:
         return f"{self.qualname} ({self.defined_at})" if self.defined_at else self.qualname
 
 
+#: the names of the functions that call a module (its ``forward``): ``nn.Module.__call__`` is
+#: torch's ``_wrapped_call_impl``, which calls ``_call_impl``; a layer may define ``__call__``
+_MODULE_CALLS = frozenset({"__call__", "_wrapped_call_impl", "_call_impl"})
+
+
 def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
-    """The plain Python function behind ``function`` and the object it is bound to, if any."""
+    """The plain Python function behind ``function`` and the object it is bound to, if any.
+
+    A module, or a call of one (its ``__call__``, bound or given the module as first argument
+    of a ``partial``), stands for its class's ``forward``: what the call runs."""
     owner = None
     seen = 0
     while seen < 16:
@@ -72,9 +84,16 @@ def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
             owner = owner if owner is not None else function
             function = type(function).forward
         elif hasattr(function, "__func__") and hasattr(function, "__self__"):
-            owner = owner if owner is not None else function.__self__
+            bound = function.__self__
+            if isinstance(bound, torch.nn.Module) and getattr(function.__func__, "__name__", None) in _MODULE_CALLS:
+                function = bound  # ``layer.__call__``, ``super().__call__``: the layer's forward
+                continue
+            owner = owner if owner is not None else bound
             function = function.__func__
         elif hasattr(function, "__code__"):
+            if isinstance(owner, torch.nn.Module) and getattr(function, "__name__", None) in _MODULE_CALLS:
+                function = owner  # ``partial(nn.Module.__call__, layer)``
+                continue
             return function, owner
         elif callable(function) and hasattr(type(function), "__call__"):
             owner = owner if owner is not None else function
@@ -184,6 +203,12 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
         # function itself) and a module of the same class
         args = function.args
         key = (_working_directory(), kind, function.func,
+               type(args[0]) if args and isinstance(args[0], torch.nn.Module) else None)
+    elif kind is functools.partial and type(function.func) is types.MethodType:
+        # transformers 5.16's layers: ``partial(super().__call__, **kwargs)`` made anew per call,
+        # over a method of a module of the same class
+        method, args = function.func, function.args
+        key = (_working_directory(), kind, method.__func__, type(method.__self__),
                type(args[0]) if args and isinstance(args[0], torch.nn.Module) else None)
     else:
         return _key(*_named(function), callsite)
