@@ -27,6 +27,7 @@ __all__ = [
     "Report",
     "could_not",
     "one_line",
+    "one_line_pair",
 ]
 
 #: The dynamic kinds, each with the one-line meaning every face of recheck uses.
@@ -59,11 +60,35 @@ def one_line(text: str, limit: int = 80) -> str:
     space (a transformers config prints itself as indented JSON over a hundred lines), and a
     longer text is cut with an ellipsis and its full length, ``Config {"a": 1, ... (4210 chars)``.
     """
-    flat = " ".join(text.split()) if not text.isprintable() or "  " in text else text
+    plain = text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "
+    flat = text if plain else " ".join(text.split())
     if len(flat) <= limit:
         return flat
     tail = f"... ({len(flat)} chars)"
     return flat[: max(limit - len(tail), 0)] + tail
+
+
+def one_line_pair(before: str, after: str, limit: int = 80) -> tuple[str, str]:
+    """Two texts of one value (before and after a change) as :func:`one_line` shows them, each
+    cut around their first difference: two configs that differ in their last key read
+    ``...problem_type": null } (250 chars)`` and ``...problem_type": "single_label_classification" }
+    (279 chars)``, not the same first 60 characters twice."""
+    a, b = one_line(before, 1 << 62), one_line(after, 1 << 62)
+    if len(a) <= limit and len(b) <= limit:
+        return a, b
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(first - limit // 4, 0)
+    if start == 0:
+        return one_line(a, limit), one_line(b, limit)
+    return _window(a, start, limit), _window(b, start, limit)
+
+
+def _window(text: str, start: int, limit: int) -> str:
+    """``...`` and at most ``limit`` characters of ``text`` from ``start``, with its full length."""
+    tail = f" ({len(text)} chars)"
+    room = max(limit - len(tail) - 6, 0)
+    cut = text[start:start + room]
+    return "..." + cut + ("..." if start + room < len(text) else "") + tail
 
 
 def could_not(what: str, exc: BaseException) -> str:

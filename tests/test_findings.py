@@ -107,3 +107,28 @@ def test_recompute_mismatch_carries_the_report():
     exc = recheck.RecomputeMismatch(report)
     assert exc.report is report
     assert str(exc) == str(report)
+
+
+def test_one_line_collapses_whitespace_and_cuts_with_the_full_length():
+    from recheck.findings import one_line
+
+    assert one_line("Config {\n  \"a\": 1\n}\n") == 'Config { "a": 1 }'
+    assert one_line("short") == "short"
+    text = one_line("word " * 100, 40)
+    assert len(text) <= 40 and text.endswith("... (499 chars)")
+
+
+def test_one_line_pair_cuts_both_texts_around_their_first_difference():
+    from recheck.findings import one_line_pair
+
+    before, after = one_line_pair("x" * 300 + "old" + "y" * 300, "x" * 300 + "new" + "y" * 300, 60)
+    assert "old" in before and "new" in after and len(before) <= 60 and len(after) <= 60
+    assert one_line_pair("a\nb", "a\nc") == ("a b", "a c")
+
+
+def test_could_not_is_one_bounded_line_naming_the_error():
+    from recheck.findings import could_not
+
+    note = could_not("compare the recompute of Block.forward (m.py:8), call 1", RuntimeError("a\nb" * 200))
+    assert note.startswith("could not compare the recompute of Block.forward (m.py:8), call 1: RuntimeError: a b")
+    assert "\n" not in note and len(note) < 300

@@ -17,6 +17,7 @@ from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Values
 
 import torch
 
+from recheck.findings import one_line_pair
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
@@ -25,7 +26,7 @@ from recheck.runtime.digests import Store, print_buffer
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
-           "subtree", "with_submodules"]
+           "shown_change", "subtree", "with_submodules"]
 
 #: entries of the per-module caches of state keys and parameter names (cleared when full)
 _LAYOUTS_SIZE = 1 << 14
@@ -428,6 +429,40 @@ def _versions(flat: _Flat, dicts: list[dict[str, Any]]) -> list[int | None]:
     instructions on a block's dozen parameters)."""
     return [None if (param := own[name]) is None else param._version
             for own, name in zip(map(dicts.__getitem__, flat.owners), flat.slots)]
+
+
+def shown_change(then: Any, now: Any) -> tuple[str, str]:
+    """How a ``state`` finding shows an attribute's entry before and after it changed (an entry is
+    ``(print, value)``, None where absent): each one bounded line, cut around the first difference
+    (:func:`recheck.findings.one_line_pair`)."""
+    if then is None or now is None:
+        return ("<absent>" if then is None else show(then[1]), "<absent>" if now is None else show(now[1]))
+    fields = _changed_fields(then, now)
+    if fields:  # one object changed in place: its repr now is its repr then too
+        shown = fields[:3]
+        more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
+        return (f"{type(now[1]).__name__} with " + ", ".join(f".{k} = {a}" for k, a, _ in shown) + more,
+                ", ".join(f".{k} = {b}" for k, _, b in shown) + more)
+    return one_line_pair(show(then[1], 1 << 62), show(now[1], 1 << 62))
+
+
+def _changed_fields(then: Any, now: Any) -> list[tuple[str, str, str]]:
+    """The fields of one object changed in place between two of its entries, as (name, then, now)
+    (empty where the entries are not one object's shallow prints): a print keeps a plain value
+    (a number, a string, None) itself, so its value then can still be shown."""
+    before, after = then[0], now[0]
+    if then[1] is not now[1] or type(before) is not tuple or type(after) is not tuple or len(before) != 3 \
+            or len(after) != 3 or before[0] != "object" or after[0] != "object":
+        return []
+    old, new = dict(before[2]), dict(after[2])
+    changed = []
+    for key in dict.fromkeys([*old, *new]):
+        if key in old and key in new and old[key] == new[key]:
+            continue
+        was = "<absent>" if key not in old else show(old[key], 40) if type(old[key]) in AS_IS else "<another value>"
+        value = getattr(now[1], key, MISSING) if isinstance(key, str) else MISSING
+        changed.append((str(key), was, "<absent>" if value is MISSING else show(value, 40)))
+    return changed
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,

@@ -65,7 +65,7 @@ from recheck.intercept.hooks import Phase, active_runs
 from recheck.runtime.context import ComputeContext, context_differences, current_context
 from recheck.runtime.digests import TensorPrint, print_tensor
 from recheck.runtime.explaining import with_likely_causes
-from recheck.runtime.fingerprints import hold_kept, release_kept, show
+from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import relative
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.trees import tensors
@@ -418,7 +418,7 @@ class RecomputeProbe:
             if what == "buffer":
                 add("buffer", subject, f"{subject} {how}", then.difference(now))
             else:
-                add("state", subject, f"{subject} {how}: {show(then[1])} -> {show(now[1])}")
+                add("state", subject, f"{subject} {how}: {' -> '.join(capture.shown_change(then, now))}")
 
 
 def _same(before: Any, after: Any) -> bool:

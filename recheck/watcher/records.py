@@ -34,7 +34,7 @@ from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
 from recheck.runtime.context import ComputeContext, context_differences, current_context
-from recheck.runtime.fingerprints import same_objects, show
+from recheck.runtime.fingerprints import same_objects
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
@@ -921,8 +921,7 @@ class InvocationRecord:
                 self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
                           latent=latent)
             return
-        shown_then = "<absent>" if then is None else show(then[1])
-        shown_now = "<absent>" if now is None else show(now[1])
+        shown_then, shown_now = capture.shown_change(then, now)
         self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> _Draft:

@@ -63,13 +63,36 @@ def test_watch_survives_a_head_that_sets_problem_type_on_a_multiline_config(use_
     assert all(torch.equal(grads[name], plain[name]) for name in plain)
 
 
-def test_a_config_shown_in_a_message_is_one_line_with_its_full_length():
+def test_a_config_changed_in_place_is_shown_by_the_fields_that_changed():
     model, inputs, labels = build()
     with recheck.watch(raise_on_finding=False) as w:
         _step(model, inputs, labels)
-    shown = [f.message for f in w.report if "config" in (f.subject or "")]
-    for message in shown:
-        assert "Config {" in message and "chars)" in message, message
+    messages = {f.message for f in w.report if f.subject == "attribute `self.config`"}
+    assert messages == {"attribute `self.config` changed between forward and recompute: "
+                        "Config with .problem_type = None -> .problem_type = 'single_label_classification'"}, \
+        str(w.report)
+
+
+def test_a_long_value_rebound_is_shown_around_its_first_difference():
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.prompt = "You are a helpful assistant.\n" * 20 + "Answer briefly."
+
+        def forward(self, x):
+            return self.fc(x)
+
+    layer = Layer()
+    x = torch.randn(2, 4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        out = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        layer.prompt = layer.prompt.replace("briefly", "at length")
+        out.sum().backward()
+    (finding,) = [f for f in w.report if f.subject == "attribute `self.prompt`"]
+    _assert_messages_bounded([finding])
+    before, after = finding.message.split(": ", 1)[1].split(" -> ")
+    assert "Answer briefly." in before and "Answer at length." in after, finding.message
 
 
 def test_check_step_survives_a_head_that_sets_problem_type():
