@@ -308,9 +308,13 @@ class SavedPrint:
                     mine = self.forward_print()
                     return mine is not None and mine.shape == theirs.shape and mine.dtype == theirs.dtype \
                         and mine.device == theirs.device
-            return self.metadata() == other.metadata() if self.base is LAZY else NotImplemented
+            if self.base is LAZY:
+                return self.metadata() == other.metadata()
+            # a forward whose recording was let go of (``abort_forward``): its metadata, as torch's check made it
+            return bool(self.base == _metadata_dict(other.metadata()))
         if type(other) is not SavedPrint:
-            return NotImplemented
+            # the check's own value where the print could not be made (``_SavedPrinter``)
+            return NotImplemented if self.base is LAZY else bool(self.base == other)
         # a recompute's under another check (``base``: torch's default answers with a Recomputed):
         # its bytes compared by the record, its equality that check's own
         record, tensor = self.record, other.tensor
@@ -389,8 +393,13 @@ class Recomputed(tuple):
 
 def _metadata_text(metadata: tuple[tuple[int, ...], torch.dtype, str]) -> str:
     """The metadata as torch's default check writes it in its error message."""
+    return repr(_metadata_dict(metadata))
+
+
+def _metadata_dict(metadata: tuple[tuple[int, ...], torch.dtype, str]) -> dict[str, Any]:
+    """The metadata as torch's default check makes it (``_default_meta_extractor``)."""
     shape, dtype, device = metadata
-    return repr({"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)})
+    return {"shape": torch.Size(shape), "dtype": dtype, "device": torch.device(device)}
 
 
 #: the forward of every released record (see ``InvocationRecord.release``): nothing reads or
@@ -664,10 +673,16 @@ class InvocationRecord:
                               detail="use_reentrant=False, or an input with requires_grad=True, keeps the graph")
 
     def abort_forward(self) -> None:
+        """The forward is not compared (it raised, or recording it failed): let go of its tensors.
+        A saved tensor nothing printed keeps its metadata, which torch's own check still compares."""
         self.failed = True
         self.forward_done = True
         if self.forward is not None:
             for saved in self.forward.saved:
+                tensor = saved.tensor
+                if saved.base is LAZY and tensor is not None and saved.found is None and saved.viewed is None \
+                        and saved.print is None:
+                    saved.base = _metadata_dict((tuple(tensor.shape), tensor.dtype, str(tensor.device)))
                 saved.tensor = None
             self.forward.subtrees.clear()
 
@@ -702,9 +717,12 @@ class InvocationRecord:
             base, None, self, len(forward.saved), tensor, None, None
         forward.saved.append(saved)  # type: ignore[union-attr]  # a list until the forward is done
         if self.replay_fully:  # what early stop would have left behind, were this the last save
-            forward.scope()
-            effects = None if self.forward_effects is None else len(self.forward_effects)
-            self._at_last_save = (forward.state(self.store), effects)
+            try:
+                forward.scope()
+                effects = None if self.forward_effects is None else len(self.forward_effects)
+                self._at_last_save = (forward.state(self.store), effects)
+            except Exception as exc:  # noqa: BLE001 - inside torch's pack hook: the forward goes on
+                self.could_not("read the state at a saved tensor", exc)
         return saved
 
     # -- recompute -----------------------------------------------------------------------

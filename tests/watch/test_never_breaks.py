@@ -201,3 +201,36 @@ def test_a_report_the_callbacks_cannot_word_is_logged_and_training_goes_on(monke
     assert model.config.problem_type == "single_label_classification"
     assert len(window.reports) == 2
     assert any(m.startswith("recheck: could not word the report of training step 1: RuntimeError") for m in logged)
+
+
+def test_a_saved_tensor_print_that_fails_leaves_torch_s_own_check_working(monkeypatch):
+    """Under ``determinism_check="none"`` torch still compares what the check made of each saved tensor."""
+    calls = []
+
+    def print_once_broken(self, tensor, base=None):
+        calls.append(None)
+        if len(calls) == 1:  # the forward's first saved tensor only: the recompute's are printed
+            raise RuntimeError("no print today")
+        return original(self, tensor, base)
+
+    original = records.InvocationRecord.saved_print
+    monkeypatch.setattr(records.InvocationRecord, "saved_print", print_once_broken)
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False, determinism_check="none").sum().backward()
+    assert x.grad is not None
+    assert any(n.startswith("could not print a saved tensor") for n in w.report.notes), w.report.notes
+
+
+def test_a_state_read_that_fails_at_a_saved_tensor_is_a_note_under_a_full_replay(monkeypatch):
+    def broken(self, store):
+        raise RuntimeError("no state today")
+
+    monkeypatch.setattr(records.Forward, "state", broken)
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    with recheck.watch(raise_on_finding=False, early_stop=False) as w:
+        torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False).sum().backward()
+    assert x.grad is not None
+    assert any(n.startswith("could not ") and "no state today" in n for n in w.report.notes), w.report.notes
