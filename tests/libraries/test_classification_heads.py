@@ -73,3 +73,32 @@ def test_check_step_survives_the_head_setting_problem_type(reentrant):
     assert report.stats["watch"]["verified"] == 2, str(report)
     _bounded(report)
     assert model.config.problem_type is None  # the check leaves no trace
+
+
+class Sentences(torch.utils.data.Dataset):
+    def __init__(self, count: int = 8) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(1, 128, (count, 16), generator=generator)
+        self.labels = torch.randint(0, 3, (count,), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.ids[index], "labels": self.labels[index]}
+
+
+@VARIANTS
+def test_the_trainer_callback_survives_the_head_setting_problem_type(tmp_path, reentrant):
+    require("accelerate")  # Trainer needs it
+    from recheck.integrations.hf_trainer import RecheckCallback
+
+    model = tiny(reentrant)
+    callback = RecheckCallback(steps=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, report_to=[],
+        use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+    transformers.Trainer(model=model, args=args, train_dataset=Sentences(), callbacks=[callback]).train()
+    assert model.config.problem_type == "single_label_classification"
+    assert len(callback.window.reports) == 2 and callback.report.stats["verified"] == 4, str(callback.report)
+    _bounded(callback.report)
