@@ -50,7 +50,8 @@ import torch
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
 from recheck.findings import Finding, Report, could_not, one_line
 from recheck.intercept.bypass import bypassing
-from recheck.runtime.bits import Tolerance, bit_view
+from recheck.distributed.world import any_rank
+from recheck.runtime.bits import Tolerance, bit_view, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import region_name
 from recheck.runtime.reach import Reach, reach_of
@@ -114,6 +115,16 @@ class Twin:
         #: runs of the step made (a lean round whose twin differed, the float64 rerun: more than two)
         self.runs = 0
         self._grads = {r.name: r for r in self.snapshot.grads()}
+        #: the step's state spans the ranks of a world (sharded parameters, a DDP module): every
+        #: rank runs it, and the runs each rank makes are agreed by all (:meth:`agreed`)
+        self.spans_ranks = (any(unwrapped(p) is not None for p in self.parameters.values())
+                            or any(type(m).__name__ == "DistributedDataParallel"
+                                   for _, m in self.reach.modules.values()))
+
+    def agreed(self, flag: bool) -> bool:
+        """``flag`` on any rank, for a step whose state spans ranks (one collective every rank
+        makes): a rank that ran the step once more alone would wait forever in its collectives."""
+        return any_rank(flag) if self.spans_ranks else flag
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -288,8 +299,10 @@ def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Fi
 def _magnitudes(run: StepRun) -> dict[str, float]:
     """The largest magnitude of each kind of value in a run: the scale a difference is measured on."""
     def largest(tensors: Any) -> float:
-        values = [t.detach().abs().max().item() for t in tensors
-                  if isinstance(t, torch.Tensor) and t.numel() and t.is_floating_point()]
+        # a sharded tensor's local shard: an operation on the DTensor would be a collective
+        local = [local_tensor(t) for t in tensors if isinstance(t, torch.Tensor)]
+        values = [t.detach().abs().max().item() for t in local
+                  if t is not None and t.numel() and t.is_floating_point()]
         finite = [v for v in values if math.isfinite(v)]
         return max(finite, default=0.0)
 
@@ -343,7 +356,9 @@ def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor,
         x = seen_a.value if seen_a is not None else None
         y = seen_b.value if seen_b is not None else None
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-        return x, y
+        x, y = local_tensor(x), local_tensor(y)  # a DTensor's local shard: no collective
+        if x is not None and y is not None:
+            return x, y
     return None
 
 
@@ -382,7 +397,8 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
                        bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
     """Findings that are rounding (accumulation order) become notes with their size; the rest stay."""
     values = [f for f in findings if f.kind in _VALUE_KINDS and _tensors_of(f, written, bypassed) is not None]
-    if not values or any(f.kind in _CAUSE_KINDS for f in findings) or len(values) != len(findings):
+    wanted = bool(values) and not any(f.kind in _CAUSE_KINDS for f in findings) and len(values) == len(findings)
+    if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
     try:
         with _float64_default():
@@ -394,6 +410,8 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
                           f"({type(exc).__name__}: {one_line(str(exc), 200)}); they are shown as findings"]
     finally:
         twin.restore()
+    if not wanted:  # rerun for another rank's differences
+        return findings, []
     if written64.error is not None or bypassed64.error is not None:
         error = written64.error or bypassed64.error
         return findings, [f"the float64 rerun of the step raised ({type(error).__name__}: "
@@ -453,7 +471,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
             unsteady: set[tuple[str, str | None]] = set()
             for _ in range(repeats - 1):
                 again = twin.run("as written", watch_options, reference=written)
-                if lean and _digests_differ(written, again):
+                if twin.agreed(lean and _digests_differ(written, again)):
                     break
                 unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
             else:
@@ -461,7 +479,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                 bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
                 if bypassed.error is not None:
                     raise bypassed.error
-                if not (lean and _digests_differ(written, bypassed)):
+                if not twin.agreed(lean and _digests_differ(written, bypassed)):
                     break
             lean = False
         if twin.reach.compiled:

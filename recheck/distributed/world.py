@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Place", "current_place", "launched_place"]
+__all__ = ["Place", "any_rank", "current_place", "launched_place"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,20 @@ def launched_place() -> Place | Literal[False]:
     except (KeyError, ValueError):
         return False
     return Place(rank, world_size) if world_size > 1 and 0 <= rank < world_size else False
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank of the default process group: one ``all_reduce`` that
+    every rank must call, so that a decision that changes what the ranks do next (run a step
+    again, and with it the step's own collectives) is taken by all of them together.  ``flag``
+    itself outside an initialised world of more than one rank."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return flag
+    import torch
+
+    backend = str(dist.get_backend())
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    vote = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return bool(vote.item())

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
-           "format_bits", "host_memory"]
+           "format_bits", "host_memory", "local_tensor", "unwrapped"]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -137,6 +137,40 @@ class TensorDiff:
         return "\n".join(self.lines())
 
 
+def unwrapped(t: torch.Tensor) -> tuple[list[tuple[str, torch.Tensor]], str] | None:
+    """The parts of a tensor subclass that wraps others (FSDP2's ``DTensor``, torch's
+    ``TwoTensor``), or None for any other tensor: the tensors it names in
+    ``__tensor_flatten__``, in order, and the text of everything else it holds there.
+
+    Only the names whose values are tensors are inner tensors: a ``DTensor`` names its
+    ``device_mesh`` too, which is metadata and goes into the text with the placements.  Read
+    with ``getattr`` only, never a tensor operation: an operation on a ``DTensor`` may run a
+    collective, and ranks that compare different values would then call different ones.
+    """
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or not hasattr(t, "__tensor_flatten__"):
+        return None
+    wrapper: Any = t  # ``__tensor_flatten__`` is the wrapper subclass's method, not Tensor's
+    names, context = wrapper.__tensor_flatten__()
+    inner: list[tuple[str, torch.Tensor]] = []
+    metadata = [repr(context)]
+    for name in names:
+        value = getattr(t, name, None)
+        if isinstance(value, torch.Tensor):
+            inner.append((name, value))
+        else:
+            metadata.append(f"{name}={value!r}")
+    return inner, "; ".join(metadata)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor | None:
+    """``t`` itself, or the one tensor a wrapper subclass holds (a ``DTensor``'s local shard),
+    read without a tensor operation; None for a wrapper of several tensors."""
+    parts = unwrapped(t)
+    if parts is None:
+        return t
+    return local_tensor(parts[0][0][1]) if len(parts[0]) == 1 else None
+
+
 def _index(index: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, index)) + ")" if len(index) != 1 else f"({index[0]},)"
 
@@ -170,6 +204,11 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     with no tensor made (``torch.equal`` of their integer views dispatches a kernel and reduces);
     the answer is the same.
     """
+    parts_a, parts_b = unwrapped(a), unwrapped(b)
+    if parts_a is not None or parts_b is not None:  # compared on this rank's inner tensors only
+        return (parts_a is not None and parts_b is not None and type(a) is type(b) and a.shape == b.shape
+                and a.dtype == b.dtype and parts_a[1] == parts_b[1] and len(parts_a[0]) == len(parts_b[0])
+                and all(bits_equal(x, y) for (_, x), (_, y) in zip(parts_a[0], parts_b[0])))
     a, b = a.detach(), b.detach()
     if (a.shape != b.shape or a.dtype != b.dtype or a.device != b.device
             or a.layout != b.layout):
@@ -324,11 +363,17 @@ def compare_tensors(
     first; when they differ, values are not compared.  A difference is described with a
     dozen tensor operations, whatever the tensor's size (a step's comparison of twins
     describes every parameter, gradient and buffer that differs): the first differing
-    element's index, bits and ULP distance are worked out in Python.
+    element's index, bits and ULP distance are worked out in Python.  A tensor subclass that
+    wraps others (a ``DTensor``) is compared on this rank's inner tensors (its local shard),
+    never with an operation on the wrapper, which may run a collective; indices are then the
+    shard's.
     """
     meta = _metadata_differences(original, recomputed, check_requires_grad)
     if meta:
         return TensorDiff(metadata=tuple(meta), description=description, numel=original.numel())
+    parts_a, parts_b = unwrapped(original), unwrapped(recomputed)
+    if parts_a is not None or parts_b is not None:
+        return _compare_wrapped(original, recomputed, parts_a, parts_b, tolerance, description)
     if original.device.type == "meta":
         return None
     if original.layout != torch.strided:
@@ -385,6 +430,27 @@ def compare_tensors(
     )
 
 
+def _compare_wrapped(a: torch.Tensor, b: torch.Tensor,
+                     parts_a: tuple[list[tuple[str, torch.Tensor]], str] | None,
+                     parts_b: tuple[list[tuple[str, torch.Tensor]], str] | None,
+                     tolerance: Tolerance | None, description: str) -> TensorDiff | None:
+    """:func:`compare_tensors` of two tensors of which one at least wraps others: their type
+    and the metadata they hold as such, then each inner tensor in turn (the first that differs)."""
+    name_a, name_b = type(a).__qualname__, type(b).__qualname__
+    if parts_a is None or parts_b is None or name_a != name_b:
+        return TensorDiff(metadata=(f"the values for attribute 'type' do not match: {name_a} != {name_b}",),
+                          description=description, numel=a.numel())
+    if parts_a[1] != parts_b[1] or [n for n, _ in parts_a[0]] != [n for n, _ in parts_b[0]]:
+        return TensorDiff(metadata=(f"the {name_a}'s metadata do not match: {parts_a[1]} != {parts_b[1]}",),
+                          description=description, numel=a.numel())
+    for (name, x), (_, y) in zip(parts_a[0], parts_b[0]):
+        inner = f"{description}, this rank's {name_a}.{name}: {describe_tensor(x)}" if description else ""
+        diff = compare_tensors(x, y, tolerance=tolerance, check_requires_grad=False, description=inner)
+        if diff is not None:
+            return diff
+    return None
+
+
 # -- digest -------------------------------------------------------------------------------------
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
@@ -416,8 +482,18 @@ def digest(t: torch.Tensor) -> int:
     Every element's bit pattern is mixed with its flat index (splitmix64) and the
     mixed words are summed modulo 2**64 in two independent lanes, on the tensor's
     device; only two integers travel to the host.  Equal tensors (same shape, dtype
-    and bytes) always give equal digests; swapping two elements changes it.
+    and bytes) always give equal digests; swapping two elements changes it.  A tensor
+    subclass that wraps others (a ``DTensor``) is digested from this rank's inner tensors and
+    its metadata (:func:`unwrapped`), with no collective.
     """
+    parts = unwrapped(t)
+    if parts is not None:  # this rank's inner tensors and the wrapper's metadata: no collective
+        head = zlib.crc32(f"{type(t).__qualname__}\0{t.dtype}\0{tuple(t.shape)}\0{parts[1]}".encode())
+        low, high = _mix_int(head), _mix_int(head ^ 0x5A5A)
+        for _, inner in parts[0]:
+            value = digest(inner)
+            low, high = _mix_int(low ^ (value & 0xFFFFFFFFFFFFFFFF)), _mix_int(high ^ (value >> 64))
+        return (high << 64) | low
     head = zlib.crc32(str(t.dtype).encode())
     for size in t.shape:
         head = _mix_int(head ^ (size + 0x9E3779B9))

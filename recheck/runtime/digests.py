@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory
+from recheck.runtime.bits import Tolerance, bit_view, compare_tensors, digest, host_memory, unwrapped
 
 __all__ = ["DIGEST_NAME", "STORES", "ParameterView", "Store", "TensorPrint", "memory_order", "parameter_print_of",
            "parameter_view", "planned_digest", "planned_print_of", "print_activation", "print_buffer", "print_saved",
@@ -317,13 +317,13 @@ def tensor_digest(tensor: torch.Tensor) -> int:
 def _wrapper_digest(tensor: torch.Tensor) -> int:
     """:func:`tensor_digest` of a tensor subclass that wraps others (FSDP2's ``DTensor``, its
     local shard; torch's ``TwoTensor``), which has no bytes of its own to read: its type,
-    dtype and shape, the digest of each tensor it names in ``__tensor_flatten__``, in order,
-    and the text of what else it says there (a ``DTensor``'s placements)."""
-    wrapper: Any = tensor  # ``__tensor_flatten__`` is the wrapper subclass's method, not Tensor's
-    names, context = wrapper.__tensor_flatten__()
+    dtype and shape, the digest of each inner tensor (:func:`bits.unwrapped`), in order, and
+    the text of what else it holds (a ``DTensor``'s placements and device mesh)."""
+    parts_of = unwrapped(tensor)
+    inner, metadata = parts_of if parts_of is not None else ([], "")
     parts = [f"{type(tensor).__module__}.{type(tensor).__qualname__}", str(tensor.dtype),
-             repr(tuple(tensor.shape)), repr(context)]
-    parts += [f"{name}={tensor_digest(getattr(tensor, name))}" for name in names]
+             repr(tuple(tensor.shape)), metadata]
+    parts += [f"{name}={tensor_digest(value)}" for name, value in inner]
     return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:16], "big")
 
 
