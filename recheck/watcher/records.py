@@ -237,12 +237,21 @@ class Forward:
         own object would be made for every saved tensor).
 
         ``refresh`` reads the parameters' pointers again (FSDP allocates them at each gather).
+        A pointer read earlier whose parameter lies elsewhere now is stale, and they are read
+        again too: FSDP2 frees each unsharded storage after the forward and gathers it again
+        before the recompute, where the allocator may hand one parameter the address another
+        had at forward, and the saved tensor would be taken for that other parameter's.
         """
         if tensor.layout is not _STRIDED:
             return None
         if refresh or not self.pointed:
             self._pointers()
-        return self.parameter_pointers.get(tensor.data_ptr())
+        pointer = tensor.data_ptr()
+        owner = self.parameter_pointers.get(pointer)
+        if owner is not None and not refresh and owner.data_ptr() != pointer:
+            self._pointers()
+            owner = self.parameter_pointers.get(pointer)
+        return owner
 
 
 def _last_scope(reach: Reach) -> tuple[Any, ...] | None:
@@ -623,6 +632,9 @@ class InvocationRecord:
             if any_buffers and is_buffer(tensor):
                 buffers[saved.index] = None
             owner = pointers.get(tensor.data_ptr()) if pointers and tensor.layout is _STRIDED else None
+            if owner is not None and owner.data_ptr() != tensor.data_ptr():
+                owner = forward.parameter_of(tensor)  # a stale pointer (FSDP2 gathered anew): read again
+                pointers = forward.parameter_pointers
             if owner is not None and (view := parameter_view(tensor, owner)) is not None:
                 saved.viewed = view  # a parameter's view, told by identity and version: no print either
             elif in_place and (found := planned_digest(tensor)) is not None:
