@@ -118,7 +118,7 @@ class Twin:
         #: the step's state spans the ranks of a world (sharded parameters, a DDP module): every
         #: rank runs it, and the runs each rank makes are agreed by all (:meth:`agreed`)
         self.spans_ranks = (any(unwrapped(p) is not None for p in self.parameters.values())
-                            or any(type(m).__name__ == "DistributedDataParallel"
+                            or any(isinstance(m, torch.nn.parallel.DistributedDataParallel)
                                    for _, m in self.reach.modules.values()))
 
     def agreed(self, flag: bool) -> bool:
