@@ -15,12 +15,12 @@ then the status is 130.  Options are validated before any region runs.  Toleranc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from recheck.progress import paint
+from recheck.progress import colour_enabled, paint
+from recheck.commands.arguments import count
 
 NAME = "check"
 HELP = "check that checkpointed regions recompute exactly what their forward computed"
@@ -61,16 +61,6 @@ def _tolerance(name: str) -> Any:
     return parse
 
 
-def _repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= _MOST_REPEATS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {_MOST_REPEATS}, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Targets, output format, checkpoint configuration and tolerance options."""
     parser.add_argument("targets", nargs="*", metavar="TARGET",
@@ -82,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch-only", action="store_true",
                         help="with --step: only verify each recomputation against its own forward "
                              "(recheck.watch()), without the uncheckpointed twin")
-    parser.add_argument("--repeats", type=_repeats, default=None, metavar="N",
+    parser.add_argument("--repeats", type=count(1, _MOST_REPEATS), default=None, metavar="N",
                         help="with --step: runs of the step as written (what differs between them is "
                              f"not blamed on checkpointing; default 1, at most {_MOST_REPEATS})")
     parser.add_argument("--strict", action="store_true", default=None,
@@ -93,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output format (default: text)")
     parser.add_argument("--quiet", "-q", action="store_true",
                         help="no progress bar (one is drawn on stderr only when it is a terminal)")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="text: every entry of each report with its detail (by default at most ten, "
+                             "causes first; JSON always holds everything)")
     parser.add_argument("--use-reentrant", action=argparse.BooleanOptionalAction, default=None,
                         help="checkpoint variant to check (default: non-reentrant, or the "
                              "target's CHECK_OPTIONS)")
@@ -194,6 +187,13 @@ def _report_error(label: str, broken: _Broken) -> None:
     print(f"{paint('recheck check: error:', 'red', sys.stderr)} {label}: {broken.message}", file=sys.stderr)
 
 
+def _text(report: Any, ns: argparse.Namespace) -> str:
+    """One report as text for stdout: the one renderer, ``--verbose``, colour on a terminal."""
+    from recheck.output.text import format_report
+
+    return format_report(report, verbose=ns.verbose, colour=colour_enabled(sys.stdout))
+
+
 def _counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'s' if count != 1 else ''}"
 
@@ -238,11 +238,10 @@ def _run_steps(ns: argparse.Namespace) -> int:
     if interrupted:
         summary += _INTERRUPTED
     if ns.format == "json":
-        steps = [{"target": t, **o.to_dict()} for t, o in outcomes]
-        print(json.dumps({"steps": steps, "summary": {"steps": len(outcomes), "with_findings": len(dirty),
-                                                     "errors": len(broken), "interrupted": interrupted,
-                                                     "text": summary}},
-                         indent=2, default=repr))
+        from recheck.output.json import dumps, steps_document
+
+        print(dumps(steps_document(outcomes, with_findings=len(dirty), errors=len(broken),
+                                   interrupted=interrupted, text=summary)))
         for target, outcome in outcomes:
             if isinstance(outcome, _Broken):
                 _report_error(target, outcome)
@@ -252,7 +251,7 @@ def _run_steps(ns: argparse.Namespace) -> int:
                 _report_error(target, outcome)
                 continue
             print(f"step {target}")
-            print(outcome)
+            print(_text(outcome, ns))
             print()
         print(paint(summary, "red" if broken or dirty or interrupted else "green"))
     return _exit_status(interrupted, broken, dirty)
@@ -375,11 +374,11 @@ def run(ns: argparse.Namespace) -> int:
     if interrupted:
         summary += _INTERRUPTED
     if ns.format == "json":
-        payload = {"reports": [{"target": label, **o.to_dict()} for label, o in outcomes],
-                   "summary": {"regions": len(reports), "with_findings": len(dirty),
-                               "differences": differences, "errors": len(broken), "interrupted": interrupted,
-                               "text": summary}}
-        print(json.dumps(payload, indent=2, default=repr))
+        from recheck.output.json import check_document, dumps
+
+        print(dumps(check_document(outcomes, regions=len(reports), with_findings=len(dirty),
+                                   differences=differences, errors=len(broken), interrupted=interrupted,
+                                   text=summary)))
         for label, outcome in outcomes:
             if isinstance(outcome, _Broken):
                 _report_error(label, outcome)
@@ -388,7 +387,7 @@ def run(ns: argparse.Namespace) -> int:
             if isinstance(outcome, _Broken):
                 _report_error(label, outcome)
                 continue
-            print(outcome)
+            print(_text(outcome, ns))
             print()
         print(paint(summary, "red" if broken or dirty or interrupted else "green"))
     return _exit_status(interrupted, broken, dirty)

@@ -30,6 +30,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from recheck.commands.arguments import count
 from recheck.cost.pipeline.schedules import KINDS as SCHEDULE_KINDS
 from recheck.cost.units import parse_bytes
 
@@ -53,19 +54,6 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(option: str, most: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if not 1 <= value <= most:
-            raise argparse.ArgumentTypeError(f"{option} must be between 1 and {most}, got {value}")
-        return value
-
-    return parse
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -83,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a zero-argument callable doing forward + backward (file.py:name or pkg.module:name; "
         f"the name defaults to '{_DEFAULT_FUNCTION}')",
     )
-    parser.add_argument("--repeats", type=_positive("--repeats", _MOST_REPEATS), default=5,
+    parser.add_argument("--repeats", type=count(1, _MOST_REPEATS, "--repeats"), default=5,
                         help=f"timed runs per mode (default 5, at most {_MOST_REPEATS}; --ranks and --plan trace "
                         "one run per mode)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
@@ -109,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     planner.add_argument("--save-plan", metavar="PATH",
                          help="with --suggest: write the plan as JSON (recheck.apply_plan(model, PATH) applies it)")
     pipeline = parser.add_argument_group("pipelines (torch.distributed.pipelining)")
-    pipeline.add_argument("--ranks", type=_positive("--ranks", 64), metavar="N",
+    pipeline.add_argument("--ranks", type=count(1, 64, "--ranks"), metavar="N",
                           help="run STEP's pipeline on N local gloo ranks and print the per-stage table; "
                           "STEP() returns the rank's zero-argument step")
     pipeline.add_argument("--timeout", type=_seconds, metavar="SECONDS",
@@ -118,9 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="predict per-stage retained and observed peaks from one microbatch run in one process "
                           "(each stage's forward inside recheck.tag(stage=s))")
     pipeline.add_argument("--schedule", choices=SCHEDULE_KINDS, help="with --plan: the schedule to lay out")
-    pipeline.add_argument("--microbatches", type=_positive("--microbatches", 100_000), metavar="M",
+    pipeline.add_argument("--microbatches", type=count(1, 100_000, "--microbatches"), metavar="M",
                           help="with --plan: microbatches per step")
-    pipeline.add_argument("--stages", type=_positive("--stages", 4096), metavar="S",
+    pipeline.add_argument("--stages", type=count(1, 4096, "--stages"), metavar="S",
                           help="with --plan: stage count (must match the stages the step tags; default: those)")
 
 

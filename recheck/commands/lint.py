@@ -10,21 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from recheck.commands.arguments import count
 
 NAME = "lint"
 HELP = "lint checkpointed regions for recomputation hazards (static, never imports torch)"
 FORMATS = ("text", "json", "sarif", "github")
-
-
-def _jobs(value: str) -> int:
-    """``-j N``: a count of worker processes, 0 for one per CPU (more than the CPUs: bounded)."""
-    try:
-        jobs = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of worker processes, got {value!r}") from None
-    if jobs < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (one per CPU) or more, got {jobs}")
-    return jobs
 
 
 def _codes(value: str) -> list[str]:
@@ -48,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR",
                         help="keep the cache in DIR, any folder (default: $RECHECK_CACHE_DIR, else cache-dir "
                              "of [tool.recheck], a folder inside the project, else .recheck_cache)")
-    parser.add_argument("--jobs", "-j", type=_jobs, default=0, metavar="N",
+    parser.add_argument("--jobs", "-j", type=count(0, meaning="0 (one per CPU)"), default=0, metavar="N",
                         help="worker processes, at most one per CPU (default: 0, one per CPU)")
     parser.add_argument("--config", metavar="PYPROJECT", help="read [tool.recheck] from this file")
     parser.add_argument("--quiet", "-q", action="store_true",

@@ -27,27 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from recheck.progress import paint
+from recheck.commands.arguments import count
 
 NAME = "run"
 HELP = ("run a Python program as python would, verifying every checkpoint call of its first "
         "training steps (recheck.watch())")
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The step window, the report's path and format, and the program with its arguments."""
     parser.usage = ("%(prog)s [--steps N] [--report PATH] [--format {text,json}] [--exit-zero] "
                     "(SCRIPT.py | -m MODULE) [ARGS...]")
-    parser.add_argument("--steps", type=_steps, default=None, metavar="N",
+    parser.add_argument("--steps", type=count(1), default=None, metavar="N",
                         help="watch only the first N steps (optimizer steps, or backward calls when no "
                              "optimizer steps), then stop intercepting (default: the whole program)")
     parser.add_argument("--report", default=None, metavar="PATH",
