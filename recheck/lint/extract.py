@@ -25,7 +25,7 @@ from recheck.lint.outline import (
     units_with_words,
 )
 from recheck.lint.reachability import guards, optional_params
-from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint
+from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint, rc109_saved_tensors_twice
 from recheck.lint.rules.rc002_preserve_rng import random_draw
 from recheck.lint.scope import (
     FUNCTION_NODES,
@@ -365,7 +365,14 @@ class _Extractor:
         attributes = self._entry_attributes(nested, context)
         self.class_entries[qualname] = attributes
         self.facts.entry_attributes.extend(f"{qualname}.{a}" for a in sorted(attributes))
+        if any(isinstance(d, ast.Name | ast.Attribute | ast.Call) and _is_dataclass(d, context)
+               for d in node.decorator_list):
+            facts.flags["@dataclass"] = True
         self.block(nested, qualname + ".", context, qualname)
+        for method, hazard in rc109_saved_tensors_twice.check_class(node, bases, context):
+            reached = self.facts.functions.get(f"{qualname}.{method}")
+            if reached is not None:  # counts where a region reaches it (``Function.apply`` runs ``forward``)
+                reached.hazards.append(hazard)
 
     def _entry_attributes(self, class_nodes: list[ast.AST], context: FunctionContext) -> frozenset[str]:
         """``self.<attr> = checkpoint`` (a partial of one, a parameter defaulting to one, or
@@ -428,6 +435,13 @@ class _Extractor:
                              for q in [context.qualify(a.annotation)] if q}
         decorated = [context.qualify(d.func if isinstance(d, ast.Call) else d) for d in decorators]
         facts.memoized = any(d in MEMOIZING for d in decorated)
+        if isinstance(node, ast.Lambda):
+            built = _container(node.body, context)
+            if built:
+                facts.returned.append((context.span(node.body), built))
+        elif node.returns is not None:
+            returns = node.returns.value if isinstance(node.returns, ast.Subscript) else node.returns
+            facts.returns_annotation = context.qualify(returns) or ""
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
@@ -503,6 +517,10 @@ class _Extractor:
                 held = callee_refs(node.value, context)
                 facts.returns_local += [r.name for r in held if r.kind == "local"]
                 facts.returns_refs += [r for r in held if r.kind != "local"]
+            elif isinstance(node, ast.Return) and node.value is not None:
+                built = _container(node.value, context)
+                if built:
+                    facts.returned.append((context.span(node.value), built))
 
     def _call(self, node: ast.Call, context: FunctionContext, facts: FunctionFacts) -> None:
         drawn = random_draw(node, context)
@@ -844,6 +862,28 @@ def _constant(value: ast.AST, context: FunctionContext) -> tuple[bool, object]:
     return False, None
 
 
+def _is_dataclass(decorator: ast.AST, context: FunctionContext) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return (context.qualify(target) or "").rsplit(".", 1)[-1] == "dataclass"
+
+
+def _container(value: ast.AST, context: FunctionContext) -> str:
+    """What a returned expression builds when it is neither a tensor nor a tuple of them:
+    ``"dict"``, ``"list"``, ``"call:<qualified>"`` for a capitalised callable (a class), else ``""``."""
+    if isinstance(value, (ast.Dict, ast.DictComp)):
+        return "dict"
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return "list"
+    if isinstance(value, ast.Call):
+        parts = dotted(value.func)
+        if parts == ["dict"] and "dict" not in context.module.defined:
+            return "dict"
+        if parts and parts[-1][:1].isupper():
+            qualified = context.qualify(value.func)
+            return f"call:{qualified}" if qualified else ""
+    return ""
+
+
 def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionContext) -> CallSite:
     name, position, region_keyword = entry
     keywords = {k.arg: k for k in node.keywords}
@@ -853,8 +893,11 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
     for keyword in (region_keyword, *REGION_KEYWORDS) if region_keyword else REGION_KEYWORDS:
         if region is None and keyword in keywords:
             region = keywords[keyword].value
+    reentrant_value = None
     if "use_reentrant" in keywords:
         reentrant = "given"
+        known, value = _constant(keywords["use_reentrant"].value, context)
+        reentrant_value = value if known and isinstance(value, bool) else None
     elif None in keywords:
         reentrant = "splat"
     else:
@@ -884,6 +927,7 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
         caller=context.qualname,
         targets=targets,
         use_reentrant=reentrant,
+        reentrant=reentrant_value,
         preserve_rng_false=preserve_false,
         forwards=forwards,
         region_source=context.source(region) if region is not None else "",

@@ -188,6 +188,12 @@ class FunctionFacts(Deferred):
     #: arguments or -1 with a ``*`` splat, keywords as ``name`` or ``name=passed_name``,
     #: names splatted with ``**``, the call's line)
     call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...], int]] = field(default_factory=list)
+    #: what ``return`` statements build that is neither a tensor nor a tuple: ``"dict"``,
+    #: ``"list"``, or ``"call:<qualified name>"`` of a capitalised callable (a dataclass, a
+    #: ``ModelOutput``), each with the returned expression's place (RC110)
+    returned: list[tuple[Span, str]] = field(default_factory=list)
+    #: the qualified return annotation, ``""`` when there is none
+    returns_annotation: str = ""
 
 
 @dataclass
@@ -205,7 +211,8 @@ class ClassFacts(Deferred):
     function_attributes: dict[str, list[str]] = field(default_factory=dict)
     #: ``self.<attr> = <parameter>`` in ``__init__``: attr -> (parameter, position in a call)
     param_attributes: dict[str, tuple[str, int]] = field(default_factory=dict)
-    #: ``NAME = True`` / ``NAME = False`` in the class body (``_can_checkpoint_with_cache``)
+    #: ``NAME = True`` / ``NAME = False`` in the class body (``_can_checkpoint_with_cache``);
+    #: ``"@dataclass"``: True when the class is decorated with ``dataclasses.dataclass``
     flags: dict[str, bool] = field(default_factory=dict)
 
 
@@ -225,6 +232,8 @@ class CallSite:
     region_source: str = ""  # the region argument as written, for --statistics and --show-regions
     #: what the call passes to the region: (positional count, keyword names); None if unknown
     passed: tuple[int, tuple[str, ...]] | None = None
+    #: the value ``use_reentrant`` is given when it is a constant (None when absent or unknown)
+    reentrant: bool | None = None
 
 
 @dataclass

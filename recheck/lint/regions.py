@@ -14,13 +14,23 @@ from typing import Callable, Iterator, NamedTuple
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
 from recheck.lint.index import Index
 from recheck.lint.reachability import SPLAT, empty_params, passes_on, unreachable
-from recheck.lint.rules import rc001_use_reentrant, rc002_preserve_rng, rc101_global_read, rc104_state_write, rc106_batchnorm
+from recheck.lint.rules import (
+    rc001_use_reentrant,
+    rc002_preserve_rng,
+    rc101_global_read,
+    rc104_state_write,
+    rc106_batchnorm,
+    rc109_saved_tensors_twice,
+    rc110_container_output,
+)
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
 MAX_FUNCTIONS_PER_REGION = 400
+#: the bases of a custom autograd Function, whose ``apply`` runs its ``forward``
+FUNCTION_BASES = ("autograd.Function", "autograd.function.Function")
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,12 @@ class _Resolver:
             if found is None:
                 return
             found_file, symbol = found
-            if isinstance(symbol, ClassFacts):
+            if isinstance(symbol, ClassFacts) and ref.member == "apply":
+                if any(b.endswith(FUNCTION_BASES) for b in index.base_names(found_file, symbol)):
+                    forward = index.find_method(found_file, symbol, "forward")
+                    if forward is not None:
+                        yield forward
+            elif isinstance(symbol, ClassFacts):
                 if as_target or ref.kind == "returned":
                     yield from self._module(ref.name, found_file, symbol)
             elif ref.kind == "returned":
@@ -503,6 +518,16 @@ def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, l
                           region.name, region.origin)
 
 
+def _class_lookup(index: Index, origin: FileFacts) -> Callable[[str], tuple[bool, list[str]] | None]:
+    """``(is a dataclass, base names)`` of a class of the tree, for rules that judge what a region returns."""
+    def lookup(qualified: str) -> tuple[bool, list[str]] | None:
+        found = index.lookup_class(qualified, origin)
+        if found is None:
+            return None
+        return bool(found[1].flags.get("@dataclass")), sorted(index.base_names(found[0], found[1]))
+    return lookup
+
+
 def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
     """The findings of every region and every checkpoint call site, deduplicated by place.
 
@@ -516,6 +541,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
         reached = list(_walk(resolver, region, edges))
         passes = _passes(region, {(f.path, fn.qualname): fn for f, fn, _ in reached}, edges)
         root = (region.file.path, region.function.qualname)
+        reentrant = rc001_use_reentrant.runs_reentrant(region.site) if region.site is not None else None
         reached = [r for r in reached if (r[0].path, r[1].qualname) in passes or (r[0].path, r[1].qualname) == root]
         for file, function, external in reached:
             if walked is not None:
@@ -524,6 +550,8 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
                 if hazard.code in BRANCH_HAZARDS and unreachable(function, passes.get((file.path, function.qualname), []),
                                                           hazard.span.line):
                     continue  # in a branch none of this region's calls takes
+                if hazard.tag == rc109_saved_tensors_twice.NON_REENTRANT and reentrant:
+                    continue  # the reentrant implementation's backward reads ordinary saved tensors
                 if hazard.tag != "root" or function is region.function:
                     found.append(Hit(file.path, hazard, region.name, region.origin))
             for span, what in function.random_draws:
@@ -535,6 +563,9 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
                 if name in rc002_preserve_rng.RANDOM_MODULES:
                     draws.setdefault(id(region), (file.path, ref.span, f"self.{ref.name}"))
         found += _rebound_reads(index, reached, region)
+        if reentrant:
+            found += [Hit(region.file.path, hazard, region.name, region.origin)
+                      for hazard in rc110_container_output.check_region(region.function, _class_lookup(index, region.file))]
         stacks = rc104_state_write.balanced([h.hazard.tag for h in found if h.hazard.code == "RC104"])
         if stacks:  # pushed and popped in the region: it holds the same at recompute as at forward
             found = [h for h in found if not (

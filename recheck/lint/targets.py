@@ -220,6 +220,9 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
     if parts[0] in context.param_positions and parts[0] != context.self_name:
         return [Ref("param_path", ".".join(parts), span)]  # model.layers: through its annotation
     qualified = context.qualify(func)
+    if func.attr == "apply" and len(parts) > 1 and (parts[0] in context.module.imports or parts[0] in context.module.defined):
+        # ``Function.apply(...)`` runs the class's ``forward`` (an ``autograd.Function``; see regions.py)
+        return [Ref("name", context.qualify(func.value) or qualified or "", span, "apply")]
     if qualified and parts[0] in context.module.imports:
         return [Ref("name", qualified, span)]
     return []

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from recheck.lint.engine import lint_sources
-from recheck.lint.rules import BODY_RULES
+from recheck.lint.rules import BODY_RULES, RULE_MODULES
 
 HEAD = '''\
 import datetime, logging, os, secrets, time, uuid
@@ -96,6 +96,40 @@ def test_invalid(code, case):
 @pytest.mark.parametrize(("code", "body"), list(_cases("VALID")))
 def test_valid(code, body):
     _check(code, body, [])
+
+
+# -- the tables of the rules judged outside one body (a class, a whole region): whole modules ---
+
+MODULE_RULES = [rule for rule in RULE_MODULES if rule not in BODY_RULES and hasattr(rule, "INVALID")]
+
+
+def _module_cases(table: str):
+    for rule in MODULE_RULES:
+        for number, case in enumerate(getattr(rule, table)):
+            yield pytest.param(rule.CODE, case, id=f"{rule.CODE}-{number}")
+
+
+def test_the_new_region_and_class_rules_have_tables():
+    assert {"RC109", "RC110"} <= {rule.CODE for rule in MODULE_RULES}
+    assert all(getattr(rule, "VALID", None) for rule in MODULE_RULES)
+
+
+@pytest.mark.parametrize(("code", "case"), list(_module_cases("INVALID")))
+def test_module_invalid(code, case):
+    source, expected = case
+    result = lint_sources({"case.py": source})
+    assert not result.errors, result.errors
+    found = [(f.line, f.column, f.message) for f in result.findings if f.code == code]
+    assert [(line, column) for line, column, _ in found] == [(line, column) for line, column, _ in expected], found
+    for (_, _, message), (_, _, wanted) in zip(found, expected):
+        assert wanted in message, (message, wanted)
+
+
+@pytest.mark.parametrize(("code", "source"), list(_module_cases("VALID")))
+def test_module_valid(code, source):
+    result = lint_sources({"case.py": source})
+    assert not result.errors, result.errors
+    assert [f.format() for f in result.findings if f.code == code] == []
 
 
 RC002_INVALID = [

@@ -8,6 +8,18 @@ from recheck.lint.targets import ENTRY_POINTS
 CODE = "RC001"
 
 
+def runs_reentrant(site: CallSite) -> bool | None:
+    """Whether the call runs a reentrant implementation: the constant it passes as
+    ``use_reentrant``, else its entry point's default; None when that cannot be told
+    (a value computed at run time, a ``**`` splat, an entry point the linter discovered)."""
+    if site.use_reentrant == "given":
+        return site.reentrant
+    entry = ENTRY_POINTS.get(site.entry)
+    if site.use_reentrant == "missing" and entry is not None:
+        return entry.reentrant_default
+    return None
+
+
 def check_site(site: CallSite) -> Hazard | None:
     """A hazard when the call leaves ``use_reentrant`` out of an entry point that then runs
     its reentrant implementation (torch's, Transformer Engine's, colossalai's; timm's and
