@@ -14,17 +14,26 @@ checkpoint implementation must put each back around the recomputation:
 words what differs between a forward and its recompute, one entry per subject
 (``grad mode``, ``autocast `cpu```, ``default dtype``), for every face (``check()``,
 ``watch()``, the recompute probe).
+
+A wider context explains a recompute that fails (torch's ``CheckpointError``: the saved
+tensors' metadata differ) where none of those three differs: :func:`wider_context` reads, at
+forward and at recompute, the inference mode, the deterministic-algorithms, TF32, cuDNN and
+SDPA-backend flags, the torch-function and dispatch mode stacks, and the forward and
+forward-pre hooks in force (global, and on the region's modules); :func:`wider_differences`
+words what differs, in that order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
 
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, GRAD_MODE_SUBJECT, autocast_subject
 
-__all__ = ["ANY_AUTOCAST_COVERS", "AUTOCAST_DEVICE_TYPES", "ComputeContext", "context_differences", "current_context"]
+__all__ = ["ANY_AUTOCAST_COVERS", "AUTOCAST_DEVICE_TYPES", "ComputeContext", "context_differences", "current_context",
+           "wider_context", "wider_differences"]
 
 
 def _readable(device_type: str) -> bool:
@@ -151,4 +160,141 @@ def context_differences(forward: ComputeContext, recompute: ComputeContext, *,
                       f"{_dtype_name(recompute.default_dtype)} at recompute",
                       "no checkpoint restores torch.get_default_dtype(); tensors the region creates "
                       "without a dtype come out in another dtype"))
+    return found
+
+
+# -- the wider context: what else decides what a region computes --------------------------------
+
+
+def _modes(length: Callable[[], int], stack: Callable[[], list[Any]]) -> tuple[str, ...]:
+    """The classes of the modes on a stack, innermost last (no list built while it is empty)."""
+    if not length():
+        return ()
+    return tuple(type(mode).__qualname__ for mode in stack())
+
+
+def _function_modes() -> tuple[str, ...]:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return _modes(torch._C._len_torch_function_stack, _get_current_function_mode_stack)
+
+
+def _dispatch_modes() -> tuple[str, ...]:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return _modes(torch._C._len_torch_dispatch_stack, _get_current_dispatch_mode_stack)
+
+
+def _c(name: str, public: Callable[[], Any]) -> Callable[[], Any]:
+    """torch's own getter ``torch._C.<name>`` (one C call), or the public reader where it is gone."""
+    getter = getattr(torch._C, name, None)
+    return getter if callable(getter) else public
+
+
+_SDPA = tuple((name, _c(f"_get_{name}_sdp_enabled", getattr(torch.backends.cuda, f"{name}_sdp_enabled")))
+              for name in ("flash", "mem_efficient", "math", "cudnn"))
+_CUDNN = (_c("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
+          _c("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
+          _c("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
+          _c("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32))
+
+
+def _sdpa_backends() -> tuple[str, ...]:
+    return tuple(name for name, enabled in _SDPA if enabled())
+
+
+def _cudnn() -> tuple[str, ...]:
+    return tuple(name for name, read in zip(("enabled", "deterministic", "benchmark", "allow_tf32"), _CUDNN) if read())
+
+
+#: ``(subject, reader, why it matters)`` of each flag of the wider context, in the order a cause is named
+_FLAGS: tuple[tuple[str, Callable[[], Any], str], ...] = (
+    ("inference mode", torch.is_inference_mode_enabled, "tensors made under inference mode save nothing for backward"),
+    ("torch-function modes", _function_modes,
+     "a TorchFunctionMode entered around the forward is not in force when backward recomputes (torch pops a mode "
+     "while it handles a call, Tensor.backward included): enter it inside the checkpointed function, or pass it "
+     "through checkpoint's context_fn"),
+    ("dispatch modes", _dispatch_modes,
+     "a TorchDispatchMode entered around the forward is not in force when backward recomputes: enter it inside "
+     "the checkpointed function, or pass it through checkpoint's context_fn"),
+    ("deterministic algorithms", _c("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+     "torch.use_deterministic_algorithms() picks other kernels"),
+    ("TF32 matmul", _c("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+     "TF32 matmuls round otherwise"),
+    ("float32 matmul precision", _c("_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+     "matmuls round otherwise"),
+    ("cuDNN flags", _cudnn, "cuDNN picks other kernels"),
+    ("SDPA backends", _sdpa_backends, "scaled_dot_product_attention picks another kernel"),
+)
+
+_HOOKS_WHY = ("a hook in force for the forward and removed before backward does not run in the recompute (or one "
+              "added since runs only there): register it for as long as the graph lives, or inside the region")
+
+
+def _hook_name(hook: Any) -> str:
+    function = getattr(hook, "__func__", hook)
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return str(name)
+
+
+def _hooks(modules: Iterable[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``(where, hook names)`` for each hook dictionary with hooks: global, then each module's."""
+    from torch.nn.modules import module as module_module
+
+    found = []
+    for where, hooks in (("global forward hooks", module_module._global_forward_hooks),
+                         ("global forward-pre hooks", module_module._global_forward_pre_hooks)):
+        if hooks:
+            found.append((where, tuple(map(_hook_name, hooks.values()))))
+    for name, module in modules:
+        if module._forward_hooks:
+            found.append((f"forward hooks of `{name or type(module).__name__}`",
+                          tuple(map(_hook_name, module._forward_hooks.values()))))
+        if module._forward_pre_hooks:
+            found.append((f"forward-pre hooks of `{name or type(module).__name__}`",
+                          tuple(map(_hook_name, module._forward_pre_hooks.values()))))
+    return tuple(found)
+
+
+#: What :func:`wider_context` returns: the flags' values in :data:`_FLAGS` order, then the hooks
+WiderContext = tuple[tuple[Any, ...], tuple[tuple[str, tuple[str, ...]], ...]]
+
+
+def wider_context(modules: Iterable[tuple[str, torch.nn.Module]] = ()) -> WiderContext:
+    """The wider context now (see the module docstring); ``modules``: the region's, named.
+
+    A flag this torch cannot read is left out (its value None).  Read at every forward and
+    recompute ``watch()`` sees: a few calls into torch, and a look at each module's hook
+    dictionaries."""
+    values = []
+    for _, read, _ in _FLAGS:
+        try:
+            values.append(read())
+        except Exception:  # noqa: BLE001 - a flag this build does not have
+            values.append(None)
+    return tuple(values), _hooks(modules)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def wider_differences(forward: WiderContext, recompute: WiderContext) -> list[tuple[str, str, str, str]]:
+    """``(subject, at forward, at recompute, why it matters)`` for each part of the wider context
+    that differs, in the order of :data:`_FLAGS`, then the hooks (empty where all is alike)."""
+    if forward == recompute:
+        return []
+    found = []
+    for (subject, _, why), then, now in zip(_FLAGS, forward[0], recompute[0]):
+        if then != now and then is not None and now is not None:
+            found.append((subject, _shown(then), _shown(now), why))
+    hooks_then, hooks_now = dict(forward[1]), dict(recompute[1])
+    for where in dict.fromkeys([*hooks_then, *hooks_now]):
+        then, now = hooks_then.get(where, ()), hooks_now.get(where, ())
+        if then != now:
+            found.append((where, _shown(then), _shown(now), _HOOKS_WHY))
     return found

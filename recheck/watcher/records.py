@@ -33,7 +33,8 @@ import torch
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
 from recheck.runtime.bits import Tolerance
-from recheck.runtime.context import ComputeContext, context_differences, current_context
+from recheck.runtime.context import (ComputeContext, WiderContext, context_differences, current_context,
+                                     wider_context, wider_differences)
 from recheck.runtime.fingerprints import same_objects
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
@@ -70,7 +71,7 @@ class Forward:
                  "saved_buffers", "buffer_pointers", "parameter_pointers", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
-                 "subtrees", "predicted", "params_after")
+                 "subtrees", "predicted", "params_after", "wider")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -121,6 +122,8 @@ class Forward:
         self.written_buffers: dict[str, None] = _NO_ENTRIES  # type: ignore[assignment]
         #: grad mode (at the checkpoint call), autocast and default dtype of the forward
         self.context = context
+        #: the wider context when the forward returned (modes, flags, hooks: ``runtime.context``)
+        self.wider: WiderContext | None = None
         #: the input tensors at forward entry: path, tensor, version (and print under early_stop=False)
         self.inputs: list[tuple[str, torch.Tensor, int, TensorPrint | None]] | tuple[()] = ()
         #: whether any input tensor requires grad (None: the inputs were not seen)
@@ -473,6 +476,10 @@ class InvocationRecord:
     #: notes of the observations of this call that failed (recheck's own failures, never the
     #: region's): each check that failed was skipped, and the call went on
     problems: tuple[str, ...] = ()
+    #: what differed in the context of the last recompute from its forward's, ``(subject, at
+    #: forward, at recompute, why)``: the causes a failure of the recompute is explained by
+    #: (``watcher.failure``)
+    context_changes: tuple[tuple[str, str, str, str], ...] = ()
 
     def __init__(
         self,
@@ -598,6 +605,10 @@ class InvocationRecord:
         forward.rng_consumed = frozenset(k for k, v in exit_state.items()
                                          if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
         forward.scope()
+        try:
+            forward.wider = wider_context(forward.scope_pairs)
+        except Exception as exc:  # noqa: BLE001 - only a failure's explanation needs it
+            self.could_not("read the context of the forward", exc)
         if forward.predicted is not None and forward.scope_pairs is not forward.predicted:
             # other modules ran than at the last invocation: those the entry did not read are
             # read now (an in-place change made by this forward itself shows in its activations)
@@ -770,9 +781,18 @@ class InvocationRecord:
         if versions:
             subject, message, detail = param_version_message(versions)
             self._add("param_version", message, subject=subject, detail=detail)
+        changes: list[tuple[str, str, str, str]] = []
         if forward.context is not None:
             for subject, message, detail in context_differences(forward.context, current_context(grad_enabled)):
                 self._add("context", message, subject=subject, detail=detail)
+                changes.append((subject, message, "", detail))
+        if forward.wider is not None:
+            try:
+                changes += wider_differences(forward.wider, wider_context(forward.scope_pairs))
+            except Exception as exc:  # noqa: BLE001 - only a failure's explanation needs it
+                self.could_not("read the context of the recompute", exc)
+        if changes or self.context_changes:
+            self.context_changes = tuple(changes)
         state_entry = forward.state(self.store)
         # a global changed outside the region is the `global` finding above, when the region reads it
         self._compare_state(forward.state_exit, state_entry, "changed between forward and recompute",
