@@ -180,6 +180,11 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     Returns:
         A :class:`~recheck.findings.Report`: the watch's findings and the twins' differences
         (``gradient``, ``state``, ``buffer``, ``rng``, ``output`` ... "from the uncheckpointed step").
+        Where the step as written raises (torch's ``CheckpointError``, an error raised during a
+        recompute) and its twin without checkpoints completes, the report holds a ``recompute``
+        finding "the step fails only when checkpointed", naming the region, the invocation, the
+        error, the first saved tensor that differed and the cause the watch saw (a mode or a
+        hook in force at forward only, a global, grad mode, autocast, a flag).
 
     Raises:
         TypeError, ValueError: for a bad option, before the step runs.
@@ -187,7 +192,8 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
             Inside a ``watch()`` block (a test ``pytest --recheck`` watches) it runs: the block's
             interception is set aside for its length, and the block notes that the step was
             checked by it.
-        Exception: whatever the step raises, after the state is restored.
+        Exception: whatever the step raises where it also fails with every checkpoint bypassed
+            (not a checkpointing hazard; a note on the error says so), after the state is restored.
 
     Example:
         >>> report = recheck.check_step(train_step)     # doctest: +SKIP

@@ -33,6 +33,14 @@ note with its size in ulp, never as a finding and never hidden.
 ``torch._functorch.config.activation_memory_budget = 1.0`` and fresh compilation (the
 partitioner then recomputes nothing), so compiler-driven recomputation is compared too.
 
+**Errors are evidence.**  When the step as written raises (torch's ``CheckpointError``, or an
+error raised while a region recomputes), what its watch saw is kept and the twin runs: where
+the twin completes, the report's finding is "the step fails only when checkpointed", with the
+region, the invocation, the error, the first differing saved tensor and the cause the watch
+saw (``watcher.failure``); where the twin fails too, the step's own error is raised with a note
+that says so.  A step whose state spans ranks raises its error with the watch's explanation
+(a rank that ran the twin alone would wait in its collectives).
+
 The check leaves no trace: the snapshot is restored after every run, also when the step
 raises.
 """
@@ -88,6 +96,8 @@ class StepRun:
     notes: list[str] = field(default_factory=list)
     #: findings of the recompute probe (checkpoint implementations no entry point reports)
     probe: list[Finding] = field(default_factory=list)
+    #: where the step as written raised: what its watch saw of the failure (``watcher.failure``)
+    failure: Any = None
 
 
 class Twin:
@@ -218,6 +228,8 @@ class Twin:
                     yield
             finally:
                 run.report = watcher.report
+                if run.error is not None:
+                    run.failure = _explained(watcher, run.error)
                 run.probe = list(probe.findings)
                 run.notes.extend(probe.notes)
                 run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
@@ -228,6 +240,34 @@ class Twin:
         run.notes.extend(bypass.notes + budget_notes)
         if not bypass.bypassed and not compiled:
             run.notes.append("the step made no checkpoint call recheck could bypass: its twin is the step itself")
+
+
+def _explained(watcher: Any, error: BaseException) -> Any:
+    """What the watch of a step that raised saw of the failure (None where that fails)."""
+    from recheck.watcher.failure import explain_failure
+
+    try:
+        return explain_failure(list(watcher.records), error)
+    except Exception:  # noqa: BLE001 - recheck's own wording: the error is still the finding's
+        return None
+
+
+def _fails_only_checkpointed(name: str, written: StepRun) -> Finding:
+    """The finding of a step that raised as written and completed with every checkpoint bypassed."""
+    from recheck.watcher.failure import FailureExplanation
+
+    error = written.error
+    assert error is not None
+    failure = written.failure
+    if failure is None:
+        text = str(error).strip().splitlines()
+        failure = FailureExplanation(one_line(f"{type(error).__name__}: {text[0] if text else ''}", 160))
+    return failure.finding(name)
+
+
+#: the note added to the error of a step that fails with every checkpoint bypassed too
+FAILS_UNCHECKPOINTED = ("recheck: the step fails without checkpointing as well (every checkpoint bypassed): "
+                        "not a checkpointing hazard, so recheck has nothing to report on it")
 
 
 def _digests_differ(written: StepRun, other: StepRun) -> bool:
@@ -443,6 +483,12 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
     return kept, [note]
 
 
+def _add_note(error: BaseException, note: str) -> None:
+    """``note`` appended to the user's ``error`` (Python 3.11+; before, the error is left as it is)."""
+    if hasattr(error, "add_note") and note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+
+
 def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
                       watch_options: Mapping[str, Any] | None = None,
                       modules: Sequence[torch.nn.Module] = (),
@@ -461,14 +507,26 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
         # compiled code: the twin resets torch._dynamo, after which the step as written would
         # run graphs compiled anew, not its own
         lean = not twin.reach.compiled
+        failed: Finding | None = None
+        unsteady: set[tuple[str, str | None]] = set()
         while True:
             written = twin.run("as written", watch_options, lean=lean)
             if written.error is not None:
-                raise written.error
+                # errors are evidence: the twin tells a failure of checkpointing from the step's own
+                if twin.spans_ranks:  # a rank that ran the twin alone would wait in its collectives
+                    if written.failure is not None:
+                        _add_note(written.error, written.failure.note())
+                    raise written.error
+                bypassed = twin.run("bypassed", {}, compiled=written.compiled or bool(twin.reach.compiled))
+                if bypassed.error is not None:
+                    _add_note(written.error, FAILS_UNCHECKPOINTED)
+                    raise written.error
+                failed = _fails_only_checkpointed(name, written)
+                break
             if lean and written.compiled:
                 lean = False
                 continue
-            unsteady: set[tuple[str, str | None]] = set()
+            unsteady = set()
             for _ in range(repeats - 1):
                 again = twin.run("as written", watch_options, reference=written)
                 if twin.agreed(lean and _digests_differ(written, again)):
@@ -485,7 +543,8 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
         try:
-            findings = _twin_findings(ctx, written, bypassed)
+            # a step that failed has no end state to compare: its failure is the finding
+            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed)
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
@@ -495,7 +554,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                          f"{shown} differ between its own runs, so their differences from the "
                          "uncheckpointed step are not attributed to checkpointing")
             findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
-        if tolerance is None:
+        if tolerance is None and failed is None:
             try:
                 findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
             except Exception as exc:  # noqa: BLE001 - recheck's own analysis: the differences stay findings

@@ -112,9 +112,30 @@ class Watch:
         DISPATCHER.exit(self)
         if self.place is None:  # the process group was set up inside the block
             self.place = current_place()
+        if exc is not None:
+            self._explain(exc)
         report = self._report = self._built_report()
         if exc_type is None and self.raise_on_finding and not report.ok:
             raise RecomputeMismatch(report)
+
+    def _explain(self, exc: BaseException) -> None:
+        """Append what the block saw of a failed recompute to ``exc`` (torch's ``CheckpointError``,
+        or an error a region raised while recomputing), and to the report's notes; the error
+        itself propagates unchanged (recheck's own failure here is only a note)."""
+        from recheck.watcher.failure import explain_failure, is_checkpoint_error
+
+        try:
+            with self._lock:
+                records = list(self.records)
+            if not (is_checkpoint_error(exc) or any(r.findings and any(
+                    d.subject == "recompute" and d.kind == "recompute" for d in r.findings) for r in records)):
+                return
+            note = explain_failure(records, exc).note()
+            if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+                exc.add_note(note)
+            self.add_note(note.replace("\n  ", "; "))
+        except Exception as failure:  # noqa: BLE001
+            self.add_note(could_not("explain the error that ended the block", failure))
 
     @property
     def report(self) -> Report:
