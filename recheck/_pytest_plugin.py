@@ -253,9 +253,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         item.user_properties.append((PROPERTY, {**report.to_dict(), "regions": regions}))
         if report.ok and report.stats.get("invocations"):
             # a failing test shows the report as its failure message; a passing one here (-rP)
-            item.add_report_section("call", "recheck", str(report))
+            item.add_report_section("call", "recheck", _text(report, item.config))
     if not report.ok:
-        pytest.fail(str(report), pytrace=False)
+        pytest.fail(_text(report, item.config), pytrace=False)
     return result
 
 
@@ -271,6 +271,30 @@ class _Collector:
         for name, value in report.user_properties:
             if name == PROPERTY and isinstance(value, dict):
                 self.settings.results.append({"nodeid": report.nodeid, **value})
+
+
+#: Where a report shown by pytest says the entries it leaves out are.
+_MORE = "pytest -v / --recheck-report"
+
+
+def _text(report: Any, config: pytest.Config, colour: bool = False) -> str:
+    """A report as text, the one renderer of every face: every entry under ``pytest -v``."""
+    from recheck.output.text import format_report
+
+    return format_report(report, verbose=config.get_verbosity() > 0, colour=colour, more=_MORE)
+
+
+def _merged(results: list[dict[str, Any]]) -> Any:
+    """Every watched test's findings in one report (a result that does not load is left out)."""
+    from recheck.findings import Report
+
+    merged = Report()
+    for result in results:
+        try:
+            merged.findings.extend(Report.from_dict({"findings": result.get("findings", [])}).findings)
+        except ValueError:
+            continue
+    return merged
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -294,6 +318,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"{sum(s.get('invocations', 0) for s in stats)} invocation(s), "
         f"{sum(s.get('verified', 0) for s in stats)} recomputation(s) verified, "
         f"{sum(len(result.get('findings', ())) for result in results)} finding(s) in {len(failing)} test(s)")
+    everything = _merged(results)
+    if everything.findings:  # the run's entries, most severe first, as every face shows a report
+        colour = bool(getattr(terminalreporter, "hasmarkup", False))  # pytest's own say (a terminal, NO_COLOR)
+        terminalreporter.write_line(_text(everything, config, colour=colour))
     for nodeid in failing:
         terminalreporter.write_line(f"  findings: {nodeid}")
     if silent:

@@ -301,8 +301,14 @@ class Report:
         merged.stats = stats
         return merged
 
+    def format(self, verbose: bool = False, colour: bool = False) -> str:
+        """The report as text (:func:`recheck.output.text.format_report`, the one renderer of
+        every face): at most ten entries, causes first, unless ``verbose``; ``colour`` for a
+        terminal."""
+        return format_report(self, verbose=verbose, colour=colour, more=_MORE)
+
     def __str__(self) -> str:
-        return format_report(self)
+        return self.format()
 
     def __repr__(self) -> str:
         return f"<Report {len(self.findings)} finding(s), ok={self.ok}>"
@@ -350,6 +356,9 @@ class Report:
             raise ValueError(f"not a JSON report: {exc}") from None
         return cls.from_dict(data)
 
+
+#: Where ``str(report)`` says the entries it leaves out are.
+_MORE = "report.format(verbose=True) / report.to_json()"
 
 #: statistics that describe one rank, never summed by :meth:`Report.merge`
 _PER_RANK_STATS = ("rank", "world_size")

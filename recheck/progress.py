@@ -30,9 +30,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+from recheck.output.text import ansi
+
 __all__ = ["Progress", "colour_enabled", "paint", "progress", "shows_progress"]
 
-_ANSI = {"red": "31", "green": "32", "yellow": "33", "bold": "1"}
 #: Seconds between redraws of a bar that has no total (so its clock keeps moving).
 _TICK = 0.5
 #: Seconds at least between two redraws as the bar advances (tqdm's mininterval).
@@ -56,10 +57,8 @@ def colour_enabled(stream: IO[str] | None = None) -> bool:
 
 
 def paint(text: str, colour: str, stream: IO[str] | None = None) -> str:
-    """``text`` in ``colour`` (red, green, yellow, bold) when ``stream`` shows colour; else as is."""
-    if not text or not colour_enabled(stream):
-        return text
-    return f"\033[{_ANSI[colour]}m{text}\033[0m"
+    """``text`` in ``colour`` (red, green, yellow, bold, dim) when ``stream`` shows colour; else as is."""
+    return ansi(text, colour, bool(text) and colour_enabled(stream))
 
 
 def shows_progress(quiet: bool = False, stream: IO[str] | None = None) -> bool:

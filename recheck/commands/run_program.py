@@ -36,7 +36,7 @@ HELP = ("run a Python program as python would, verifying every checkpoint call o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The step window, the report's path and format, and the program with its arguments."""
-    parser.usage = ("%(prog)s [--steps N] [--report PATH] [--format {text,json}] [--exit-zero] "
+    parser.usage = ("%(prog)s [--steps N] [--report PATH] [--format {text,json}] [--exit-zero] [--verbose] "
                     "(SCRIPT.py | -m MODULE) [ARGS...]")
     parser.add_argument("--steps", type=count(1), default=None, metavar="N",
                         help="watch only the first N steps (optimizer steps, or backward calls when no "
@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "report goes to stderr")
     parser.add_argument("--exit-zero", action="store_true",
                         help="exit with 0 when the program succeeded, even with findings")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="text: every entry of the report with its detail (by default at most ten, causes "
+                             "first; JSON always holds everything)")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE",
                         help="run a library module as a script (python -m MODULE); the rest are its arguments")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT.py [ARGS...]",
@@ -123,6 +126,14 @@ def _titled(report: Any, label: str, watcher: Any) -> Any:
     return report
 
 
+def _text(report: Any, verbose: bool, stream: Any = None) -> str:
+    """The report as text (the one renderer), painted when ``stream`` is a terminal that shows colour."""
+    from recheck.output.text import format_report
+    from recheck.progress import colour_enabled
+
+    return format_report(report, verbose=verbose, colour=stream is not None and colour_enabled(stream))
+
+
 def _say(text: str) -> None:
     try:
         sys.stdout.flush()  # what the program printed comes first
@@ -167,7 +178,7 @@ def run(ns: argparse.Namespace) -> int:
             return
         _say(paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
                    "runs unwatched", "bold", sys.stderr))
-        _say(str(_titled(report, label, watcher)))
+        _say(_text(_titled(report, label, watcher), ns.verbose, sys.stderr))
 
     report_path = Path(ns.report).absolute() if ns.report is not None else None  # before the program's chdir
     watcher = ProgramWatch(ns.steps, options, on_window_end=window_ended)
@@ -180,7 +191,7 @@ def run(ns: argparse.Namespace) -> int:
     findings = 0 if report.ok else len(report)
     outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
     summary = f"recheck run: {outcome}; the program exited with status {status}"
-    text = f"{report}\n\n{summary}"
+    text = f"{_text(report, ns.verbose)}\n\n{summary}"
     from recheck.output.json import dumps
 
     document = _document(ns, label, [target, *args], watcher, status, report)
@@ -195,7 +206,8 @@ def run(ns: argparse.Namespace) -> int:
         _say(rendered)
     else:
         _say(paint("recheck run: summary", "bold", sys.stderr))
-        _say(f"{report}\n\n{paint(summary, 'red' if findings else 'green', sys.stderr)}")
+        closing = paint(summary, "red" if findings else "green", sys.stderr)
+        _say(f"{_text(report, ns.verbose, sys.stderr)}\n\n{closing}")
     if report_path is not None:
         try:
             report_path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ A finding is :meth:`recheck.findings.Finding.to_dict` (``kind``, ``message``, ``
 them (ruff's layout), a report (``recheck check``, ``watch()``, the pytest plugin) is
 :meth:`recheck.findings.Report.to_dict`, whose ``findings`` are the same records.  Loading
 goes through :meth:`recheck.findings.Report.from_dict`, which validates every field.
+``recheck check`` prints :func:`check_document` (or :func:`steps_document` with ``--step``),
+``recheck cost`` its reports' own documents, all through :func:`dumps`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from recheck.findings import Finding
 
-__all__ = ["dumps", "finding_list", "statistics_list"]
+__all__ = ["check_document", "dumps", "finding_list", "statistics_list", "steps_document"]
 
 
 def dumps(value: Any) -> str:
@@ -36,3 +38,24 @@ def statistics_list(findings: Sequence[Finding], names: Mapping[str, str],
     rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
     return [{"code": code, "name": names.get(str(code), ""), "count": count,
              "fixable": code in fixable} for code, count in rows]
+
+
+def _outcomes(outcomes: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """``{"target": label, **outcome.to_dict()}`` each: a report, or an error's ``error`` and ``traceback``."""
+    return [{"target": label, **outcome.to_dict()} for label, outcome in outcomes]
+
+
+def check_document(outcomes: Sequence[tuple[str, Any]], *, regions: int, with_findings: int, differences: int,
+                   errors: int, interrupted: bool, text: str) -> dict[str, Any]:
+    """``recheck check --format json``: every region's report (or error) in order, then the summary."""
+    return {"reports": _outcomes(outcomes),
+            "summary": {"regions": regions, "with_findings": with_findings, "differences": differences,
+                        "errors": errors, "interrupted": interrupted, "text": text}}
+
+
+def steps_document(outcomes: Sequence[tuple[str, Any]], *, with_findings: int, errors: int, interrupted: bool,
+                   text: str) -> dict[str, Any]:
+    """``recheck check --step ... --format json``: every step's report (or error), then the summary."""
+    return {"steps": _outcomes(outcomes),
+            "summary": {"steps": len(outcomes), "with_findings": with_findings, "errors": errors,
+                        "interrupted": interrupted, "text": text}}

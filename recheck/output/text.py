@@ -4,8 +4,16 @@ Static findings are one line each, ruff's ``path:line:col: CODE message``.  Dyna
 read like ``torch.testing.assert_close``: a numbered headline, where it happened (region,
 invocation, the checkpoint call), the indented detail and the hint.  A report that holds the
 same difference for several invocations of a region (a BatchNorm in a block called six
-times) shows it once, with the invocations it happened in (``calls 1–6 of 6``) and the first
-one's detail in full.
+times) shows it once, with the invocations it happened in (``calls 1–6 of 6``), its count
+(``×6``) and the first one's detail.
+
+:func:`format_report` is the one text renderer of a report, for every face (``recheck check``,
+``check --step``, ``recheck run``, ``pytest --recheck``, the framework callbacks, ``str(report)``):
+a report is read in a minute, so by default it shows at most :data:`ENTRIES_SHOWN` entries,
+causes before the differences they cause (:data:`SEVERITY`), and says how many more
+``verbose=True`` (or the JSON report) lists; the detail of each difference is shown while the
+report has at most :data:`DETAILED` entries.  Colour is the caller's choice (``colour=True``
+when the text goes to a terminal that shows it, :func:`recheck.progress.colour_enabled`).
 
 This module imports nothing from recheck at run time (the findings are read by attribute),
 so :class:`recheck.findings.Report` can render itself through it.
@@ -19,12 +27,36 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Finding, Invocation, Report
 
-__all__ = ["FIRST_LINE", "format_finding", "format_findings", "format_report", "group",
-           "lint_statistics", "lint_summary", "printable", "span"]
+__all__ = ["DETAILED", "ENTRIES_SHOWN", "FIRST_LINE", "SEVERITY", "ansi", "entries", "format_finding",
+           "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span"]
 
 #: The first line of a report with dynamic findings.
 FIRST_LINE = "recheck: recomputation differs from the original forward"
 _INDENT = "      "
+
+#: Dynamic finding kinds from the most severe: the causes first (a parameter changed, an input
+#: mutated, an RNG, the context, a global, state written, a buffer, an effect run again), then
+#: the differences they cause (saved tensors, the output, a gradient).  A kind not listed
+#: comes last.
+SEVERITY: tuple[str, ...] = ("param_version", "input_mutation", "rng", "context", "global", "state", "buffer",
+                             "side_effect", "recompute", "output", "gradient")
+#: Entries a report shows unless ``verbose``; the rest are counted on one line.
+ENTRIES_SHOWN = 10
+#: A report of at most this many entries shows each one's detail; a longer one shows the
+#: headline, the location and the hint of each (the detail is in ``verbose`` and JSON).
+DETAILED = 3
+#: Layer classes the header counts findings of (the most found first), the rest counted.
+_LAYERS_SHOWN = 5
+
+#: The ANSI SGR codes of the colours text may be painted in (the one table: progress uses it).
+_ANSI = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
+
+
+def ansi(text: str, colour: str, enabled: bool = True) -> str:
+    """``text`` in ``colour`` (red, green, yellow, bold, dim) when ``enabled``; else as is."""
+    if not text or not enabled:
+        return text
+    return f"\033[{_ANSI[colour]}m{text}\033[0m"
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -106,26 +138,34 @@ def _tags(all_tags: Sequence[Mapping[str, Any]]) -> str:
 
 
 def format_finding(finding: Finding, number: int | None = None,
-                   invocations: Sequence[Invocation] | None = None) -> str:
+                   invocations: Sequence[Invocation] | None = None, *, count: int = 1,
+                   detail: bool = True, colour: bool = False) -> str:
     """One finding: a headline, then the indented location, detail and hint.
 
-    ``invocations`` lists every invocation a grouped finding happened in (its own when None).
+    ``invocations`` lists every invocation a grouped finding happened in (its own when None);
+    ``count`` is how many findings the entry stands for (shown as ``×6`` when more than one).
+    ``detail=False`` leaves the detail out (headline, location and hint stay).  A finding with
+    a rule code always ends with its ``recheck explain CODE`` pointer.
     """
     if finding.kind == "lint":
         return f"{printable(finding.location or '')}: {finding.code} {finding.message}"
     prefix = f"[{number}] " if number is not None else ""
     tag = " (latent)" if finding.latent else ""
-    lines = [f"{prefix}{finding.kind}{tag}: {finding.message}"]
+    times = f" ×{count}" if count > 1 else ""
+    lines = [f"{ansi(f'{prefix}{finding.kind}{tag}:', 'yellow', colour)} {finding.message}{times}"]
     indent = _INDENT if number is not None else "    "
     if invocations is None:
         invocations = [finding.invocation] if finding.invocation is not None else []
     where = _location(invocations, finding.region)
     if where and (number is None or len(invocations) > 1 or invocations and _says_more(invocations[0])):
         lines.append(indent + where)
-    for text in finding.detail.splitlines():
-        lines.append(indent + text if text else "")
+    if detail:
+        for text in finding.detail.splitlines():
+            lines.append(indent + text if text else "")
     if finding.hint:
         lines.append(f"{indent}hint: {finding.hint}")
+    if finding.code and f"recheck explain {finding.code}" not in (finding.hint or ""):
+        lines.append(f"{indent}see `recheck explain {finding.code}`")
     return "\n".join(lines)
 
 
@@ -158,27 +198,88 @@ def group(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation]]]
     return list(groups.values())
 
 
-def format_report(report: Report) -> str:
-    """The whole report: first line, title, numbered dynamic findings, static lines, notes."""
+def _severity(finding: Finding) -> tuple[int, bool]:
+    kind = finding.kind
+    return (SEVERITY.index(kind) if kind in SEVERITY else len(SEVERITY), finding.latent)
+
+
+def entries(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation], int]]:
+    """The entries of a report: dynamic findings grouped as :func:`group` does, each with how
+    many findings it stands for, the most severe first (:data:`SEVERITY`: causes before the
+    differences they cause, a latent finding after an executed one of its kind); entries of one
+    severity keep the order they were found in."""
+    findings = list(findings)
+    counts: Counter[tuple] = Counter(_group_key(f) for f in findings)
+    grouped = [(first, invocations, counts[_group_key(first)]) for first, invocations in group(findings)]
+    return sorted(grouped, key=lambda e: _severity(e[0]))
+
+
+def _layer(region: str) -> str:
+    """The layer class of a region's name: ``Block`` for ``Block.forward (m.py:8)``."""
+    return region.split(" (", 1)[0].split(".", 1)[0]
+
+
+def _by_layer(findings: Sequence[Finding]) -> str:
+    """``Block 12 in 2 regions, Attention 3``: findings per layer class, most first, at most
+    five classes ("" when they are all in one region: the title names it)."""
+    regions = {f.region for f in findings if f.region}
+    if len(regions) < 2:
+        return ""
+    found: Counter[str] = Counter(_layer(f.region) for f in findings if f.region)
+    places: Counter[str] = Counter(_layer(r) for r in regions)
+    ranked = sorted(found.items(), key=lambda item: (-item[1], item[0]))
+    shown = [f"{layer} {count}" + (f" in {places[layer]} regions" if places[layer] > 1 else "")
+             for layer, count in ranked[:_LAYERS_SHOWN]]
+    if len(ranked) > _LAYERS_SHOWN:
+        shown.append(f"{len(ranked) - _LAYERS_SHOWN} more classes")
+    return ", ".join(shown)
+
+
+def format_report(report: Report, *, verbose: bool = False, colour: bool = False,
+                  more: str = "--verbose / JSON") -> str:
+    """The whole report, the one text form of every face: first line, title (what was
+    checked or watched), findings per layer class, the entries most severe first, static
+    lines, notes.
+
+    Unless ``verbose``, at most :data:`ENTRIES_SHOWN` entries are shown, then one line says how
+    many more there are and where they are (``more``: ``--verbose / JSON`` on the command line);
+    a report of more than :data:`DETAILED` entries leaves each one's detail out.  ``colour``
+    paints the first line, each entry's headline and the cut line with ANSI codes (only for a
+    terminal that shows colour: the caller decides).
+    """
     dynamic = [f for f in report.findings if f.kind != "lint"]
     static = [f for f in report.findings if f.kind == "lint"]
     lines: list[str] = []
     if dynamic:
-        lines.append(f"{FIRST_LINE} ({_plural(len(dynamic), 'difference')})")
+        lines.append(ansi(f"{FIRST_LINE} ({_plural(len(dynamic), 'difference')})", "red", colour))
     elif not static:
-        lines.append("recheck: no difference found")
+        lines.append(ansi("recheck: no difference found", "green", colour))
     if report.title:
         lines.append("")
         lines.extend("  " + t for t in report.title.splitlines())
-    for number, (finding, invocations) in enumerate(group(dynamic), 1):
-        lines.append("")
-        text = format_finding(finding, number, invocations or None)
+    layers = _by_layer(dynamic)
+    if layers:
+        lines.append(f"  findings by layer  {layers}")
+    listed = entries(dynamic)
+    shown = listed if verbose else listed[:ENTRIES_SHOWN]
+    detail = verbose or len(listed) <= DETAILED
+    for number, (finding, invocations, count) in enumerate(shown, 1):
+        if detail or number == 1:  # headlines alone read as a list: no blank line between them
+            lines.append("")
+        text = format_finding(finding, number, invocations or None, count=count, detail=detail, colour=colour)
         lines.extend("  " + t if t else "" for t in text.splitlines())
+    if len(shown) < len(listed):
+        hidden = listed[len(shown):]
+        noun = "entry" if len(hidden) == 1 else "entries"
+        cut = f"{len(hidden)} more {noun} ({_plural(sum(c for _, _, c in hidden), 'finding')}) in {more}"
+        lines.extend(["", "  " + ansi(cut, "bold", colour)])
+    elif not detail:
+        lines.extend(["", "  " + ansi(f"the detail of each difference is in {more}", "dim", colour)])
     for finding in static:
         lines.append(format_finding(finding))
     if report.notes:
         lines.append("")
-        lines.extend(f"note: {n}" for n in report.notes)
+        lines.extend(f"{ansi('note:', 'bold', colour)} {n}" for n in report.notes)
     return "\n".join(lines)
 
 
