@@ -20,19 +20,20 @@ Exit codes: 0 measured (with ``--suggest``: a plan measured within the budget an
 budget, 2 usage, import or measurement error (a failing rank is named, with its traceback;
 a step that raises or calls ``sys.exit`` is such an error, whatever its exit code; with
 ``--suggest`` also no repeated unit, or no plan fits).  torch is imported only inside
-:func:`run`.
+:func:`run`.  Every JSON form is printed through :func:`recheck.output.json.dumps`, as every
+face prints its JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 
 from recheck.commands.arguments import count
 from recheck.cost.pipeline.schedules import KINDS as SCHEDULE_KINDS
 from recheck.cost.units import parse_bytes
+from recheck.output.json import dumps
 
 NAME = "cost"
 HELP = (
@@ -190,7 +191,7 @@ def run(ns: argparse.Namespace) -> int:
     except UserCodeFailed as exc:  # the user's step failed or exited, or it is not a step: no traceback dump
         return _error(f"measuring {target.label} failed: {exc}")
     if ns.format == "json":
-        print(comparison.to_json())
+        print(dumps(comparison.to_dict()))
     else:
         print(comparison)
     if ns.plot:
@@ -226,7 +227,7 @@ def _run_ranks(ns: argparse.Namespace) -> int:
             return _error(outcome)
         reports += outcome
     if ns.format == "json":
-        print(json.dumps(stages_to_dict(reports, spec), indent=2))
+        print(dumps(stages_to_dict(reports, spec)))
     else:
         print(render_stages(reports, spec))
     return 0
@@ -251,7 +252,7 @@ def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) ->
     except UserCodeFailed as exc:  # the user's step failed or exited: say so, no traceback dump
         return _error(f"measuring {label} failed: {exc}")
     if ns.format == "json":
-        print(json.dumps(plan_to_dict(predictions, ns.schedule, ns.microbatches, label), indent=2))
+        print(dumps(plan_to_dict(predictions, ns.schedule, ns.microbatches, label)))
     else:
         print(render_plan(predictions, ns.schedule, ns.microbatches, label))
     return 0
@@ -290,7 +291,7 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
         except OSError as exc:
             return _error(f"cannot write the plan to {ns.save_plan}: {exc.strerror or exc}")
     if ns.format == "json":
-        print(json.dumps(suggestion.to_dict(), indent=2))
+        print(dumps(suggestion.to_dict()))
     else:
         print(suggestion)
     if ns.save_plan:
