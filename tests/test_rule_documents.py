@@ -28,7 +28,10 @@ CHECKPOINT_ENTRY_POINTS = {"checkpoint", "checkpoint_sequential"}
 
 RULES = all_rules()
 CODES = [rule.code for rule in RULES]
-REGION_CODES = [code for code in CODES if code.startswith("RC1") or code == "RC002"]
+#: rules about what happens around a region, not inside one: their documents show a wrapper
+#: (tested below on its own) and define no region_example()
+AROUND_REGION_CODES = {"RC111"}
+REGION_CODES = [code for code in CODES if (code.startswith("RC1") or code == "RC002") and code not in AROUND_REGION_CODES]
 STEP_CODES = [code for code in CODES if code.startswith("RC2")]
 #: rules whose hazard exists only under the reentrant implementation: their Example passes
 #: ``use_reentrant=True`` (and ``CHECK_OPTIONS`` says so to the checker)
@@ -336,6 +339,31 @@ def test_hazard_region_really_differs(code):
         # The global itself is not observed here; its effect on the gradients is.
         assert "gradient" in seen
     assert seen & set(rule.runtime_kinds), (seen, rule.runtime_kinds)
+
+
+def _steered_gradients(source: str, monkeypatch, checkpointed: bool) -> list:
+    import torch
+    import torch.utils.checkpoint
+
+    if not checkpointed:
+        monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda fn, *args, **kwargs: fn(*args))
+    try:
+        module = _load(source, "rule_example")
+        torch.manual_seed(0)
+        steered = module.Steered()
+        x = torch.randn(4, 8, requires_grad=True)
+        steered(x).pow(2).sum().backward()
+        return [x.grad.clone(), *(p.grad.clone() for p in steered.parameters())]
+    finally:
+        monkeypatch.undo()
+
+
+def test_temporary_hook_example_changes_the_gradients_and_the_fix_does_not(monkeypatch):
+    rule = get_rule("RC111")
+    for source, differs in ((rule.examples[0], True), (rule.clean_examples[0], False)):
+        plain = _steered_gradients(source, monkeypatch, checkpointed=False)
+        ckpt = _steered_gradients(source, monkeypatch, checkpointed=True)
+        assert (not _same(plain, ckpt)) is differs
 
 
 def test_input_mutation_example_raises_in_non_reentrant_and_is_silent_in_reentrant():

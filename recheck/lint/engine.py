@@ -46,6 +46,8 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
 #: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
 HANDWRITTEN = r"enable_grad\s*\(\s*\)"
+#: A wrapper that hooks a module's forward for one call (RC111) may live in a file without a checkpoint.
+HOOKS = r"register_(?:module_)?forward(?:_pre)?_hook\s*\("
 #: A line that may carry a suppression comment (a noqa or a recheck-ignore comment).
 MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.M)
@@ -232,7 +234,7 @@ class _Run:
         #: entry points beyond the known ones: configured, then found in the tree (wrappers),
         #: each with the position of its region argument
         self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
-        self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN)] + [
+        self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN), re.compile(HOOKS)] + [
             re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
         self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)), options.cache_root)
         self.salt = ""  # the discovered entry points the facts were extracted with

@@ -25,7 +25,7 @@ from recheck.lint.outline import (
     units_with_words,
 )
 from recheck.lint.reachability import guards, optional_params
-from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint, rc109_saved_tensors_twice
+from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint, rc109_saved_tensors_twice, rc111_temporary_hook
 from recheck.lint.rules.rc002_preserve_rng import random_draw
 from recheck.lint.scope import (
     FUNCTION_NODES,
@@ -95,6 +95,8 @@ def extract(source: str, path: str, module: str, is_package: bool = False,
 #: holding ``heckpoint`` are found by one scan for it (see ``FileExtraction.must_analyse``).
 ENTRY_WORDS = frozenset({name.rsplit(".", 1)[-1] for name in ENTRY_POINTS} | CHECKPOINTING_CLASSES | ENTRY_ATTRIBUTES)
 _FRAGMENT = "heckpoint"
+#: a unit that registers forward hooks is analysed at once: its temporary hooks are file facts (RC111)
+HOOK_FRAGMENTS = ("forward_hook", "forward_pre_hook")
 
 
 class FileExtraction:
@@ -166,6 +168,7 @@ class FileExtraction:
         found = units_with_words(self.text, self.units, sorted(words - spelled), [(_FRAGMENT, frozenset(spelled))],
                                  used=True)
         found |= units_with_words(self.text, self.units, (), [("enable_grad", frozenset())])
+        found |= units_with_words(self.text, self.units, (), [(f, frozenset()) for f in HOOK_FRAGMENTS])
         return {self.units[i].name for i in found}
 
     def analyse(self, names: Iterable[str]) -> list[str]:
@@ -358,6 +361,7 @@ class _Extractor:
         for child in nested:
             if type(child) in _DEFS:
                 facts.methods[child.name] = f"{qualname}.{child.name}"  # type: ignore[attr-defined]
+                self.module.function_nodes.setdefault(facts.methods[child.name], child)  # type: ignore[attr-defined]
         for statement in node.body:
             if (type(statement) is ast.Assign and len(statement.targets) == 1 and type(statement.targets[0]) is ast.Name
                     and type(statement.value) is ast.Constant and type(statement.value.value) is bool):
@@ -445,6 +449,8 @@ class _Extractor:
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
+        for span, method, refs in rc111_temporary_hook.temporary_hooks(nodes, context, self_class if bound else None):
+            self.facts.temporary_hooks.append((qualname, span, method, refs))
         if self_name is not None and bound:
             facts.self_reads, facts.self_writes = _self_data(nodes, context)
             if owner is not None and getattr(node, "name", None) == "__init__":

@@ -250,6 +250,9 @@ class FileFacts:
     file_hazards: list[Hazard] = field(default_factory=list)
     #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
     entry_attributes: list[str] = field(default_factory=list)
+    #: forward hooks a function registers and removes again before it returns (RC111):
+    #: ``(function qualname, place of the registering call, hook method, refs of the hooked module)``
+    temporary_hooks: list[tuple[str, Span, str, list[Ref]]] = field(default_factory=list)
     #: top-level definitions whose bodies were not analysed, by name, with the qualnames of
     #: the classes and functions outlined for each (see :class:`Deferred`)
     outlined: dict[str, list[str]] = field(default_factory=dict)

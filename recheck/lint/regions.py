@@ -22,6 +22,7 @@ from recheck.lint.rules import (
     rc106_batchnorm,
     rc109_saved_tensors_twice,
     rc110_container_output,
+    rc111_temporary_hook,
 )
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper
@@ -528,6 +529,43 @@ def _class_lookup(index: Index, origin: FileFacts) -> Callable[[str], tuple[bool
     return lookup
 
 
+def _temporary_hooks(index: Index, resolver: _Resolver, regions: list[Region], inside: dict[Key, Region]) -> Iterator[Hit]:
+    """RC111: hooks a function adds and removes around one call, on a module whose forward
+    runs in a region (a global hook: when the function reaches a region at all)."""
+    hooked_files = [file for file in index.files if file.temporary_hooks]
+    if not hooked_files:
+        return
+    site_files = {id(site): file.path for file in index.files for site in file.call_sites}
+    checkpointing: dict[Key, Region] = {}  # the functions that make a checkpoint call, with a region of it
+    for region in regions:
+        if region.site is not None and id(region.site) in site_files:
+            checkpointing.setdefault((site_files[id(region.site)], region.site.caller), region)
+    for file in hooked_files:
+        for qualname, span, method, refs in file.temporary_hooks:
+            function = file.functions.get(qualname)
+            if function is None:
+                continue
+            found: tuple[str, Region] | None = None
+            if refs and refs[0].name == rc111_temporary_hook.GLOBAL:
+                pseudo = Region(qualname, "", file, function)
+                for reached_file, reached, _ in _walk(resolver, pseudo, []):
+                    key = (reached_file.path, reached.qualname)
+                    running = inside.get(key) or checkpointing.get(key)
+                    if running is not None:
+                        found = ("", running)
+                        break
+            else:
+                for ref in refs:
+                    for target_file, target in resolver.functions(ref, file, function, as_target=True):
+                        running = inside.get((target_file.path, target.qualname))
+                        if running is not None and found is None:
+                            found = (target.qualname, running)
+            if found is not None:
+                hooked, region = found
+                yield Hit(file.path, rc111_temporary_hook.hazard(span, method, hooked, region.name, region.origin),
+                          region.name, None)
+
+
 def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
     """The findings of every region and every checkpoint call site, deduplicated by place.
 
@@ -535,6 +573,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
     resolver = _Resolver(index)
     hits: list[Hit] = []
     draws: dict[int, tuple[str, Span, str]] = {}
+    inside: dict[Key, Region] = {}  # every function a region runs, with the first such region
     for region in regions:
         found: list[Hit] = []
         edges: list[Edge] = []
@@ -544,6 +583,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
         reentrant = rc001_use_reentrant.runs_reentrant(region.site) if region.site is not None else None
         reached = [r for r in reached if (r[0].path, r[1].qualname) in passes or (r[0].path, r[1].qualname) == root]
         for file, function, external in reached:
+            inside.setdefault((file.path, function.qualname), region)
             if walked is not None:
                 walked.add((file.path, function.qualname))
             for hazard in function.hazards:
@@ -574,6 +614,7 @@ def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]
                 or (h.hazard.tag.startswith("read:") and h.hazard.tag[5:] in stacks))]
         seeded = {h.hazard.tag[5:] for h in found if h.hazard.tag.startswith("seed:")}
         hits.extend(h for h in found if not (h.hazard.tag.startswith("draw:") and h.hazard.tag[5:] in seeded))
+    hits += _temporary_hooks(index, resolver, regions, inside)
     by_site: dict[int, list[Region]] = {}
     for region in regions:
         if region.site is not None:
