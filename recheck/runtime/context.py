@@ -17,10 +17,11 @@ words what differs between a forward and its recompute, one entry per subject
 
 A wider context explains a recompute that fails (torch's ``CheckpointError``: the saved
 tensors' metadata differ) where none of those three differs: :func:`wider_context` reads, at
-forward and at recompute, the inference mode, the deterministic-algorithms, TF32, cuDNN and
-SDPA-backend flags, the torch-function and dispatch mode stacks, and the forward and
-forward-pre hooks in force (global, and on the region's modules); :func:`wider_differences`
-words what differs, in that order.
+forward and at recompute, the torch-function and dispatch mode stacks, the forward and
+forward-pre hooks in force (global, and on the region's modules), the inference mode, the
+deterministic-algorithms and float32 matmul precision flags (and the TF32, cuDNN and
+SDPA-backend flags where torch is built with CUDA); :func:`wider_differences` words what
+differs, in that order.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
+# the global hook dictionaries (``register_module_forward_hook`` adds to them in place)
+from torch.nn.modules.module import _global_forward_hooks as _global_hooks
+from torch.nn.modules.module import _global_forward_pre_hooks as _global_pre_hooks
 
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, GRAD_MODE_SUBJECT, autocast_subject
 
@@ -166,66 +170,43 @@ def context_differences(forward: ComputeContext, recompute: ComputeContext, *,
 # -- the wider context: what else decides what a region computes --------------------------------
 
 
-def _modes(length: Callable[[], int], stack: Callable[[], list[Any]]) -> tuple[str, ...]:
-    """The classes of the modes on a stack, innermost last (no list built while it is empty)."""
-    if not length():
-        return ()
-    return tuple(type(mode).__qualname__ for mode in stack())
-
-
-def _function_modes() -> tuple[str, ...]:
-    from torch.overrides import _get_current_function_mode_stack
-
-    return _modes(torch._C._len_torch_function_stack, _get_current_function_mode_stack)
-
-
-def _dispatch_modes() -> tuple[str, ...]:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    return _modes(torch._C._len_torch_dispatch_stack, _get_current_dispatch_mode_stack)
-
-
 def _c(name: str, public: Callable[[], Any]) -> Callable[[], Any]:
     """torch's own getter ``torch._C.<name>`` (one C call), or the public reader where it is gone."""
     getter = getattr(torch._C, name, None)
     return getter if callable(getter) else public
 
 
-_SDPA = tuple((name, _c(f"_get_{name}_sdp_enabled", getattr(torch.backends.cuda, f"{name}_sdp_enabled")))
-              for name in ("flash", "mem_efficient", "math", "cudnn"))
-_CUDNN = (_c("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
-          _c("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
-          _c("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
-          _c("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32))
+_MODE_WHY = ("a {0} entered around the forward is not in force when backward recomputes{1}: enter it inside "
+             "the checkpointed function, or pass it through checkpoint's context_fn")
+_POPPED = " (torch pops a torch-function mode while it handles a call, Tensor.backward included)"
 
-
-def _sdpa_backends() -> tuple[str, ...]:
-    return tuple(name for name, enabled in _SDPA if enabled())
-
-
-def _cudnn() -> tuple[str, ...]:
-    return tuple(name for name, read in zip(("enabled", "deterministic", "benchmark", "allow_tf32"), _CUDNN) if read())
-
-
-#: ``(subject, reader, why it matters)`` of each flag of the wider context, in the order a cause is named
-_FLAGS: tuple[tuple[str, Callable[[], Any], str], ...] = (
-    ("inference mode", torch.is_inference_mode_enabled, "tensors made under inference mode save nothing for backward"),
-    ("torch-function modes", _function_modes,
-     "a TorchFunctionMode entered around the forward is not in force when backward recomputes (torch pops a mode "
-     "while it handles a call, Tensor.backward included): enter it inside the checkpointed function, or pass it "
-     "through checkpoint's context_fn"),
-    ("dispatch modes", _dispatch_modes,
-     "a TorchDispatchMode entered around the forward is not in force when backward recomputes: enter it inside "
-     "the checkpointed function, or pass it through checkpoint's context_fn"),
-    ("deterministic algorithms", _c("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),
+#: ``(subject, getters, names of the values, why it matters)`` of each flag of the wider context, in
+#: the order a cause is named; ``names``: a flag of several values is shown by the names of those on
+_FLAGS: tuple[tuple[str, tuple[Callable[[], Any], ...], tuple[str, ...], str], ...] = (
+    ("inference mode", (torch.is_inference_mode_enabled,), (),
+     "tensors made under inference mode save nothing for backward"),
+    ("deterministic algorithms", (_c("_get_deterministic_algorithms", torch.are_deterministic_algorithms_enabled),), (),
      "torch.use_deterministic_algorithms() picks other kernels"),
-    ("TF32 matmul", _c("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
-     "TF32 matmuls round otherwise"),
-    ("float32 matmul precision", _c("_get_float32_matmul_precision", torch.get_float32_matmul_precision),
+    ("float32 matmul precision", (_c("_get_float32_matmul_precision", torch.get_float32_matmul_precision),), (),
      "matmuls round otherwise"),
-    ("cuDNN flags", _cudnn, "cuDNN picks other kernels"),
-    ("SDPA backends", _sdpa_backends, "scaled_dot_product_attention picks another kernel"),
 )
+#: the flags that only decide what runs on a CUDA device: read where torch is built with CUDA
+_CUDA_FLAGS: tuple[tuple[str, tuple[Callable[[], Any], ...], tuple[str, ...], str], ...] = (
+    ("TF32 matmul", (_c("_get_cublas_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),), (),
+     "TF32 matmuls round otherwise"),
+    ("cuDNN flags", (_c("_get_cudnn_enabled", lambda: torch.backends.cudnn.enabled),
+                     _c("_get_cudnn_deterministic", lambda: torch.backends.cudnn.deterministic),
+                     _c("_get_cudnn_benchmark", lambda: torch.backends.cudnn.benchmark),
+                     _c("_get_cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32)),
+     ("enabled", "deterministic", "benchmark", "allow_tf32"), "cuDNN picks other kernels"),
+    ("SDPA backends", tuple(_c(f"_get_{name}_sdp_enabled", getattr(torch.backends.cuda, f"{name}_sdp_enabled"))
+                            for name in ("flash", "mem_efficient", "math", "cudnn")),
+     ("flash", "mem_efficient", "math", "cudnn"), "scaled_dot_product_attention picks another kernel"),
+)
+if torch.backends.cuda.is_built():  # (a build flag: no driver call at import)
+    _FLAGS += _CUDA_FLAGS
+#: every getter of :data:`_FLAGS`, in order, called in one pass
+_GETTERS: tuple[Callable[[], Any], ...] = tuple(g for _, getters, _, _ in _FLAGS for g in getters)
 
 _HOOKS_WHY = ("a hook in force for the forward and removed before backward does not run in the recompute (or one "
               "added since runs only there): register it for as long as the graph lives, or inside the region")
@@ -237,15 +218,30 @@ def _hook_name(hook: Any) -> str:
     return str(name)
 
 
+def _mode_names(stack: list[Any]) -> tuple[str, ...]:
+    return tuple([type(mode).__qualname__ for mode in stack])
+
+
+def _modes() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The classes of the torch-function and dispatch modes in force, innermost last."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return _mode_names(_get_current_function_mode_stack()), _mode_names(_get_current_dispatch_mode_stack())
+
+
+_len_function_stack = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
+_len_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_NO_MODES: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
 def _hooks(modules: Iterable[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``(where, hook names)`` for each hook dictionary with hooks: global, then each module's."""
-    from torch.nn.modules import module as module_module
-
     found = []
-    for where, hooks in (("global forward hooks", module_module._global_forward_hooks),
-                         ("global forward-pre hooks", module_module._global_forward_pre_hooks)):
-        if hooks:
-            found.append((where, tuple(map(_hook_name, hooks.values()))))
+    if _global_hooks or _global_pre_hooks:
+        for where, hooks in (("global forward hooks", _global_hooks), ("global forward-pre hooks", _global_pre_hooks)):
+            if hooks:
+                found.append((where, tuple(map(_hook_name, hooks.values()))))
     for name, module in modules:
         if module._forward_hooks:
             found.append((f"forward hooks of `{name or type(module).__name__}`",
@@ -256,23 +252,30 @@ def _hooks(modules: Iterable[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, t
     return tuple(found)
 
 
-#: What :func:`wider_context` returns: the flags' values in :data:`_FLAGS` order, then the hooks
-WiderContext = tuple[tuple[Any, ...], tuple[tuple[str, tuple[str, ...]], ...]]
+#: What :func:`wider_context` returns: the flags' values (:data:`_GETTERS` order), the torch-function
+#: and dispatch modes, the hooks
+WiderContext = tuple[tuple[Any, ...], tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[str, tuple[str, ...]], ...]]
 
 
 def wider_context(modules: Iterable[tuple[str, torch.nn.Module]] = ()) -> WiderContext:
     """The wider context now (see the module docstring); ``modules``: the region's, named.
 
-    A flag this torch cannot read is left out (its value None).  Read at every forward and
-    recompute ``watch()`` sees: a few calls into torch, and a look at each module's hook
-    dictionaries."""
-    values = []
-    for _, read, _ in _FLAGS:
-        try:
-            values.append(read())
-        except Exception:  # noqa: BLE001 - a flag this build does not have
-            values.append(None)
-    return tuple(values), _hooks(modules)
+    Read at every forward and recompute ``watch()`` sees: one pass over a few getters of
+    torch's, the mode stacks only where one is in force, a look at each module's hook
+    dictionaries.  A flag this torch cannot read is None."""
+    try:
+        flags = tuple([getter() for getter in _GETTERS])
+    except Exception:  # noqa: BLE001 - a flag this build cannot read: the others, one by one
+        flags = tuple(map(_read, _GETTERS))
+    modes = _modes() if _len_function_stack() or _len_dispatch_stack() else _NO_MODES
+    return flags, modes, _hooks(modules)
+
+
+def _read(getter: Callable[[], Any]) -> Any:
+    try:
+        return getter()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _shown(value: Any) -> str:
@@ -285,16 +288,30 @@ def _shown(value: Any) -> str:
 
 def wider_differences(forward: WiderContext, recompute: WiderContext) -> list[tuple[str, str, str, str]]:
     """``(subject, at forward, at recompute, why it matters)`` for each part of the wider context
-    that differs, in the order of :data:`_FLAGS`, then the hooks (empty where all is alike)."""
+    that differs: the mode stacks, the hooks, then the flags of :data:`_FLAGS` (empty where all
+    is alike)."""
     if forward == recompute:
         return []
     found = []
-    for (subject, _, why), then, now in zip(_FLAGS, forward[0], recompute[0]):
-        if then != now and then is not None and now is not None:
-            found.append((subject, _shown(then), _shown(now), why))
-    hooks_then, hooks_now = dict(forward[1]), dict(recompute[1])
+    for subject, then_modes, now_modes, why in (
+            ("torch-function modes", forward[1][0], recompute[1][0], _MODE_WHY.format("TorchFunctionMode", _POPPED)),
+            ("dispatch modes", forward[1][1], recompute[1][1], _MODE_WHY.format("TorchDispatchMode", ""))):
+        if then_modes != now_modes:
+            found.append((subject, _shown(then_modes), _shown(now_modes), why))
+    hooks_then, hooks_now = dict(forward[2]), dict(recompute[2])
     for where in dict.fromkeys([*hooks_then, *hooks_now]):
         then, now = hooks_then.get(where, ()), hooks_now.get(where, ())
         if then != now:
             found.append((where, _shown(then), _shown(now), _HOOKS_WHY))
+    at = 0
+    for subject, getters, names, why in _FLAGS:
+        values_then, values_now = forward[0][at:at + len(getters)], recompute[0][at:at + len(getters)]
+        at += len(getters)
+        if values_then == values_now or None in values_then or None in values_now:
+            continue
+        if names:
+            found.append((subject, _shown(tuple(n for n, v in zip(names, values_then) if v)),
+                          _shown(tuple(n for n, v in zip(names, values_now) if v)), why))
+        else:
+            found.append((subject, _shown(values_then[0]), _shown(values_now[0]), why))
     return found
