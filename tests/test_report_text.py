@@ -8,6 +8,7 @@ terminal that shows it (``NO_COLOR`` respected); JSON keeps everything, in its o
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -210,3 +211,27 @@ def test_the_layer_line_names_five_classes_and_counts_the_others():
     found = [_finding("state", n, code="RC104", region=f"Layer{n}.forward (m.py:{n})") for n in range(8)]
     line = next(t for t in format_report(Report(found)).splitlines() if "findings by layer" in t)
     assert line.endswith("Layer4 1, 3 more classes")
+
+
+# --- recheck run: the same renderer on stderr, --verbose, plain in a pipe ---
+
+MANY_HAZARDS_PROGRAM = MANY_HAZARDS + """
+test_many_hazards()
+"""
+
+
+def test_run_cuts_its_report_unless_verbose_and_is_plain_in_a_pipe(tmp_path):
+    import subprocess
+
+    program = tmp_path / "many.py"
+    program.write_text(MANY_HAZARDS_PROGRAM, encoding="utf-8")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "recheck", "run", *args, str(program)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": ""})
+
+    short, full = run(), run("--verbose")
+    assert short.returncode == full.returncode == 1, short.stderr
+    assert "more entries" in short.stderr and "[11]" not in short.stderr
+    assert "[12] global" in full.stderr and "more entries" not in full.stderr
+    assert not ESCAPE.search(short.stderr + full.stderr)  # stderr is a pipe here: never painted
