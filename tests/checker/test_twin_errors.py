@@ -182,3 +182,23 @@ def test_step():
     result.stdout.fnmatch_lines(["*CheckpointError*",
                                  "*recheck: the recompute of a checkpointed region differs from its forward*",
                                  "*cause: forward hooks of `proj` were [[]group_pairs[]] at forward and [[][]] at recompute*"])
+
+
+def test_a_failure_of_the_explanation_never_replaces_the_users_error(monkeypatch):
+    import recheck.watcher.failure as failure
+
+    def broken(records, exc):
+        raise RuntimeError("recheck's own bug")
+
+    monkeypatch.setattr(failure, "explain_failure", broken)
+    step, _ = fixture("forward_only_hooks").make_step()
+    with pytest.raises(CheckpointError) as raised:
+        with recheck.watch(raise_on_finding=False) as watched:
+            _quiet(step)
+    assert not getattr(raised.value, "__notes__", [])
+    assert any(note.startswith("could not explain the error that ended the block: RuntimeError: recheck's own bug")
+               for note in watched.report.notes)
+    step, _ = fixture("forward_only_hooks").make_step()
+    report = _quiet(recheck.check_step, step)  # the finding still says what failed, without the cause
+    failed = [f for f in report.findings if f.subject == ONLY_WHEN_CHECKPOINTED]
+    assert len(failed) == 1 and "CheckpointError" in failed[0].message
