@@ -142,21 +142,6 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _document(ns: argparse.Namespace, label: str, argv: list[str], watcher: Any, status: int,
-              report: Any) -> dict[str, Any]:
-    """The JSON report: the run (program, argv, steps, exit status) and the watch report."""
-    return {
-        "program": label,
-        "module": ns.module is not None,
-        "argv": argv,
-        "steps": {"asked": watcher.steps, "watched": watcher.steps_watched, "unit": watcher.unit,
-                  "optimizer_steps": watcher.optimizer_steps, "backward_calls": watcher.backward_calls,
-                  "window_ended": watcher.window_ended},
-        "program_status": status,
-        "report": report.to_dict(),
-    }
-
-
 def run(ns: argparse.Namespace) -> int:
     """Run the program inside ``watch()``; its status when it failed, else 1 for findings, else 0."""
     problem = _usage_problem(ns)
@@ -192,9 +177,9 @@ def run(ns: argparse.Namespace) -> int:
     outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
     summary = f"recheck run: {outcome}; the program exited with status {status}"
     text = f"{_text(report, ns.verbose)}\n\n{summary}"
-    from recheck.output.json import dumps
+    from recheck.output.json import dumps, run_document
 
-    document = _document(ns, label, [target, *args], watcher, status, report)
+    document = run_document(label, ns.module is not None, [target, *args], watcher, status, report)
     if watcher.place is not None:  # under a launcher: one report file per rank, as pytest --recheck writes
         from recheck.distributed.reports import rank_report_path
 

@@ -7,7 +7,8 @@ them (ruff's layout), a report (``recheck check``, ``watch()``, the pytest plugi
 :meth:`recheck.findings.Report.to_dict`, whose ``findings`` are the same records.  Loading
 goes through :meth:`recheck.findings.Report.from_dict`, which validates every field.
 ``recheck check`` prints :func:`check_document` (or :func:`steps_document` with ``--step``),
-``recheck cost`` its reports' own documents, all through :func:`dumps`.
+``recheck run`` :func:`run_document`, ``recheck cost`` its reports' own documents, all through
+:func:`dumps`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from recheck.findings import Finding
 
-__all__ = ["check_document", "dumps", "finding_list", "statistics_list", "steps_document"]
+__all__ = ["check_document", "dumps", "finding_list", "run_document", "statistics_list", "steps_document"]
 
 
 def dumps(value: Any) -> str:
@@ -59,3 +60,19 @@ def steps_document(outcomes: Sequence[tuple[str, Any]], *, with_findings: int, e
     return {"steps": _outcomes(outcomes),
             "summary": {"steps": len(outcomes), "with_findings": with_findings, "errors": errors,
                         "interrupted": interrupted, "text": text}}
+
+
+def run_document(program: str, module: bool, argv: Sequence[str], watcher: Any, status: int,
+                 report: Any) -> dict[str, Any]:
+    """``recheck run --format json``: the run (program, argv, its steps as ``watcher`` counted them,
+    exit status) and the watch report."""
+    return {
+        "program": program,
+        "module": module,
+        "argv": list(argv),
+        "steps": {"asked": watcher.steps, "watched": watcher.steps_watched, "unit": watcher.unit,
+                  "optimizer_steps": watcher.optimizer_steps, "backward_calls": watcher.backward_calls,
+                  "window_ended": watcher.window_ended},
+        "program_status": status,
+        "report": report.to_dict(),
+    }
