@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from recheck.output.text import FIRST_LINE, format_finding, format_report
+from recheck.output.text import FIRST_LINE, SEVERITY, format_finding, format_report
 
 __all__ = [
     "DYNAMIC_KINDS",
+    "Entry",
     "FIRST_LINE",
     "KINDS",
     "LINT",
@@ -28,6 +29,7 @@ __all__ = [
     "could_not",
     "one_line",
     "one_line_pair",
+    "report_entries",
 ]
 
 #: The dynamic kinds, each with the one-line meaning every face of recheck uses.
@@ -233,6 +235,234 @@ class Finding:
         """Human-readable text: one headline, then the indented detail and hint."""
         return format_finding(self, number)
 
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a report: the findings that read as one hazard (:func:`report_entries`).
+
+    ``form`` says how the findings were joined:
+
+    * ``"finding"``: one finding, or the same finding in several invocations of its region;
+    * ``"values"``: one subject of one region whose message differs only by a value, one per
+      call (a counter: ``self.calls: 1 -> 2``, ``3 -> 4``, ``5 -> 6``), listed in ``values``;
+    * ``"modules"``: one hazard in several modules (``modules``: each ``region: path``) or on
+      several attributes of each (``family``: the buffers of a BatchNorm one recompute
+      changed, ``running_mean``, ``running_var``, ``num_batches_tracked``), over ``regions``;
+    * ``"consequences"``: end-of-step differences from the uncheckpointed twin (parameters,
+      gradients, optimizer state) that follow from a cause the watched run reported.
+
+    ``message`` is the entry's headline (the first finding's for ``"finding"``); ``findings``
+    is every finding the entry stands for, in the order found.
+    """
+
+    form: str
+    message: str
+    findings: tuple[Finding, ...]
+    regions: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    family: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def count(self) -> int:
+        return len(self.findings)
+
+    @property
+    def invocations(self) -> list[Invocation]:
+        """The invocations of the entry's findings, each (region-local index) once, in order."""
+        seen: dict[tuple, Invocation] = {}
+        for finding in self.findings:
+            inv = finding.invocation
+            if inv is not None:
+                seen.setdefault((inv.index, inv.of, inv.callsite, tuple(sorted(map(str, inv.tags.items())))), inv)
+        return list(seen.values())
+
+
+def report_entries(findings: Iterable[Finding]) -> list[Entry]:
+    """The entries of a report, the most severe first: the one grouping of findings every face
+    renders (``recheck.output.text``), computed from the findings alone.
+
+    1. In a ``check_step`` report, the end-of-step differences from the uncheckpointed twin
+       (no invocation) that follow from a cause the watched run reported (pointed at it by a
+       ``likely cause`` hint, or a stream with no rule of its own) are one ``consequences``
+       entry, last.
+    2. One hazard in several modules is one ``modules`` entry: findings whose message names
+       their subject ``a.b.attr`` and reads the same with the name left out are joined; the
+       attributes one recompute changed in one module (``bn.running_mean``, ``bn.running_var``,
+       ``bn.num_batches_tracked``) are the family, and modules of the same family join.
+    3. One subject of one region whose message differs only by a value per call (a counter)
+       is one ``values`` entry.
+    4. The rest: one finding, or the same finding over several invocations.
+
+    Entries of one severity (:data:`SEVERITY`; a latent one after an executed one) keep the
+    order they were found in.  Static (``lint``) findings are not entries.
+    """
+    dynamic = [f for f in findings if f.kind != LINT]
+    watched_cause = any(f.invocation is not None for f in dynamic)
+    consequences = [f for f in dynamic if watched_cause and _is_consequence(f)]
+    taken = {id(f) for f in consequences}
+    rest = [f for f in dynamic if id(f) not in taken]
+    entries = _module_entries(rest, taken)
+    rest = [f for f in rest if id(f) not in taken]
+    entries += _value_entries(rest, taken)
+    rest = [f for f in rest if id(f) not in taken]
+    folded: dict[tuple, list[Finding]] = {}
+    for finding in rest:
+        folded.setdefault(_fold_key(finding), []).append(finding)
+    entries += [Entry("finding", group[0].message, tuple(group), _regions(group)) for group in folded.values()]
+    order = {id(f): n for n, f in enumerate(dynamic)}
+    entries.sort(key=lambda e: (*_severity(e.first), order[id(e.first)]))
+    if consequences:
+        entries.append(Entry("consequences", _consequence_message(consequences), tuple(consequences),
+                             _regions(consequences)))
+    return entries
+
+
+def _severity(finding: Finding) -> tuple[int, bool]:
+    kind = finding.kind
+    return (SEVERITY.index(kind) if kind in SEVERITY else len(SEVERITY), finding.latent)
+
+
+def _regions(findings: Iterable[Finding]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f.region for f in findings if f.region))
+
+
+def _is_consequence(finding: Finding) -> bool:
+    """An end-of-step difference from the twin explained by a watched cause: pointed at it
+    (``likely cause``), or without a rule of its own (the RNG stream the recompute drew from)."""
+    if finding.invocation is not None:
+        return False
+    return (finding.hint or "").startswith("likely cause") or (finding.code is None and finding.hint is None)
+
+
+#: How a consequence entry counts its findings: the subject's words before the name.
+_CONSEQUENCE_NOUNS = {"parameter": "parameter", "grad of": "gradient", "optimizer state": "optimizer tensor",
+                      "buffer": "buffer"}
+
+
+def _consequence_message(findings: Sequence[Finding]) -> str:
+    """``12 parameters, 12 gradients, 24 optimizer tensors and 1 other value differ from the
+    uncheckpointed step as a consequence``."""
+    counts: dict[str, int] = {}
+    for finding in findings:
+        words = (finding.subject or "").split("`", 1)[0].strip()
+        noun = _CONSEQUENCE_NOUNS.get(words, "RNG stream" if finding.kind == "rng" else "other value")
+        counts[noun] = counts.get(noun, 0) + 1
+    parts = [f"{n} {noun}{'' if n == 1 else 's'}" for noun, n in counts.items() if noun != "other value"]
+    if "other value" in counts:
+        n = counts["other value"]
+        parts.append(f"{n} other value{'' if n == 1 else 's'}")
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    verb = "differs" if len(findings) == 1 else "differ"
+    return f"{listed} {verb} from the uncheckpointed step as a consequence"
+
+
+#: Subjects that name an attribute of a module (``buffer `bn.running_mean```), relative to the
+#: region's module; a ``global `pkg.NAME``` is a name in a Python module, not a layer.
+_MODULE_SUBJECTS = ("buffer", "attribute", "parameter")
+
+
+def _named(finding: Finding) -> tuple[str, str, str] | None:
+    """``(module path, attribute, message template)`` of a finding whose subject names a
+    dotted attribute (``buffer `layers.0.1.running_mean```) its message repeats, else None."""
+    subject = finding.subject or ""
+    parts = subject.split("`")
+    if len(parts) != 3 or "." not in parts[1] or finding.invocation is None:
+        return None
+    if parts[0].strip() not in _MODULE_SUBJECTS:
+        return None
+    name = parts[1]
+    quoted = f"`{name}`"
+    if finding.message.count(quoted) != 1:
+        return None
+    module, _, attribute = name.rpartition(".")
+    return module, attribute, finding.message.replace(quoted, "{}")
+
+
+def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
+    """``modules`` entries (step 2 of :func:`report_entries`); the findings they take go in ``taken``."""
+    named = {id(f): n for f in findings if (n := _named(f)) is not None}
+    families: dict[tuple, list[str]] = {}
+    for finding in findings:
+        if id(finding) in named:
+            module, attribute, template = named[id(finding)]
+            key = _changed_by_one_recompute(finding, module, template)
+            if attribute not in families.setdefault(key, []):
+                families[key].append(attribute)
+    groups: dict[tuple, list[Finding]] = {}
+    for finding in findings:
+        if id(finding) in named:
+            module, _, template = named[id(finding)]
+            family = tuple(families[_changed_by_one_recompute(finding, module, template)])
+            key = (finding.kind, finding.code, template, finding.hint, finding.latent, family)
+            groups.setdefault(key, []).append(finding)
+    entries = []
+    for (_, _, template, _, _, family), group in groups.items():
+        modules = tuple(dict.fromkeys(f"{f.region}: {named[id(f)][0]}" for f in group))
+        if len(modules) < 2 and len(family) < 2:
+            continue
+        names = ", ".join(f"`{a}`" for a in family)
+        regions = _regions(group)
+        where = f" in {len(modules)} module{'s' if len(modules) > 1 else ''}"
+        where += f" of {len(regions)} region{'s' if len(regions) > 1 else ''}" if regions else ""
+        entries.append(Entry("modules", template.replace("{}", names) + where, tuple(group), regions, modules,
+                             family))
+        taken.update(id(f) for f in group)
+    return entries
+
+
+def _changed_by_one_recompute(finding: Finding, module: str, template: str) -> tuple:
+    inv = finding.invocation
+    return (finding.kind, finding.code, template, finding.region, module,
+            inv.index if inv else None, inv.callsite if inv else None)
+
+
+def _value_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
+    """``values`` entries (step 3 of :func:`report_entries`): one subject of one region whose
+    message differs per call only by a value at its end (``... recompute: 1 -> 2``)."""
+    groups: dict[tuple, list[Finding]] = {}
+    for finding in findings:
+        if finding.invocation is not None and finding.subject:
+            inv = finding.invocation
+            key = (finding.kind, finding.code, finding.subject, finding.region, finding.hint, finding.latent,
+                   inv.callsite, inv.of)
+            groups.setdefault(key, []).append(finding)
+    entries = []
+    for group in groups.values():
+        messages = list(dict.fromkeys(f.message for f in group))
+        if len(messages) < 2:
+            continue
+        prefix = _common_prefix(messages)
+        values = tuple(f.message[len(prefix):] for f in group)
+        if not prefix or not all(values):
+            continue
+        entries.append(Entry("values", prefix + ", ".join(values), tuple(group), _regions(group), values=values))
+        taken.update(id(f) for f in group)
+    return entries
+
+
+def _common_prefix(messages: Sequence[str]) -> str:
+    """The messages' common beginning, up to the last ``": "`` in it (the value follows)."""
+    first = messages[0]
+    end = min(len(m) for m in messages)
+    for i in range(end):
+        if any(m[i] != first[i] for m in messages):
+            end = i
+            break
+    cut = first[:end].rfind(": ")
+    return first[: cut + 2] if cut >= 0 else ""
+
+
+def _fold_key(finding: Finding) -> tuple:
+    invocation = finding.invocation
+    return (finding.kind, finding.subject, finding.message, finding.code, finding.region,
+            finding.latent, finding.hint,
+            invocation.callsite if invocation else None, invocation.of if invocation else None)
+
+
 class Report:
     """An ordered list of findings with the notes of the run that produced them."""
 
@@ -259,6 +489,11 @@ class Report:
 
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
+
+    def entries(self) -> list[Entry]:
+        """The report's entries, causes first, repeated hazards and consequences grouped
+        (:func:`report_entries`); the findings themselves stay as they are."""
+        return report_entries(self.findings)
 
     def by_kind(self, kind: str) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]

@@ -21,13 +21,14 @@ so :class:`recheck.findings.Report` can render itself through it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.findings import Finding, Invocation, Report
+    from recheck.findings import Entry, Finding, Invocation, Report
 
-__all__ = ["DETAILED", "ENTRIES_SHOWN", "FIRST_LINE", "SEVERITY", "ansi", "entries", "format_finding",
+__all__ = ["DETAILED", "ENTRIES_SHOWN", "FIRST_LINE", "SEVERITY", "ansi", "format_entry", "format_finding",
            "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span"]
 
 #: The first line of a report with dynamic findings.
@@ -37,7 +38,8 @@ _INDENT = "      "
 #: Dynamic finding kinds from the most severe: the causes first (a parameter changed, an input
 #: mutated, an RNG, the context, a global, state written, a buffer, an effect run again), then
 #: the differences they cause (saved tensors, the output, a gradient).  A kind not listed
-#: comes last.
+#: comes after them, and the grouped consequences of a step (differences from its twin that a
+#: watched cause explains) come last.
 SEVERITY: tuple[str, ...] = ("param_version", "input_mutation", "rng", "context", "global", "state", "buffer",
                              "side_effect", "recompute", "output", "gradient")
 #: Entries a report shows unless ``verbose``; the rest are counted on one line.
@@ -198,22 +200,6 @@ def group(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation]]]
     return list(groups.values())
 
 
-def _severity(finding: Finding) -> tuple[int, bool]:
-    kind = finding.kind
-    return (SEVERITY.index(kind) if kind in SEVERITY else len(SEVERITY), finding.latent)
-
-
-def entries(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation], int]]:
-    """The entries of a report: dynamic findings grouped as :func:`group` does, each with how
-    many findings it stands for, the most severe first (:data:`SEVERITY`: causes before the
-    differences they cause, a latent finding after an executed one of its kind); entries of one
-    severity keep the order they were found in."""
-    findings = list(findings)
-    counts: Counter[tuple] = Counter(_group_key(f) for f in findings)
-    grouped = [(first, invocations, counts[_group_key(first)]) for first, invocations in group(findings)]
-    return sorted(grouped, key=lambda e: _severity(e[0]))
-
-
 def _layer(region: str) -> str:
     """The layer class of a region's name: ``Block`` for ``Block.forward (m.py:8)``."""
     return region.split(" (", 1)[0].split(".", 1)[0]
@@ -233,6 +219,51 @@ def _by_layer(findings: Sequence[Finding]) -> str:
     if len(ranked) > _LAYERS_SHOWN:
         shown.append(f"{len(ranked) - _LAYERS_SHOWN} more classes")
     return ", ".join(shown)
+
+
+#: Regions an entry over several regions names before counting the rest.
+_REGIONS_SHOWN = 3
+
+
+def format_entry(entry: Entry, number: int, *, detail: bool = True, listed: bool = False, colour: bool = False,
+                 more: str = "--verbose / JSON") -> str:
+    """One entry of a report (:func:`recheck.findings.report_entries`): its headline with its
+    count, where, the first finding's detail and hint; ``listed`` (``--verbose``) adds every
+    finding a grouped entry stands for, one line each (the JSON report holds them too)."""
+    first = entry.first
+    if entry.form == "consequences":
+        lines = [f"{ansi(f'[{number}] consequences:', 'yellow', colour)} {entry.message}"]
+        hints = list(dict.fromkeys(f.hint for f in entry.findings if f.hint))
+        if len(hints) == 1:  # the cause they were pointed at (``likely cause: ...``)
+            lines.append(f"{_INDENT}hint: {hints[0]}")
+        if not listed:
+            lines.append(f"{_INDENT}each one in {more}")
+    else:
+        shown = first if entry.form == "finding" else _with_message(first, entry.message)
+        invocations = entry.invocations
+        if len(entry.regions) > 1:
+            text = format_finding(shown, number, None, count=entry.count, detail=detail, colour=colour)
+            head, *rest = text.splitlines()
+            names = ", ".join(entry.regions[:_REGIONS_SHOWN])
+            if len(entry.regions) > _REGIONS_SHOWN:
+                names += f" and {len(entry.regions) - _REGIONS_SHOWN} more"
+            calls = span(i.index for i in invocations)
+            where = f"in {names}" + (f", calls {calls}" if calls else "")
+            lines = [head, _INDENT + where, *[t for t in rest if not t.startswith(_INDENT + "in ")]]
+        else:
+            text = format_finding(shown, number, invocations or None, count=entry.count, detail=detail,
+                                  colour=colour)
+            lines = text.splitlines()
+    if listed and entry.form != "finding":
+        for finding in entry.findings:
+            where = f" ({finding.region}, call {finding.invocation.index})" if finding.invocation else ""
+            lines.append(f"{_INDENT}- {finding.message}{where}")
+    return "\n".join(lines)
+
+
+def _with_message(finding: Finding, message: str) -> Finding:
+    """``finding`` with the headline of the grouped entry it stands first in."""
+    return dataclasses.replace(finding, message=message)
 
 
 def format_report(report: Report, *, verbose: bool = False, colour: bool = False,
@@ -260,18 +291,18 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
     layers = _by_layer(dynamic)
     if layers:
         lines.append(f"  findings by layer  {layers}")
-    listed = entries(dynamic)
+    listed = report.entries()
     shown = listed if verbose else listed[:ENTRIES_SHOWN]
     detail = verbose or len(listed) <= DETAILED
-    for number, (finding, invocations, count) in enumerate(shown, 1):
+    for number, entry in enumerate(shown, 1):
         if detail or number == 1:  # headlines alone read as a list: no blank line between them
             lines.append("")
-        text = format_finding(finding, number, invocations or None, count=count, detail=detail, colour=colour)
+        text = format_entry(entry, number, detail=detail, listed=verbose, colour=colour, more=more)
         lines.extend("  " + t if t else "" for t in text.splitlines())
     if len(shown) < len(listed):
         hidden = listed[len(shown):]
         noun = "entry" if len(hidden) == 1 else "entries"
-        cut = f"{len(hidden)} more {noun} ({_plural(sum(c for _, _, c in hidden), 'finding')}) in {more}"
+        cut = f"{len(hidden)} more {noun} ({_plural(sum(e.count for e in hidden), 'finding')}) in {more}"
         lines.extend(["", "  " + ansi(cut, "bold", colour)])
     elif not detail:
         lines.extend(["", "  " + ansi(f"the detail of each difference is in {more}", "dim", colour)])
