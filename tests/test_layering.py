@@ -2,8 +2,8 @@
 
 Floors, bottom to top:
   0  recheck.findings, output.text            data types (and the text they render as)
-  1  recheck.catalogue, collector, config, dependencies, working_set, loading, output, progress,
-     safe_files                               foundation services
+  1  recheck.catalogue, collector, config, dependencies, entry_points, working_set, loading, output,
+     progress, safe_files                     foundation services
                                               (no torch, no libcst)
   2  recheck.runtime.*                        torch-facing primitives (bits, digests, trees, rng,
                                               snapshot, reach, effects, naming, tags)
@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "recheck"
 
 FACES = ("recheck.commands", "recheck.cli", "recheck._pytest_plugin", "recheck.__main__",
          "recheck.integrations")
-FOUNDATION = ("recheck.catalogue", "recheck.collector", "recheck.config", "recheck.dependencies", "recheck.working_set", "recheck.loading",
-              "recheck.output", "recheck.progress", "recheck.safe_files")
+FOUNDATION = ("recheck.catalogue", "recheck.collector", "recheck.config", "recheck.dependencies", "recheck.entry_points",
+              "recheck.working_set", "recheck.loading", "recheck.output", "recheck.progress", "recheck.safe_files")
 DATA = ("recheck.findings", "recheck.output.text")
 
 

@@ -15,10 +15,14 @@ a grad hook of a later tensor).  Each entry point has one small adapter here, an
 * its semantics: ``reentrant`` (forward under ``no_grad``), ``needs_input_grad``,
   ``preserves_rng``.
 
+Where each entry point lives and its semantics are records of :data:`recheck.entry_points.TABLE`,
+which the linter reads too; :data:`ADAPTERS` is derived from it.
+
 The patched entry point hands every call to the installed hooks' :meth:`~recheck.intercept.
 hooks.Interceptor.foreign`; from there on it is a :class:`~recheck.intercept.hooks.CheckpointCall`
 like torch's: ``watch()`` verifies its recomputes, a bypassing interceptor calls its region.
-**Adding an implementation is one adapter in** :data:`ADAPTERS`.
+**Adding an implementation is one record in** :data:`recheck.entry_points.TABLE` (and an adapter
+class in :data:`ADAPTER_CLASSES` when the plain :class:`Adapter` does not describe it).
 
 The functions a project lists in ``checkpoint-functions`` (``[tool.recheck]``, the linter's key:
 functions that checkpoint their first argument) are intercepted the same way by
@@ -44,14 +48,15 @@ import sys
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
+from recheck.entry_points import TABLE, EntryPoint
 from recheck.intercept.hooks import CHECKPOINT_OPTIONS
 
-__all__ = ["ADAPTERS", "Adapter", "AttributePatch", "CodePatch", "Patch", "declared_adapter", "install",
-           "install_declared", "resolve"]
+__all__ = ["ADAPTERS", "ADAPTER_CLASSES", "Adapter", "AttributePatch", "CodePatch", "Patch", "adapters",
+           "declared_adapter", "install", "install_declared", "resolve"]
 
 
 # -- patches ----------------------------------------------------------------------------------------
@@ -290,20 +295,32 @@ class MegatronWithoutOutput(Adapter):
                                          f"{self.module}.CheckpointWithoutOutput.{name}")]
 
 
-#: Every known entry point.  A new implementation is one entry here (and its adapter class above
-#: when the defaults do not describe it).
-ADAPTERS: tuple[Adapter, ...] = (
-    DeepSpeedCheckpoint("deepspeed", "deepspeed", "deepspeed.runtime.activation_checkpointing.checkpointing",
-                        "CheckpointFunction.apply"),
-    Adapter("deepspeed-non-reentrant", "deepspeed", "deepspeed.runtime.activation_checkpointing.checkpointing",
-            "non_reentrant_checkpoint", reentrant=False, needs_input_grad=False),
-    Adapter("megatron", "megatron", "megatron.core.tensor_parallel.random", "CheckpointFunction.apply",
-            options_after=1),
-    MegatronWithoutOutput("megatron-without-output", "megatron", "megatron.core.tensor_parallel.random",
-                          "CheckpointWithoutOutput.checkpoint", function_index=1),
-    FairscaleCheckpoint("fairscale", "fairscale", "fairscale.nn.checkpoint.checkpoint_activations",
-                        "CheckpointFunction.apply", needs_input_grad=False, function_index=1),
-)
+#: Adapter classes by the adapter name of their :class:`recheck.entry_points.Intercept`; any other
+#: adapter is a plain :class:`Adapter`.
+ADAPTER_CLASSES: dict[str, type[Adapter]] = {
+    "deepspeed": DeepSpeedCheckpoint,
+    "megatron-without-output": MegatronWithoutOutput,
+    "fairscale": FairscaleCheckpoint,
+}
+
+
+def adapters(table: Iterable[EntryPoint]) -> tuple[Adapter, ...]:
+    """One adapter per record of ``table`` that an adapter intercepts, its semantics read from the record."""
+    made = []
+    for record in table:
+        intercept = record.intercept
+        if intercept is None or not intercept.adapter:
+            continue
+        made.append(ADAPTER_CLASSES.get(intercept.kind, Adapter)(
+            intercept.kind, intercept.module.split(".")[0], intercept.module, intercept.target,
+            reentrant=record.reentrant, needs_input_grad=intercept.needs_input_grad,
+            preserves_rng=record.restores_rng, function_index=intercept.function_index,
+            options_after=intercept.options_after))
+    return tuple(made)
+
+
+#: Every known entry point that an adapter intercepts, from :data:`recheck.entry_points.TABLE`.
+ADAPTERS: tuple[Adapter, ...] = adapters(TABLE)
 
 
 def install(hooks: Any, done: set[str]) -> list[Patch]:

@@ -10,83 +10,65 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
+from recheck.entry_points import TABLE
+from recheck.entry_points import EntryPoint as Record
 from recheck.lint.facts import Ref
 from recheck.lint.imports import dotted
 from recheck.lint.scope import FunctionContext
 
-__all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "entry_point", "lambda_name", "submodule_path",
-           "target_refs"]
+__all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "class_entries", "entry_point", "entry_points",
+           "lambda_name", "submodule_path", "target_refs"]
 
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """A function that checkpoints a callable (or wraps a module so that its forward is).
+    """A function that checkpoints a callable (or wraps a module so that its forward is), as the
+    linter sees it: one qualified name of a :class:`recheck.entry_points.EntryPoint` record.
 
-    ``reentrant_default``: leaving ``use_reentrant`` out runs a reentrant implementation
-    (RC001); ``rng_keyword``: the keyword that can turn RNG restoring off (RC002; None when
-    the implementation always restores it); ``library``: whose it is, for messages.
+    ``reentrant_default``: a call that leaves the choice out runs a reentrant implementation;
+    ``reentrant_keyword``: the keyword that chooses (RC001 asks for ``use_reentrant`` where the
+    default is reentrant; None when the implementation is fixed); ``rng_keyword``: the keyword
+    that can turn RNG restoring off (RC002; None when the implementation always restores it);
+    ``library``: whose it is, for messages.
     """
 
     name: str
     library: str = "torch"
     reentrant_default: bool = False
+    reentrant_keyword: str | None = "use_reentrant"
     rng_keyword: str | None = "preserve_rng_state"
     position: int = 0  # the call argument that is the region
     policy: bool = False  # apply_activation_checkpointing: the region is picked by check_fn/auto_wrap_policy
 
 
-def _entries(*entries: EntryPoint) -> dict[str, EntryPoint]:
-    return {e.name: e for e in entries}
+def entry_points(table: Iterable[Record]) -> dict[str, EntryPoint]:
+    """The linter's entry points by qualified name, one per name of every record of ``table``."""
+    return {name: EntryPoint(name, record.library, record.reentrant, record.reentrant_keyword, record.rng_keyword,
+                             record.position, record.policy)
+            for record in table for name in record.names}
 
 
-_TORCH_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+def class_entries(table: Iterable[Record]) -> dict[str, str]:
+    """Class name -> the qualified entry point of its ``checkpoint`` method (Megatron's
+    ``CheckpointWithoutOutput``), for calls on an instance."""
+    return {cls: record.names[0] for record in table for cls in record.classes if record.names}
+
+
 #: Known entry points by qualified name, with each one's reentrant and RNG semantics.
-ENTRY_POINTS: dict[str, EntryPoint] = _entries(
-    EntryPoint("torch.utils.checkpoint.checkpoint", reentrant_default=True),
-    EntryPoint("torch.utils.checkpoint.checkpoint_sequential", reentrant_default=True),
-    EntryPoint(f"{_TORCH_WRAPPER}.checkpoint_wrapper"),  # CheckpointImpl.NO_REENTRANT by default
-    EntryPoint(f"{_TORCH_WRAPPER}.apply_activation_checkpointing", policy=True),
-    EntryPoint("torch.distributed._composable.checkpoint"),
-    EntryPoint("torch.distributed._composable.checkpoint_activation.checkpoint"),
-    *(EntryPoint(f"timm.models.{m}{f}", "timm") for m in ("_manipulate.", "helpers.", "")
-      for f in ("checkpoint", "checkpoint_seq")),
-    # DeepSpeed: its own autograd.Function (reentrant), always restores CPU/CUDA RNG
-    *(EntryPoint(f"deepspeed.{m}.{f}", "DeepSpeed", rng_keyword=None)
-      for m in ("checkpointing", "runtime.activation_checkpointing.checkpointing")
-      for f in ("checkpoint", "non_reentrant_checkpoint")),
-    # Megatron: checkpoint(function, distribute_saved_activations, *args), RNG tracker restored
-    *(EntryPoint(f"megatron.core.tensor_parallel.{m}checkpoint", "Megatron", rng_keyword=None)
-      for m in ("", "random.")),
-    EntryPoint("megatron.core.tensor_parallel.random.CheckpointWithoutOutput.checkpoint", "Megatron", rng_keyword=None),
-    EntryPoint("megatron.core.tensor_parallel.CheckpointWithoutOutput.checkpoint", "Megatron", rng_keyword=None),
-    EntryPoint("megatron.core.extensions.transformer_engine.te_checkpoint", "Megatron", rng_keyword=None),
-    # Transformer Engine: use_reentrant defaults to True
-    *(EntryPoint(f"transformer_engine.pytorch.{m}checkpoint", "Transformer Engine", reentrant_default=True,
-                 rng_keyword=None) for m in ("", "distributed.")),
-    # xformers: torch's non-reentrant checkpoint underneath
-    EntryPoint("xformers.checkpoint.checkpoint", "xformers"),
-    EntryPoint("xformers.checkpoint", "xformers"),
-    EntryPoint("xformers.checkpoint.selective_checkpoint_wrapper", "xformers"),
-    # fairscale: its own autograd.Function, RNG state saved and restored
-    *(EntryPoint(f"fairscale.nn.{m}checkpoint_wrapper", "fairscale", rng_keyword=None)
-      for m in ("", "checkpoint.", "checkpoint.checkpoint_activations.")),
-    EntryPoint("fairscale.nn.model_parallel.random.checkpoint", "fairscale", rng_keyword=None),
-    # colossalai: checkpoint(function, activation_offload, *args, use_reentrant=True)
-    *(EntryPoint(f"colossalai.{m}checkpoint", "colossalai", reentrant_default=True, rng_keyword=None)
-      for m in ("legacy.utils.", "legacy.utils.activation_checkpoint.", "utils.", "utils.activation_checkpoint.")),
-)
+ENTRY_POINTS: dict[str, EntryPoint] = entry_points(TABLE)
 #: Attribute names that are a checkpoint function wherever they are looked up.
-ENTRY_ATTRIBUTES = frozenset({"_gradient_checkpointing_func"})
+ENTRY_ATTRIBUTES = frozenset(a for record in TABLE for a in record.attributes)
 #: Classes whose ``checkpoint`` method checkpoints its first argument (Megatron).
-CHECKPOINTING_CLASSES = frozenset({"CheckpointWithoutOutput"})
+CLASS_ENTRIES = class_entries(TABLE)
+CHECKPOINTING_CLASSES = frozenset(CLASS_ENTRIES)
 #: Keywords that name the region when it is not the first positional argument.
 REGION_KEYWORDS = ("function", "functions", "run_function", "module", "forward_func", "fn")
 CONTAINERS = frozenset({"ModuleList", "Sequential", "ModuleDict"})
 PARTIALS = frozenset({"functools.partial", "partial"})
 #: Base classes (last component) whose subclasses' ``forward`` is checkpointed implicitly.
-CHECKPOINTING_BASES = frozenset({"GradientCheckpointingLayer"})
+CHECKPOINTING_BASES = frozenset(b for record in TABLE for b in record.bases)
 ITERATION_METHODS = frozenset({"values", "children", "modules", "named_children", "named_modules", "items"})
 
 
@@ -117,8 +99,8 @@ def entry_point(node: ast.Call, context: FunctionContext,
             for name in (f"self.{func.attr}", f"{context.module.module}.{owner}.{func.attr}"):
                 if name in extra:
                     return (name, *extra[name])
-        if func.attr == "checkpoint" and _is_checkpointer(func.value, context):
-            return "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.checkpoint", 0, ""
+        if func.attr == "checkpoint" and (cls := _checkpointer(func.value, context)) is not None:
+            return CLASS_ENTRIES[cls], ENTRY_POINTS[CLASS_ENTRIES[cls]].position, ""
     if isinstance(func, ast.Name) and extra:
         for ref in context.refs_of(func.id, func.lineno) or ():
             name = f"{context.module.module}.{ref.name}"
@@ -136,16 +118,17 @@ def entry_point(node: ast.Call, context: FunctionContext,
     return (raw, *extra[raw]) if raw in extra else None
 
 
-def _is_checkpointer(node: ast.AST, context: FunctionContext) -> bool:
-    """``self.x`` or a local bound to ``CheckpointWithoutOutput(...)``."""
+def _checkpointer(node: ast.AST, context: FunctionContext) -> str | None:
+    """The class of :data:`CLASS_ENTRIES` that ``node`` is an instance of: a local bound to
+    ``CheckpointWithoutOutput(...)``, or ``self.x`` holding one (the first such class)."""
     if isinstance(node, ast.Attribute) and context.is_self(node.value):
-        return node.attr in context.entry_attributes
+        return next(iter(CLASS_ENTRIES), None) if node.attr in context.entry_attributes else None
+    names: list[str] = []
     if isinstance(node, ast.Call):
-        return (context.qualify(node.func) or "").rsplit(".", 1)[-1] in CHECKPOINTING_CLASSES
-    if isinstance(node, ast.Name):
-        held = context.refs_of(node.id, node.lineno) or []
-        return any(r.name.rsplit(".", 1)[-1] in CHECKPOINTING_CLASSES for r in held)
-    return False
+        names = [context.qualify(node.func) or ""]
+    elif isinstance(node, ast.Name):
+        names = [r.name for r in context.refs_of(node.id, node.lineno) or []]
+    return next((n.rsplit(".", 1)[-1] for n in names if n.rsplit(".", 1)[-1] in CLASS_ENTRIES), None)
 
 
 def _self_path(node: ast.AST, self_name: str | None) -> str | None:

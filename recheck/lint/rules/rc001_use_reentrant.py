@@ -25,8 +25,9 @@ def check_site(site: CallSite) -> Hazard | None:
     its reentrant implementation (torch's, Transformer Engine's, colossalai's; timm's and
     xformers' default to non-reentrant).  A ``**`` splat may carry the keyword: no hazard."""
     entry = ENTRY_POINTS.get(site.entry)
-    if entry is None or not entry.reentrant_default or site.use_reentrant != "missing":
-        return None
+    if entry is None or not entry.reentrant_default or entry.reentrant_keyword != "use_reentrant" \
+            or site.use_reentrant != "missing":
+        return None  # DeepSpeed's, Megatron's, fairscale's are reentrant with no keyword to change it
     name = site.entry.rsplit(".", 1)[-1]
     if entry.library == "torch":
         then = "torch 2.x warns and falls back to the reentrant implementation; pass `use_reentrant=False`"
