@@ -5,7 +5,9 @@ read like ``torch.testing.assert_close``: a numbered headline, where it happened
 invocation, the checkpoint call), the indented detail and the hint.  A report that holds the
 same difference for several invocations of a region (a BatchNorm in a block called six
 times) shows it once, with the invocations it happened in (``calls 1–6 of 6``), its count
-(``×6``) and the first one's detail.
+(``×6``) and the first one's detail.  The entries themselves are computed from the findings by
+:func:`recheck.findings.report_entries` (one hazard over many modules, a counter's values per
+call, a step's consequences of a reported cause); this module only renders them.
 
 :func:`format_report` is the one text renderer of a report, for every face (``recheck check``,
 ``check --step``, ``recheck run``, ``pytest --recheck``, the framework callbacks, ``str(report)``):
@@ -241,15 +243,16 @@ def format_entry(entry: Entry, number: int, *, detail: bool = True, listed: bool
     else:
         shown = first if entry.form == "finding" else _with_message(first, entry.message)
         invocations = entry.invocations
-        if len(entry.regions) > 1:
-            text = format_finding(shown, number, None, count=entry.count, detail=detail, colour=colour)
-            head, *rest = text.splitlines()
+        if len(entry.regions) > 1:  # the location is the regions' names and their calls
+            unplaced = dataclasses.replace(shown, region=None, invocation=None)
+            head, *rest = format_finding(unplaced, number, [], count=entry.count, detail=detail,
+                                         colour=colour).splitlines()
             names = ", ".join(entry.regions[:_REGIONS_SHOWN])
             if len(entry.regions) > _REGIONS_SHOWN:
                 names += f" and {len(entry.regions) - _REGIONS_SHOWN} more"
-            calls = span(i.index for i in invocations)
-            where = f"in {names}" + (f", calls {calls}" if calls else "")
-            lines = [head, _INDENT + where, *[t for t in rest if not t.startswith(_INDENT + "in ")]]
+            indices = {i.index for i in invocations}
+            calls = f", call{'s' if len(indices) > 1 else ''} {span(indices)}" if indices else ""
+            lines = [head, f"{_INDENT}in {names}{calls}", *rest]
         else:
             text = format_finding(shown, number, invocations or None, count=entry.count, detail=detail,
                                   colour=colour)
