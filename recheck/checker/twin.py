@@ -41,6 +41,14 @@ saw (``watcher.failure``); where the twin fails too, the step's own error is rai
 that says so.  A step whose state spans ranks raises its error with the watch's explanation
 (a rank that ran the twin alone would wait in its collectives).
 
+**Wrappers.**  Under DDP every run is made with gradient synchronisation off (``no_sync()`` on
+each ``DistributedDataParallel`` the step reaches): both twins compare this rank's local
+gradients and neither touches the C++ reducer (its one-time bucket rebuild is done first, as the
+step's next forward would), whose state no snapshot can put back; DDP's own attributes are put
+back and never compared.  What cannot be put back is refused before anything runs: a
+``static_graph`` DDP, an optimizer holding tensors outside its groups and state
+(:func:`~recheck.runtime.steps.unseen_optimizer_tensors`).
+
 The check leaves no trace: the snapshot is restored after every run, also when the step
 raises.
 """
@@ -54,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
 from recheck.findings import Finding, Report, could_not, one_line
@@ -61,11 +70,11 @@ from recheck.intercept.bypass import bypassing
 from recheck.distributed.world import any_rank
 from recheck.runtime.bits import Tolerance, bit_view, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
-from recheck.runtime.naming import region_name
+from recheck.runtime.naming import attribute_subject, region_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import DefaultDtypeRecord, DigestedTensor, Observed, Snapshot, shared_or_copied
-from recheck.runtime.steps import StepState, discover_state
+from recheck.runtime.steps import StepState, discover_state, unseen_optimizer_tensors
 from recheck.runtime.trees import leaves
 
 __all__ = ["ROUNDING_BOUND", "StepRun", "Twin", "check_step_report"]
@@ -112,6 +121,10 @@ class Twin:
         for module in self.state.modules:
             if id(module) not in self.reach.modules:
                 self.reach.add_module(self.reach.name_unknown(module), module)
+        #: DDP modules the step reaches: every run is made with their gradient synchronisation off
+        self.unsynced = {name: m for name, m in self.reach.modules.values() if isinstance(m, DistributedDataParallel)}
+        _refuse_unfaithful(self.unsynced, self.state)  # before anything is copied or run
+        _settle(self.unsynced.values())
         for tensor in self.state.tensors + self.state.leaves:
             if all(t is not tensor for t in self.reach.tensors.values()):
                 self.reach.tensors[f"tensor#{len(self.reach.tensors) + 1}"] = tensor
@@ -130,6 +143,12 @@ class Twin:
         self.spans_ranks = (any(unwrapped(p) is not None for p in self.parameters.values())
                             or any(isinstance(m, torch.nn.parallel.DistributedDataParallel)
                                    for _, m in self.reach.modules.values()))
+
+    def _wrapper_subjects(self) -> set[str]:
+        """The subjects of the DDP modules' own attributes (not their submodules, parameters or
+        buffers): state DDP's wrapper writes at every forward, never the step's regions."""
+        return {attribute_subject(name, key) for name, module in self.unsynced.items() for key in vars(module)
+                if key not in _MODULE_DICTS}
 
     def agreed(self, flag: bool) -> bool:
         """``flag`` on any rank, for a step whose state spans ranks (one collective every rank
@@ -174,6 +193,8 @@ class Twin:
         run.grads = grads
         seen = None if reference is None else reference.post
         run.post = self.snapshot.observe(seen, lean)
+        for key in [key for key in run.post if key[0] == "state" and key[1] in self._wrapper_subjects()]:
+            del run.post[key]  # DDP's own bookkeeping, put back and not compared (:func:`_unsynced`)
         for index, optimizer in enumerate(self.state.optimizers):
             names = {id(p): name for name, p in self.parameters.items()}
             for param, values in optimizer.state.items():
@@ -204,7 +225,7 @@ class Twin:
         try:
             if before is not None:
                 before(self)
-            with self._mode(run, watch_options, compiled):
+            with _unsynced(self.unsynced.values()), self._mode(run, watch_options, compiled):
                 try:
                     run.result = _detached(self.step())
                 except Exception as exc:  # the step's own error: the caller decides
@@ -240,6 +261,61 @@ class Twin:
         run.notes.extend(bypass.notes + budget_notes)
         if not bypass.bypassed and not compiled:
             run.notes.append("the step made no checkpoint call recheck could bypass: its twin is the step itself")
+
+
+#: a module's own dicts of parameters, buffers and submodules, tracked and compared as such
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
+def _refuse_unfaithful(unsynced: Mapping[str, DistributedDataParallel], state: StepState) -> None:
+    """Refuse, before anything runs, a step whose state the check could not put back.
+
+    Raises:
+        RuntimeError: naming the module or the optimizer's attribute, why, and what to do instead.
+    """
+    for name, module in unsynced.items():
+        if getattr(module, "static_graph", False):
+            raise RuntimeError(
+                f"recheck.check_step() cannot put back the C++ reducer state of `{name}`, a "
+                "DistributedDataParallel(static_graph=True) (the graph it records is its own, not the "
+                "module's Python state), so its twin could not run faithfully; run check_step on the "
+                "unwrapped module, or use recheck.watch() around the real step")
+    unseen = unseen_optimizer_tensors(state)
+    if unseen:
+        raise RuntimeError(
+            "recheck.check_step() cannot put back tensors an optimizer keeps outside its param_groups and "
+            f"state ({', '.join(unseen)}: master copies or shards of its own), so the check would leave "
+            "training changed; check the step with a torch.optim optimizer over the same parameters, or "
+            "use recheck.watch() around the real step")
+
+
+def _settle(modules: Any) -> None:
+    """DDP's one-time bucket rebuild, done now as the step's next forward would do first (after
+    the first synchronised iteration), so that no run of the check changes the C++ reducer, whose
+    state a snapshot cannot put back (only DDP's own mirror of it, ``_has_rebuilt_buckets``)."""
+    if not torch.is_grad_enabled():
+        return
+    for module in modules:
+        reducer = getattr(module, "reducer", None)
+        if getattr(module, "_use_python_reducer", False) or reducer is None:
+            continue
+        try:
+            rebuilt = reducer._rebuild_buckets()  # a collective every rank makes, as in DDP's forward
+        except Exception:  # noqa: BLE001 - left to the step's own forward, which does the same
+            continue
+        if rebuilt:
+            module._has_rebuilt_buckets = True
+
+
+@contextlib.contextmanager
+def _unsynced(modules: Any) -> Iterator[None]:
+    """Gradient synchronisation off in every DDP module (``no_sync()``) for one run: the step as
+    written and its twin both compare this rank's local gradients, and neither touches the
+    reducer's bookkeeping of a synchronised iteration (its autograd hooks, its buckets)."""
+    with contextlib.ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(module.no_sync())
+        yield
 
 
 def _explained(watcher: Any, error: BaseException) -> Any:

@@ -15,7 +15,7 @@ import copy
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
 
-__all__ = ["StepState", "discover_state", "given_objects"]
+__all__ = ["StepState", "discover_state", "given_objects", "unseen_optimizer_tensors"]
 
 _MAX_DEPTH = 3
 #: Training-loop objects whose ``state_dict`` changes in a step: restored like the optimizer.
@@ -207,6 +207,48 @@ class _StateDictCopy:
             items.update((key, value) for key, value in group.items() if key not in items)
             group.clear()
             group.update(items)
+
+
+def unseen_optimizer_tensors(state: StepState) -> list[str]:
+    """``Type.attribute`` of each attribute of an optimizer the step reaches that holds tensors
+    (itself, or in lists, tuples and dicts of them, or another optimizer's groups and state it
+    wraps) that neither its ``param_groups``/``state`` nor the modules' parameters and buffers
+    hold, nor share storage with: master copies or shards a mixed-precision or sharding wrapper
+    keeps for itself, which a snapshot of the optimizer cannot see and so cannot put back."""
+    known = state.parameters() + state.buffers() + state.optimizer_tensors()
+    seen = {id(t) for t in known}
+    storages = {_storage(t) for t in known} - {None}
+    optimizers = {id(opt) for opt in state.optimizers}
+    named: list[str] = []
+    for optimizer in state.optimizers:
+        for key, value in vars(optimizer).items():
+            if key in ("state", "param_groups", "defaults"):
+                continue
+            if any(id(t) not in seen and _storage(t) not in storages for t in _held_tensors(value, optimizers, 0)):
+                named.append(f"{type(optimizer).__name__}.{key}")
+    return named
+
+
+def _held_tensors(value: Any, optimizers: set[int], depth: int) -> Iterator[torch.Tensor]:
+    """The tensors ``value`` is or holds: in (nested) lists, tuples and dict values, and in the
+    groups and state of an optimizer it is (not one of ``optimizers``, the snapshot's own)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, torch.optim.Optimizer):
+        if id(value) not in optimizers:
+            yield from (p for group in value.param_groups for p in group["params"])
+            yield from (v for st in value.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+    elif depth < _MAX_DEPTH and isinstance(value, (list, tuple, dict)):
+        for item in list(value.values() if isinstance(value, dict) else value)[:1000]:
+            yield from _held_tensors(item, optimizers, depth + 1)
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where a tensor's bytes live (a view shares its base's), None where that cannot be read."""
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage
+        return None
 
 
 def _same_if_equal(original: Any, restored: Any) -> Any:
