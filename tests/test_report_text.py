@@ -86,6 +86,13 @@ def test_a_short_report_keeps_its_detail():
     assert "the detail of 1" in text and "more entr" not in text
 
 
+def test_a_report_that_fits_a_screen_keeps_the_detail_of_every_entry():
+    # five entries with their detail fit a screen: where each difference starts stays in view
+    text = format_report(Report([_finding("recompute", n, region=f"Block{n}.forward (m.py:{n})") for n in range(5)]))
+    assert len(_entries(text)) == 5
+    assert all(f"the detail of {n}" in text for n in range(5))
+
+
 def test_str_of_a_report_points_at_the_python_calls_that_show_the_rest():
     assert "in report.format(verbose=True) / report.to_json()" in str(_thirty())
     assert len(_entries(_thirty().format(verbose=True))) == 30

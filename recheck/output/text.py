@@ -13,8 +13,8 @@ call, a step's consequences of a reported cause); this module only renders them.
 ``check --step``, ``recheck run``, ``pytest --recheck``, the framework callbacks, ``str(report)``):
 a report is read in a minute, so by default it shows at most :data:`ENTRIES_SHOWN` entries,
 causes before the differences they cause (:data:`SEVERITY`), and says how many more
-``verbose=True`` (or the JSON report) lists; the detail of each difference is shown while the
-report has at most :data:`DETAILED` entries.  Colour is the caller's choice (``colour=True``
+``verbose=True`` (or the JSON report) lists; the detail of each difference (the first
+differing element among it) is shown while the report so written fits :data:`SCREEN_LINES`.  Colour is the caller's choice (``colour=True``
 when the text goes to a terminal that shows it, :func:`recheck.progress.colour_enabled`).
 
 This module imports nothing from recheck at run time (the findings are read by attribute),
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Entry, Finding, Invocation, Report
 
-__all__ = ["DETAILED", "ENTRIES_SHOWN", "FIRST_LINE", "SEVERITY", "ansi", "format_entry", "format_finding",
+__all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "SEVERITY", "ansi", "format_entry", "format_finding",
            "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span"]
 
 #: The first line of a report with dynamic findings.
@@ -46,9 +46,10 @@ SEVERITY: tuple[str, ...] = ("param_version", "input_mutation", "rng", "context"
                              "side_effect", "recompute", "output", "gradient")
 #: Entries a report shows unless ``verbose``; the rest are counted on one line.
 ENTRIES_SHOWN = 10
-#: A report of at most this many entries shows each one's detail; a longer one shows the
-#: headline, the location and the hint of each (the detail is in ``verbose`` and JSON).
-DETAILED = 3
+#: A report whose entries, with their detail, take at most this many lines shows the detail
+#: (where each difference starts, its size); a longer one shows the headline, the location
+#: and the hint of each, so that it still fits a screen (the detail is in ``verbose`` and JSON).
+SCREEN_LINES = 40
 #: Layer classes the header counts findings of (the most found first), the rest counted.
 _LAYERS_SHOWN = 5
 
@@ -277,7 +278,8 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
 
     Unless ``verbose``, at most :data:`ENTRIES_SHOWN` entries are shown, then one line says how
     many more there are and where they are (``more``: ``--verbose / JSON`` on the command line);
-    a report of more than :data:`DETAILED` entries leaves each one's detail out.  ``colour``
+    a report whose entries would take more than :data:`SCREEN_LINES` lines with their detail
+    leaves each one's detail out.  ``colour``
     paints the first line, each entry's headline and the cut line with ANSI codes (only for a
     terminal that shows colour: the caller decides).
     """
@@ -296,12 +298,11 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
         lines.append(f"  findings by layer  {layers}")
     listed = report.entries()
     shown = listed if verbose else listed[:ENTRIES_SHOWN]
-    detail = verbose or len(listed) <= DETAILED
-    for number, entry in enumerate(shown, 1):
-        if detail or number == 1:  # headlines alone read as a list: no blank line between them
-            lines.append("")
-        text = format_entry(entry, number, detail=detail, listed=verbose, colour=colour, more=more)
-        lines.extend("  " + t if t else "" for t in text.splitlines())
+    body = _entries_text(shown, detail=True, verbose=verbose, colour=colour, more=more)
+    detail = verbose or len(body) <= SCREEN_LINES
+    if not detail:
+        body = _entries_text(shown, detail=False, verbose=verbose, colour=colour, more=more)
+    lines.extend(body)
     if len(shown) < len(listed):
         hidden = listed[len(shown):]
         noun = "entry" if len(hidden) == 1 else "entries"
@@ -315,6 +316,19 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
         lines.append("")
         lines.extend(f"{ansi('note:', 'bold', colour)} {n}" for n in report.notes)
     return "\n".join(lines)
+
+
+def _entries_text(entries: Sequence[Entry], *, detail: bool, verbose: bool, colour: bool,
+                  more: str) -> list[str]:
+    """The lines of numbered entries, each indented; a blank line before each when they carry
+    their detail (headlines alone read as a list, one blank line before the first)."""
+    lines: list[str] = []
+    for number, entry in enumerate(entries, 1):
+        if detail or number == 1:
+            lines.append("")
+        text = format_entry(entry, number, detail=detail, listed=verbose, colour=colour, more=more)
+        lines.extend("  " + t if t else "" for t in text.splitlines())
+    return lines
 
 
 def format_findings(findings: Sequence[Finding]) -> str:
