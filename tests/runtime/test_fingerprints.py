@@ -334,41 +334,62 @@ def test_what_is_kept_sleeps_between_readers_and_holds_its_object_weakly():
     import gc
     import weakref
 
-    from recheck.runtime import fingerprints
-
     config = _TensorFreeConfig()
     hold_kept()
     first = kept_shallow(config)
     release_kept()
-    assert not fingerprints._KEPT and id(config) in fingerprints._DORMANT
-    dormant = fingerprints._DORMANT[id(config)]
     hold_kept()
-    assert kept_shallow(config) is first  # woken: nothing printed again
+    assert kept_shallow(config) is first  # the next reader starts from it: nothing printed again
     release_kept()
-    assert fingerprints._DORMANT[id(config)] is dormant  # back to sleep as it was woken
+    hold_kept()
+    assert kept_shallow(config) is first  # and again: woken, it went back to sleep as it was
+    release_kept()
     config.labels[0] = "changed while no one read it"
     hold_kept()
-    assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
+    second = kept_shallow(config)
+    assert second is not first and second == shallow(config)
     release_kept()
-    assert fingerprints._DORMANT[id(config)] is not dormant and fingerprints._DORMANT[id(config)][0]() is config
-    assert not fingerprints._WOKEN
-    alive, key = weakref.ref(config), id(config)
+    hold_kept()
+    assert kept_shallow(config) is second  # what sleeps now is the new print
+    release_kept()
+    alive = weakref.ref(config)
     del config
     gc.collect()
-    assert alive() is None and key not in fingerprints._DORMANT  # not kept alive, and forgotten
+    assert alive() is None  # asleep, it does not keep its object alive
+    # a new object (possibly at the same address) is not answered from the one that went
+    for _ in range(8):
+        fresh = _TensorFreeConfig()
+        fresh.labels[0] = "a different object"
+        hold_kept()
+        assert kept_shallow(fresh) == shallow(fresh)
+        release_kept()
+        del fresh
     # an object whose items hold a tensor or another object, and a plain dict (no weak
-    # reference), do not sleep
+    # reference), do not sleep: a change made while no one reads them is seen, and the
+    # objects are not kept alive
     tensors, nested, plain = _KeptConfig(), _TensorFreeConfig(), {"sizes": [1, 2]}
     del tensors.inner
     nested.inner = type("Inner", (), {})()
     hold_kept()
-    kept_shallow(tensors), kept_shallow(nested), kept_shallow(plain)
+    before = kept_shallow(tensors), kept_shallow(nested), kept_shallow(plain)
     release_kept()
-    assert not {id(tensors), id(nested), id(plain)} & set(fingerprints._DORMANT)
+    tensors.weights.add_(1)
+    nested.inner = type("Inner", (), {})()
+    plain["sizes"].append(3)
+    hold_kept()
+    after = kept_shallow(tensors), kept_shallow(nested), kept_shallow(plain)
+    assert after == (shallow(tensors), shallow(nested), shallow(plain))
+    assert all(a != b for a, b in zip(after, before))
+    release_kept()
+    refs = weakref.ref(tensors), weakref.ref(nested)
+    del tensors, nested
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
 
 
 def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
-    from recheck.runtime import fingerprints
+    import gc
+    import weakref
 
     hold_kept()
     config = _KeptConfig()
@@ -377,9 +398,12 @@ def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_
     config.labels[0] = "changed"
     assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
     release_kept()
-    assert not fingerprints._KEPT
+    alive = weakref.ref(config)
     kept_shallow(config)  # with no reader holding them, nothing is kept
-    assert not fingerprints._KEPT
+    assert kept_shallow(config) is not kept_shallow(config)  # printed afresh at every read
+    del config
+    gc.collect()
+    assert alive() is None  # released: what was kept does not hold the object
 
 
 def test_an_object_is_printed_by_the_dict_getattr_gives_whatever_its_getattribute():
