@@ -256,15 +256,42 @@ def test_what_a_reach_found_while_its_block_ran_is_revived_with_it_in_the_next_b
     assert {key: name for key, (name, _) in again.modules.items()} == names
 
 
-def test_a_reach_that_did_not_grow_keeps_its_dormant_copy():
-    from recheck.runtime import reach as reach_module
+def test_a_reach_that_did_not_grow_is_revived_as_it_was_and_memory_stays_flat():
+    """Blocks that find nothing new leave the kept reach as it was: each next block revives the
+    same modules, and a thousand such blocks take no more memory than the first few."""
+    import gc
+    import tracemalloc
 
-    block, cache = _Block(), {}
-    reach_of(block, cache)
-    (key,) = cache
-    before = reach_module._LASTING[key][0]
-    reach_module.put_to_sleep(cache)
-    assert reach_module._LASTING[key][0] is before
+    from recheck.runtime.reach import put_to_sleep
+
+    block = _Block()
+    cache: dict = {}
+    first = reach_of(block, cache)
+    names = {key: name for key, (name, _) in first.modules.items()}
+    put_to_sleep(cache)  # the block ends, its reach did not grow
+    del first, cache
+
+    def one_block() -> dict:
+        cache: dict = {}
+        reach = reach_of(block, cache)
+        put_to_sleep(cache)
+        return {key: name for key, (name, _) in reach.modules.items()}
+
+    assert one_block() == names  # the next block finds what the first one did
+    for _ in range(50):
+        one_block()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(1000):
+            assert one_block() == names
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, grown  # whole process: nothing piles up per block
 
 
 def _segment(blocks: list, start: int, end: int):
