@@ -201,31 +201,53 @@ def test_a_watched_step_leaves_no_reference_cycle_holding_tensors(early_stop):
     assert kept == []
 
 
-def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_shares_what_stayed_empty():
+def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_frees_it_with_the_graph():
+    """What a region's forward and its recompute made is not kept by the watch once torch frees
+    the graph: the tensors both passes produced are collected after the backward, in the block."""
     import gc
-    import types
+    import weakref
 
-    from recheck.watcher import records
-    from recheck.watcher.dispatch import DISPATCHER
+    produced: list[weakref.ref] = []
 
-    block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    def keep(module, args, output):  # noqa: ANN001, ANN202
+        produced.append(weakref.ref(output))
+
+    block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3))
+    block[1].register_forward_hook(keep)  # its output is saved, by itself and the next Linear
     with recheck.watch(raise_on_finding=False) as watcher:
         out = checkpoint(block, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
-        forward = DISPATCHER.records[-1].forward
-        # let go of once it returned (a container kept until the backward is one more object
-        # for the garbage collector to count): the modules that ran, what was told and walked
-        for name in ("ran", "direct", "told", "subtrees", "walked", "buffers_seen"):
-            assert getattr(forward, name) is records._NO_ENTRIES, name
-        assert isinstance(records._NO_ENTRIES, types.MappingProxyType) and not records._NO_ENTRIES
-        assert forward.parameter_pointers  # read by the recompute: the Linear's weight is saved as a view
-        assert forward.saved_buffers is records._NO_ENTRIES  # stayed empty: shared
-        (record,) = DISPATCHER.records
-        assert record.tags is records._NO_TAGS and record._saved_diffs is records._NO_ENTRIES
         out.sum().backward()
         del out
         gc.collect()
+        assert len(produced) == 2 and [ref() for ref in produced] == [None, None]  # released with the graph
     assert watcher.report.ok, str(watcher.report)
-    assert record._pass_saved is records._NO_ENTRIES  # released with the graph
+    assert watcher.report.stats["verified"] == 1
+
+
+@pytest.mark.xfail(strict=True, reason="a block's reaches keep every module found while a region ran until "
+                                       "the block ends (issue 41 item 4)")
+def test_a_module_made_inside_a_region_is_not_kept_once_its_invocation_is_done():
+    """A region that makes a module at each call (a wrapper built in ``forward``): a long
+    ``watch()`` block must not keep one per invocation alive."""
+    import gc
+    import weakref
+
+    made: list[weakref.ref] = []
+    block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+
+    def region(x):  # noqa: ANN001, ANN202
+        scale = torch.nn.Identity()
+        made.append(weakref.ref(scale))
+        return scale(block(x))
+
+    with recheck.watch(raise_on_finding=False):
+        for _ in range(10):
+            out = checkpoint(region, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+            out.sum().backward()
+            del out
+        gc.collect()
+        alive = sum(ref() is not None for ref in made)
+    assert len(made) == 20 and alive == 0, f"{alive} of {len(made)} modules kept alive"
 
 
 def test_a_saved_parameter_is_told_by_its_data_pointer_and_a_slice_from_elsewhere_in_it_by_its_bytes():
