@@ -152,7 +152,8 @@ def test_a_module_called_twice_meets_each_of_its_forwards():
 def test_a_probe_keeps_no_object_after_it_ends():
     """The prints of large objects kept between reads (a config a module holds) go with the
     probe: what it read is not held once it exits."""
-    from recheck.runtime import fingerprints
+    import gc
+    import weakref
 
     class Config:
         def __init__(self) -> None:
@@ -182,8 +183,11 @@ def test_a_probe_keeps_no_object_after_it_ends():
                 torch.autograd.backward(ctx.block(x), grad)
             return None, x.grad
 
-    x = torch.randn(3, 2, requires_grad=True)
+    x, block = torch.randn(3, 2, requires_grad=True), Block()
     with RecomputeProbe() as probe:
-        Recompute.apply(Block(), x).sum().backward()
+        Recompute.apply(block, x).sum().backward()
     assert probe.stats["matched"] == 1 and probe.findings == []
-    assert not fingerprints._KEPT
+    refs = weakref.ref(block), weakref.ref(block.config)
+    del block
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]  # the module and the config it read are freed
