@@ -121,9 +121,6 @@ def is_library(module_name: str | None) -> bool:
     return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
 
 
-_is_library = is_library
-
-
 class Reach:
     """Modules, generators and globals reachable from a region, with display names."""
 
@@ -203,7 +200,7 @@ class Reach:
 
     def _walk_class(self, cls: type) -> None:
         for klass in cls.__mro__:
-            if _is_library(klass.__module__):
+            if is_library(klass.__module__):
                 continue
             for value in vars(klass).values():
                 function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
@@ -224,14 +221,14 @@ class Reach:
         self._walked.add(id(function.__code__))
         namespace = function.__globals__
         module_name = namespace.get("__name__", "?")
-        if _is_library(module_name):
+        if is_library(module_name):
             return
         reads, writes = code_globals(function.__code__)
         for name in writes:
             self.writes.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
         for name, attr in code_module_attributes(function.__code__):
             module = namespace.get(name)
-            if isinstance(module, types.ModuleType) and not _is_library(module.__name__):
+            if isinstance(module, types.ModuleType) and not is_library(module.__name__):
                 self._add_module_attribute(module, attr)
         self._scan_host_rng(function)
         for name in reads:
@@ -286,13 +283,13 @@ class Reach:
             stream = _host_stream(value)
             if stream is not None:
                 self.host_rng.add(stream)
-            elif isinstance(value, types.FunctionType) and not _is_library(value.__module__):
+            elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
                 self._scan_host_rng(value)
         for value in cell_values(function):
             stream = _host_stream(value)
             if stream is not None:
                 self.host_rng.add(stream)
-            elif isinstance(value, types.FunctionType) and not _is_library(value.__module__):
+            elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
                 self._scan_host_rng(value)
 
     def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
@@ -388,7 +385,7 @@ def _is_plain_object(value: Any) -> bool:
     """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
     attrs = getattr(value, "__dict__", None)
     return (isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, torch.nn.Module))
-            and not callable(value) and not _is_library(type(value).__module__))
+            and not callable(value) and not is_library(type(value).__module__))
 
 
 def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:
