@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from recheck.output.text import FIRST_LINE, SEVERITY, format_finding, format_report
+from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
 
 __all__ = [
     "DYNAMIC_KINDS",
@@ -385,18 +386,18 @@ def _named(finding: Finding) -> tuple[str, str, str] | None:
 def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
     """``modules`` entries (step 2 of :func:`report_entries`); the findings they take go in ``taken``."""
     named = {id(f): n for f in findings if (n := _named(f)) is not None}
+    recompute = {i: _changed_by_one_recompute(f, n[0], n[2]) for f in findings if (n := named.get(i := id(f)))}
     families: dict[tuple, list[str]] = {}
     for finding in findings:
         if id(finding) in named:
-            module, attribute, template = named[id(finding)]
-            key = _changed_by_one_recompute(finding, module, template)
-            if attribute not in families.setdefault(key, []):
-                families[key].append(attribute)
+            attribute = named[id(finding)][1]
+            if attribute not in families.setdefault(recompute[id(finding)], []):
+                families[recompute[id(finding)]].append(attribute)
     groups: dict[tuple, list[Finding]] = {}
     for finding in findings:
         if id(finding) in named:
-            module, _, template = named[id(finding)]
-            family = tuple(families[_changed_by_one_recompute(finding, module, template)])
+            template = named[id(finding)][2]
+            family = tuple(families[recompute[id(finding)]])
             key = (finding.kind, finding.code, template, finding.hint, finding.latent, family)
             groups.setdefault(key, []).append(finding)
     entries = []
@@ -454,13 +455,6 @@ def _common_prefix(messages: Sequence[str]) -> str:
             break
     cut = first[:end].rfind(": ")
     return first[: cut + 2] if cut >= 0 else ""
-
-
-def _fold_key(finding: Finding) -> tuple:
-    invocation = finding.invocation
-    return (finding.kind, finding.subject, finding.message, finding.code, finding.region,
-            finding.latent, finding.hint,
-            invocation.callsite if invocation else None, invocation.of if invocation else None)
 
 
 class Report:
