@@ -300,7 +300,7 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None,
     whose source was found nowhere, what was assumed of it instead; ``read``, the stamps of
     the installed files read for them (:func:`recheck.lint.wrappers.unchanged`).
     """
-    wrappers: dict[str, Wrapper] = {}
+    wrappers: dict[str, Wrapper | None] = {}
     resolver = _Resolver(index)
     regions: list[Region] = []
     seen: set[tuple[str, str]] = set()
@@ -341,7 +341,7 @@ def find_regions(index: Index, reports: list[SiteReport] | None = None,
     return regions
 
 
-def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wrapper],
+def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wrapper | None],
              source_text: Callable[[str], str | None] | None, assumed: list[str] | None,
              read: dict[str, list[str]] | None) -> Wrapper | None:
     """What the checkpointing base of ``cls`` does to its arguments, read from its source
@@ -360,10 +360,7 @@ def _wrapper(index: Index, file: FileFacts, cls: ClassFacts, found: dict[str, Wr
                 cleared = ", ".join(f"`{name}`" for name, _ in wrapper.cleared)
                 assumed.append(f"wrapper `{base}` not found in the tree or installed; assumed it checkpoints "
                                f"`{wrapper.checkpoints}` with {cleared} set to None or False")
-        if wrapper is not None:
-            found[base] = wrapper
-        else:
-            return None
+        found[base] = wrapper  # None too: a base found nowhere is searched for once
     return found[base]
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from typing import Iterable, Iterator, Mapping
 
+from recheck.lint.imports import import_aliases
 from recheck.lint.targets import ENTRY_ATTRIBUTES, ENTRY_POINTS, PARTIALS
 
 __all__ = ["ASSUMED", "Wrapper", "find_wrapper", "installed_source", "read_wrapper", "unchanged"]
@@ -65,25 +66,6 @@ ASSUMED: dict[str, Wrapper] = {
 }
 
 MAX_REEXPORTS = 4
-
-
-def _imports(tree: ast.Module, module: str, is_package: bool) -> dict[str, str]:
-    """Local name -> qualified name of the module's top-level and nested imports."""
-    package = module if is_package else module.rpartition(".")[0]
-    found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                found[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
-                base = ".".join([*parts, *([node.module] if node.module else [])])
-            for alias in node.names:
-                found[alias.asname or alias.name] = f"{base}.{alias.name}"
-    return found
 
 
 def _dotted(node: ast.AST) -> str:
@@ -279,7 +261,7 @@ def installed_source(qualified: str, search: list[str] | None = None,
                 tree = ast.parse(handle.read(), origin)
         except (OSError, SyntaxError, ValueError, RecursionError):
             return None
-        imports = _imports(tree, module, is_package)
+        imports = import_aliases(ast.walk(tree), module, is_package)
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node, imports, f"{module}.{name}", origin
@@ -319,7 +301,7 @@ def find_wrapper(qualified: str, in_tree: tuple[str, str, str, str] | None,
             return None
         node = _class_node(tree, qualname)
         is_package = os.path.basename(path) == "__init__.py"
-        return read_wrapper(node, _imports(tree, module, is_package), qualified, path) if node is not None else None
+        return read_wrapper(node, import_aliases(ast.walk(tree), module, is_package), qualified, path) if node is not None else None
     search = tuple(p or os.getcwd() for p in sys.path)
     cached = _INSTALLED.get((qualified, search))
     if cached is None or _stamps(cached[1]) != list(cached[1]):
