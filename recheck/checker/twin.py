@@ -140,9 +140,7 @@ class Twin:
         self._grads = {r.name: r for r in self.snapshot.grads()}
         #: the step's state spans the ranks of a world (sharded parameters, a DDP module): every
         #: rank runs it, and the runs each rank makes are agreed by all (:meth:`agreed`)
-        self.spans_ranks = (any(unwrapped(p) is not None for p in self.parameters.values())
-                            or any(isinstance(m, torch.nn.parallel.DistributedDataParallel)
-                                   for _, m in self.reach.modules.values()))
+        self.spans_ranks = bool(self.unsynced) or any(unwrapped(p) is not None for p in self.parameters.values())
 
     def _wrapper_subjects(self) -> set[str]:
         """The subjects of the DDP modules' own attributes (not their submodules, parameters or
@@ -193,7 +191,8 @@ class Twin:
         run.grads = grads
         seen = None if reference is None else reference.post
         run.post = self.snapshot.observe(seen, lean)
-        for key in [key for key in run.post if key[0] == "state" and key[1] in self._wrapper_subjects()]:
+        wrapper = self._wrapper_subjects() if self.unsynced else set()
+        for key in [key for key in run.post if key[0] == "state" and key[1] in wrapper]:
             del run.post[key]  # DDP's own bookkeeping, put back and not compared (:func:`_unsynced`)
         for index, optimizer in enumerate(self.state.optimizers):
             names = {id(p): name for name, p in self.parameters.items()}
@@ -330,14 +329,13 @@ def _explained(watcher: Any, error: BaseException) -> Any:
 
 def _fails_only_checkpointed(name: str, written: StepRun) -> Finding:
     """The finding of a step that raised as written and completed with every checkpoint bypassed."""
-    from recheck.watcher.failure import FailureExplanation
+    from recheck.watcher.failure import FailureExplanation, error_line
 
     error = written.error
     assert error is not None
     failure = written.failure
     if failure is None:
-        text = str(error).strip().splitlines()
-        failure = FailureExplanation(one_line(f"{type(error).__name__}: {text[0] if text else ''}", 160))
+        failure = FailureExplanation(error_line(error))
     return failure.finding(name)
 
 
@@ -559,12 +557,6 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
     return kept, [note]
 
 
-def _add_note(error: BaseException, note: str) -> None:
-    """``note`` appended to the user's ``error`` (Python 3.11+; before, the error is left as it is)."""
-    if hasattr(error, "add_note") and note not in getattr(error, "__notes__", ()):
-        error.add_note(note)
-
-
 def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
                       watch_options: Mapping[str, Any] | None = None,
                       modules: Sequence[torch.nn.Module] = (),
@@ -588,6 +580,8 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
         while True:
             written = twin.run("as written", watch_options, lean=lean)
             if written.error is not None:
+                from recheck.watcher.failure import add_note as _add_note
+
                 # errors are evidence: the twin tells a failure of checkpointing from the step's own
                 if twin.spans_ranks:  # a rank that ran the twin alone would wait in its collectives
                     if written.failure is not None:

@@ -134,14 +134,6 @@ def _text(report: Any, verbose: bool, stream: Any = None) -> str:
     return format_report(report, verbose=verbose, colour=stream is not None and colour_enabled(stream))
 
 
-def _say(text: str) -> None:
-    try:
-        sys.stdout.flush()  # what the program printed comes first
-    except Exception:
-        pass
-    print(text, file=sys.stderr, flush=True)
-
-
 def run(ns: argparse.Namespace) -> int:
     """Run the program inside ``watch()``; its status when it failed, else 1 for findings, else 0."""
     problem = _usage_problem(ns)
@@ -151,7 +143,7 @@ def run(ns: argparse.Namespace) -> int:
 
     require_torch("recheck run")
     options = _watch_options()  # a bad [tool.recheck] stops here, before the program starts
-    from recheck.watcher.program import ProgramWatch, run_program
+    from recheck.watcher.program import ProgramWatch, _say, run_program
 
     module = ns.module is not None
     target, args = (ns.module[0], ns.module[1:]) if module else (ns.program[0], ns.program[1:])

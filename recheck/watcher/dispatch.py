@@ -455,7 +455,6 @@ class Dispatcher(Interceptor):
         try:
             self._start_capture(capture)
         except Exception as exc:  # noqa: BLE001 - the forward runs, its effects not counted
-            self._local.capturing = False
             self._internal_error("capture the forward's effects", exc, record)
             return None
         record.forward_effects = capture.effects
@@ -487,7 +486,6 @@ class Dispatcher(Interceptor):
                 self._start_capture(effects)
             except Exception as exc:  # noqa: BLE001 - the run is compared without its effects
                 effects = None
-                self._local.capturing = False
                 self._internal_error("capture the recompute's effects", exc, record)
         return rng_entry, state_entry, effects
 

@@ -23,7 +23,8 @@ from recheck.watcher.records import InvocationRecord
 #: the kinds of a failing record's findings the explanation reads: the saved tensors, the causes
 _TOLD = ("recompute", *CAUSES)
 
-__all__ = ["ONLY_WHEN_CHECKPOINTED", "FailureExplanation", "explain_failure", "is_checkpoint_error"]
+__all__ = ["ONLY_WHEN_CHECKPOINTED", "FailureExplanation", "add_note", "error_line", "explain_failure",
+           "is_checkpoint_error"]
 
 #: the subject of the finding of a step that fails only when checkpointed
 ONLY_WHEN_CHECKPOINTED = "the step fails only when checkpointed"
@@ -36,6 +37,18 @@ def is_checkpoint_error(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover - an old torch
         return False
     return isinstance(exc, CheckpointError)
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` as a finding names it: its type and the first line of its message, bounded."""
+    text = str(exc).strip().splitlines()
+    return one_line(f"{type(exc).__name__}: {text[0] if text else ''}", 160)
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``note`` appended to the user's ``error`` once (Python 3.11+; before, the error is left as it is)."""
+    if hasattr(error, "add_note") and note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 @dataclass(frozen=True)
@@ -109,8 +122,7 @@ def explain_failure(records: Sequence[InvocationRecord], exc: BaseException) -> 
     The failing invocation is the last one recomputed whose recompute differed (a saved tensor,
     an error, its context), else the last one recomputed.  Never raises: what cannot be read
     is left out."""
-    text = str(exc).strip().splitlines()
-    error = one_line(f"{type(exc).__name__}: {text[0] if text else ''}", 160)
+    error = error_line(exc)
     recomputed = [r for r in records if r.recomputes and r.forward is not None]
     if not recomputed:
         return FailureExplanation(error)

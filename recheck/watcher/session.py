@@ -122,7 +122,7 @@ class Watch:
         """Append what the block saw of a failed recompute to ``exc`` (torch's ``CheckpointError``,
         or an error a region raised while recomputing), and to the report's notes; the error
         itself propagates unchanged (recheck's own failure here is only a note)."""
-        from recheck.watcher.failure import explain_failure, is_checkpoint_error
+        from recheck.watcher.failure import add_note, explain_failure, is_checkpoint_error
 
         try:
             with self._lock:
@@ -131,8 +131,7 @@ class Watch:
                     d.subject == "recompute" and d.kind == "recompute" for d in r.findings) for r in records)):
                 return
             note = explain_failure(records, exc).note()
-            if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
-                exc.add_note(note)
+            add_note(exc, note)
             self.add_note(note.replace("\n  ", "; "))
         except Exception as failure:  # noqa: BLE001
             self.add_note(could_not("explain the error that ended the block", failure))
