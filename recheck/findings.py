@@ -28,6 +28,7 @@ __all__ = [
     "RecomputeMismatch",
     "Report",
     "could_not",
+    "error_line",
     "one_line",
     "one_line_pair",
     "report_entries",
@@ -101,6 +102,13 @@ def could_not(what: str, exc: BaseException) -> str:
     recheck never raises its own failure into the program it watches: the check that failed is
     skipped, the note says which, and the user's step goes on."""
     return f"could not {what}: {type(exc).__name__}: {one_line(str(exc), 200)}"
+
+
+def error_line(exc: BaseException, limit: int = 160) -> str:
+    """``exc`` as a finding or a note names it: its type and the first line of its message,
+    bounded by :func:`one_line` (a traceback-like message never spans lines of a report)."""
+    text = str(exc).strip().splitlines()
+    return one_line(f"{type(exc).__name__}: {text[0] if text else ''}", limit)
 
 
 

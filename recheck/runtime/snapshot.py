@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
+from recheck.findings import error_line
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.digests import tensor_digest
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
@@ -876,7 +877,7 @@ class Snapshot:
             self.add(("rng-instance", id(obj)), functools.partial(InstanceRngRecord, name, obj, kind))
         except Exception as exc:  # noqa: BLE001 - a state that cannot be read
             self.keys.discard(("rng-instance", id(obj)))
-            self.unrestorable.setdefault(f"{kind} `{name}`", f"its state cannot be read ({type(exc).__name__}: {exc})")
+            self.unrestorable.setdefault(f"{kind} `{name}`", f"its state cannot be read ({error_line(exc)})")
 
     def notes(self) -> list[str]:
         """One note per piece of state the region reaches that this snapshot cannot put back
@@ -927,7 +928,7 @@ class Snapshot:
                     record.restore()
             except Exception as exc:  # noqa: BLE001 - named in the notes; the rest is still put back
                 self.unrestorable.setdefault(_record_name(record),
-                                             f"putting it back raised {type(exc).__name__}: {exc}")
+                                             f"putting it back raised {error_line(exc)}")
         self.rng.restore()
 
     def observe(self, reference: Mapping[tuple[str, str], Observed] | None = None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from recheck.catalogue import hint
-from recheck.findings import Finding, Invocation, one_line
+from recheck.findings import Finding, Invocation, error_line, one_line
 from recheck.runtime.explaining import CAUSES
 from recheck.watcher.records import InvocationRecord
 
@@ -37,12 +37,6 @@ def is_checkpoint_error(exc: BaseException) -> bool:
     except ImportError:  # pragma: no cover - an old torch
         return False
     return isinstance(exc, CheckpointError)
-
-
-def error_line(exc: BaseException) -> str:
-    """``exc`` as a finding names it: its type and the first line of its message, bounded."""
-    text = str(exc).strip().splitlines()
-    return one_line(f"{type(exc).__name__}: {text[0] if text else ''}", 160)
 
 
 def add_note(error: BaseException, note: str) -> None:

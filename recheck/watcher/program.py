@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from recheck.findings import Report
+from recheck.findings import Report, error_line
 
 __all__ = ["BACKWARD", "OPTIMIZER_STEP", "ProgramWatch", "run_program"]
 
@@ -92,7 +92,7 @@ class ProgramWatch:
             block = watch(raise_on_finding=False, **self.watch_options)
             block.__enter__()
         except Exception as exc:  # the program still runs, unwatched
-            message = f"the watch block could not start ({type(exc).__name__}: {exc}); the program runs unwatched"
+            message = f"the watch block could not start ({error_line(exc)}); the program runs unwatched"
             _say(f"recheck run: {message}")
             self.report = Report(title="watch: not started")
             self._note(message)
@@ -108,7 +108,7 @@ class ProgramWatch:
             self._backward = torch.autograd.backward
             torch.autograd.backward = self._counted_backward(self._backward)
         except Exception as exc:  # an older or unusual torch: watch the whole program instead
-            self._note(f"steps cannot be counted ({type(exc).__name__}: {exc}); the whole program is watched")
+            self._note(f"steps cannot be counted ({error_line(exc)}); the whole program is watched")
 
     def stop(self, exc: BaseException | None = None) -> Report | None:
         """End the block (once): hooks removed, interception undone, the report built."""
@@ -189,7 +189,7 @@ class ProgramWatch:
                 del running[next(i for i, o in enumerate(running) if o is optimizer):]
             running.append(optimizer)
         except Exception as exc:  # never raised into the program's optimizer step
-            self._note(f"an optimizer step was not followed ({type(exc).__name__}: {exc})")
+            self._note(f"an optimizer step was not followed ({error_line(exc)})")
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """One step per outermost ``step()``: an optimizer that steps an inner one (ZeRO) is one step."""
@@ -200,7 +200,7 @@ class ProgramWatch:
                     del running[i:]
                     break
         except Exception as exc:  # never raised into the program's optimizer step
-            self._note(f"an optimizer step was not followed ({type(exc).__name__}: {exc})")
+            self._note(f"an optimizer step was not followed ({error_line(exc)})")
             return
         if not running:
             self._step_ended(backward=False)
@@ -225,8 +225,8 @@ class ProgramWatch:
             if self.on_window_end is not None:
                 self.on_window_end(self)
         except Exception as exc:  # never raised into the program's training step
-            self._note(f"watching stopped after an internal error ({type(exc).__name__}: {exc})")
-            _say(f"recheck run: internal error, watching stopped: {type(exc).__name__}: {exc}")
+            self._note(f"watching stopped after an internal error ({error_line(exc)})")
+            _say(f"recheck run: internal error, watching stopped: {error_line(exc)}")
             try:
                 self.stop()
             except Exception:

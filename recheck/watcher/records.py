@@ -39,7 +39,7 @@ from recheck.runtime.fingerprints import same_objects
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
-from recheck.findings import Finding, Invocation, could_not, one_line
+from recheck.findings import Finding, Invocation, could_not, error_line
 from recheck.watcher import capture
 from recheck.runtime.digests import (ParameterView, Store, TensorPrint, parameter_print_of, parameter_view, planned_digest,
                                      planned_print_of, print_activation, print_tensor)
@@ -848,9 +848,7 @@ class InvocationRecord:
 
     def recompute_raised(self, exc: BaseException) -> None:
         """The region raised while recomputing (its forward returned): the backward fails with it."""
-        text = str(exc).strip().splitlines()
-        head = one_line(f"{type(exc).__name__}: {text[0] if text else ''}", 160)
-        self._add("recompute", f"the region raised during recompute: {head}", subject="recompute",
+        self._add("recompute", f"the region raised during recompute: {error_line(exc)}", subject="recompute",
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
