@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
-           "format_bits", "host_memory", "local_tensor", "unwrapped"]
+           "format_bits", "host_memory", "local_tensor", "same", "unwrapped"]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -225,6 +225,19 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
             size = a.nbytes
             return not size or _MEMCMP(a.data_ptr(), b.data_ptr(), size) == 0
     return torch.equal(_reinterpreted(a), _reinterpreted(b))
+
+
+def same(before: Any, after: Any, tolerance: Tolerance | None = None) -> bool:
+    """Whether a value a forward recorded is the one its recompute recorded: the one equality of
+    recorded state.  Two tensor prints (``recheck.runtime.digests.TensorPrint``) agree in every
+    byte, or within ``tolerance`` when both hold copies; a print never equals a plain value; a
+    plain value's record ``(print, shown)`` is compared by its print."""
+    if type(before) is tuple and type(after) is tuple:
+        return bool(before[0] == after[0])
+    tensor_a, tensor_b = hasattr(before, "matches"), hasattr(after, "matches")
+    if tensor_a and tensor_b:
+        return bool(before.matches(after, tolerance))
+    return not (tensor_a or tensor_b) and bool(before[0] == after[0])
 
 
 def _holds_elements(t: torch.Tensor) -> bool:

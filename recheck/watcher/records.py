@@ -32,7 +32,7 @@ import torch
 
 from recheck.catalogue import explain, hint
 from recheck.runtime.reach import Reach
-from recheck.runtime.bits import Tolerance
+from recheck.runtime.bits import Tolerance, same
 from recheck.runtime.context import (ComputeContext, WiderContext, context_differences, current_context,
                                      wider_context, wider_differences)
 from recheck.runtime.fingerprints import same_objects
@@ -621,7 +621,7 @@ class InvocationRecord:
             state, effects = self._at_last_save
             earlier = _entries(state)
             self._late_keys = frozenset(k for k, v in _entries(forward.state_exit).items()
-                                        if k not in earlier or not _same(earlier[k], v))
+                                        if k not in earlier or not same(earlier[k], v))
             self._early_effects = effects
             self._at_last_save = None
         self._check_grad_reaches()
@@ -947,12 +947,8 @@ class InvocationRecord:
         before, after = differing if differing is not None else (_entries(before), _entries(after))
         for key, now in after.items():
             then = before.get(key)
-            if then is not None:
-                # an attribute's entry is (shallow print, value): compared by the print
-                same = then[0] == now[0] if type(then) is tuple and type(now) is tuple \
-                    else _same(then, now, tolerance)
-                if same:
-                    continue
+            if then is not None and same(then, now, tolerance):
+                continue
             if leave_out is None or not leave_out(key):
                 self._state_finding(key, then, now, how, key in latent_keys)
         for key in before.keys() - after.keys():
@@ -1049,14 +1045,6 @@ def _entries(state: capture.ModuleState | Mapping[tuple[str, str], Any]) -> Mapp
 
 def _is_global(key: tuple[str, str]) -> bool:
     return key[0] == "global"
-
-
-def _same(before: Any, after: Any, tolerance: Tolerance | None = None) -> bool:
-    if isinstance(before, TensorPrint) and isinstance(after, TensorPrint):
-        return before.matches(after, tolerance)
-    if isinstance(before, TensorPrint) or isinstance(after, TensorPrint):
-        return False
-    return bool(before[0] == after[0])
 
 
 #: warnings torch itself emits when a checkpoint call is made again during a recompute

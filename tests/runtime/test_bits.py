@@ -229,3 +229,20 @@ def test_the_ulp_distance_of_doubles_far_apart_is_not_wrapped():
     magnitude = a.view(torch.int64).item()
     assert compare_tensors(a, b).first_ulp == 2 * magnitude > 2 ** 63
     assert compare_tensors(torch.tensor([1.0]), torch.tensor([-1.0])).first_ulp == 2 * 0x3F800000
+
+
+def test_same_is_the_one_bitwise_equality_of_recorded_values():
+    """``bits.same`` compares what a forward recorded with what its recompute recorded: two
+    tensor prints byte for byte (or within a tolerance when both hold copies), a print never
+    equals a plain value, and plain values by their print (the first item of their record)."""
+    from recheck.runtime.digests import print_tensor
+
+    a = torch.tensor([1.0, 2.0])
+    nudged = torch.tensor([1.0, 2.0 + 2e-7])
+    assert bits.same(print_tensor(a, "digest"), print_tensor(a.clone(), "digest"))
+    assert not bits.same(print_tensor(a, "digest"), print_tensor(torch.tensor([0.0, -0.0]), "digest"))
+    assert not bits.same(print_tensor(a, "copy"), print_tensor(nudged, "copy"))
+    assert bits.same(print_tensor(a, "copy"), print_tensor(nudged, "copy"), Tolerance(rtol=1e-5, atol=0))
+    assert not bits.same(print_tensor(a, "digest"), ("tensor", "shown"))
+    assert bits.same((3, "3"), (3, "three"))
+    assert not bits.same((3, "3"), (4, "3"))
