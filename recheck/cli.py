@@ -1,6 +1,6 @@
 """The ``recheck`` command line: a thin argparse shell over the subcommand modules.
 
-Exit codes (README "Exit codes"): 0 clean, 1 findings, 2 usage, configuration or input error
+Exit codes (docs/exit-codes.md): 0 clean, 1 findings, 2 usage, configuration or input error
 (over findings), 130 interrupted.
 Importing this module, and running ``rules``, ``explain``, ``lab`` or ``lint``, never
 imports torch.

@@ -1,6 +1,6 @@
 """``recheck lint [PATHS]``: find recomputation hazards inside checkpointed regions.
 
-Exit codes (README's contract for every face): 0 clean, 1 findings, 2 usage, configuration
+Exit codes (docs/exit-codes.md, the contract for every face): 0 clean, 1 findings, 2 usage, configuration
 or input error, including a file or folder that could not be linted, which wins over 1 (the
 findings are still all printed); ``--exit-zero`` turns 1 into 0, never 2.  Nothing here imports torch.
 """

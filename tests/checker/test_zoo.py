@@ -102,7 +102,7 @@ def test_zoo_tables_describe_every_example(zoo) -> None:
 
 def test_zoo_covers_every_dynamic_kind(zoo) -> None:
     # ``context`` is covered by fixtures/models/context_regions.py, kept beside the zoo (whose
-    # region counts the README quotes) until the zoo takes its region
+    # region counts the docs quote) until the zoo takes its region
     from source_modules import load_file
 
     regions = load_file(ROOT / "fixtures" / "models" / "context_regions.py", "recheck_context_regions")

@@ -257,7 +257,7 @@ def test_a_broken_file_parsed_again_for_a_wrapper_is_reported_once(lint, write, 
 @pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github"])
 @pytest.mark.parametrize("extra", [(), ("--exit-zero",), ("--statistics",)])
 def test_an_input_error_exits_2_over_findings_in_every_format(lint, write, tree, fmt, extra):
-    # README's one contract: 0 clean, 1 findings, 2 usage/config/input error (which wins over 1)
+    # the one contract (docs/exit-codes.md): 0 clean, 1 findings, 2 usage/config/input error (which wins over 1)
     assert lint("--format", fmt, *extra).code == (0 if "--exit-zero" in extra else 1)
     write("broken.py", "def f(:\n")
     run = lint("--format", fmt, *extra)
