@@ -1,7 +1,7 @@
 """recheck: prove that activation checkpointing recomputes exactly what the forward computed.
 
 The findings model (:class:`Finding`, :class:`Report`, :class:`RecomputeMismatch`) is
-importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``,
+importable without torch.  The torch-facing API (``check``, ``assert_recompute_equal``, ``check_function``,
 ``watch``, ``tag``, ``measure``, ``suggest``, ``apply_plan``, ``gather_report``) is loaded on first use, so ``import recheck`` stays cheap and the
 linter and the CLI's catalogue commands never import torch.
 """
@@ -28,6 +28,7 @@ _LAZY = {
     "assert_recompute_equal": "recheck.checker",
     "check_step": "recheck.checker",
     "assert_step_equal": "recheck.checker",
+    "check_function": "recheck.checker.functions",
     "watch": "recheck.watcher",
     "tag": "recheck.watcher",
     "measure": "recheck.cost",
@@ -49,6 +50,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover  (for type checkers: at run time __getattr__ imports them)
     from recheck.checker import assert_recompute_equal, assert_step_equal, check, check_step  # noqa: F401
+    from recheck.checker.functions import check_function  # noqa: F401
     from recheck.cost import apply_plan, measure, suggest  # noqa: F401
     from recheck.distributed.reports import gather_report  # noqa: F401
     from recheck.watcher import tag, watch  # noqa: F401

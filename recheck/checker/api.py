@@ -205,6 +205,7 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"recheck.check_step(): repeats must be a whole number of 1 or more, got {repeats!r}")
     from recheck.checker.twin import check_step_report
+    from recheck.checker.functions import FunctionCalls, audit_functions
     from recheck.runtime.steps import given_objects
     from recheck.watcher.dispatch import DISPATCHER
     from recheck.watcher.options import WatchOptions
@@ -218,9 +219,11 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     # timeit pauses it: the snapshots' records survive into the oldest generation, whose
     # collection walks every object of the process (247 ms with transformers and timm
     # imported), and that came about once per ten checks
-    with DISPATCHER.taken_over("recheck.check_step()"), collector_paused():  # (a watch() block waits)
-        return check_step_report(step, repeats=repeats, tolerance=options.tolerance,
-                                 watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
+    with DISPATCHER.taken_over("recheck.check_step()"), collector_paused(), FunctionCalls() as functions:
+        report = check_step_report(step, repeats=repeats, tolerance=options.tolerance,
+                                   watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
+    report.extend(audit_functions(functions))  # each custom autograd.Function the step ran (never raises)
+    return report
 
 
 def assert_step_equal(step: Callable[[], Any], /, **options: Any) -> None:
