@@ -282,3 +282,35 @@ def test_an_optimizer_that_steps_an_inner_optimizer_is_one_step():
         watcher.stop()
     assert (watcher.unit, watcher.optimizer_steps) == (OPTIMIZER_STEP, 2)
     assert watcher.report.stats["invocations"] == 2
+
+
+# -- --check-step ---------------------------------------------------------------------------------
+
+
+def test_check_step_compares_the_next_call_of_the_step_function_and_leaves_no_trace(tmp_path):
+    report = tmp_path / "report.json"
+    script = PROGRAMS / "train_step_function.py"
+    out = recheck_run("--check-step", "--format", "json", "--report", report, script)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout == python(script).stdout  # the twin's runs are put back: every loss as without recheck
+    document = json.loads(report.read_text())
+    assert document["steps"]["watched"] == 1  # --check-step watches one step unless --steps says more
+    twin = document["report"]["stats"]["check_step"]
+    assert twin["step"] == "train_step (train_step_function.py:32)" and twin["runs"] >= 2
+    kinds = [f["kind"] for f in document["report"]["findings"]]
+    assert kinds.count("recompute") == 2 and "gradient" in kinds  # the watched step's; the twin's own
+    assert "--check-step: the next call of train_step" in out.stderr
+
+
+def test_check_step_of_a_clean_step_function_finds_nothing():
+    out = recheck_run("--check-step", "--steps", "2", PROGRAMS / "train_step_function.py", "--clean")
+    assert out.returncode == 0, out.stderr
+    assert "was compared with its uncheckpointed twin: no findings" in out.stderr
+
+
+def test_check_step_on_a_loop_body_says_why_it_compares_nothing():
+    out = recheck_run("--check-step", "--exit-zero", PROGRAMS / "train_clean.py")
+    assert out.returncode == 0, out.stderr
+    assert "no step was compared with its twin: its forward and backward run in the top level of train_clean.py" \
+        in out.stderr
+    assert "a loop body is not a function recheck can call again" in out.stderr

@@ -16,6 +16,11 @@ module that does not exist, a ``--report`` path that is a folder) or a bad ``[to
 Watch options (``early-stop``, ``store``, the tolerance, ``checkpoint-functions``) come from
 ``[tool.recheck]``.  Under a launcher (``torchrun``) each rank reports for itself, and
 ``--report PATH`` writes ``PATH`` with ``.rank<N>`` before its suffix.
+
+``--check-step`` also compares one step with its uncheckpointed twin (``check_step``): the step
+function is found in the first step (:class:`~recheck.watcher.program.StepTwin`), so the step
+compared is the first one after the watched steps (``--steps`` defaults to 1 with it); a step
+that is no function (a loop body) is not compared and the report says why.
 """
 
 from __future__ import annotations
@@ -36,11 +41,14 @@ HELP = ("run a Python program as python would, verifying every checkpoint call o
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The step window, the report's path and format, and the program with its arguments."""
-    parser.usage = ("%(prog)s [--steps N] [--report PATH] [--format {text,json}] [--exit-zero] [--verbose] "
+    parser.usage = ("%(prog)s [--steps N] [--check-step] [--report PATH] [--format {text,json}] [--exit-zero] [--verbose] "
                     "(SCRIPT.py | -m MODULE) [ARGS...]")
     parser.add_argument("--steps", type=count(1), default=None, metavar="N",
                         help="watch only the first N steps (optimizer steps, or backward calls when no "
                              "optimizer steps), then stop intercepting (default: the whole program)")
+    parser.add_argument("--check-step", action="store_true",
+                        help="also compare the step after the watched ones with its uncheckpointed twin "
+                             "(check_step), when the program's step is a function it calls once per step")
     parser.add_argument("--report", default=None, metavar="PATH",
                         help="also write the final report to PATH, in --format")
     parser.add_argument("--format", choices=("text", "json"), default="text",
@@ -126,6 +134,19 @@ def _titled(report: Any, label: str, watcher: Any) -> Any:
     return report
 
 
+def _with_twin(report: Any, twin: Any) -> None:
+    """The ``--check-step`` twin's findings, notes and statistics added to the run's report."""
+    if twin.report is None:
+        report.notes.append(f"--check-step: no step was compared with its twin: {twin.reason}")
+        return
+    found = len(twin.report)
+    report.title = (f"{report.title}\n--check-step: the next call of {twin.step_function} was compared "
+                    f"with its uncheckpointed twin: {found or 'no'} finding{'s' if found != 1 else ''}")
+    report.findings.extend(twin.report.findings)
+    report.notes.extend(n for n in twin.report.notes if n not in report.notes)
+    report.stats["check_step"] = dict(twin.report.stats, step=twin.step_function)
+
+
 def _text(report: Any, verbose: bool, stream: Any = None) -> str:
     """The report as text (the one renderer), painted when ``stream`` is a terminal that shows colour."""
     from recheck.output.text import format_report
@@ -158,13 +179,19 @@ def run(ns: argparse.Namespace) -> int:
         _say(_text(_titled(report, label, watcher), ns.verbose, sys.stderr))
 
     report_path = Path(ns.report).absolute() if ns.report is not None else None  # before the program's chdir
-    watcher = ProgramWatch(ns.steps, options, on_window_end=window_ended)
+    steps = 1 if ns.check_step and ns.steps is None else ns.steps
+    from recheck.checker.twin import check_step_report
+
+    watcher = ProgramWatch(steps, options, on_window_end=window_ended,
+                           check_step=check_step_report if ns.check_step else None)
     status = run_program(target, list(args), module=module, before=watcher.start, after=watcher.stop)
     report = watcher.report
     if report is None:  # never started (the program could not be loaded)
         return status
     if not watcher.window_ended:
         _titled(report, label, watcher)
+    if watcher.twin is not None:
+        _with_twin(report, watcher.twin)
     findings = 0 if report.ok else len(report)
     outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
     summary = f"recheck run: {outcome}; the program exited with status {status}"

@@ -15,20 +15,32 @@ Two parts, both used by :mod:`recheck.commands.run_program`:
   ``steps=N`` the block ends when the N-th step ends: the hook is removed, the patched
   checkpoint entry points are the originals again, and the rest of the program runs without
   recheck.  Anything that goes wrong inside recheck becomes a note; the program keeps running.
+* :class:`StepTwin` (``--check-step``) finds the *step function*: the innermost function on
+  the stack both at the first step's last outermost module forward and at its first backward
+  (Trainer.training_step, Lightning's closure, a loop's ``train_step(model, batch)``).  A
+  script is not a function, so a step cannot be replayed from an arbitrary line; a function
+  can.  When the watched steps end, the next call of that function (the next step) is
+  intercepted at its entry (``sys.setprofile``, until then only) and, before it runs, is
+  compared with its uncheckpointed twin by :func:`recheck.checker.twin.check_step_report`
+  with the arguments it was called with; the snapshot is put back and the call runs as the
+  program made it.  When the next step's backward starts first (the step runs inline in a
+  loop that is never called again) it says so and compares nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import runpy
 import sys
 import threading
+import types
 from typing import Any, Callable
 
 from recheck.findings import Report, error_line
 
-__all__ = ["BACKWARD", "OPTIMIZER_STEP", "ProgramWatch", "run_program"]
+__all__ = ["BACKWARD", "OPTIMIZER_STEP", "ProgramWatch", "StepTwin", "run_program"]
 
 #: What a step was: ``ProgramWatch.unit``.
 OPTIMIZER_STEP = "optimizer step"
@@ -49,8 +61,10 @@ class ProgramWatch:
     """
 
     def __init__(self, steps: int | None, watch_options: dict[str, Any],
-                 on_window_end: Callable[[ProgramWatch], None] | None = None) -> None:
+                 on_window_end: Callable[[ProgramWatch], None] | None = None,
+                 check_step: Callable[..., Report] | None = None) -> None:
         self.steps = steps
+        self.twin: StepTwin | None = StepTwin(watch_options, check_step) if check_step is not None else None
         self.watch_options = dict(watch_options)
         self.on_window_end = on_window_end
         self.optimizer_steps = 0
@@ -107,6 +121,8 @@ class ProgramWatch:
                            register_optimizer_step_post_hook(self._after_optimizer_step)]
             self._backward = torch.autograd.backward
             torch.autograd.backward = self._counted_backward(self._backward)
+            if self.twin is not None:
+                self.twin.start(self._backward)
         except Exception as exc:  # an older or unusual torch: watch the whole program instead
             self._note(f"steps cannot be counted ({error_line(exc)}); the whole program is watched")
 
@@ -134,6 +150,8 @@ class ProgramWatch:
         return self.report
 
     def _uninstall(self) -> None:
+        if self.twin is not None:
+            self.twin.stop_looking()
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
             try:
@@ -167,6 +185,8 @@ class ProgramWatch:
             if not self._counting or getattr(depth, "value", 0) != 0:  # not watching, or a nested call
                 return original(*args, **kwargs)  # (a reentrant checkpoint's backward calls it)
             depth.value = 1
+            if self.twin is not None:
+                self.twin.backward_began()
             try:
                 result = original(*args, **kwargs)
             finally:
@@ -188,6 +208,8 @@ class ProgramWatch:
             if any(o is optimizer for o in running):  # left there by a step() that raised
                 del running[next(i for i, o in enumerate(running) if o is optimizer):]
             running.append(optimizer)
+            if self.twin is not None and not any(o is optimizer for o in self.twin.optimizers):
+                self.twin.optimizers.append(optimizer)
         except Exception as exc:  # never raised into the program's optimizer step
             self._note(f"an optimizer step was not followed ({error_line(exc)})")
 
@@ -224,6 +246,8 @@ class ProgramWatch:
             self.stop()
             if self.on_window_end is not None:
                 self.on_window_end(self)
+            if self.twin is not None:
+                self.twin.arm()
         except Exception as exc:  # never raised into the program's training step
             self._note(f"watching stopped after an internal error ({error_line(exc)})")
             _say(f"recheck run: internal error, watching stopped: {error_line(exc)}")
@@ -231,6 +255,133 @@ class ProgramWatch:
                 self.stop()
             except Exception:
                 pass
+
+
+class StepTwin:
+    """``--check-step``: the program's step function, found in its first step and compared with its
+    uncheckpointed twin at its first call after the watched steps (see the module's docstring).
+
+    ``report`` is the twin's report once it ran; ``reason`` says why no twin ran.  Nothing raises
+    into the program: a twin that fails is a reason.
+    """
+
+    def __init__(self, watch_options: dict[str, Any], check_step: Callable[..., Report]) -> None:
+        self.watch_options = watch_options
+        self.check_step = check_step  # check_step_report (the checker is above the watcher: passed in)
+        self.report: Report | None = None
+        self.reason: str | None = "the program made no step after the watched ones"
+        self.step_function: str | None = None  # its qualified name and place, once found
+        self.optimizers: list[Any] = []  # those the watched steps stepped: their state is the step's
+        self.modules: list[Any] = []  # the outermost modules the first step ran
+        self._code: Any = None  # the step function's code
+        self._forward: list[Any] = []  # the frames around the last outermost module forward
+        self._backward_code: Any = None
+        self._call_impl: Any = None
+        self._hook: Any = None
+        self._looking = False
+
+    def start(self, backward: Callable[..., Any]) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._backward_code = getattr(backward, "__code__", None)
+        self._call_impl = _call_impl_file()
+        self._hook = register_module_forward_pre_hook(self._forward_began)
+        self._looking = True
+
+    def stop_looking(self) -> None:
+        hook, self._hook, self._forward, self._looking = self._hook, None, [], False
+        if hook is not None:
+            hook.remove()
+
+    def _forward_began(self, module: Any, args: Any) -> None:
+        frames = _program_frames(sys._getframe(1))
+        calls = sum(1 for f in frames if f.f_code.co_name == "_call_impl" and f.f_code.co_filename == self._call_impl)
+        if calls == 1:  # the outermost module call
+            self._forward = frames
+            if not any(m is module for m in self.modules):
+                self.modules.append(module)
+
+    def backward_began(self) -> None:
+        """The first step's backward: the step function is the innermost function around both."""
+        if not self._looking:
+            return
+        forward = {id(f) for f in self._forward}  # held until now: their ids are theirs
+        frames = _program_frames(sys._getframe(1))
+        self.stop_looking()
+        common = [f for f in frames if id(f) in forward]
+        if not common:
+            self.reason = "the first step's forward was not found (no module call before its backward)"
+            return
+        inner = common[0]
+        self._code = inner.f_code
+        top = inner.f_code.co_name == "<module>"
+        self.step_function = (f"the top level of {_place(inner.f_code)}" if top
+                              else f"{inner.f_code.co_qualname} ({_place(inner.f_code)})")
+        self.reason = (f"its forward and backward run in {self.step_function}, which the program did "
+                       "not call again before the next step's backward (a loop body is not a function "
+                       "recheck can call again: move the step into a function the loop calls, or use "
+                       "recheck check --step)")
+
+    def arm(self) -> None:
+        """Wait for the step function's next call (profiling calls until then)."""
+        if self._code is None:
+            return
+        if self._code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+            self.reason = f"the step function {self.step_function} is a generator or coroutine"
+            return
+        sys.setprofile(self._profile)
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or (frame.f_code is not self._code and frame.f_code is not self._backward_code):
+            return
+        sys.setprofile(None)
+        if frame.f_code is self._code:
+            try:
+                self._compare(frame)
+            except Exception as exc:  # the program's call still runs as it was made
+                self.report = None
+                self.reason = f"the twin of {self.step_function} could not run ({error_line(exc)})"
+
+    def _compare(self, frame: Any) -> None:
+        """Compare the call ``frame`` is about to make with its twin, from the arguments it was given."""
+        import gc
+
+        code, values = frame.f_code, frame.f_locals
+        free = [values.get(name) for name in code.co_freevars]
+        functions = [f for f in gc.get_referrers(code) if isinstance(f, types.FunctionType) and f.__code__ is code
+                     and all(c.cell_contents is v for c, v in zip(f.__closure__ or (), free))]
+        if not functions:
+            self.reason = f"the function object of {self.step_function} could not be found"
+            return
+        names = code.co_varnames
+        positional = [values[n] for n in names[:code.co_argcount]]
+        at = code.co_argcount + code.co_kwonlyargcount
+        keywords = {n: values[n] for n in names[code.co_argcount:at]}
+        if code.co_flags & inspect.CO_VARARGS:
+            positional += list(values[names[at]])
+            at += 1
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            keywords.update(values[names[at]])
+        step = functools.partial(functions[0], *positional, **keywords)
+        self.report = self.check_step(step, watch_options=self.watch_options, modules=self.modules,
+                                        optimizers=self.optimizers)
+        self.reason = None
+
+
+def _program_frames(frame: Any) -> list[Any]:
+    """``frame`` and its callers, innermost first, without recheck's and runpy's frames."""
+    frames = []
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_INTERNAL) or name == runpy.__file__ or name.startswith("<frozen runpy")):
+            frames.append(frame)
+        frame = frame.f_back
+    return frames
+
+
+def _place(code: Any) -> str:
+    name = os.path.basename(code.co_filename)
+    return name if code.co_name == "<module>" else f"{name}:{code.co_firstlineno}"
 
 
 def _optimizer_exists() -> bool:
@@ -253,6 +404,16 @@ def _optimizer_exists() -> bool:
             return True
         stack.extend(cls.__subclasses__())
     return False
+
+
+_INTERNAL = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the recheck package
+
+
+def _call_impl_file() -> str:
+    """Where ``nn.Module._call_impl`` is (by name: watch() may have wrapped the method itself)."""
+    import torch.nn.modules.module
+
+    return torch.nn.modules.module.__file__
 
 
 def _say(text: str) -> None:
