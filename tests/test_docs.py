@@ -9,7 +9,8 @@ the line just before it say how the block is tested.
 - ```` ```toml ````: a ``pyproject.toml`` fragment, loaded and validated as ``[tool.recheck]``.
 - ``<!-- file: NAME -->``: the block is written to ``NAME`` in a fresh folder (one per page).
 - ``<!-- output: recheck ARGS -->``: ``recheck ARGS`` runs in that folder (the project root when the
-  page writes no file) and its standard output must be the block, exactly.
+  page writes no file) and its standard output must be the block, exactly (``RECHECK_UPDATE_DOCS=1``
+  rewrites a block whose output changed, for a change that means it).
 - ``<!-- ci -->``: every line is a command ``.ci/run`` runs, each in its own fresh environment.
 - ``<!-- not run -->`` (or ``<!-- not run: why -->``): shown, never run.
 """
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import doctest
 import io
+import os
 import re
 import shlex
 import subprocess
@@ -132,7 +134,14 @@ def test_shown_output_is_the_real_output(block, tmp_path, monkeypatch, capsys):
     assert command[0] == "recheck", block.marker
     with contextlib.suppress(SystemExit):
         main(command[1:])
-    assert capsys.readouterr().out == block.body, f"{block}: the output of `{shlex.join(command)}` changed"
+    out = capsys.readouterr().out
+    if out != block.body and os.environ.get("RECHECK_UPDATE_DOCS") == "1":
+        shown = f"<!-- {block.marker} -->\n```{block.lang}\n"
+        text = block.page.read_text(encoding="utf-8")
+        block.page.write_text(text.replace(shown + block.body, shown + out, 1), encoding="utf-8")
+        pytest.skip(f"{block}: rewritten with the new output (RECHECK_UPDATE_DOCS=1)")
+    assert out == block.body, (f"{block}: the output of `{shlex.join(command)}` changed (RECHECK_UPDATE_DOCS=1 "
+                               f"rewrites the block); it is now:\n{out}")
 
 
 def test_every_file_block_is_used_by_an_output_block():
