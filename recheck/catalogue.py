@@ -1,8 +1,8 @@
 """The rule catalogue: one Markdown document per rule in ``rules/``, and the rule registry.
 
 The **registry** (:data:`REGISTRY`) is the one place that knows, for every rule code, its
-one-line advice, the dynamic finding kinds it explains (and, within a kind, which subjects),
-and whether ``recheck lint --fix`` can fix it.  Every face asks it: the checker and
+one-line advice, which subjects of the kinds it explains (declared with each kind in
+:data:`recheck.findings.DECLARED`) it names, and whether ``recheck lint --fix`` can fix it.  Every face asks it: the checker and
 ``watch()`` through :func:`explain` (kind + subject -> rule) and :func:`hint` (the text a
 finding's ``hint:`` line shows), the linter for :data:`FIXABLE`, ``recheck rules`` for the
 listing.  A document in ``rules/`` gives each code its name, summary and examples; a test holds
@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
+
+from recheck.findings import DECLARED
 
 __all__ = [
     "FIXABLE",
@@ -165,18 +167,18 @@ _BATCHNORM_BUFFERS = ("running_mean`", "running_var`", "num_batches_tracked`")
 
 @dataclass(frozen=True)
 class Entry:
-    """What the registry knows of one rule code.
-
-    ``kinds`` are the dynamic finding kinds whose *cause* this rule names (a ``gradient`` that
-    merely follows from it is not listed; the checker points it at its cause).  Within those
-    kinds, :meth:`explains` narrows by subject and context; entries are tried in registry
-    order, so a narrower entry stands before a broader one for the same kind.
-    """
+    """What the registry knows of one rule code: its one-line advice and whether ``--fix``
+    fixes it.  The dynamic kinds a rule explains are declared with each kind
+    (:data:`recheck.findings.DECLARED`, its ``rules``), where :func:`explain` reads them."""
 
     code: str
     advice: str
-    kinds: tuple[str, ...] = ()
     fixable: bool = False
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The dynamic finding kinds whose *cause* this rule names."""
+        return tuple(k.name for k in DECLARED if self.code in k.rules)
 
     def explains(self, kind: str, subject: str, context: Mapping[str, object]) -> bool:
         """Whether a finding of ``kind`` about ``subject`` is explained by this rule.
@@ -185,8 +187,6 @@ class Entry:
         ``preserve_rng_state`` (bool, absent when unknown) and ``implementation``
         (``"torch"`` for torch's own checkpoint, another name for a hand-written one).
         """
-        if kind not in self.kinds:
-            return False
         narrow = _NARROWING.get(self.code)
         return narrow is None or narrow(kind, subject, context)
 
@@ -242,36 +242,25 @@ _NARROWING = {
     "RC104": _written_state,
 }
 
-#: The rules the dynamic checker names (or ``--fix`` fixes), with their advice and what they
-#: explain.  A rule only the linter finds needs no entry: :func:`entry` makes one from its
-#: document, whose summary is the advice.  Order matters within a kind
-#: (see :meth:`Entry.explains`): RC106 before RC104 for ``buffer``, RC003 (another
-#: implementation's own) before RC002 and RC102 for ``rng`` and before RC101 for ``context``.
+#: The rules the dynamic checker names (or ``--fix`` fixes), with their advice.  A rule only the
+#: linter finds needs no entry: :func:`entry` makes one from its document, whose summary is the advice.
 REGISTRY: tuple[Entry, ...] = (
-    Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards",
-          fixable=True),
-    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state",
-          ("rng", "context")),
-    Entry("RC002", "the region draws random numbers but preserve_rng_state=False", ("rng",)),
-    Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve",
-          ("rng",)),
-    Entry("RC105", "the region draws from an RNG that checkpoint does not restore", ("rng",)),
-    Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute",
-          ("buffer",)),
-    Entry("RC101", "the region reads a global that changes between forward and recompute",
-          ("global", "context")),
-    Entry("RC103", "the region logs, prints or warns; it runs again on recompute",
-          ("side_effect",)),
-    Entry("RC104", "the region mutates state outside itself; the recompute mutates it again",
-          ("buffer", "state")),
-    Entry("RC107", "the region mutates one of its inputs in place", ("input_mutation",)),
-    Entry("RC201", "a parameter changed between forward and recompute", ("param_version",)),
+    Entry("RC001", "pass use_reentrant=False explicitly; the reentrant default hides hazards", fixable=True),
+    Entry("RC003", "a hand-written checkpoint reruns its function without restoring RNG or autocast state"),
+    Entry("RC002", "the region draws random numbers but preserve_rng_state=False"),
+    Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve"),
+    Entry("RC105", "the region draws from an RNG that checkpoint does not restore"),
+    Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute"),
+    Entry("RC101", "the region reads a global that changes between forward and recompute"),
+    Entry("RC103", "the region logs, prints or warns; it runs again on recompute"),
+    Entry("RC104", "the region mutates state outside itself; the recompute mutates it again"),
+    Entry("RC107", "the region mutates one of its inputs in place"),
+    Entry("RC201", "a parameter changed between forward and recompute"),
 )
 
 _BY_CODE: dict[str, Entry] = {e.code: e for e in REGISTRY}
-#: the entries that name each finding kind, in registry order (every finding asks :func:`explain`)
-_BY_KIND: dict[str, tuple[Entry, ...]] = {
-    kind: tuple(e for e in REGISTRY if kind in e.kinds) for kind in dict.fromkeys(k for e in REGISTRY for k in e.kinds)}
+#: the entries that may explain each finding kind, in the order its declaration gives
+_BY_KIND: dict[str, tuple[Entry, ...]] = {k.name: tuple(_BY_CODE[c] for c in k.rules) for k in DECLARED}
 
 #: Codes ``recheck lint --fix`` can fix.
 FIXABLE: frozenset[str] = frozenset(e.code for e in REGISTRY if e.fixable)

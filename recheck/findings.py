@@ -14,14 +14,16 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from recheck.output.text import FIRST_LINE, SEVERITY, format_finding, format_report
+from recheck.output.text import FIRST_LINE, format_finding, format_report
 from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
 
 __all__ = [
+    "DECLARED",
     "DYNAMIC_KINDS",
     "Entry",
     "FIRST_LINE",
     "KINDS",
+    "Kind",
     "LINT",
     "Finding",
     "Invocation",
@@ -34,20 +36,45 @@ __all__ = [
     "report_entries",
 ]
 
-#: The dynamic kinds, each with the one-line meaning every face of recheck uses.
-DYNAMIC_KINDS: Mapping[str, str] = {
-    "output": "the checkpointed forward's output differs from the plain forward's",
-    "recompute": "values recomputed in backward differ from the original forward's",
-    "gradient": "a gradient differs from the uncheckpointed run's",
-    "rng": "a random-number generator's state differs",
-    "context": "grad mode, autocast (enabled, dtype) or the default dtype differs between forward and recompute",
-    "buffer": "a module buffer (such as BatchNorm running statistics) differs",
-    "state": "Python-side state (module attributes, containers, globals written) differs",
-    "global": "a global the region reads had another value at recompute than at forward",
-    "side_effect": "logging, printing or warnings were emitted again during recompute",
-    "param_version": "a parameter or input was modified in place between forward and recompute",
-    "input_mutation": "the region mutates one of its own inputs",
-}
+@dataclass(frozen=True)
+class Kind:
+    """One dynamic finding kind, declared once in :data:`DECLARED`, which every face reads.
+
+    ``meaning`` is the one line every face uses for it; ``rules`` the codes of the rules that
+    may name its cause, tried in order (:func:`recheck.catalogue.explain` narrows each by the
+    finding's subject); ``cause`` says whether it is a cause (a hazard a ``gradient`` or an
+    ``output`` difference may follow from) or a consequence (a value that came out different).
+    Its place in :data:`DECLARED` is its order: the most severe first, which is also the order
+    a consequence is pointed at its likeliest cause in (:func:`recheck.runtime.explaining.with_likely_causes`).
+    """
+
+    name: str
+    meaning: str
+    rules: tuple[str, ...] = ()
+    cause: bool = True
+
+
+#: Every dynamic kind, the most severe first: the causes (a parameter changed, an input mutated,
+#: an RNG, the context, a global, state written, a buffer, an effect run again), then the
+#: differences they cause (saved tensors, the output, a gradient).  Adding a kind is one line
+#: here, the code that observes it and its test.
+DECLARED: tuple[Kind, ...] = (
+    Kind("param_version", "a parameter or input was modified in place between forward and recompute", ("RC201",)),
+    Kind("input_mutation", "the region mutates one of its own inputs", ("RC107",)),
+    Kind("rng", "a random-number generator's state differs", ("RC003", "RC002", "RC102", "RC105")),
+    Kind("context", "grad mode, autocast (enabled, dtype) or the default dtype differs between forward and recompute",
+         ("RC003", "RC101")),
+    Kind("global", "a global the region reads had another value at recompute than at forward", ("RC101",)),
+    Kind("state", "Python-side state (module attributes, containers, globals written) differs", ("RC104",)),
+    Kind("buffer", "a module buffer (such as BatchNorm running statistics) differs", ("RC106", "RC104")),
+    Kind("side_effect", "logging, printing or warnings were emitted again during recompute", ("RC103",)),
+    Kind("recompute", "values recomputed in backward differ from the original forward's", cause=False),
+    Kind("output", "the checkpointed forward's output differs from the plain forward's", cause=False),
+    Kind("gradient", "a gradient differs from the uncheckpointed run's", cause=False),
+)
+
+#: The dynamic kinds, each with its one-line meaning (:data:`DECLARED`'s order).
+DYNAMIC_KINDS: Mapping[str, str] = {k.name: k.meaning for k in DECLARED}
 
 #: The kind of every static (linter) finding.
 LINT = "lint"
@@ -306,7 +333,7 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
        is one ``values`` entry.
     4. The rest: one finding, or the same finding over several invocations.
 
-    Entries of one severity (:data:`SEVERITY`; a latent one after an executed one) keep the
+    Entries of one severity (:data:`DECLARED`'s order; a latent one after an executed one) keep the
     order they were found in.  Static (``lint``) findings are not entries.
     """
     dynamic = [f for f in findings if f.kind != LINT]
@@ -330,9 +357,12 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
     return entries
 
 
+#: Each dynamic kind's place in :data:`DECLARED`: the most severe first.
+SEVERITY: Mapping[str, int] = {k.name: n for n, k in enumerate(DECLARED)}
+
+
 def _severity(finding: Finding) -> tuple[int, bool]:
-    kind = finding.kind
-    return (SEVERITY.index(kind) if kind in SEVERITY else len(SEVERITY), finding.latent)
+    return (SEVERITY.get(finding.kind, len(SEVERITY)), finding.latent)
 
 
 def _regions(findings: Iterable[Finding]) -> tuple[str, ...]:

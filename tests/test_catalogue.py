@@ -77,3 +77,59 @@ def test_hint_points_at_recheck_explain_not_a_folder():
 def test_fixable_comes_from_the_registry():
     assert FIXABLE == {"RC001"}
     assert entry("rc001").fixable
+
+
+#: The packages that build or read dynamic findings (the linter and the cost model have kinds of their own).
+_DYNAMIC_PACKAGES = ("checker", "watcher", "runtime", "distributed", "output", "findings.py", "catalogue.py")
+
+
+def _kinds_named_in(path):
+    """The string literals ``path`` builds a finding of (``Finding("rng", ...)``, ``_add("buffer", ...)``,
+    ``explain("state", ...)``) or compares a ``.kind`` with (``f.kind == "output"``, ``f.kind in (...)``)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if called in ("Finding", "_add", "finding", "_finding", "add", "explain"):
+                values = [*node.args[:1], *(k.value for k in node.keywords if k.arg == "kind")]
+                names |= {v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+        elif isinstance(node, ast.Compare) and getattr(node.left, "attr", None) == "kind":
+            for value in node.comparators:
+                items = [value] if isinstance(value, ast.Constant) else getattr(value, "elts", [])
+                names |= {i.value for i in items if isinstance(i, ast.Constant)}
+    return names
+
+
+def test_a_kind_is_declared_once_and_every_face_reads_the_declaration():
+    """Issue 41: a finding kind is one line of ``findings.DECLARED`` (its meaning, its rules, cause or
+    consequence, its order); the kinds tables of every face are read from it, and no code builds or
+    tests a kind that is not declared there."""
+    from pathlib import Path
+
+    from recheck.findings import DECLARED, KINDS
+    from recheck.findings import SEVERITY as severity
+    from recheck.runtime.explaining import CAUSES, SYMPTOMS
+
+    package = Path(__file__).resolve().parent.parent / "recheck"
+    named = {}
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] in _DYNAMIC_PACKAGES:
+            for kind in _kinds_named_in(path):
+                named.setdefault(kind, []).append(str(path.relative_to(package)))
+    undeclared = {k: v for k, v in named.items() if k not in KINDS}
+    assert not undeclared, f"kinds used but not declared in findings.DECLARED: {undeclared}"
+    assert {k.name for k in DECLARED} <= set(named), "a declared kind no code observes"
+    assert len({k.name for k in DECLARED}) == len(DECLARED)
+    assert CAUSES + SYMPTOMS == tuple(k.name for k in DECLARED if k.cause) + tuple(k.name for k in DECLARED
+                                                                                  if not k.cause)
+    assert list(severity) == [k.name for k in DECLARED]
+    for kind in DECLARED:
+        assert kind.meaning and "\n" not in kind.meaning
+        for code in kind.rules:
+            assert entry(code).code == code
+            assert kind.name in next(r for r in all_rules() if r.code == code).runtime_kinds, (
+                f"{code}'s document does not list `{kind.name}` under 'Found at run time as'")
+    assert {e.code for e in REGISTRY if e.kinds} == {c for k in DECLARED for c in k.rules}

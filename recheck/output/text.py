@@ -12,7 +12,7 @@ call, a step's consequences of a reported cause); this module only renders them.
 :func:`format_report` is the one text renderer of a report, for every face (``recheck check``,
 ``check --step``, ``recheck run``, ``pytest --recheck``, the framework callbacks, ``str(report)``):
 a report is read in a minute, so by default it shows at most :data:`ENTRIES_SHOWN` entries,
-causes before the differences they cause (:data:`SEVERITY`), and says how many more
+causes before the differences they cause (:data:`recheck.findings.DECLARED`), and says how many more
 ``verbose=True`` (or the JSON report) lists; the detail of each difference (the first
 differing element among it) is shown while the report so written fits :data:`SCREEN_LINES`.  Colour is the caller's choice (``colour=True``
 when the text goes to a terminal that shows it, :func:`recheck.progress.colour_enabled`).
@@ -30,20 +30,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Entry, Finding, Invocation, Report
 
-__all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "SEVERITY", "ansi", "format_entry", "format_finding",
+__all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "ansi", "format_entry", "format_finding",
            "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span"]
 
 #: The first line of a report with dynamic findings.
 FIRST_LINE = "recheck: recomputation differs from the original forward"
 _INDENT = "      "
 
-#: Dynamic finding kinds from the most severe: the causes first (a parameter changed, an input
-#: mutated, an RNG, the context, a global, state written, a buffer, an effect run again), then
-#: the differences they cause (saved tensors, the output, a gradient).  A kind not listed
-#: comes after them, and the grouped consequences of a step (differences from its twin that a
-#: watched cause explains) come last.
-SEVERITY: tuple[str, ...] = ("param_version", "input_mutation", "rng", "context", "global", "state", "buffer",
-                             "side_effect", "recompute", "output", "gradient")
 #: Entries a report shows unless ``verbose``; the rest are counted on one line.
 ENTRIES_SHOWN = 10
 #: A report whose entries, with their detail, take at most this many lines shows the detail

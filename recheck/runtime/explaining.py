@@ -18,6 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from recheck.catalogue import TRAINING_STATE, hint
+from recheck.findings import DECLARED
 from recheck.runtime.naming import parameter_subject
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,10 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CAUSES", "SYMPTOMS", "effect_messages", "is_symptom", "param_version_message", "with_likely_causes"]
 
-#: Kinds that explain a value difference, most specific first.
-CAUSES = ("rng", "context", "global", "param_version", "input_mutation", "buffer", "state", "side_effect")
+#: Kinds that explain a value difference, in their declared order (:data:`recheck.findings.DECLARED`).
+CAUSES = tuple(k.name for k in DECLARED if k.cause)
 #: Kinds that are the consequence of a cause: values that came out different.
-SYMPTOMS = ("output", "recompute", "gradient")
+SYMPTOMS = tuple(k.name for k in DECLARED if not k.cause)
 
 
 def is_symptom(finding: Finding) -> bool:
@@ -41,7 +42,7 @@ def is_symptom(finding: Finding) -> bool:
 def with_likely_causes(findings: Sequence[Finding]) -> list[Finding]:
     """``findings`` with every symptom that has no hint of its own pointed at the likeliest cause.
 
-    The likeliest cause is the most specific cause kind (see :data:`CAUSES`), a finding that
+    The likeliest cause is the first cause kind in :data:`CAUSES`, a finding that
     happened (not latent) first; the symptom takes its rule code and a ``likely cause:`` hint.
     """
     causes = [f for f in findings if f.kind in CAUSES and f.code and not is_symptom(f)]
