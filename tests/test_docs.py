@@ -259,6 +259,14 @@ def test_every_command_line_option_is_documented():
     assert not missing, f"options the docs do not mention: {missing}"
 
 
+def test_readme_links_resolve():
+    """README is read on GitHub and PyPI, outside the site's strict build: its relative links are
+    checked here."""
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    assert links, "README links to no docs page"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README links to paths that do not exist: {missing}"
+
 def test_the_fast_subset_is_documented_and_the_marker_exists():
     from recheck.config import tomllib  # tomli before Python 3.11
 
