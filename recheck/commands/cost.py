@@ -12,14 +12,15 @@ Three forms:
   and observed peak (every live storage), with the terms they are made of;
 * ``recheck cost --suggest --budget SIZE FILE.py:STEP [--objective time|throughput]``: the
   fastest checkpointing plan within the budget (``recheck.suggest``), run and verified with
-  ``check_step`` beside the folklore plans; ``--save-plan PATH`` writes the plan that
-  ``recheck.apply_plan`` reads.
+  ``check_step`` beside the folklore plans; for a model that does not checkpoint yet, over its
+  repeated blocks, with the line that keeps the plan in its code; ``--save-plan PATH`` writes
+  the plan that ``recheck.apply_plan`` reads.
 
 Exit codes: 0 measured (with ``--suggest``: a plan measured within the budget and verified),
 1 the suggested plan's ``check_step`` found a difference or its measured peak is above the
 budget, 2 usage, import or measurement error (a failing rank is named, with its traceback;
 a step that raises or calls ``sys.exit`` is such an error, whatever its exit code; with
-``--suggest`` also no repeated unit, or no plan fits).  torch is imported only inside
+``--suggest`` also no repeated unit or block, or no plan fits).  torch is imported only inside
 :func:`run`.  Every JSON form is printed through :func:`recheck.output.json.dumps`, as every
 face prints its JSON.
 """
@@ -88,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     planner = parser.add_argument_group("choosing what to checkpoint")
     planner.add_argument("--suggest", action="store_true",
                          help="choose the fastest plan within --budget (which modules to checkpoint, fully or "
-                         "selectively), run it and verify it with check_step beside the folklore plans")
+                         "selectively), run it and verify it with check_step beside the folklore plans; a model "
+                         "that does not checkpoint yet is planned over its repeated blocks, with the line to add")
     planner.add_argument("--objective", choices=("time", "throughput"),
                          help="with --suggest: least step time (default), or most samples per second over the "
                          "batch sizes that fit (the step takes a batch_size argument)")

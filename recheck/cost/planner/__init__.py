@@ -7,8 +7,9 @@ interception), ``candidates`` (the units and regions found by running the step),
 and ``census`` (one traced run per mode: windows, holds, work; timed runs), ``memory_model``
 (peak and time of any plan, as a 0-1 program), ``solver`` (milp or an exact branch and bound),
 ``plan_runs`` (a plan traced, timed and verified with ``check_step``; the anchors),
-``suggestion`` (the outcome, and the census every suggestion starts from), ``throughput`` and
-``suggest`` (:func:`suggest`), ``plan_table`` (text and JSON).
+``keeping`` (the line that keeps a plan in the user's code), ``suggestion`` (the outcome, and the
+census every suggestion starts from), ``throughput`` and ``suggest`` (:func:`suggest`),
+``plan_table`` (text and JSON).
 """
 
 from __future__ import annotations

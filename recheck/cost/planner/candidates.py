@@ -15,6 +15,13 @@ and the checkpoint region it runs in.  From it:
   (a segment over several layers) is an *outer* region: keeping it as written puts its units
   *inside* it.  Variants: none (the call dropped) and full (kept as written).
 
+When no checkpoint region goes over such a container (the model does not checkpoint yet), the
+units are the forward's **repeated blocks**: modules with submodules, not containers themselves,
+that one ``ModuleList`` or ``Sequential`` holds and the forward calls, two of one class at least
+(the outermost: a block inside another block is left to it).  The line each block is called
+from is kept (:class:`Site`), for the change that keeps a plan in the user's code
+(:mod:`~recheck.cost.planner.keeping`).
+
 Units are found by what runs, not by name; a unit called more than once in a step (a shared
 layer) cannot be planned apart from its other calls and is left out, with a note.
 """
@@ -22,6 +29,7 @@ layer) cannot be planned apart from its other calls and is left out, with a note
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +41,10 @@ from recheck.intercept.hooks import CheckpointCall, Phase, Run
 from recheck.runtime.naming import RegionKey, unwrap
 from recheck.runtime.steps import StepState
 
-__all__ = ["Candidate", "Candidates", "NoRepeatedUnit", "find_candidates", "region_label"]
+__all__ = ["CONTAINERS", "Candidate", "Candidates", "NoRepeatedUnit", "Site", "find_candidates", "region_label"]
 
-_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+_MODULE_FILE = torch.nn.modules.module.__file__
 
 
 def region_label(key: RegionKey) -> str:
@@ -46,7 +55,17 @@ def region_label(key: RegionKey) -> str:
 
 
 class NoRepeatedUnit(ValueError):
-    """The step runs no repeated unit under checkpointing: there is nothing to plan."""
+    """The step runs no repeated unit or block: there is nothing to plan."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the forward first called a block: the file, the line, and the modules and whole numbers
+    bound to names in that frame then (to tell which call of the line is the block's)."""
+
+    file: str
+    line: int
+    names: dict[str, Any]
 
 
 @dataclass
@@ -62,12 +81,16 @@ class Candidate:
     written: bool = False
     outer: Candidate | None = None
     inner: list[Candidate] = field(default_factory=list)
+    site: Site | None = None
+    #: False once measured to keep nothing more selectively than fully (no matrix product to save)
+    selective: bool = True
 
     @property
     def variants(self) -> tuple[str, ...]:
         """The choices a plan has for it."""
         if self.kind == "unit":
-            return ("none", "full", "selective", "inside") if self.outer is not None else ("none", "full", "selective")
+            return ("none", "full", *(("selective",) if self.selective else ()),
+                    *(("inside",) if self.outer is not None else ()))
         return ("none", "full")
 
     def __repr__(self) -> str:
@@ -135,9 +158,11 @@ class _Region:
 class _Recorder(Router):
     """A bypassing router that also records which region every module call runs in."""
 
-    def __init__(self) -> None:
+    def __init__(self, watched: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.reset("bypass")
+        self.watched = watched  # modules whose call site is kept
+        self.sites: dict[int, Site] = {}
         self.open: list[tuple[_Region, int]] = []
         self.found: dict[RegionKey, _Region] = {}
         self.module_stack: list[torch.nn.Module] = []
@@ -164,6 +189,13 @@ class _Recorder(Router):
         self.counter += 1
         known = self.module_calls.get(id(module))
         self.module_calls[id(module)] = (module, (known[1] if known else 0) + 1, known[2] if known else self.counter)
+        if known is None and id(module) in self.watched:
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_code.co_filename == _MODULE_FILE:
+                frame = frame.f_back
+            names = {k: v for k, v in frame.f_locals.items()
+                     if isinstance(v, torch.nn.Module) or (isinstance(v, int) and not isinstance(v, bool))}
+            self.sites[id(module)] = Site(frame.f_code.co_filename, frame.f_lineno, names)
         for region, depth in self.open:
             region.modules_inside.add(id(module))
         if self.open:
@@ -194,7 +226,7 @@ def _element(module: torch.nn.Module, parents: dict[int, tuple[torch.nn.Module, 
     element = module
     while id(element) in parents:
         parent, _ = parents[id(element)]
-        if isinstance(parent, _CONTAINERS):
+        if isinstance(parent, CONTAINERS):
             return parent, element
         if len(list(parent.children())) != 1:
             return None, element
@@ -210,27 +242,26 @@ def _unit_of(element: torch.nn.Module, wrapped_inner: bool) -> torch.nn.Module:
     return element
 
 
-def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable[[], None]) -> Candidates:
-    """Run ``step`` once (every checkpoint bypassed) and list what a plan can checkpoint."""
-    recorder = _Recorder()
-    register = torch.nn.modules.module
-    handles = [register.register_module_forward_pre_hook(recorder.pre),
-               register.register_module_forward_hook(recorder.post)]
-    restore()
-    try:
-        with routing(recorder):
-            step()
-    finally:
-        for handle in handles:
-            handle.remove()
-        restore()
-    roots = list(state.modules)
-    parents, paths = _parents(roots)
-    # containers whose elements are the first module a region calls, two at least
+_Units = list[tuple[int, torch.nn.Module, str]]  # (first call, module, path)
+_Parents = dict[int, tuple[torch.nn.Module, str]]
+_Paths = dict[int, tuple[int, str]]
+
+
+def _called_once(recorder: _Recorder, unit: torch.nn.Module, path: str, units: _Units, notes: list[str]) -> None:
+    """Add ``unit`` to ``units`` when the step calls it exactly once (a shared module is said, not planned)."""
+    call = recorder.module_calls[id(unit)]
+    if call[1] != 1:
+        notes.append(f"{path} runs {call[1]} times in a step (a shared module): it is left out of the plan")
+    else:
+        units.append((call[2], unit, path))
+
+
+def _checkpointed_units(recorder: _Recorder, parents: _Parents, paths: _Paths, notes: list[str]) -> _Units:
+    """The modules of the containers whose elements are the first module a region calls, two at least."""
     picked: dict[int, tuple[Any, set[int], bool]] = {}
     for region in recorder.found.values():
         for module in region.reached():
-            if isinstance(module, _CONTAINERS):  # checkpoint(self.layers, x) on a Sequential
+            if isinstance(module, CONTAINERS):  # checkpoint(self.layers, x) on a Sequential
                 children = {id(child) for child in module.children()}
                 called = [m for m, _, _ in recorder.module_calls.values() if id(m) in children]
                 targets = [(module, m) for m in called]
@@ -242,31 +273,73 @@ def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable
                 entry[1].add(id(element))
                 if element is not module and module in list(element.children()):
                     picked[id(container)] = (container, entry[1], True)
-    notes: list[str] = []
-    units: list[tuple[int, torch.nn.Module, str]] = []
+    units: _Units = []
     for container, elements, inner in picked.values():
         if len(elements) < 2:
             continue
         cpath = paths.get(id(container), (0, type(container).__name__))[1]
         for name, element in container.named_children():
             unit = _unit_of(element, inner)
-            call = recorder.module_calls.get(id(unit))
-            if call is None:
-                continue
-            path = paths.get(id(unit), (0, f"{cpath}.{name}"))[1]
-            if call[1] != 1:
-                notes.append(f"{path} runs {call[1]} times in a step (a shared module): it is left out of the plan")
-                continue
-            units.append((call[2], unit, path))
+            if id(unit) in recorder.module_calls:
+                _called_once(recorder, unit, paths.get(id(unit), (0, f"{cpath}.{name}"))[1], units, notes)
+    return units
+
+
+def _repeated_blocks(recorder: _Recorder, parents: _Parents, paths: _Paths, notes: list[str]) -> _Units:
+    """The outermost repeated blocks the forward calls (see the module docstring); NoRepeatedUnit says why
+    there are none."""
+    groups: dict[tuple[int, type], list[torch.nn.Module]] = {}
+    for module, _, _ in recorder.module_calls.values():
+        parent = parents.get(id(module), (None, ""))[0]
+        if isinstance(parent, CONTAINERS) and not isinstance(module, CONTAINERS) and next(module.children(), None):
+            groups.setdefault((id(parent), type(module)), []).append(module)
+    blocks = {id(m) for members in groups.values() if len(members) > 1 for m in members}
+
+    def inside_another(module: torch.nn.Module) -> bool:
+        while id(module) in parents:
+            module = parents[id(module)][0]
+            if id(module) in blocks:
+                return True
+        return False
+
+    units: _Units = []
+    for module, _, _ in list(recorder.module_calls.values()):
+        if id(module) in blocks and not inside_another(module):
+            _called_once(recorder, module, paths[id(module)][1], units, notes)
     if not units:
-        raise NoRepeatedUnit(_no_unit_message(recorder))
+        raise NoRepeatedUnit(_no_block_message(recorder, parents, paths))
+    classes = sorted({type(module).__name__ for _, module, _ in units})
+    notes.append(f"the step {'makes no checkpoint call' if not recorder.found else 'checkpoints no repeated unit'}: "
+                 f"the candidates are the repeated blocks its forward runs ({', '.join(classes)})")
+    return units
+
+
+def find_candidates(step: Callable[[], Any], state: StepState, restore: Callable[[], None]) -> Candidates:
+    """Run ``step`` once (every checkpoint bypassed) and list what a plan can checkpoint."""
+    roots = list(state.modules)
+    parents, paths = _parents(roots)
+    recorder = _Recorder(frozenset(i for i, (parent, _) in parents.items() if isinstance(parent, CONTAINERS)))
+    register = torch.nn.modules.module
+    handles = [register.register_module_forward_pre_hook(recorder.pre),
+               register.register_module_forward_hook(recorder.post)]
+    restore()
+    try:
+        with routing(recorder):
+            step()
+    finally:
+        for handle in handles:
+            handle.remove()
+        restore()
+    notes: list[str] = []
+    units = _checkpointed_units(recorder, parents, paths, notes) or _repeated_blocks(recorder, parents, paths, notes)
     units.sort(key=lambda item: item[0])
     unit_ids = {id(unit) for _, unit, _ in units}
     root_index = max(range(len(roots)), key=lambda i: sum(paths.get(u, (-1,))[0] == i for u in unit_ids))
     items: list[Candidate] = []
     module_candidate: dict[int, Candidate] = {}
     for order, unit, path in units:
-        candidate = Candidate(0, path, "unit", module=unit, container=path.rpartition(".")[0] or None)
+        candidate = Candidate(0, path, "unit", module=unit, container=path.rpartition(".")[0] or None,
+                              site=recorder.sites.get(id(unit)))
         module_candidate[id(unit)] = candidate
         items.append(candidate)
     unit_keys: set[RegionKey] = set()
@@ -303,11 +376,29 @@ def _forward_order(units: list[Candidate], regions: list[tuple[int, Candidate]],
     return [c for _, _, c in sorted(placed, key=lambda item: (item[0], item[1]))]
 
 
-def _no_unit_message(recorder: _Recorder) -> str:
-    if not recorder.found:
-        return ("the step made no checkpoint call, so it runs no checkpointed loop to plan: checkpoint the "
-                "repeated layers as you would (checkpoint(layer, x) in the loop, "
-                "model.gradient_checkpointing_enable() in transformers) and run --suggest again")
-    names = ", ".join(sorted(str(k) for k in recorder.found)[:3])
-    return (f"no repeated unit: the step's checkpoint regions ({names}) do not go over the modules of a "
-            "ModuleList or Sequential (two of its modules at least), so there is no layer to plan")
+def _no_block_message(recorder: _Recorder, parents: _Parents, paths: _Paths) -> str:
+    """Why there is nothing to plan: what the step's checkpoint regions and its containers ran."""
+    ran: dict[int, tuple[torch.nn.Module, list[torch.nn.Module]]] = {}
+    for module, _, _ in recorder.module_calls.values():
+        parent = parents.get(id(module), (None, ""))[0]
+        if isinstance(parent, CONTAINERS):
+            ran.setdefault(id(parent), (parent, []))[1].append(module)
+    if not ran:
+        why = ("the forward calls no module of a ModuleList or Sequential (a stack of blocks such as "
+               "self.layers = nn.ModuleList(Block() for _ in range(n)))")
+    else:
+        found = []
+        for container, members in list(ran.values())[:3]:
+            names = [type(m).__name__ for m in members]
+            kinds = f"{len(names)} {names[0]}" if len(set(names)) == 1 and len(names) > 1 else ", ".join(names)
+            path = paths.get(id(container), (0, ""))[1]
+            kind = type(container).__name__
+            found.append(f"{path!r} ({kind}) runs {kinds}" if path else f"the step's {kind} runs {kinds}")
+        why = ("a repeated block is a module with submodules that a ModuleList or Sequential holds twice or more, of "
+               f"one class; {'; '.join(found)}, and a module with no submodule keeps its own input whether or not "
+               "it is checkpointed (to checkpoint a run of such layers, use torch.utils.checkpoint.checkpoint_sequential)")
+    if recorder.found:
+        regions = ", ".join(sorted(str(k) for k in recorder.found)[:3])
+        return (f"no repeated unit: the step's checkpoint regions ({regions}) do not go over the modules of a "
+                f"ModuleList or Sequential (two of its modules at least), and there is no repeated block: {why}")
+    return f"the step makes no checkpoint call and its forward runs no repeated block to plan: {why}"

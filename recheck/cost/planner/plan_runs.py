@@ -24,7 +24,7 @@ from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
 
 __all__ = ["ANCHORS", "CandidateFigures", "PendingRun", "PlanRun", "PlannedStep", "anchor_variants", "candidate_figures",
-           "config_of", "finish_runs", "plan_of", "trace_plan"]
+           "config_of", "finish_runs", "kept_bytes", "plan_of", "trace_plan"]
 
 #: The folklore plans every suggestion is measured beside.
 ANCHORS = ("no checkpointing", "every layer", "every other layer", "selective, every layer")
@@ -118,8 +118,8 @@ def anchor_variants(candidates: Candidates, name: str) -> dict[int, str]:
         return {}
     if name == "every layer":
         return {u.index: "full" for u in units}
-    if name == "selective, every layer":
-        return {u.index: "selective" for u in units}
+    if name == "selective, every layer":  # full where selective keeps nothing more
+        return {u.index: "selective" if u.selective else "full" for u in units}
     if name == "every other layer":
         position: dict[str | None, int] = {}
         chosen = {}
@@ -211,12 +211,15 @@ def finish_runs(step: Callable[[], Any], state: StepState, restore: Callable[[],
         item.run.verdict, item.run.verdict_error = _verdict(step, candidates, item.config, state, label, plan)
 
 
+def kept_bytes(run: RunFigures, c: Candidate) -> int:
+    """Bytes of the storages ``c`` holds in ``run``."""
+    return sum(run.sizes.get(n, 0) for n in run.holds_made.get(c.index, ()))
+
+
 def candidate_figures(candidates: Candidates, runs: dict[str, RunFigures]) -> list[CandidateFigures]:
     def size(mode: str, c: Candidate) -> int | None:
         run = runs.get(mode)
-        if run is None:
-            return None
-        return sum(run.sizes.get(n, 0) for n in run.holds_made.get(c.index, ()))
+        return None if run is None else kept_bytes(run, c)
 
     result = []
     for c in candidates.items:

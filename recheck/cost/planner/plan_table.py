@@ -90,6 +90,12 @@ def render_suggestion(s: Suggestion) -> str:
         lines.append(f"  {region.region}: {action}")
     if s.suggested.batch_size:
         lines.append(f"  at batch size {s.suggested.batch_size}")
+    if s.change is not None:
+        change = s.change
+        rows = [[change.where, change.before or ""], ["becomes", change.code]] if change.where else \
+            [["call", change.code]] if change.code else []
+        lines += ["", f"keep it in your code ({change.how}):",
+                  *_table(["", ""], rows + ([["import", change.imports]] if change.imports else []))[1:]]
     lines.append("")
     runs = [s.suggested, *s.anchors]
     lines += _table(["plan", "predicted peak", "measured peak", "error", "step time (predicted / measured)",
@@ -172,6 +178,7 @@ def suggestion_to_dict(s: Suggestion) -> dict[str, Any]:
         "fastest_anchor_within_budget": best.name if best is not None else None,
         "attempts": s.attempts,
         "throughput": s.throughput,
+        "change": s.change.to_dict() if s.change is not None else None,
         "candidates": [{
             "name": c.name, "kind": c.kind, "checkpointed_as_written": c.written,
             "kept_if_not_checkpointed_bytes": c.kept_alive, "inputs_kept_if_checkpointed_bytes": c.inputs_kept,

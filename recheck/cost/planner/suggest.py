@@ -8,7 +8,7 @@
 4. The plan is run exactly (traced for its peak, timed, and through ``recheck.check_step``
    against the uncheckpointed step), beside the folklore plans on the same step: nothing
    checkpointed, every layer, every other layer, the selective policy on every layer, and the
-   step as written.  When the plan's measured peak exceeds the budget, the budget the solver
+   step as written (when it checkpoints).  When the plan's measured peak exceeds the budget, the budget the solver
    sees is lowered by the difference and the plan run again (twice at most): a plan that is
    said to fit was measured to fit.
 
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from recheck.cost.planner.census import CLOCKS
+from recheck.cost.planner.keeping import change_for
 from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, candidate_figures, finish_runs, trace_plan
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan
 from recheck.cost.planner.solver import Infeasible, solve
@@ -73,7 +74,7 @@ def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective:
 
     Raises:
         ValueError: a bad option; NothingFits: no plan's predicted peak is within the budget;
-        NoRepeatedUnit: the step runs no repeated unit under checkpointing.
+        NoRepeatedUnit: the step runs no repeated unit under checkpointing and no repeated block.
     """
     if not callable(step):
         raise TypeError(f"recheck.suggest() needs a callable step, got {type(step).__name__}")
@@ -137,9 +138,12 @@ def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], No
             tell(f"tracing the anchor plan: {name}")
             pending.append(trace_plan(step, state, restore, candidates, model, name,
                                        anchor_variants(candidates, name), SELECTIVE_OPS))
-        tell("tracing the step as written")
-        pending.append(trace_plan(step, state, restore, candidates, model, "as written", None, SELECTIVE_OPS))
+        if any(c.written for c in candidates.items):  # a step that does not checkpoint is the first anchor
+            tell("tracing the step as written")
+            pending.append(trace_plan(step, state, restore, candidates, model, "as written", None, SELECTIVE_OPS))
     finish_runs(step, state, restore, candidates, pending, repeats, label, SELECTIVE_OPS, tell, clock)
     method = solver_name(solver, notes)
-    return Suggestion(label, budget, "time", suggested.run.plan or Plan(), suggested.run, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes, clock=clock)
+    plan = suggested.run.plan or Plan()
+    return Suggestion(label, budget, "time", plan, suggested.run, [p.run for p in pending[1:]],
+                      candidate_figures(candidates, runs), method, repeats, attempts, notes, clock=clock,
+                      change=change_for(candidates, plan))

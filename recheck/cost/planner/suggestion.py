@@ -14,8 +14,9 @@ from typing import Any
 
 from recheck.cost.planner.candidates import Candidates, find_candidates
 from recheck.cost.planner.census import RunFigures, mode_config, time_configs, trace_config
+from recheck.cost.planner.keeping import Change
 from recheck.cost.planner.memory_model import Model
-from recheck.cost.planner.plan_runs import ANCHORS, CandidateFigures, PlanRun
+from recheck.cost.planner.plan_runs import ANCHORS, CandidateFigures, PlanRun, kept_bytes
 from recheck.cost.planner.plans import Plan
 from recheck.cost.planner.solver import have_scipy
 from recheck.cost.units import format_bytes
@@ -48,6 +49,8 @@ class Suggestion:
     notes: list[str] = field(default_factory=list)
     throughput: dict[str, Any] | None = None
     clock: str = "wall"
+    #: the line that keeps the plan in the user's code (None when the step checkpoints already)
+    change: Change | None = None
 
     def best_anchor(self) -> PlanRun | None:
         """The fastest anchor measured within the budget (with the throughput objective: the one
@@ -78,6 +81,8 @@ def census(step: Callable[[], Any], state: StepState, restore: Callable[[], None
     for mode in modes:
         tell(f"tracing every candidate: {mode}")
         runs[mode] = trace_config(step, state, restore, candidates, mode_config(mode, candidates))
+    for c in candidates.units:  # a selective policy that saves no operator output is the full checkpoint
+        c.selective = kept_bytes(runs["selective"], c) != kept_bytes(runs["full"], c)
     tell(f"timing the {len(modes)} modes, {repeats} run(s) each")
     time_configs(step, state, restore, candidates, list(runs.values()), repeats, clock=clock)
     return candidates, runs, Model(candidates, runs)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from recheck.cost.budget import accepts_batch_size, default_batch_size
+from recheck.cost.planner.keeping import change_for
 from recheck.cost.planner.memory_model import Problem, Row
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan
 from recheck.cost.planner.solver import Infeasible, smallest_peak, solve
@@ -195,5 +196,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                   "note": f"every term fitted as a straight line in the batch size from batch sizes {sizes[0]} and "
                           f"{sizes[1]}; the plans were then run at the batch size shown"}
     method = solver_name(solver, notes)
-    return Suggestion(label, budget, "throughput", suggested.plan or Plan(), suggested, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes, throughput, clock)
+    plan = suggested.plan or Plan()
+    return Suggestion(label, budget, "throughput", plan, suggested, [p.run for p in pending[1:]],
+                      candidate_figures(candidates, runs), method, repeats, attempts, notes, throughput, clock,
+                      change_for(candidates, plan))

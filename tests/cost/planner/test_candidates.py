@@ -108,7 +108,7 @@ def test_a_layer_run_twice_in_a_step_is_left_out_with_a_note():
     assert found.notes == ["0 runs 2 times in a step (a shared module): it is left out of the plan"]
 
 
-def test_a_step_without_a_checkpoint_says_to_checkpoint_the_loop_first():
+def test_a_step_without_a_checkpoint_or_a_repeated_block_says_why():
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
 
@@ -118,7 +118,8 @@ def test_a_step_without_a_checkpoint_says_to_checkpoint_the_loop_first():
             h = layer(h)
         h.sum().backward()
 
-    with pytest.raises(NoRepeatedUnit, match="made no checkpoint call.*gradient_checkpointing_enable"):
+    with pytest.raises(NoRepeatedUnit, match="makes no checkpoint call and its forward runs no repeated block.*"
+                                             "the step's ModuleList runs 3 Linear"):
         candidates_of(step)
 
 

@@ -92,5 +92,5 @@ def test_a_step_must_be_callable():
 
 def test_a_step_without_a_checkpointed_loop_has_nothing_to_plan():
     net = torch.nn.Linear(4, 4)
-    with pytest.raises(NoRepeatedUnit, match="made no checkpoint call"):
+    with pytest.raises(NoRepeatedUnit, match="makes no checkpoint call"):
         suggest(lambda: net(torch.randn(2, 4)).sum().backward(), budget="1GiB", repeats=1)

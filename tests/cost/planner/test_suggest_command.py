@@ -105,7 +105,7 @@ def test_usage_errors_exit_2_before_anything_runs(step_file, capsys, argv, messa
 
 def test_a_step_without_a_checkpointed_loop_exits_2_saying_so(step_file, capsys):
     assert cost("--suggest", "--budget", "1GiB", f"{step_file}:plain", "--repeats", "1") == 2
-    assert "made no checkpoint call" in capsys.readouterr().err
+    assert "makes no checkpoint call" in capsys.readouterr().err
 
 
 @pytest.mark.slow
