@@ -155,6 +155,32 @@ def _text(report: Any, verbose: bool, stream: Any = None) -> str:
     return format_report(report, verbose=verbose, colour=stream is not None and colour_enabled(stream))
 
 
+#: Seconds rank 0 waits for the other ranks' reports: when the watched steps end (the ranks end
+#: them within a step of each other), and at exit (a rank may finish its program later).
+WINDOW_WAIT, EXIT_WAIT = 10.0, 60.0
+
+
+def _ranks_merged(report: Any, watcher: Any, stage: str, wait: float) -> Any:
+    """Under a launcher: rank 0's view of every rank's report; None on the other ranks once theirs is
+    sent to rank 0.  Where the ranks cannot meet, this rank's own report, with a note saying why."""
+    place = watcher.place
+    if place is None or place.world_size < 2:
+        return report
+    from recheck.distributed.reports import merge_through_launcher
+    from recheck.findings import error_line
+
+    try:
+        merged = merge_through_launcher(report, place.rank, place.world_size, stage, wait)
+    except Exception as exc:  # each rank reports for itself
+        note = f"recheck run: each rank reports for itself: {error_line(exc)}"
+        if note not in report.notes:
+            report.notes.append(note)
+        return report
+    if merged is not None and merged.title:  # each rank's run header once, then each rank's watch line
+        merged.title = "\n".join(dict.fromkeys(merged.title.splitlines()))
+    return merged
+
+
 def run(ns: argparse.Namespace) -> int:
     """Run the program inside ``watch()``; its status when it failed, else 1 for findings, else 0."""
     problem = _usage_problem(ns)
@@ -171,12 +197,13 @@ def run(ns: argparse.Namespace) -> int:
     label = f"-m {target}" if module else target
 
     def window_ended(watcher: ProgramWatch) -> None:
-        report = watcher.report
-        if report is None:
+        if watcher.report is None:
             return
-        _say(paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
-                   "runs unwatched", "bold", sys.stderr))
-        _say(_text(_titled(report, label, watcher), ns.verbose, sys.stderr))
+        shown = _ranks_merged(_titled(watcher.report, label, watcher), watcher, "window", WINDOW_WAIT)
+        if shown is not None:
+            _say(paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
+                       "runs unwatched", "bold", sys.stderr))
+            _say(_text(shown, ns.verbose, sys.stderr))
 
     report_path = Path(ns.report).absolute() if ns.report is not None else None  # before the program's chdir
     steps = 1 if ns.check_step and ns.steps is None else ns.steps
@@ -192,33 +219,46 @@ def run(ns: argparse.Namespace) -> int:
         _titled(report, label, watcher)
     if watcher.twin is not None:
         _with_twin(report, watcher.twin)
-    findings = 0 if report.ok else len(report)
-    outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
-    summary = f"recheck run: {outcome}; the program exited with status {status}"
-    text = f"{_text(report, ns.verbose)}\n\n{summary}"
     from recheck.output.json import dumps, run_document
 
-    document = run_document(label, ns.module is not None, [target, *args], watcher, status, report)
+    document = run_document(label, module, [target, *args], watcher, status, report)
+    merged_path = None
     if watcher.place is not None:  # under a launcher: one report file per rank, as pytest --recheck writes
         from recheck.distributed.reports import rank_report_path
 
         document.update(rank=watcher.place.rank, world_size=watcher.place.world_size)
         if report_path is not None:
-            report_path = rank_report_path(report_path, watcher.place.rank)
-    rendered = dumps(document) if ns.format == "json" else text
-    if ns.format == "json" and ns.report is None:
-        _say(rendered)
-    else:
-        _say(paint("recheck run: summary", "bold", sys.stderr))
-        closing = paint(summary, "red" if findings else "green", sys.stderr)
-        _say(f"{_text(report, ns.verbose, sys.stderr)}\n\n{closing}")
-    if report_path is not None:
+            merged_path, report_path = report_path, rank_report_path(report_path, watcher.place.rank)
+    shown = _ranks_merged(report, watcher, "exit", EXIT_WAIT)
+    written = [(report_path, report, document)]
+    if shown is None:  # rank 0 reports this rank's findings; this rank exits with its program's status
+        _say(f"{_summary(report, status)} (rank {watcher.place.rank}: its report is in rank 0's)")
+    elif shown is not report:  # rank 0: the merged report, also written to PATH itself
+        merged = run_document(label, module, [target, *args], watcher, status, shown)
+        written.append((merged_path, shown, merged))
+    if shown is not None:
+        if ns.format == "json" and ns.report is None:
+            _say(dumps(written[-1][2]))
+        else:
+            _say(paint("recheck run: summary", "bold", sys.stderr))
+            closing = paint(_summary(shown, status), "red" if not shown.ok else "green", sys.stderr)
+            _say(f"{_text(shown, ns.verbose, sys.stderr)}\n\n{closing}")
+    for path, content, doc in written:
+        if path is None:
+            continue
+        rendered = dumps(doc) if ns.format == "json" else f"{_text(content, ns.verbose)}\n\n{_summary(content, status)}"
         try:
-            report_path.parent.mkdir(parents=True, exist_ok=True)
-            report_path.write_text(rendered + "\n", encoding="utf-8")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(rendered + "\n", encoding="utf-8")
         except OSError as exc:
-            _say(f"recheck run: error: could not write the report to {ns.report!r}: {exc.strerror or exc}")
+            _say(f"recheck run: error: could not write the report to {str(path)!r}: {exc.strerror or exc}")
             return status or 2
-    if status:
+    if status or shown is None:
         return status
-    return 1 if findings and not ns.exit_zero else 0
+    return 1 if not shown.ok and not ns.exit_zero else 0
+
+
+def _summary(report: Any, status: int) -> str:
+    findings = 0 if report.ok else len(report)
+    outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
+    return f"recheck run: {outcome}; the program exited with status {status}"

@@ -24,17 +24,26 @@ its own GPU before gathering, and :func:`gather_report` refuses an NCCL group wh
 is not available.  :func:`rank_report_path` names per-rank report files
 (``report.json`` -> ``report.rank1.json``); ``pytest --recheck-report`` uses it.
 
+:func:`merge_through_launcher` merges without a collective, for ``recheck run`` under
+``torchrun``: each rank puts its report in the launcher's own store (torchrun's agent serves it
+at ``MASTER_ADDR:MASTER_PORT`` while the ranks run, ``TORCHELASTIC_USE_AGENT_STORE=True``) and
+rank 0 reads them, waiting a bounded time.  No process group is needed (the program may
+have destroyed its own), no rank waits for another's collective, and a rank that never
+reports is named in the merged report's notes instead of hanging rank 0.
+
 torch is imported only when :func:`gather_report` runs.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 from recheck.findings import Report
 
-__all__ = ["DistributedReportError", "gather_report", "rank_report_path"]
+__all__ = ["DistributedReportError", "gather_report", "merge_through_launcher", "rank_report_path"]
 
 
 class DistributedReportError(RuntimeError):
@@ -84,3 +93,43 @@ def _check_cuda_for_nccl() -> None:
         raise DistributedReportError(
             "gather_report: the process group uses NCCL but CUDA is not available; "
             "gather_object needs each rank's GPU (torch.cuda.set_device(local_rank))")
+
+
+def merge_through_launcher(report: Report, rank: int, world_size: int, stage: str, wait: float) -> Report | None:
+    """Rank 0: every rank's ``report`` of ``stage`` merged, waiting at most ``wait`` seconds for
+    the others (a rank whose report did not come is named in a note); other ranks: theirs sent, None.
+
+    ``DistributedReportError`` when there is no launcher store to meet in (not under torchrun's
+    agent) or it cannot be reached.
+    """
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not env.get("MASTER_PORT", "").isdigit():
+        raise DistributedReportError("no launcher store to merge the ranks' reports in (not run by torchrun)")
+    prefix = f"recheck-run/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/{stage}/"
+    try:
+        store = TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=max(wait, 1.0)))
+        if rank != 0:
+            store.set(f"{prefix}{rank}", report.to_json(indent=None))
+            return None
+        reports, missing = [report], list(range(1, world_size))
+        deadline = time.monotonic() + wait
+        while missing:
+            for other in [r for r in missing if store.check([f"{prefix}{r}"])]:
+                reports.append(Report.from_json(store.get(f"{prefix}{other}").decode()))
+                missing.remove(other)
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    except (RuntimeError, ValueError) as exc:  # torch's DistStoreError is a RuntimeError
+        raise DistributedReportError(f"the launcher store at {env.get('MASTER_ADDR')}:{env['MASTER_PORT']} "
+                                     f"could not be used ({exc})") from exc
+    merged = Report.merge(reports)
+    if missing:
+        merged.notes.append(f"rank(s) {', '.join(map(str, missing))} sent no report within {wait:g} s: "
+                            "their own output has it")
+    return merged

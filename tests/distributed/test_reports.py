@@ -127,3 +127,75 @@ def test_gather_report_sends_json_text(monkeypatch):
     assert (out, dst) == (None, 1)
     assert isinstance(sent, str)
     assert Report.from_json(sent).stats == rank_report(0).stats
+
+
+# -- merging through the launcher's store (recheck run under torchrun) ------------------------------
+
+
+@pytest.fixture
+def launcher_store(monkeypatch):
+    """A TCPStore served here, and the variables torchrun's agent gives its ranks to reach it."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    for name, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(store.port), "TORCHELASTIC_RUN_ID": "test-run",
+                        "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    yield store
+
+
+def test_rank_0_merges_the_reports_the_other_ranks_put_in_the_launcher_store(launcher_store):
+    from recheck.distributed.reports import merge_through_launcher
+
+    assert merge_through_launcher(rank_report(1, findings=2), 1, 3, "exit", wait=5) is None
+    assert merge_through_launcher(rank_report(2, findings=1), 2, 3, "exit", wait=5) is None
+    merged = merge_through_launcher(rank_report(0), 0, 3, "exit", wait=5)
+    assert [s["rank"] for s in merged.stats["ranks"]] == [0, 1, 2]
+    assert [f.invocation.tags["rank"] for f in merged] == [1, 1, 2]
+    assert not merged.notes
+
+
+def test_a_rank_that_never_reports_is_named_and_rank_0_does_not_wait_for_it(launcher_store):
+    from recheck.distributed.reports import merge_through_launcher
+
+    merge_through_launcher(rank_report(1, findings=1), 1, 3, "window", wait=5)
+    merged = merge_through_launcher(rank_report(0), 0, 3, "window", wait=0.3)
+    assert [s["rank"] for s in merged.stats["ranks"]] == [0, 1]
+    assert merged.notes == ["rank(s) 2 sent no report within 0.3 s: their own output has it"]
+    # another stage is another exchange: rank 1's window report is not its exit report
+    assert len(merge_through_launcher(rank_report(0), 0, 2, "exit", wait=0.1).stats["ranks"]) == 1
+
+
+def test_without_a_launcher_store_merging_refuses_with_the_reason(monkeypatch):
+    from recheck.distributed.reports import merge_through_launcher
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    with pytest.raises(DistributedReportError, match="not run by torchrun"):
+        merge_through_launcher(rank_report(0), 0, 2, "exit", wait=0.1)
+
+
+@pytest.mark.slow
+def test_recheck_run_under_torchrun_prints_one_merged_report_on_rank_0(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "recheck", "run", "--steps", "2", "--format", "json", "--report",
+                          str(tmp_path / "report.json"), "fixtures/programs/train_ddp.py"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=240)
+    assert "(rank 1: its report is in rank 0's)" in out.stderr, out.stderr
+    assert out.stderr.count("recheck run: summary") == 1  # rank 0 alone prints the report
+    summary = out.stderr[out.stderr.index("recheck run: summary"):]
+    assert "watch (rank 0 of 2)" in summary and "watch (rank 1 of 2)" in summary and "(rank=1)" in summary
+    assert "RC002" in summary and out.returncode == 1  # rank 1's finding makes rank 0 exit 1
+    merged = json.loads((tmp_path / "report.json").read_text())
+    assert [s["rank"] for s in merged["report"]["stats"]["ranks"]] == [0, 1]
+    assert json.loads((tmp_path / "report.rank1.json").read_text())["rank"] == 1
