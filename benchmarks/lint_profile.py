@@ -74,19 +74,19 @@ class Clock:
 
 
 def _no_rules():
-    """Phase one with the body rules and RC003's class check turned off."""
-    saved = (dict(extract._DISPATCH), extract.rc003_handwritten_checkpoint.check_class, extract.random_draw)
+    """Phase one with the rules' body, class and function hooks turned off."""
+    saved = (dict(extract._DISPATCH), list(extract._CLASS_RULES), list(extract._FUNCTION_RULES))
     extract._DISPATCH.clear()
-    extract.rc003_handwritten_checkpoint.check_class = lambda *a: None
-    extract.random_draw = lambda *a: None
+    extract._CLASS_RULES.clear()
+    extract._FUNCTION_RULES.clear()
     return saved
 
 
 def _restore(saved) -> None:
     extract._DISPATCH.clear()
     extract._DISPATCH.update(saved[0])
-    extract.rc003_handwritten_checkpoint.check_class = saved[1]
-    extract.random_draw = saved[2]
+    extract._CLASS_RULES[:] = saved[1]
+    extract._FUNCTION_RULES[:] = saved[2]
 
 
 def profile(tree: Path) -> dict[str, float]:

@@ -33,6 +33,7 @@ from recheck.lint.files import FileError, discover, read_source, resolve
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.rules import RULES
 from recheck.lint.wrappers import unchanged
 from recheck.lint.settings import LintOptions
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
@@ -44,10 +45,9 @@ __all__ = ["LintResult", "lint_paths", "lint_sources"]
 #: or an import of one under another name (``import checkpoint as ckpt``).
 #: It starts with a literal so that the regex engine scans for it quickly.
 PREFILTER = r"heckpoint(?:_seq|_sequential|_wrapper|ing_func)?(?:\s*\(|\s+as\s)"
-#: A hand-written checkpoint's backward reruns its function under enable_grad (RC003).
-HANDWRITTEN = r"enable_grad\s*\(\s*\)"
-#: A wrapper that hooks a module's forward for one call (RC111) may live in a file without a checkpoint.
-HOOKS = r"register_(?:module_)?forward(?:_pre)?_hook\s*\("
+#: Text that makes a file worth reading without a checkpoint call in it: a rule's class or
+#: function hook judges code no region contains (a hand-written checkpoint, a temporary hook).
+RULE_TEXT = [rule.FILE_TEXT for rule in RULES if rule.FILE_TEXT]
 #: A line that may carry a suppression comment (a noqa or a recheck-ignore comment).
 MARKER = re.compile(r"noqa|recheck:", re.I)
 SUBCLASS = re.compile(r"^[ \t]*class[ \t]+(\w+)[ \t]*\(([^)]*)\)", re.M)
@@ -234,7 +234,7 @@ class _Run:
         #: entry points beyond the known ones: configured, then found in the tree (wrappers),
         #: each with the position of its region argument
         self.extra: dict[str, tuple[int, str]] = dict.fromkeys(options.checkpoint_functions, (0, ""))
-        self.patterns = [re.compile(PREFILTER), re.compile(HANDWRITTEN), re.compile(HOOKS)] + [
+        self.patterns = [re.compile(PREFILTER), *map(re.compile, RULE_TEXT)] + [
             re.compile(re.escape(n.rsplit(".", 1)[-1]) + r"\s*\(") for n in self.extra]
         self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)), options.cache_root)
         self.salt = ""  # the discovered entry points the facts were extracted with

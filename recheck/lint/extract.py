@@ -25,8 +25,7 @@ from recheck.lint.outline import (
     units_with_words,
 )
 from recheck.lint.reachability import guards, optional_params
-from recheck.lint.rules import BODY_RULES, rc003_handwritten_checkpoint, rc109_saved_tensors_twice, rc111_temporary_hook
-from recheck.lint.rules.rc002_preserve_rng import random_draw
+from recheck.lint.rules import RULES
 from recheck.lint.scope import (
     FUNCTION_NODES,
     FunctionContext,
@@ -57,12 +56,18 @@ from recheck.lint.targets import (
 __all__ = ["ENTRY_WORDS", "FileExtraction", "extract", "parse"]
 
 MEMOIZING = frozenset({"functools.lru_cache", "functools.cache", "lru_cache", "cache"})
-_DISPATCH: dict[type, list] = {}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
-for _rule in BODY_RULES:
+#: the rules' hooks, by the node type of their body hook; the rules with a class or function hook
+_DISPATCH: dict[type, list] = {}
+for _rule in RULES:
     for _node_type in _rule.NODES:
         _DISPATCH.setdefault(_node_type, []).append(_rule)
+_CLASS_RULES = [rule for rule in RULES if rule.overrides("visit_class")]
+_FUNCTION_RULES = [rule for rule in RULES if rule.overrides("visit_function")]
+#: a unit whose text holds one of these is analysed at once (the class and function hooks judge
+#: code no region needs to reach)
+_UNIT_WORDS = sorted({word for rule in RULES for word in rule.UNIT_WORDS})
 
 
 def parse(source: str, path: str) -> ast.Module:
@@ -95,8 +100,6 @@ def extract(source: str, path: str, module: str, is_package: bool = False,
 #: holding ``heckpoint`` are found by one scan for it (see ``FileExtraction.must_analyse``).
 ENTRY_WORDS = frozenset({name.rsplit(".", 1)[-1] for name in ENTRY_POINTS} | CHECKPOINTING_CLASSES | ENTRY_ATTRIBUTES)
 _FRAGMENT = "heckpoint"
-#: a unit that registers forward hooks is analysed at once: its temporary hooks are file facts (RC111)
-HOOK_FRAGMENTS = ("forward_hook", "forward_pre_hook")
 
 
 class FileExtraction:
@@ -158,8 +161,8 @@ class FileExtraction:
     def must_analyse(self) -> set[str]:
         """Names of the units whose text may use a checkpoint entry point (a known one, one of
         ``extra``, or a name an import binds to one; called or handed on, not named in prose)
-        or hold a hand-written checkpoint's ``enable_grad``: only an analysed body yields
-        call sites, entry attributes and RC003."""
+        or one of a rule's ``UNIT_WORDS``: only an analysed body yields call sites, entry
+        attributes and the class and function hooks' hazards."""
         assert self.text is not None
         entries = set(ENTRY_POINTS) | set(self.extra)
         words = {name.rsplit(".", 1)[-1] for name in self.extra}
@@ -167,8 +170,7 @@ class FileExtraction:
         spelled = {w for w in ENTRY_WORDS | words if _FRAGMENT in w}
         found = units_with_words(self.text, self.units, sorted(words - spelled), [(_FRAGMENT, frozenset(spelled))],
                                  used=True)
-        found |= units_with_words(self.text, self.units, (), [("enable_grad", frozenset())])
-        found |= units_with_words(self.text, self.units, (), [(f, frozenset()) for f in HOOK_FRAGMENTS])
+        found |= units_with_words(self.text, self.units, (), [(w, frozenset()) for w in _UNIT_WORDS])
         return {self.units[i].name for i in found}
 
     def analyse(self, names: Iterable[str]) -> list[str]:
@@ -351,9 +353,6 @@ class _Extractor:
     def klass(self, node: ast.ClassDef, qualname: str, context: FunctionContext) -> None:
         bases = [q for q in (context.qualify(b) for b in node.bases) if q]
         facts = ClassFacts(qualname, context.span(node), bases)
-        handwritten = rc003_handwritten_checkpoint.check_class(node, bases, context)
-        if handwritten is not None:
-            self.facts.file_hazards.append(handwritten)
         self.facts.classes[qualname] = facts
         if self._making is not None:
             self._making.append(("class", qualname))
@@ -373,10 +372,14 @@ class _Extractor:
                for d in node.decorator_list):
             facts.flags["@dataclass"] = True
         self.block(nested, qualname + ".", context, qualname)
-        for method, hazard in rc109_saved_tensors_twice.check_class(node, bases, context):
-            reached = self.facts.functions.get(f"{qualname}.{method}")
-            if reached is not None:  # counts where a region reaches it (``Function.apply`` runs ``forward``)
-                reached.hazards.append(hazard)
+        for rule in _CLASS_RULES:
+            for method, hazard in rule.visit_class(node, bases, context):
+                if method is None:
+                    self.facts.file_hazards.append(hazard)
+                    continue
+                reached = self.facts.functions.get(f"{qualname}.{method}")
+                if reached is not None:  # counts where a region reaches it (``Function.apply`` runs ``forward``)
+                    reached.hazards.append(hazard)
 
     def _entry_attributes(self, class_nodes: list[ast.AST], context: FunctionContext) -> frozenset[str]:
         """``self.<attr> = checkpoint`` (a partial of one, a parameter defaulting to one, or
@@ -449,8 +452,9 @@ class _Extractor:
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
         self._scan(nodes, context, facts)
-        for span, method, refs in rc111_temporary_hook.temporary_hooks(nodes, context, self_class if bound else None):
-            self.facts.temporary_hooks.append((qualname, span, method, refs))
+        for rule in _FUNCTION_RULES:
+            for draft, refs in rule.visit_function(nodes, context, self_class if bound else None):
+                self.facts.hooked.append((qualname, draft, refs))
         if self_name is not None and bound:
             facts.self_reads, facts.self_writes = _self_data(nodes, context)
             if owner is not None and getattr(node, "name", None) == "__init__":
@@ -511,8 +515,8 @@ class _Extractor:
         seen_once: set[tuple[str, str]] = set()
         for node in nodes:
             for rule in _DISPATCH.get(type(node), ()):
-                for hazard in rule.check(node, context):
-                    if getattr(rule, "ONCE_PER_FUNCTION", False):
+                for hazard in rule.visit(node, context):
+                    if rule.ONCE_PER_FUNCTION:
                         if (hazard.code, hazard.what) in seen_once:
                             continue
                         seen_once.add((hazard.code, hazard.what))
@@ -529,9 +533,6 @@ class _Extractor:
                     facts.returned.append((context.span(node.value), built))
 
     def _call(self, node: ast.Call, context: FunctionContext, facts: FunctionFacts) -> None:
-        drawn = random_draw(node, context)
-        if drawn:
-            facts.random_draws.append((context.span(node), drawn))
         entry = entry_point(node, context, self.extra_entries)
         if entry is not None:
             self.facts.call_sites.append(_call_site(node, entry, context))

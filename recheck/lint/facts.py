@@ -163,7 +163,6 @@ class FunctionFacts(Deferred):
     self_class: str | None = None  # qualname of the class ``self`` refers to, if any
     hazards: list[Hazard] = field(default_factory=list)
     calls: list[Ref] = field(default_factory=list)
-    random_draws: list[tuple[Span, str]] = field(default_factory=list)
     returns_local: list[str] = field(default_factory=list)
     returns_refs: list[Ref] = field(default_factory=list)  # ``return self.layers[i]``
     memoized: bool = False  # @lru_cache/@cache: the body runs once per arguments, not per call
@@ -250,9 +249,9 @@ class FileFacts:
     file_hazards: list[Hazard] = field(default_factory=list)
     #: ``self.<attr> = <entry point>`` (or a partial of one) in a class: ``"Class.attr"``
     entry_attributes: list[str] = field(default_factory=list)
-    #: forward hooks a function registers and removes again before it returns (RC111):
-    #: ``(function qualname, place of the registering call, hook method, refs of the hooked module)``
-    temporary_hooks: list[tuple[str, Span, str, list[Ref]]] = field(default_factory=list)
+    #: what rules' function hooks recorded about the modules a function touches (RC111: a forward
+    #: hook it adds and removes): ``(function qualname, hazard draft, refs of those modules)``
+    hooked: list[tuple[str, Hazard, list[Ref]]] = field(default_factory=list)
     #: top-level definitions whose bodies were not analysed, by name, with the qualnames of
     #: the classes and functions outlined for each (see :class:`Deferred`)
     outlined: dict[str, list[str]] = field(default_factory=dict)

@@ -11,19 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 
-from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref, Span
+from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref
 from recheck.lint.index import Index
 from recheck.lint.reachability import SPLAT, empty_params, passes_on, unreachable
-from recheck.lint.rules import (
-    rc001_use_reentrant,
-    rc002_preserve_rng,
-    rc101_global_read,
-    rc104_state_write,
-    rc106_batchnorm,
-    rc109_saved_tensors_twice,
-    rc110_container_output,
-    rc111_temporary_hook,
-)
+from recheck.lint.rules import RULES
+from recheck.lint.rules.base import RegionView, TreeView
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper
 
@@ -487,149 +479,113 @@ def _root_passed(region: Region) -> tuple[int, tuple[str, ...]] | None:
     return region.site.passed if region.site is not None else region.passed
 
 
-FORWARDS = ("forward", "__call__")
-#: Hazards dropped in a branch none of the region's calls can take (a side effect or a state
-#: write under ``if cache is not None:`` when the checkpointing passes no cache)
-BRANCH_HAZARDS = frozenset({"RC103", "RC104"})
+#: the rules, by the phase-two hooks they implement
+_OUTSIDE = [rule for rule in RULES if rule.overrides("outside_call")]
+_REGION = [rule for rule in RULES if rule.overrides("region")]
+_SETTLE = [rule for rule in RULES if rule.overrides("settle")]
+_SITE = [rule for rule in RULES if rule.overrides("site")]
+_TREE = [rule for rule in RULES if rule.overrides("tree")]
+_BRANCH_SENSITIVE = frozenset(rule.CODE for rule in RULES if rule.BRANCH_SENSITIVE)
 
 
-def _rebound_reads(index: Index, reached: list[tuple[FileFacts, FunctionFacts, list]], region: Region) -> Iterator[Hit]:
-    """RC101 for attributes: ``self.<attr>`` read in the region and rebound by the class's
-    ``forward`` outside the region (the forward that calls ``checkpoint(self._inner, x)``
-    after setting ``self.mask = mask``): the next forward rebinds it before backward."""
-    walked = {(file.path, function.qualname) for file, function, _ in reached}
-    for file, function, _ in reached:
-        cls = file.classes.get(function.self_class) if function.self_reads and function.self_class else None
-        if cls is None:
-            continue
-        writers: dict[str, str] = {}
-        for owner_file, klass in index.lineage(file, cls):
-            for name in FORWARDS:
-                qualname = klass.methods.get(name)
-                writer = owner_file.functions.get(qualname) if qualname else None
-                if writer is not None and (owner_file.path, qualname) not in walked:
-                    for attribute in writer.self_writes:
-                        writers.setdefault(attribute, writer.qualname)
-        for attribute, span in function.self_reads:
-            if attribute in writers:
-                yield Hit(file.path, rc101_global_read.rebound_attribute(attribute, writers[attribute], span),
-                          region.name, region.origin)
+def runs_reentrant(site: CallSite) -> bool | None:
+    """Whether the call runs a reentrant implementation: the constant it passes as
+    ``use_reentrant``, else its entry point's default; None when that cannot be told
+    (a value computed at run time, a ``**`` splat, an entry point the linter discovered)."""
+    if site.use_reentrant == "given":
+        return site.reentrant
+    entry = ENTRY_POINTS.get(site.entry)
+    if site.use_reentrant == "missing" and entry is not None:
+        return entry.reentrant_default
+    return None
 
 
-def _class_lookup(index: Index, origin: FileFacts) -> Callable[[str], tuple[bool, list[str]] | None]:
-    """``(is a dataclass, base names)`` of a class of the tree, for rules that judge what a region returns."""
-    def lookup(qualified: str) -> tuple[bool, list[str]] | None:
-        found = index.lookup_class(qualified, origin)
-        if found is None:
-            return None
-        return bool(found[1].flags.get("@dataclass")), sorted(index.base_names(found[0], found[1]))
-    return lookup
+class _TreeView(TreeView):
+    """Every region, as the rules' tree hooks see them."""
 
+    def __init__(self, index: Index, resolver: _Resolver, regions: list[Region], inside: dict[Key, Region]) -> None:
+        self.index, self.resolver, self.regions, self.inside = index, resolver, regions, inside
+        self._checkpointing: dict[Key, Region] | None = None
 
-def _temporary_hooks(index: Index, resolver: _Resolver, regions: list[Region], inside: dict[Key, Region]) -> Iterator[Hit]:
-    """RC111: hooks a function adds and removes around one call, on a module whose forward
-    runs in a region (a global hook: when the function reaches a region at all)."""
-    hooked_files = [file for file in index.files if file.temporary_hooks]
-    if not hooked_files:
-        return
-    site_files = {id(site): file.path for file in index.files for site in file.call_sites}
-    checkpointing: dict[Key, Region] = {}  # the functions that make a checkpoint call, with a region of it
-    for region in regions:
-        if region.site is not None and id(region.site) in site_files:
-            checkpointing.setdefault((site_files[id(region.site)], region.site.caller), region)
-    for file in hooked_files:
-        for qualname, span, method, refs in file.temporary_hooks:
-            function = file.functions.get(qualname)
-            if function is None:
-                continue
-            found: tuple[str, Region] | None = None
-            if refs and refs[0].name == rc111_temporary_hook.GLOBAL:
-                pseudo = Region(qualname, "", file, function)
-                for reached_file, reached, _ in _walk(resolver, pseudo, []):
-                    key = (reached_file.path, reached.qualname)
-                    running = inside.get(key) or checkpointing.get(key)
-                    if running is not None:
-                        found = ("", running)
-                        break
-            else:
-                for ref in refs:
-                    for target_file, target in resolver.functions(ref, file, function, as_target=True):
-                        running = inside.get((target_file.path, target.qualname))
-                        if running is not None and found is None:
-                            found = (target.qualname, running)
-            if found is not None:
-                hooked, region = found
-                yield Hit(file.path, rc111_temporary_hook.hazard(span, method, hooked, region.name, region.origin),
-                          region.name, None)
+    def hooked(self, code: str) -> Iterator[tuple[FileFacts, FunctionFacts, Hazard, list[Ref]]]:
+        for file in self.index.files:
+            for qualname, draft, refs in file.hooked:
+                function = file.functions.get(qualname) if draft.code == code else None
+                if function is not None:
+                    yield file, function, draft, refs
+
+    def targets(self, ref: Ref, file: FileFacts, function: FunctionFacts) -> Iterator[tuple[FileFacts, FunctionFacts]]:
+        return self.resolver.functions(ref, file, function, as_target=True)
+
+    def running(self, file: FileFacts, function: FunctionFacts) -> Region | None:
+        return self.inside.get((file.path, function.qualname))
+
+    def reaching(self, file: FileFacts, function: FunctionFacts) -> Region | None:
+        if self._checkpointing is None:  # the functions that make a checkpoint call, with a region of it
+            site_files = {id(site): f.path for f in self.index.files for site in f.call_sites}
+            self._checkpointing = {}
+            for region in self.regions:
+                if region.site is not None and id(region.site) in site_files:
+                    self._checkpointing.setdefault((site_files[id(region.site)], region.site.caller), region)
+        for reached_file, reached, _ in _walk(self.resolver, Region(function.qualname, "", file, function), []):
+            key = (reached_file.path, reached.qualname)
+            running = self.inside.get(key) or self._checkpointing.get(key)
+            if running is not None:
+                return running
+        return None
 
 
 def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:
-    """The findings of every region and every checkpoint call site, deduplicated by place.
+    """The findings of every region and every checkpoint call site, deduplicated by place:
+    each rule's hooks called on what the region reaches (see :mod:`recheck.lint.rules.base`).
 
     ``walked`` collects ``(path, qualname)`` of every function a region reached."""
     resolver = _Resolver(index)
     hits: list[Hit] = []
-    draws: dict[int, tuple[str, Span, str]] = {}
+    views: dict[int, RegionView] = {}
     inside: dict[Key, Region] = {}  # every function a region runs, with the first such region
     for region in regions:
-        found: list[Hit] = []
+        found: list[tuple[str, Hazard]] = []
         edges: list[Edge] = []
         reached = list(_walk(resolver, region, edges))
         passes = _passes(region, {(f.path, fn.qualname): fn for f, fn, _ in reached}, edges)
         root = (region.file.path, region.function.qualname)
-        reentrant = rc001_use_reentrant.runs_reentrant(region.site) if region.site is not None else None
         reached = [r for r in reached if (r[0].path, r[1].qualname) in passes or (r[0].path, r[1].qualname) == root]
         for file, function, external in reached:
             inside.setdefault((file.path, function.qualname), region)
             if walked is not None:
                 walked.add((file.path, function.qualname))
             for hazard in function.hazards:
-                if hazard.code in BRANCH_HAZARDS and unreachable(function, passes.get((file.path, function.qualname), []),
-                                                          hazard.span.line):
+                if hazard.code in _BRANCH_SENSITIVE and unreachable(
+                        function, passes.get((file.path, function.qualname), []), hazard.span.line):
                     continue  # in a branch none of this region's calls takes
-                if hazard.tag == rc109_saved_tensors_twice.NON_REENTRANT and reentrant:
-                    continue  # the reentrant implementation's backward reads ordinary saved tensors
                 if hazard.tag != "root" or function is region.function:
-                    found.append(Hit(file.path, hazard, region.name, region.origin))
-            for span, what in function.random_draws:
-                draws.setdefault(id(region), (file.path, span, what))
+                    found.append((file.path, hazard))
             for ref, qualified in external:
-                name = _short(qualified)
-                if name in rc106_batchnorm.MODULE_CLASSES:
-                    found.append(Hit(file.path, rc106_batchnorm.module_call(qualified, ref.name, ref.span), region.name, region.origin))
-                if name in rc002_preserve_rng.RANDOM_MODULES:
-                    draws.setdefault(id(region), (file.path, ref.span, f"self.{ref.name}"))
-        found += _rebound_reads(index, reached, region)
-        if reentrant:
-            found += [Hit(region.file.path, hazard, region.name, region.origin)
-                      for hazard in rc110_container_output.check_region(region.function, _class_lookup(index, region.file))]
-        stacks = rc104_state_write.balanced([h.hazard.tag for h in found if h.hazard.code == "RC104"])
-        if stacks:  # pushed and popped in the region: it holds the same at recompute as at forward
-            found = [h for h in found if not (
-                (h.hazard.tag.startswith(rc104_state_write.MUTATE)
-                 and h.hazard.tag[len(rc104_state_write.MUTATE):].rsplit(":", 1)[0] in stacks)
-                or (h.hazard.tag.startswith("read:") and h.hazard.tag[5:] in stacks))]
-        seeded = {h.hazard.tag[5:] for h in found if h.hazard.tag.startswith("seed:")}
-        hits.extend(h for h in found if not (h.hazard.tag.startswith("draw:") and h.hazard.tag[5:] in seeded))
-    hits += _temporary_hooks(index, resolver, regions, inside)
-    by_site: dict[int, list[Region]] = {}
+                for rule in _OUTSIDE:
+                    found += ((file.path, hazard) for hazard in rule.outside_call(qualified, ref))
+        view = RegionView(index, region, [(file, function) for file, function, _ in reached],
+                           runs_reentrant(region.site) if region.site is not None else None, found)
+        views[id(region)] = view
+        for rule in _REGION:
+            found = found + list(rule.region(view))
+        view.hits = found
+        for rule in _SETTLE:
+            found = rule.settle(found, view)
+        hits.extend(Hit(path, hazard, region.name, region.origin) for path, hazard in found)
+    tree = _TreeView(index, resolver, regions, inside)
+    hits += (Hit(path, hazard, name, None) for rule in _TREE for path, hazard, name in rule.tree(tree))
+    by_site: dict[int, list[RegionView]] = {}
     for region in regions:
         if region.site is not None:
-            by_site.setdefault(id(region.site), []).append(region)
+            by_site.setdefault(id(region.site), []).append(views[id(region)])
     for file in index.files:
         for hazard in file.file_hazards:
             hits.append(Hit(file.path, hazard, None, None))
         for site in file.call_sites:
             targets = by_site.get(id(site), [])
-            first_region = targets[0].name if targets else None
-            missing_reentrant = rc001_use_reentrant.check_site(site)
-            if missing_reentrant:
-                hits.append(Hit(file.path, missing_reentrant, first_region, None))
-            for region in targets:
-                rng_off = rc002_preserve_rng.check_site(site, region.name, draws.get(id(region)))
-                if rng_off:
-                    hits.append(Hit(file.path, rng_off, region.name, None))
-                    break
+            for rule in _SITE:
+                hits += (Hit(file.path, hazard, name, None) for name, hazard in rule.site(site, targets))
     unique: dict[tuple, Hit] = {}
     for hit in hits:
         span = hit.hazard.span

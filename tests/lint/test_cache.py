@@ -44,7 +44,7 @@ def _facts() -> FileFacts:
     span = Span(1, 2, 3, 4)
     function = FunctionFacts("Block.forward", span, "Block", hazards=[Hazard("RC104", span, "w", "t", "root")],
                              calls=[Ref("self", "lin", span), Ref("path", "a.b", span)],
-                             random_draws=[(span, "torch.rand")], returns_local=["Block.forward.inner"],
+                             returns_local=["Block.forward.inner"],
                              memoized=True, params=["x"], annotations={"x": "torch.Tensor"})
     return FileFacts("m.py", "m", {"cp": "torch.utils.checkpoint"},
                      {"Block": ClassFacts("Block", span, ["torch.nn.Module"], {"forward": "Block.forward"}, {"lin": ["torch.nn.Linear"]})},

@@ -1,30 +1,27 @@
 """The rules, one module each, found by their file names (``rc<NNN>_<name>.py``).
 
-A rule module exposes ``CODE`` and one of:
-
-* ``NODES`` and ``check(node, ctx)``: a *body rule* (RC101-RC108), which yields
-  :class:`~recheck.lint.facts.Hazard` for one AST node of a function body; the hazards count
-  only if the function turns out to be checkpointed;
-* ``check_site``: a call-site rule (RC001, RC002);
-* ``check_class``: RC003, which judges ``autograd.Function`` classes wherever they are.
-
-A body rule also carries its own table of cases (Fixit's style), which ``tests/lint`` runs for
-every rule found here: ``INVALID``, a list of ``(region body, [(line, column, message part)])``,
-and ``VALID``, a list of region bodies it must leave alone.  Adding a body rule is two files:
-its module here and its document in ``rules/`` (``RC<NNN>-<name>.md``, which gives the rule
-its name, summary and advice).
+A rule module defines ``CODE`` and one subclass of :class:`~recheck.lint.rules.base.Rule`,
+whose hooks the engine calls (see :mod:`recheck.lint.rules.base`); nothing outside this
+package names a rule.  Each module also keeps its own table of cases (Fixit's style), which
+``tests/lint`` runs for every rule found here: ``INVALID``, a list of ``(source, [(line,
+column, message part)])``, and ``VALID``, a list of sources it must leave alone; a source is
+a region body when the module says ``TABLE = "body"`` (the harness checkpoints it), else a
+whole module.  Adding a rule is two files: its module here and its document in ``rules/``
+(``RC<NNN>-<name>.md``, which gives the rule its name, summary and advice).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 from types import ModuleType
 
 from recheck.catalogue import FIXABLE
+from recheck.lint.rules.base import Rule
 
-__all__ = ["ALL_CODES", "BODY_RULES", "FIXABLE", "RULE_MODULES"]
+__all__ = ["ALL_CODES", "FIXABLE", "RULES", "RULE_MODULES", "Rule"]
 
 _MODULE_RE = re.compile(r"^rc(\d{3})_[a-z0-9_]+$")
 
@@ -42,8 +39,16 @@ def _discover() -> tuple[ModuleType, ...]:
     return tuple(sorted(found, key=lambda m: m.CODE))
 
 
+def _rule(module: ModuleType) -> Rule:
+    classes = [c for _, c in inspect.getmembers(module, inspect.isclass)
+               if issubclass(c, Rule) and c is not Rule and c.__module__ == module.__name__]
+    if len(classes) != 1 or classes[0].CODE != module.CODE:
+        raise ImportError(f"{module.__name__}: must define one Rule subclass with CODE = {module.CODE!r}")
+    return classes[0]()
+
+
 #: every rule module, by code
 RULE_MODULES: tuple[ModuleType, ...] = _discover()
-#: the rules that judge one node of a function body
-BODY_RULES: tuple[ModuleType, ...] = tuple(m for m in RULE_MODULES if hasattr(m, "NODES") and hasattr(m, "check"))
-ALL_CODES: tuple[str, ...] = tuple(m.CODE for m in RULE_MODULES)
+#: every rule, by code
+RULES: tuple[Rule, ...] = tuple(_rule(m) for m in RULE_MODULES)
+ALL_CODES: tuple[str, ...] = tuple(r.CODE for r in RULES)

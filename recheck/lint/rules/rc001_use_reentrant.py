@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from recheck.lint.facts import CallSite, Hazard
+from recheck.lint.rules.base import Rule, RegionView
 from recheck.lint.targets import ENTRY_POINTS
 
 CODE = "RC001"
 
 
-def runs_reentrant(site: CallSite) -> bool | None:
-    """Whether the call runs a reentrant implementation: the constant it passes as
-    ``use_reentrant``, else its entry point's default; None when that cannot be told
-    (a value computed at run time, a ``**`` splat, an entry point the linter discovered)."""
-    if site.use_reentrant == "given":
-        return site.reentrant
-    entry = ENTRY_POINTS.get(site.entry)
-    if site.use_reentrant == "missing" and entry is not None:
-        return entry.reentrant_default
-    return None
+class UseReentrant(Rule):
+    CODE = CODE
+
+    def site(self, site: CallSite, regions: list[RegionView]) -> Iterator[tuple[str | None, Hazard]]:
+        hazard = check_site(site)
+        if hazard is not None:
+            yield (regions[0].name if regions else None), hazard
 
 
 def check_site(site: CallSite) -> Hazard | None:

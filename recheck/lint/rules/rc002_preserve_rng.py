@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ast
+from typing import Iterator
 
-from recheck.lint.facts import CallSite, Hazard, Span
+from recheck.lint.facts import CallSite, Hazard, Ref
+from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC002"
@@ -73,15 +75,38 @@ def random_draw(node: ast.AST, ctx: FunctionContext) -> str | None:
     return None
 
 
-def check_site(site: CallSite, region: str, draw: tuple[str, Span, str] | None) -> Hazard | None:
-    """A hazard at ``preserve_rng_state=False`` when ``draw`` (path, span, what) is not None."""
-    if site.preserve_rng_false is None or draw is None:
-        return None
-    path, span, what = draw
-    return Hazard(
-        CODE,
-        site.preserve_rng_false,
-        f"`preserve_rng_state=False` but checkpointed region `{region}` draws random numbers "
-        f"(`{what}` at {path}:{span.line})",
-        "recomputation draws a different dropout mask or noise",
-    )
+class PreserveRng(Rule):
+    """Each random draw is recorded as a hazard of this rule (its ``what`` the drawing call), a
+    fact for the call-site hook rather than a finding: a region's first draw is named at the
+    ``preserve_rng_state=False`` of a call that checkpoints it."""
+
+    CODE = CODE
+    NODES = (ast.Call,)
+
+    def visit(self, node: ast.AST, ctx: FunctionContext) -> Iterator[Hazard]:
+        drawn = random_draw(node, ctx)
+        if drawn:
+            yield Hazard(CODE, ctx.span(node), drawn, "")
+
+    def outside_call(self, qualified: str, ref: Ref) -> Iterator[Hazard]:
+        if qualified.rsplit(".", 1)[-1] in RANDOM_MODULES:
+            yield Hazard(CODE, ref.span, f"self.{ref.name}", "")
+
+    def settle(self, hits: list[RegionHit], view: RegionView) -> list[RegionHit]:
+        return [hit for hit in hits if hit[1].code != CODE]  # draws are facts, not findings
+
+    def site(self, site: CallSite, regions: list[RegionView]) -> Iterator[tuple[str | None, Hazard]]:
+        """A hazard at ``preserve_rng_state=False`` naming the first region that draws."""
+        if site.preserve_rng_false is None:
+            return
+        for region in regions:
+            path, draw = next(((p, h) for p, h in region.hits if h.code == CODE), (None, None))
+            if draw is not None:
+                yield region.name, Hazard(
+                    CODE,
+                    site.preserve_rng_false,
+                    f"`preserve_rng_state=False` but checkpointed region `{region.name}` draws random numbers "
+                    f"(`{draw.what}` at {path}:{draw.span.line})",
+                    "recomputation draws a different dropout mask or noise",
+                )
+                return

@@ -12,8 +12,10 @@ the checkpoint.
 from __future__ import annotations
 
 import ast
+from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC003"
@@ -69,6 +71,18 @@ def _reruns_a_callable(backward: ast.FunctionDef | ast.AsyncFunctionDef) -> bool
                 if isinstance(func, ast.Name) and func.id in from_ctx:
                     return True
     return False
+
+
+class HandwrittenCheckpoint(Rule):
+    CODE = CODE
+    #: a hand-written checkpoint's backward reruns its function under ``enable_grad``
+    FILE_TEXT = r"enable_grad\s*\(\s*\)"
+    UNIT_WORDS = ("enable_grad",)
+
+    def visit_class(self, node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Iterator[tuple[str | None, Hazard]]:
+        hazard = check_class(node, bases, ctx)
+        if hazard is not None:
+            yield None, hazard  # the class is the checkpoint: judged wherever it is
 
 
 def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Hazard | None:

@@ -6,6 +6,7 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC102"
@@ -42,28 +43,33 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
     return False
 
 
-def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
-    func = node.func
-    if isinstance(func, ast.Attribute) and func.attr == "cuda" and not node.args:  # .cpu(): its RNG is preserved
-        qualified = ctx.qualify(func)
-        if qualified is None or not qualified.startswith("torch."):
-            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(func)}()` moves a tensor to another device", THEN)
-        return
-    if isinstance(func, ast.Attribute) and func.attr == "to":
-        moved = [a for a in node.args[:1] if _is_device_value(a, ctx)]
-        moved += [k.value for k in node.keywords if k.arg == "device" and _is_device_value(k.value, ctx)]
-        if moved:
-            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node)}` moves a tensor to another device", THEN)
-        return
-    for keyword in node.keywords:
-        if keyword.arg == "device" and (
-            _device_string(keyword.value) not in (None, "cpu")
-            or (isinstance(keyword.value, ast.Call) and ctx.qualify(keyword.value.func) == "torch.device")
-        ):
-            yield Hazard(CODE, ctx.span(keyword.value),
-                         f"`{ctx.source(keyword.value)}` creates a tensor on an explicit device", THEN)
+class DeviceMove(Rule):
+    CODE = CODE
+    NODES = NODES
+
+    def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "cuda" and not node.args:  # .cpu(): its RNG is preserved
+            qualified = ctx.qualify(func)
+            if qualified is None or not qualified.startswith("torch."):
+                yield Hazard(CODE, ctx.span(node), f"`{ctx.source(func)}()` moves a tensor to another device", THEN)
+            return
+        if isinstance(func, ast.Attribute) and func.attr == "to":
+            moved = [a for a in node.args[:1] if _is_device_value(a, ctx)]
+            moved += [k.value for k in node.keywords if k.arg == "device" and _is_device_value(k.value, ctx)]
+            if moved:
+                yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node)}` moves a tensor to another device", THEN)
+            return
+        for keyword in node.keywords:
+            if keyword.arg == "device" and (
+                _device_string(keyword.value) not in (None, "cpu")
+                or (isinstance(keyword.value, ast.Call) and ctx.qualify(keyword.value.func) == "torch.device")
+            ):
+                yield Hazard(CODE, ctx.span(keyword.value),
+                             f"`{ctx.source(keyword.value)}` creates a tensor on an explicit device", THEN)
 
 
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

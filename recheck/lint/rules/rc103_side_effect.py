@@ -6,6 +6,7 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC103"
@@ -62,13 +63,19 @@ def _effect(node: ast.Call, ctx: FunctionContext) -> str | None:
     return None
 
 
-def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
-    effect = _effect(node, ctx)
-    if effect:
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(...)` {effect}",
-                     "recomputation in backward does it a second time")
+class SideEffect(Rule):
+    CODE = CODE
+    NODES = NODES
+    BRANCH_SENSITIVE = True
+
+    def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        effect = _effect(node, ctx)
+        if effect:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(...)` {effect}",
+                         "recomputation in backward does it a second time")
 
 
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

@@ -17,6 +17,7 @@ from typing import Iterator
 
 from recheck.lint.facts import Hazard
 from recheck.lint.imports import dotted
+from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import MUTATING_METHODS, FunctionContext
 
 CODE = "RC104"
@@ -156,19 +157,35 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
                          "recomputation modifies the module's state again")
 
 
-def check(node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign, ctx: FunctionContext) -> Iterator[Hazard]:
-    if isinstance(node, ast.Call):
-        yield from _call(node, ctx)
-        return
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    augmented = node.op if isinstance(node, ast.AugAssign) else None
-    for target in targets:
-        for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-            hazard = _assignment(element, augmented, node.value, ctx)
-            if hazard:
-                yield hazard
+class StateWrite(Rule):
+    CODE = CODE
+    NODES = NODES
+    BRANCH_SENSITIVE = True
+
+    def visit(self, node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        if isinstance(node, ast.Call):
+            yield from _call(node, ctx)
+            return
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        augmented = node.op if isinstance(node, ast.AugAssign) else None
+        for target in targets:
+            for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                hazard = _assignment(element, augmented, node.value, ctx)
+                if hazard:
+                    yield hazard
 
 
+    def settle(self, hits: list[RegionHit], view: RegionView) -> list[RegionHit]:
+        """A stack the region pushes and pops holds the same at recompute as at forward: its
+        mutations, and the reads of it (RC101), are harmless."""
+        stacks = balanced([hazard.tag for _, hazard in hits if hazard.code == CODE])
+        if not stacks:
+            return hits
+        return [(path, hazard) for path, hazard in hits if not (
+            (hazard.tag.startswith(MUTATE) and hazard.tag[len(MUTATE):].rsplit(":", 1)[0] in stacks)
+            or (hazard.tag.startswith("read:") and hazard.tag[5:] in stacks))]
+
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

@@ -6,6 +6,7 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC105"
@@ -19,27 +20,37 @@ SEEDING = frozenset({
 })
 
 
-def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
-    qualified = ctx.qualify(node.func) or ""
-    if qualified in SEEDS:
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds {SEEDS[qualified]}'s global RNG",
-                     "recomputation reseeds it again and shifts every later draw outside the region",
-                     f"seed:{SEEDS[qualified]}")
-    elif qualified.startswith("random.") and qualified.count(".") == 1:
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` draws from Python's `random`",
-                     "checkpoint does not restore Python's RNG, so recomputation draws a different value", "draw:Python")
-    elif qualified.startswith("numpy.random."):
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` uses NumPy's RNG",
-                     "checkpoint does not restore NumPy's RNG, so recomputation draws a different value", "draw:NumPy")
-    elif qualified in SEEDING:
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds torch's RNG",
-                     "recomputation reseeds it again and shifts every later draw")
-    for keyword in node.keywords:
-        if keyword.arg == "generator" and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None):
-            yield Hazard(CODE, ctx.span(keyword), f"an explicit `generator={ctx.source(keyword.value)}` is used",
-                         "checkpoint restores only the default generators, so recomputation draws different numbers")
+class HostRng(Rule):
+    CODE = CODE
+    NODES = NODES
+
+    def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        qualified = ctx.qualify(node.func) or ""
+        if qualified in SEEDS:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds {SEEDS[qualified]}'s global RNG",
+                         "recomputation reseeds it again and shifts every later draw outside the region",
+                         f"seed:{SEEDS[qualified]}")
+        elif qualified.startswith("random.") and qualified.count(".") == 1:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` draws from Python's `random`",
+                         "checkpoint does not restore Python's RNG, so recomputation draws a different value", "draw:Python")
+        elif qualified.startswith("numpy.random."):
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` uses NumPy's RNG",
+                         "checkpoint does not restore NumPy's RNG, so recomputation draws a different value", "draw:NumPy")
+        elif qualified in SEEDING:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` reseeds torch's RNG",
+                         "recomputation reseeds it again and shifts every later draw")
+        for keyword in node.keywords:
+            if keyword.arg == "generator" and not (isinstance(keyword.value, ast.Constant) and keyword.value.value is None):
+                yield Hazard(CODE, ctx.span(keyword), f"an explicit `generator={ctx.source(keyword.value)}` is used",
+                             "checkpoint restores only the default generators, so recomputation draws different numbers")
 
 
+    def settle(self, hits: list[RegionHit], view: RegionView) -> list[RegionHit]:
+        """A region that reseeds an RNG draws the same numbers from it at recompute."""
+        seeded = {hazard.tag[5:] for _, hazard in hits if hazard.tag.startswith("seed:")}
+        return [hit for hit in hits if not (hit[1].tag.startswith("draw:") and hit[1].tag[5:] in seeded)]
+
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

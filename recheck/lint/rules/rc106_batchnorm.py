@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from recheck.lint.facts import Hazard, Span
+from recheck.lint.facts import Hazard, Ref
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC106"
@@ -28,17 +29,23 @@ def _training(node: ast.Call, ctx: FunctionContext) -> bool:
     return isinstance(value, ast.Attribute) and value.attr == "training" and ctx.is_self(value.value)
 
 
-def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
-    if ctx.qualify(node.func) in FUNCTIONS and _training(node, ctx):
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(..., training=True)` is called",
-                     THEN)
+class BatchNorm(Rule):
+    CODE = CODE
+    NODES = NODES
+
+    def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        if ctx.qualify(node.func) in FUNCTIONS and _training(node, ctx):
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}(..., training=True)` is called",
+                         THEN)
+
+    def outside_call(self, qualified: str, ref: Ref) -> Iterator[Hazard]:
+        """Calling submodule ``self.<attr>``, a BatchNorm (subclasses are found through bases)."""
+        name = qualified.rsplit(".", 1)[-1]
+        if name in MODULE_CLASSES:
+            yield Hazard(CODE, ref.span, f"BatchNorm submodule `self.{ref.name}` ({name}) is called", THEN)
 
 
-def module_call(class_name: str, attribute: str, span: Span) -> Hazard:
-    """The hazard for calling submodule ``self.<attribute>``, a BatchNorm (``class_name``)."""
-    return Hazard(CODE, span, f"BatchNorm submodule `self.{attribute}` ({class_name.rsplit('.', 1)[-1]}) is called", THEN)
-
-
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

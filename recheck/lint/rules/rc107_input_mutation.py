@@ -6,6 +6,7 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC107"
@@ -37,29 +38,34 @@ def _argument(node: ast.AST, line: int, ctx: FunctionContext) -> str | None:
     return None
 
 
-def check(node: ast.Call | ast.AugAssign | ast.Assign, ctx: FunctionContext) -> Iterator[Hazard]:
-    line = node.lineno
-    if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Attribute) and _is_in_place_method(func.attr):
-            name = _argument(func.value, line, ctx)
-            if name:
-                yield Hazard(CODE, ctx.span(node), f"argument `{name}` is modified in place by `.{func.attr}()`", THEN, ROOT)
-        for keyword in node.keywords:
-            name = _argument(keyword.value, line, ctx) if keyword.arg == "out" else None
-            if name:
-                yield Hazard(CODE, ctx.span(keyword), f"`out={name}` writes into argument `{name}`", THEN, ROOT)
-    elif isinstance(node, ast.AugAssign):
-        name = _argument(node.target, line, ctx)
-        if name and _may_be_tensor(name, ctx):
-            yield Hazard(CODE, ctx.span(node.target), f"argument `{name}` is modified in place by an augmented assignment", THEN, ROOT)
-    else:
-        for target in node.targets:
-            name = _argument(target.value, line, ctx) if isinstance(target, ast.Subscript) else None
-            if name:
-                yield Hazard(CODE, ctx.span(target), f"argument `{name}` is written by item assignment", THEN, ROOT)
+class InputMutation(Rule):
+    CODE = CODE
+    NODES = NODES
+
+    def visit(self, node: ast.Call | ast.AugAssign | ast.Assign, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        line = node.lineno
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and _is_in_place_method(func.attr):
+                name = _argument(func.value, line, ctx)
+                if name:
+                    yield Hazard(CODE, ctx.span(node), f"argument `{name}` is modified in place by `.{func.attr}()`", THEN, ROOT)
+            for keyword in node.keywords:
+                name = _argument(keyword.value, line, ctx) if keyword.arg == "out" else None
+                if name:
+                    yield Hazard(CODE, ctx.span(keyword), f"`out={name}` writes into argument `{name}`", THEN, ROOT)
+        elif isinstance(node, ast.AugAssign):
+            name = _argument(node.target, line, ctx)
+            if name and _may_be_tensor(name, ctx):
+                yield Hazard(CODE, ctx.span(node.target), f"argument `{name}` is modified in place by an augmented assignment", THEN, ROOT)
+        else:
+            for target in node.targets:
+                name = _argument(target.value, line, ctx) if isinstance(target, ast.Subscript) else None
+                if name:
+                    yield Hazard(CODE, ctx.span(target), f"argument `{name}` is written by item assignment", THEN, ROOT)
 
 
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

@@ -6,11 +6,11 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC108"
 NODES = (ast.Call,)
-ONCE_PER_FUNCTION = True
 SOURCES = {
     **dict.fromkeys(("time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
                      "time.monotonic_ns", "time.process_time", "time.process_time_ns", "time.thread_time"),
@@ -22,16 +22,21 @@ SOURCES = {
 }
 
 
-def check(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
-    qualified = ctx.qualify(node.func) or ""
-    what = SOURCES.get(qualified)
-    if what is None and qualified.startswith("secrets.") and qualified.count(".") == 1:
-        what = "draws from `secrets`"
-    if what:
-        yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` {what}",
-                     "recomputation gets another value; if it reaches a tensor or a branch, it computes something else")
+class NondeterministicCall(Rule):
+    CODE = CODE
+    NODES = NODES
+    
+    def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+        qualified = ctx.qualify(node.func) or ""
+        what = SOURCES.get(qualified)
+        if what is None and qualified.startswith("secrets.") and qualified.count(".") == 1:
+            what = "draws from `secrets`"
+        if what:
+            yield Hazard(CODE, ctx.span(node), f"`{ctx.source(node.func)}()` {what}",
+                         "recomputation gets another value; if it reaches a tensor or a branch, it computes something else")
 
 
+TABLE = "body"
 # -- cases: region bodies, run by tests/lint/test_rule_tables.py inside a checkpointed ``Block.forward``
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [

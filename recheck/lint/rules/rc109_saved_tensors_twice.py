@@ -19,10 +19,11 @@ import ast
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
+from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC109"
-#: the tag a hazard carries when it counts only under non-reentrant checkpointing (regions.py)
+#: the tag a hazard carries when it counts only under non-reentrant checkpointing
 NON_REENTRANT = "non-reentrant"
 LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.comprehension)
 THEN = ("non-reentrant checkpointing hands each saved tensor over once, so the second unpack raises in backward; "
@@ -84,25 +85,33 @@ def _exclusive(first: tuple[tuple[int, str], ...], second: tuple[tuple[int, str]
     return any(a[0] == b[0] and a[1] != b[1] for a, b in zip(first, second))
 
 
-def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Iterator[tuple[str, Hazard]]:
-    """``("forward", hazard)`` at the repeated read when the class is an ``autograd.Function``
-    whose ``backward`` can read ``ctx.saved_tensors`` twice on one path."""
-    if not _is_function(bases):
-        return
-    backward = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and n.name == "backward"), None)
-    if backward is None or not backward.args.args:
-        return
-    reads = _reads(backward)
-    for index, (read, branches, looped) in enumerate(reads):
-        if looped:
-            what = f"`{node.name}.backward` reads `ctx.saved_tensors` in a loop"
-        elif any(not _exclusive(earlier, branches) for _, earlier, _ in reads[:index]):
-            what = f"`{node.name}.backward` reads `ctx.saved_tensors` a second time"
-        else:
-            continue
-        yield "forward", Hazard(CODE, ctx.span(read), what, THEN, NON_REENTRANT)
-        return  # one finding per Function: the first read that repeats
+class SavedTensorsTwice(Rule):
+    CODE = CODE
+
+    def visit_class(self, node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Iterator[tuple[str | None, Hazard]]:
+        """``("forward", hazard)`` at the repeated read when the class is an ``autograd.Function``
+        whose ``backward`` can read ``ctx.saved_tensors`` twice on one path."""
+        if not _is_function(bases):
+            return
+        backward = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and n.name == "backward"), None)
+        if backward is None or not backward.args.args:
+            return
+        reads = _reads(backward)
+        for index, (read, branches, looped) in enumerate(reads):
+            if looped:
+                what = f"`{node.name}.backward` reads `ctx.saved_tensors` in a loop"
+            elif any(not _exclusive(earlier, branches) for _, earlier, _ in reads[:index]):
+                what = f"`{node.name}.backward` reads `ctx.saved_tensors` a second time"
+            else:
+                continue
+            yield "forward", Hazard(CODE, ctx.span(read), what, THEN, NON_REENTRANT)
+            return  # one finding per Function: the first read that repeats
+
+    def settle(self, hits: list[RegionHit], view: RegionView) -> list[RegionHit]:
+        if not view.reentrant:
+            return hits  # the reentrant implementation's backward reads ordinary saved tensors
+        return [hit for hit in hits if not (hit[1].code == CODE and hit[1].tag == NON_REENTRANT)]
 
 
 # -- cases: whole modules, run by tests/lint/test_rule_tables.py; INVALID gives (line, column,

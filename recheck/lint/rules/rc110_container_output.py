@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from recheck.lint.facts import FunctionFacts, Hazard
+from recheck.lint.rules.base import RegionHit, RegionView, Rule
 
 CODE = "RC110"
 #: outside container classes and annotations, by last name
@@ -46,6 +47,15 @@ def _describe(qualified: str, lookup: Lookup) -> str | None:
     if any(b.rsplit(".", 1)[-1] in CONTAINERS or b.endswith("Output") for b in bases):
         return f"`{short}` (a container)"
     return None
+
+
+class ContainerOutput(Rule):
+    CODE = CODE
+
+    def region(self, view: RegionView) -> Iterator[RegionHit]:
+        if view.reentrant:
+            for hazard in check_region(view.region.function, view.class_info):
+                yield view.region.file.path, hazard
 
 
 def check_region(function: FunctionFacts, lookup: Lookup) -> Iterator[Hazard]:

@@ -8,20 +8,23 @@ A hook that changes its module's input or output (``return output + delta``) mak
 recomputed activations differ from the forward's, and the gradients are those of another
 function; a hook that records something records nothing at recompute.
 
-Phase one (:func:`temporary_hooks`) finds, in one function, the hooks whose handle that
+The function hook (:func:`temporary_hooks`) finds, in one function, the hooks whose handle that
 function also removes (``h = m.register_forward_hook(f)`` then ``h.remove()``; handles in a
 list removed in a loop; ``torch.nn.modules.module.register_module_forward_hook`` for every
 module) and that it does not run backward under (a ``.backward(...)`` or
 ``torch.autograd.grad(...)`` call in the same function keeps the hook in place for the
-recompute).  Phase two (``regions.py``) reports one when the hooked module's ``forward`` runs
-inside a region; a global hook, when the function reaches a region at all.
+recompute).  The tree hook reports one when the hooked module's ``forward`` runs inside a
+region; a global hook, when the function reaches a region at all.
 """
 
 from __future__ import annotations
 
 import ast
 
+from typing import Iterator
+
 from recheck.lint.facts import Hazard, Ref, Span
+from recheck.lint.rules.base import HookedHazard, Rule, TreeView
 from recheck.lint.scope import FunctionContext
 from recheck.lint.targets import callee_refs
 
@@ -151,7 +154,36 @@ def temporary_hooks(nodes: list[ast.AST], context: FunctionContext,
     return found
 
 
-def hazard(span: Span, method: str, hooked: str, region: str, origin: str) -> Hazard:
+class TemporaryHook(Rule):
+    CODE = CODE
+    #: a wrapper that hooks a module's forward for one call may live in a file without a checkpoint
+    FILE_TEXT = r"register_(?:module_)?forward(?:_pre)?_hook\s*\("
+    UNIT_WORDS = ("forward_hook", "forward_pre_hook")
+
+    def visit_function(self, nodes: list[ast.AST], ctx: FunctionContext, owner: str | None) -> Iterator[HookedHazard]:
+        """A draft per temporary hook: its place, and the hook method as its ``what``."""
+        for span, method, refs in temporary_hooks(nodes, ctx, owner):
+            yield Hazard(CODE, span, method, THEN), refs
+
+    def tree(self, view: TreeView) -> Iterator[tuple[str, Hazard, str]]:
+        for file, function, draft, refs in view.hooked(CODE):
+            found = None
+            if refs and refs[0].name == GLOBAL:
+                running = view.reaching(file, function)
+                if running is not None:
+                    found = ("", running)
+            else:
+                for ref in refs:
+                    for target_file, target in view.targets(ref, file, function):
+                        running = view.running(target_file, target)
+                        if running is not None and found is None:
+                            found = (target.qualname, running)
+            if found is not None:
+                hooked, region = found
+                yield file.path, _hazard(draft.span, draft.what, hooked, region.name, region.origin), region.name
+
+
+def _hazard(span: Span, method: str, hooked: str, region: str, origin: str) -> Hazard:
     """The finding at a temporary hook's registration: ``hooked`` is the qualname of the hooked
     module's ``forward`` (ignored for a global hook), ``region`` and ``origin`` the region it runs in."""
     what = (f"`{method}` hooks every module for this call only, and the call runs checkpointed region `{region}` "
