@@ -15,7 +15,8 @@ Nothing is drawn, and tqdm is not even imported, when stderr is not a terminal (
 file, CI), when ``TERM=dumb``, or with ``quiet=True``; output meant for a program (JSON on
 stdout) is never touched.  Without a ``total`` the bar shows what runs and for how long,
 redrawn twice a second.  The bar is coloured unless ``NO_COLOR`` is set
-(https://no-color.org); :func:`paint` colours other terminal text the same way.  Text the
+(https://no-color.org); :func:`paint` colours other terminal text the same way, and
+:func:`fit_width` wraps a report's lines to the terminal's width.  Text the
 checked code prints while the bar is up goes through :attr:`Progress.out`, which keeps the
 bar whole.  Nothing here imports torch.
 """
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -32,7 +35,7 @@ from typing import IO, Any
 
 from recheck.output.text import ansi
 
-__all__ = ["Progress", "colour_enabled", "paint", "progress", "shows_progress"]
+__all__ = ["Progress", "colour_enabled", "fit_width", "paint", "progress", "shows_progress", "terminal_width"]
 
 #: Seconds between redraws of a bar that has no total (so its clock keeps moving).
 _TICK = 0.5
@@ -54,6 +57,41 @@ def colour_enabled(stream: IO[str] | None = None) -> bool:
     stream = sys.stdout if stream is None else stream
     return (_is_terminal(stream) and not os.environ.get("NO_COLOR")
             and os.environ.get("TERM") != "dumb")
+
+
+def terminal_width(stream: IO[str] | None = None) -> int | None:
+    """The width of the terminal ``stream`` (default stdout) is on (``COLUMNS`` first); None off a terminal."""
+    stream = sys.stdout if stream is None else stream
+    return shutil.get_terminal_size().columns if _is_terminal(stream) else None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def fit_width(text: str, width: int | None) -> str:
+    """``text`` with each line longer than ``width`` wrapped at spaces, its continuation lines
+    indented two more than the line (colour codes take no width; a word longer than the line
+    stays whole).  ``width`` None: ``text`` as it is."""
+    if not width:
+        return text
+    lines = []
+    for line in text.split("\n"):
+        if len(_ANSI.sub("", line)) <= width:
+            lines.append(line)
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        prefix, rest = line[:indent], " " * (indent + 2)
+        words: list[str] = []
+        used = indent
+        for word in line[indent:].split(" "):
+            size = len(_ANSI.sub("", word))
+            if words and used + 1 + size > width:
+                lines.append(prefix + " ".join(words))
+                prefix, words, used = rest, [], len(rest)
+            used += size + (1 if words else 0)
+            words.append(word)
+        lines.append(prefix + " ".join(words))
+    return "\n".join(lines)
 
 
 def paint(text: str, colour: str, stream: IO[str] | None = None) -> str:

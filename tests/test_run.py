@@ -1,5 +1,6 @@
 """``recheck run``: an unmodified program run as python runs it, inside ``watch()``, with a step window."""
 
+import io
 import json
 import os
 import subprocess
@@ -314,3 +315,35 @@ def test_check_step_on_a_loop_body_says_why_it_compares_nothing():
     assert "no step was compared with its twin: its forward and backward run in the top level of train_clean.py" \
         in out.stderr
     assert "a loop body is not a function recheck can call again" in out.stderr
+
+
+# -- the terminal's width --------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_the_report_wraps_to_its_width_and_plain_text_does_not(monkeypatch):
+    from recheck.commands.run_program import _text
+    from recheck.findings import Finding
+
+    monkeypatch.setenv("COLUMNS", "50")
+    monkeypatch.setenv("NO_COLOR", "1")
+    where = "in Block.forward (model.py:8), call 1 of 4, checkpointed at train.py:30 inside a long loop"
+    report = Report([Finding("rng", f"cpu RNG state differs {where}", subject="cpu RNG")],
+                    title="recheck run train.py: watched the first 2 steps; a step is one optimizer step")
+    wrapped = _text(report, verbose=False, stream=Terminal())
+    assert max(map(len, wrapped.splitlines())) <= 50
+    assert " ".join(wrapped.split()) == " ".join(_text(report, verbose=False).split())  # every word kept
+    assert "\n    a step is one optimizer step" in wrapped  # a continuation is indented under its line
+    assert max(map(len, _text(report, verbose=False, stream=io.StringIO()).splitlines())) > 50
+
+
+def test_fit_width_counts_colour_codes_as_nothing_and_keeps_long_words_whole():
+    from recheck.progress import fit_width
+
+    assert fit_width("\x1b[1mbold\x1b[0m word", 9) == "\x1b[1mbold\x1b[0m word"
+    assert fit_width("  a /a/very/long/path/name b", 10) == "  a\n    /a/very/long/path/name\n    b"
+    assert fit_width("unchanged without a width " * 9, None) == "unchanged without a width " * 9
