@@ -80,37 +80,31 @@ class HandwrittenCheckpoint(Rule):
     UNIT_WORDS = ("enable_grad",)
 
     def visit_class(self, node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Iterator[tuple[str | None, Hazard]]:
-        hazard = check_class(node, bases, ctx)
-        if hazard is not None:
-            yield None, hazard  # the class is the checkpoint: judged wherever it is
-
-
-def check_class(node: ast.ClassDef, bases: list[str], ctx: FunctionContext) -> Hazard | None:
-    """A hazard at the class when it is a checkpoint ``Function`` missing RNG or autocast restore."""
-    if not any(base in FUNCTION_BASES or base.endswith(".autograd.Function") for base in bases):
-        return None
-    methods = {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    forward, backward = methods.get("forward"), methods.get("backward")
-    if forward is None or backward is None:
-        return None
-    if "no_grad" not in _context_managers(forward) or "enable_grad" not in _context_managers(backward):
-        return None  # not a recomputing Function
-    if not _reruns_a_callable(backward):
-        return None  # recomputes its own fixed math
-    called = _called_names(node)
-    missing = []
-    if not any(word in name.lower() for name in called for word in RNG_WORDS):
-        missing.append("the RNG state")
-    if not any(word in name.lower() for name in called for word in AUTOCAST_WORDS):
-        missing.append("the autocast state")
-    if not missing:
-        return None
-    span = ctx.span(node)
-    return Hazard(
-        CODE,
-        span._replace(end_line=span.line, end_column=span.column + len("class ") + len(node.name)),
-        f"hand-written checkpoint `{node.name}` reruns its function in backward without saving and restoring "
-        f"{' or '.join(missing)}",
-        "the recomputation draws other dropout masks" if "the RNG state" in missing
-        else "the recomputation runs outside the forward's autocast and computes in another precision",
-    )
+        """A hazard at the class when it is a checkpoint ``Function`` missing RNG or autocast restore."""
+        if not any(base in FUNCTION_BASES or base.endswith(".autograd.Function") for base in bases):
+            return
+        methods = {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        forward, backward = methods.get("forward"), methods.get("backward")
+        if forward is None or backward is None:
+            return
+        if "no_grad" not in _context_managers(forward) or "enable_grad" not in _context_managers(backward):
+            return  # not a recomputing Function
+        if not _reruns_a_callable(backward):
+            return  # recomputes its own fixed math
+        called = _called_names(node)
+        missing = []
+        if not any(word in name.lower() for name in called for word in RNG_WORDS):
+            missing.append("the RNG state")
+        if not any(word in name.lower() for name in called for word in AUTOCAST_WORDS):
+            missing.append("the autocast state")
+        if not missing:
+            return
+        span = ctx.span(node)
+        yield None, Hazard(  # the class is the checkpoint: judged wherever it is
+            CODE,
+            span._replace(end_line=span.line, end_column=span.column + len("class ") + len(node.name)),
+            f"hand-written checkpoint `{node.name}` reruns its function in backward without saving and restoring "
+            f"{' or '.join(missing)}",
+            "the recomputation draws other dropout masks" if "the RNG state" in missing
+            else "the recomputation runs outside the forward's autocast and computes in another precision",
+        )

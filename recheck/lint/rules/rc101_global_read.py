@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from recheck.lint.facts import Hazard, Span
+from recheck.lint.facts import Hazard
 from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
@@ -53,18 +53,10 @@ class GlobalRead(Rule):
                             writers.setdefault(attribute, writer.qualname)
             for attribute, span in function.self_reads:
                 if attribute in writers:
-                    yield file.path, rebound_attribute(attribute, writers[attribute], span)
-
-
-def rebound_attribute(attribute: str, writer: str, span: Span) -> Hazard:
-    """``self.<attribute>`` read in a region, rebound by ``writer`` (a forward outside it)."""
-    return Hazard(
-        CODE,
-        span,
-        f"attribute `self.{attribute}` (rebound by `{writer}` outside the region) is read",
-        "a forward that runs before backward (the next microbatch, a shared module) rebinds it, "
-        "and recomputation reads that value",
-    )
+                    yield file.path, Hazard(
+                        CODE, span, f"attribute `self.{attribute}` (rebound by `{writers[attribute]}` outside the "
+                        "region) is read", "a forward that runs before backward (the next microbatch, a shared "
+                        "module) rebinds it, and recomputation reads that value")
 
 
 TABLE = "body"

@@ -162,7 +162,8 @@ class StateWrite(Rule):
     NODES = NODES
     BRANCH_SENSITIVE = True
 
-    def visit(self, node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+    def visit(self, node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign,  # type: ignore[override]
+              ctx: FunctionContext) -> Iterator[Hazard]:
         if isinstance(node, ast.Call):
             yield from _call(node, ctx)
             return

@@ -42,7 +42,8 @@ class InputMutation(Rule):
     CODE = CODE
     NODES = NODES
 
-    def visit(self, node: ast.Call | ast.AugAssign | ast.Assign, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
+    def visit(self, node: ast.Call | ast.AugAssign | ast.Assign,  # type: ignore[override]
+              ctx: FunctionContext) -> Iterator[Hazard]:
         line = node.lineno
         if isinstance(node, ast.Call):
             func = node.func

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from recheck.lint.facts import FunctionFacts, Hazard
+from recheck.lint.facts import Hazard
 from recheck.lint.rules.base import RegionHit, RegionView, Rule
 
 CODE = "RC110"
@@ -53,25 +53,21 @@ class ContainerOutput(Rule):
     CODE = CODE
 
     def region(self, view: RegionView) -> Iterator[RegionHit]:
-        if view.reentrant:
-            for hazard in check_region(view.region.function, view.class_info):
-                yield view.region.file.path, hazard
-
-
-def check_region(function: FunctionFacts, lookup: Lookup) -> Iterator[Hazard]:
-    """Hazards at each ``return`` of the region's root ``function`` that builds a container,
-    or at the function when only its annotation says so.  Call only for reentrant regions."""
-    found = False
-    for span, built in function.returned:
-        what = {"dict": "a dict", "list": "a list"}.get(built) or _describe(built[len("call:"):], lookup)
-        if what:
-            found = True
-            yield Hazard(CODE, span, f"the region returns {what} under reentrant checkpointing", THEN)
-    if not found and function.returns_annotation:
-        what = _describe(function.returns_annotation, lookup)
-        if what:
-            yield Hazard(CODE, function.span, f"the region is annotated to return {what} under reentrant checkpointing",
-                         THEN)
+        """Each ``return`` of the region's root function that builds a container, or the function
+        when only its annotation says so; for reentrant regions only."""
+        if not view.reentrant:
+            return
+        function, path, found = view.region.function, view.region.file.path, False
+        for span, built in function.returned:
+            what = {"dict": "a dict", "list": "a list"}.get(built) or _describe(built[len("call:"):], view.class_info)
+            if what:
+                found = True
+                yield path, Hazard(CODE, span, f"the region returns {what} under reentrant checkpointing", THEN)
+        if not found and function.returns_annotation:
+            what = _describe(function.returns_annotation, view.class_info)
+            if what:
+                yield path, Hazard(CODE, function.span,
+                                   f"the region is annotated to return {what} under reentrant checkpointing", THEN)
 
 
 # -- cases: whole modules, run by tests/lint/test_rule_tables.py; INVALID gives (line, column,
