@@ -60,12 +60,15 @@ class NoRepeatedUnit(ValueError):
 
 @dataclass(frozen=True)
 class Site:
-    """Where the forward first called a block: the file, the line, and the modules and whole numbers
-    bound to names in that frame then (to tell which call of the line is the block's)."""
+    """Where the forward first called a block: the call expression's span (lines, and UTF-8 columns
+    on them), and the module whose forward made the call, if a module's did."""
 
     file: str
     line: int
-    names: dict[str, Any]
+    end_line: int
+    column: int
+    end_column: int
+    owner: torch.nn.Module | None
 
 
 @dataclass
@@ -193,9 +196,12 @@ class _Recorder(Router):
             frame = sys._getframe(1)
             while frame.f_back is not None and frame.f_code.co_filename == _MODULE_FILE:
                 frame = frame.f_back
-            names = {k: v for k, v in frame.f_locals.items()
-                     if isinstance(v, torch.nn.Module) or (isinstance(v, int) and not isinstance(v, bool))}
-            self.sites[id(module)] = Site(frame.f_code.co_filename, frame.f_lineno, names)
+            positions = getattr(frame.f_code, "co_positions", None)  # Python 3.11: the call's own span
+            line, end_line, column, end_column = list(positions())[frame.f_lasti // 2] if positions else (None,) * 4
+            owner = frame.f_locals.get("self")
+            self.sites[id(module)] = Site(frame.f_code.co_filename, line or frame.f_lineno, end_line or 0,
+                                          column or 0, end_column or 0,
+                                          owner if isinstance(owner, torch.nn.Module) else None)
         for region, depth in self.open:
             region.modules_inside.add(id(module))
         if self.open:

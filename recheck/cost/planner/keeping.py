@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from recheck.cost.planner.candidates import CONTAINERS, Candidate, Candidates
+from recheck.cost.planner.candidates import CONTAINERS, Candidate, Candidates, Site
 from recheck.cost.planner.plans import Plan
 
 __all__ = ["Change", "change_for"]
@@ -53,47 +53,38 @@ def change_for(candidates: Candidates, plan: Plan) -> Change | None:
         return None
     variants = plan.variants
     chosen = [c for c in candidates.units if c.name in variants]
+    if not {id(c.module) for c in chosen} <= {id(m) for m in candidates.root.modules()}:
+        return None  # blocks of several models: a plan's paths name one
     if not chosen:
         return Change("the step fits the budget without checkpointing: change nothing", "")
     if "selective" in variants.values():
         return Change("the plan checkpoints selectively, saving the matrix products, which no one-line torch call "
                       "spells: write it with --save-plan plan.json and apply it once the model is built",
                       'recheck.apply_plan(model, "plan.json")', "import recheck")
-    sites = {(c.site.file, c.site.line) for c in chosen if c.site is not None}
-    if len(sites) == 1 and all(c.site is not None for c in chosen):
-        file, line = sites.pop()
-        if not file.startswith(_TORCH):
-            change = _in_the_line(candidates, chosen, file, line)
-            if change is not None:
-                return change
-            why = f"the line that calls them ({_shown(file)}:{line}) is not one call a checkpoint can wrap"
-        else:
-            container = candidates.root.get_submodule(chosen[0].container or "")
-            why = f"the blocks run inside torch's {type(container).__name__}.forward, not a line of your code"
+    sites = [c.site for c in chosen]
+    site = sites[0]
+    if all(s is not None and s.file.startswith(_TORCH) for s in sites):
+        owners = "/".join(sorted({type(s.owner).__name__ for s in sites if s is not None}))
+        why = f"the blocks run inside torch's {owners}.forward, not a line of your code"
+    elif site is None or any(s is None or _span(s) != _span(site) for s in sites):
+        why = "the blocks are called from several places"
+    elif any(part in site.file for part in ("site-packages", "dist-packages")):
+        why = f"the blocks are called inside an installed library ({_shown(site.file)}:{site.line})"
     else:
-        why = "the blocks are called from several lines"
+        change = _in_the_line(candidates, chosen, site)
+        if change is not None:
+            return change
+        why = f"the call of the blocks at {_shown(site.file)}:{site.line} is not one line a checkpoint can wrap"
     return _wrapped(candidates, chosen, why)
+
+
+def _span(site: Site) -> tuple[str, int, int]:
+    return site.file, site.line, site.column
 
 
 def _shown(file: str) -> str:
     relative = os.path.relpath(file) if os.path.isabs(file) else file
     return file if relative.startswith("..") else relative
-
-
-def _resolve(node: ast.expr, names: dict[str, Any]) -> Any:
-    """The module ``node`` names in the frame whose ``names`` were kept, read without running user code."""
-    if isinstance(node, ast.Name):
-        return names.get(node.id)
-    if isinstance(node, ast.Attribute):
-        base = _resolve(node.value, names)
-        return base._modules.get(node.attr) if isinstance(base, torch.nn.Module) else None
-    if isinstance(node, ast.Subscript):
-        base, index = _resolve(node.value, names), node.slice
-        position = index.value if isinstance(index, ast.Constant) else _resolve(index, names)
-        if isinstance(base, CONTAINERS) and isinstance(position, int) and not isinstance(position, bool):
-            members = list(base._modules.values())
-            return members[position] if -len(members) <= position < len(members) else None
-    return None
 
 
 def _expression(base: str, root: torch.nn.Module, path: str) -> str:
@@ -113,17 +104,17 @@ def _expression(base: str, root: torch.nn.Module, path: str) -> str:
     return text
 
 
-def _condition(name: str, chosen: list[Candidate], candidates: Candidates, names: dict[str, Any]) -> str | None:
+def _condition(name: str, chosen: list[Candidate], candidates: Candidates, owner: torch.nn.Module | None) -> str | None:
     """``block in self.layers[0:3:2]``: true for exactly the chosen blocks of one container."""
-    if len({c.container for c in chosen}) != 1:
+    parents = {id(child): parent for parent in candidates.root.modules() for child in parent.children()}
+    containers = {id(parents.get(id(c.module))) for c in chosen}
+    container = parents.get(id(chosen[0].module))
+    if len(containers) != 1 or container is None:
         return None
-    container = candidates.root.get_submodule(chosen[0].container or "")
-    owner = names.get("self")
-    base = None
-    if isinstance(owner, torch.nn.Module):
-        path = next((p for p, m in owner.named_modules() if m is container), None)
-        base = _expression("self", owner, path) if path is not None else None
-    base = base or _expression("model", candidates.root, chosen[0].container or "")
+    paths = {id(m): p for p, m in (owner or candidates.root).named_modules()}
+    base = _expression("self" if owner is not None else "model", owner or candidates.root, paths.get(id(container), ""))
+    if id(container) not in paths:
+        return None
     members = list(container._modules.values())
     positions = sorted(next(i for i, m in enumerate(members) if m is c.module) for c in chosen)
     if len(positions) == 1:
@@ -135,33 +126,28 @@ def _condition(name: str, chosen: list[Candidate], candidates: Candidates, names
     return f"{name} in ({', '.join(f'{base}[{p}]' for p in positions)})"
 
 
-def _in_the_line(candidates: Candidates, chosen: list[Candidate], file: str, line: int) -> Change | None:
-    """The line calling the blocks, with that call checkpointed; None when it is not one plain call."""
-    text = linecache.getline(file, line).strip()
+def _in_the_line(candidates: Candidates, chosen: list[Candidate], site: Site) -> Change | None:
+    """The line calling the blocks, with that call checkpointed; None when it spans lines or is not a call."""
+    line = linecache.getline(site.file, site.line).encode()
+    original = line[site.column:site.end_column].decode(errors="replace")
     try:
-        tree = ast.parse(text)
+        call = ast.parse(original, mode="eval").body if site.line == site.end_line else None
     except SyntaxError:
         return None
-    first = chosen[0]
-    assert first.site is not None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _resolve(n.func, first.site.names) is first.module]
-    if len(calls) != 1:
+    if not isinstance(call, ast.Call):
         return None
-    call = calls[0]
-    original, function = ast.get_source_segment(text, call), ast.get_source_segment(text, call.func)
-    arguments = [ast.get_source_segment(text, a) for a in [*call.args, *call.keywords]]
-    if original is None or function is None or None in arguments:
-        return None
-    wrapped = f"checkpoint({', '.join([function, *arguments, 'use_reentrant=False'])})"  # type: ignore[list-item]
-    there = [c for c in candidates.units if c.site is not None and (c.site.file, c.site.line) == (file, line)]
-    if len(chosen) < len(there):
-        condition = _condition(function, chosen, candidates, first.site.names)
+    function = ast.get_source_segment(original, call.func) or ""
+    arguments = [ast.get_source_segment(original, a) or "" for a in [*call.args, *call.keywords]]
+    wrapped = f"checkpoint({', '.join([function, *arguments, 'use_reentrant=False'])})"
+    if len(chosen) < sum(c.site is not None and _span(c.site) == _span(site) for c in candidates.units):
+        condition = _condition(function, chosen, candidates, site.owner)
         if condition is None:
             return None
         wrapped = f"({wrapped} if {condition} else {original})"
-    where = f"{_shown(file)}:{line}"
-    return Change(f"the blocks are called from one line of your code, {where}", text.replace(original, wrapped, 1),
-                  "from torch.utils.checkpoint import checkpoint", where, text)
+    where = f"{_shown(site.file)}:{site.line}"
+    code = (line[:site.column] + wrapped.encode() + line[site.end_column:]).decode(errors="replace").strip()
+    return Change(f"the blocks are called from one line of your code, {where}", code,
+                  "from torch.utils.checkpoint import checkpoint", where, line.decode(errors="replace").strip())
 
 
 def _wrapped(candidates: Candidates, chosen: list[Candidate], why: str) -> Change:

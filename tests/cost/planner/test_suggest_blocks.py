@@ -205,6 +205,22 @@ def test_the_change_for_a_loop_checkpoints_the_call_in_that_line(tmp_path):
     assert change_for(found, Plan(root="GPT")).code == ""
 
 
+@pytest.mark.parametrize(("loop", "code"), [
+    ("for i in range(len(self.blocks)):\n            x = self.blocks[i](x)",
+     "x = checkpoint(self.blocks[i], x, use_reentrant=False)"),
+    ("for block in self.blocks:\n            x = block(\n                x)",
+     "apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))"),
+])
+def test_the_change_follows_how_the_line_calls_the_blocks(tmp_path, loop, code):
+    source = GPT.replace("for block in self.blocks:\n            x = block(x)", loop)
+    assert source != GPT
+    _, gpt = load(tmp_path, source, "gpt_loop")
+    change = change_for(candidates_of(gpt.step), Plan(tuple((f"blocks.{i}", "full") for i in range(4)), root="GPT"))
+    assert change.code == code
+    if code.startswith("apply"):
+        assert "gpt_loop.py:" in change.how and "is not one line a checkpoint can wrap" in change.how
+
+
 def test_the_change_for_blocks_a_sequential_runs_wraps_them_by_class_or_by_module(tmp_path):
     _, cnn = load(tmp_path, CNN, "cnn")
     found = candidates_of(cnn.step)
