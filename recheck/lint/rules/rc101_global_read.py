@@ -19,7 +19,8 @@ FORWARDS = ("forward", "__call__")
 class GlobalRead(Rule):
     CODE = CODE
     NODES = NODES
-    
+    ONCE_PER_FUNCTION = True  # one finding per message and function, at the first
+
     def visit(self, node: ast.Name, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
         if not isinstance(node.ctx, ast.Load) or node.id not in ctx.module.mutated_globals:
             return
@@ -65,6 +66,7 @@ TABLE = "body"
 INVALID = [
     ("return x * STEP", [(1, 20, "module global `STEP` (rebound or mutated elsewhere in the module) is read")]),
     ("return x + torch.tensor(float(STEP))", [(1, 39, "module global `STEP`")]),
+    ("return x * STEP + STEP", [(1, 20, "module global `STEP`")]),  # one finding per global and function
 ]
 VALID = [
     "return x * SCALE",  # a global nothing rebinds

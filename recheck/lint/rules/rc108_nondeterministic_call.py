@@ -25,7 +25,8 @@ SOURCES = {
 class NondeterministicCall(Rule):
     CODE = CODE
     NODES = NODES
-    
+    ONCE_PER_FUNCTION = True  # one finding per message and function, at the first
+
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
         qualified = ctx.qualify(node.func) or ""
         what = SOURCES.get(qualified)
@@ -41,6 +42,7 @@ TABLE = "body"
 # (its harness defines the names they use); INVALID gives (line, column, part of the message) per finding
 INVALID = [
     ("return x * time.perf_counter()", [(1, 20, "`time.perf_counter()` reads a clock")]),
+    ("t = time.perf_counter()\nreturn x * (time.perf_counter() - t)", [(1, 13, "`time.perf_counter()` reads a clock")]),
     ("seed = int.from_bytes(os.urandom(4), 'little')\nreturn x + seed",
      [(1, 31, "`os.urandom()` reads the OS entropy source")]),
     ("tag = uuid.uuid4()\nreturn x", [(1, 15, "`uuid.uuid4()` makes a new UUID")]),
