@@ -83,6 +83,10 @@ def _span(site: Site) -> tuple[str, int, int]:
 
 
 def _shown(file: str) -> str:
+    """``file`` relative to the working directory when under it, to its library's folder when installed."""
+    for folder in ("site-packages", "dist-packages"):
+        if f"{os.sep}{folder}{os.sep}" in file:
+            return file.rpartition(f"{os.sep}{folder}{os.sep}")[2]
     relative = os.path.relpath(file) if os.path.isabs(file) else file
     return file if relative.startswith("..") else relative
 
@@ -160,5 +164,5 @@ def _wrapped(candidates: Candidates, chosen: list[Candidate], why: str) -> Chang
         check = f"isinstance(m, {names if len(classes) == 1 else f'({names})'})"
     else:
         check = f"m in {{{', '.join(_expression('model', candidates.root, c.name) for c in chosen)}}}"
-    return Change(f"{why}: wrap them once the model is built (model: your {candidates.root_name})",
+    return Change(f"{why}, so wrap them once the model is built (model is your {candidates.root_name})",
                   f"apply_activation_checkpointing(model, check_fn=lambda m: {check})", _WRAPPER)

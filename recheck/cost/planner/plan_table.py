@@ -94,7 +94,7 @@ def render_suggestion(s: Suggestion) -> str:
         change = s.change
         rows = [[change.where, change.before or ""], ["becomes", change.code]] if change.where else \
             [["call", change.code]] if change.code else []
-        lines += ["", f"keep it in your code ({change.how}):",
+        lines += ["", f"keep it in your code: {change.how}",
                   *_table(["", ""], rows + ([["import", change.imports]] if change.imports else []))[1:]]
     lines.append("")
     runs = [s.suggested, *s.anchors]

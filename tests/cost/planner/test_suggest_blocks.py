@@ -261,7 +261,7 @@ def test_a_suggestion_for_a_loop_is_verified_undone_and_its_line_keeps_the_measu
                                            "selective, every layer"]  # nothing "as written" to compare
     assert wrapped_left(gpt.model) == []
     assert s.to_dict()["change"]["code"] == s.change.code
-    assert f"keep it in your code ({s.change.how}):" in str(s) and s.change.code in str(s)
+    assert f"keep it in your code: {s.change.how}\n" in str(s) and s.change.code in str(s)
     if s.change.imports.startswith("from torch.utils.checkpoint"):  # the line, written into the file, keeps the plan
         source = path.read_text().replace(s.change.before, s.change.code)
         _, kept = load(tmp_path, f"{s.change.imports}\n{source}", "gpt_kept")
