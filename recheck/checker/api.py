@@ -5,31 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from recheck.collector import collector_paused
-from recheck.runtime.bits import Tolerance
-from recheck.checker.compare import Context
-from recheck.checker.inputs import given_upstream
-from recheck.checker.message import configuration_text, title
-from recheck.checker.run import CheckOptions, RegionError, RunResult, Runner
-from recheck.checker.verdict import judge
-from recheck.findings import Invocation, RecomputeMismatch, Report
-from recheck.runtime.naming import region_name
-from recheck.runtime.trees import leaves
+from recheck.checker.twin import given_upstream
+from recheck.findings import RecomputeMismatch, Report
 
 __all__ = ["assert_recompute_equal", "assert_step_equal", "check", "check_step"]
-
-
-def _validate(plain: RunResult) -> None:
-    import torch
-
-    tensors = [v for _, v in leaves(plain.outputs) if isinstance(v, torch.Tensor)]
-    if not tensors:
-        raise RegionError(
-            f"the region returned no tensor (got {type(plain.outputs).__name__}); "
-            "recheck compares what checkpoint recomputes, so the region must return a tensor")
-    if not any(t.requires_grad for t in tensors):
-        raise RegionError(
-            "no output of the region requires grad, so checkpoint would never recompute it; "
-            "pass an input with requires_grad=True or use a module with parameters")
 
 
 def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | None = None,
@@ -80,48 +59,19 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     given_upstream(grad_outputs)  # a TypeError now; its shapes are checked against the outputs, before any backward
-    options = CheckOptions(use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
-                           early_stop=early_stop, grad_outputs=grad_outputs,
-                           tolerance=Tolerance.of(atol, rtol, max_ulp))
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"recheck.check(): kwargs must be a mapping of the region's keyword arguments, "
                         f"got {type(kwargs).__name__}")
-    region = region_name(fn)
-    with collector_paused():  # the runs and restores; see check_step
-        runner = Runner(fn, args, dict(kwargs or {}), options)
-        replay = None
-        try:
-            plain = runner.execute("plain")
-            if plain.forward_error is not None:
-                raise plain.forward_error
-            if plain.backward_error is not None:
-                raise plain.backward_error
-            _validate(plain)
-            runner.restore()
-            user = runner.execute("user")
-            runner.restore()
-            replay = runner.replay(user)
-        finally:
-            runner.restore()
-    ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=options.tolerance,
-                  use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
-    written = frozenset(ref.subject for ref in runner.reach.writes.values())
-    findings = judge(ctx, plain, user, replay, runner.buffer_storages(), written)
-    notes = []
-    if not use_reentrant and user.saved is None:
-        notes.append("this torch has no determinism-check registry: saved tensors were "
-                     "compared by shape, dtype and device only")
-    if replay is not None and replay.stand_in:
-        notes.append("early stop ended the recompute; the full replay would have started from "
-                     "the plain forward's exact state, so the plain forward's record stands for it")
-    elif replay is not None:
-        notes.append("early stop ended the recompute; a full replay observed the rest")
-    notes += runner.snapshot.notes()  # what the region reaches and the check cannot put back
-    stats = {"runs": 3 if replay is not None and not replay.stand_in else 2,
-             "saved_tensors_compared": user.saved.compared if user.saved else 0,
-             "modules": len(runner.reach.modules)}
-    config = configuration_text(use_reentrant, preserve_rng_state, early_stop, options.tolerance)
-    return Report(findings, title=title(region, config), notes=notes, stats=stats)
+    from recheck.checker.twin import check_region_report
+    from recheck.watcher.dispatch import DISPATCHER
+    from recheck.watcher.options import WatchOptions
+
+    options = WatchOptions.of(atol=atol, rtol=rtol, max_ulp=max_ulp, where="recheck.check")
+    with DISPATCHER.taken_over("recheck.check()"), collector_paused():  # the runs and restores; see check_step
+        return check_region_report(fn, args, dict(kwargs or {}), use_reentrant=use_reentrant,
+                                   preserve_rng_state=preserve_rng_state, early_stop=early_stop,
+                                   grad_outputs=grad_outputs, watch_options=options.as_kwargs(),
+                                   tolerance=options.tolerance)
 
 
 def assert_recompute_equal(fn: Callable[..., Any], /, *args: Any, **options: Any) -> None:

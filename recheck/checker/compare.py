@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
-from recheck.runtime.context import ComputeContext, context_differences
-from recheck.runtime.effects import Effect
 from recheck.catalogue import explain, hint
-from recheck.runtime.explaining import effect_messages, param_version_message
 from recheck.checker.message import value_detail
 from recheck.runtime.fingerprints import Observed, fingerprint, show
 from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation
 
-__all__ = ["Context", "compare_entries", "compare_grads", "compare_observed", "compare_outputs",
-           "context_findings", "effect_findings", "saved_tensor_findings"]
+__all__ = ["Context", "compare_grads", "compare_observed", "compare_outputs"]
 
 @dataclass(frozen=True)
 class Context:
@@ -150,79 +146,3 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
             detail = value_detail(a.shown or show(a.value), b.shown or show(b.value), labels)
             findings.append(ctx.finding(kind, subject, message, detail, ctx.explain(kind, subject), latent))
     return findings
-
-
-def compare_entries(ctx: Context, forward: Mapping[tuple[str, str], Any],
-                    recompute: Mapping[tuple[str, str], Any], shown: Mapping[tuple[str, str], tuple[str, str]],
-                    *, latent: bool = False) -> list[Finding]:
-    """State at recompute start against forward start (rng, globals read, param versions).
-
-    Parameters whose version changed are one ``param_version`` finding that names them all,
-    as ``watch()`` words it.
-    """
-    findings: list[Finding] = []
-    versions: list[tuple[str, Any, Any]] = []
-    for key, a in forward.items():
-        if key not in recompute or recompute[key] == a:
-            continue
-        kind, subject = key
-        if kind == "param_version":
-            versions.append((subject.removeprefix("parameter `").removesuffix("`"), a, recompute[key]))
-            continue
-        before, after = shown.get(key, (show(a), show(recompute[key])))
-        findings.append(ctx.finding(
-            kind, subject, f"{subject} at recompute start differs from forward start",
-            value_detail(before, after, ("forward", "recompute")),
-            ctx.explain(kind, subject), latent))
-    if versions:
-        subject, message, detail = param_version_message(versions)
-        findings.append(ctx.finding("param_version", subject, message, detail,
-                                    ctx.explain("param_version", subject), latent))
-    return findings
-
-
-def context_findings(ctx: Context, forward: ComputeContext | None, recompute: ComputeContext | None, *,
-                     latent: bool = False) -> list[Finding]:
-    """One ``context`` finding per part of the context (grad mode, autocast per device type,
-    default dtype) the recompute starts in differently from the forward.  The reentrant
-    variant runs its forward under no_grad by design: its grad mode is not compared."""
-    if forward is None or recompute is None:
-        return []
-    return [ctx.finding("context", subject, message, detail, ctx.explain("context", subject), latent)
-            for subject, message, detail in context_differences(forward, recompute,
-                                                                compare_grad=not ctx.use_reentrant)]
-
-
-def effect_findings(ctx: Context, effects: Iterable[Effect], *, latent: bool = False) -> list[Finding]:
-    """One ``side_effect`` finding per channel that emitted during recompute."""
-    return [ctx.finding("side_effect", channel, message, detail, ctx.explain("side_effect", channel), latent)
-            for channel, message, detail in effect_messages(effects)]
-
-
-def saved_tensor_findings(ctx: Context, mismatches: list[tuple[int, torch.Tensor, torch.Tensor, int]],
-                          compared: int, *, skip_storages: frozenset[int] = frozenset(),
-                          latent: bool = False) -> list[Finding]:
-    """One ``recompute`` finding for the saved tensors whose recomputed bytes differ.
-
-    The detail shows the first differing saved tensor in full and lists the others.
-    Saved tensors living in ``skip_storages`` (module buffers) are left to ``buffer``.
-    """
-    described = []
-    for position, original, recomputed, storage in mismatches:
-        if storage and storage in skip_storages:
-            continue
-        diff = compare_tensors(original, recomputed, tolerance=ctx.tolerance,
-                               check_requires_grad=False,
-                               description=f"saved tensor #{position}: {describe_tensor(original)}")
-        if diff is not None:
-            described.append((position, diff))
-    if not described:
-        return []
-    lines = described[0][1].lines()
-    if len(described) > 1:
-        others = ", ".join(f"#{p}" for p, _ in described[1:9])
-        more = f" and {len(described) - 9} more" if len(described) > 9 else ""
-        lines.append(f"also differ: saved tensor {others}{more}")
-    total = max(compared, len(described))
-    message = (f"{len(described)} of {total} tensors saved for backward differ when recomputed")
-    return [ctx.finding("recompute", "saved tensors", message, "\n".join(lines), latent=latent)]

@@ -56,6 +56,8 @@ raises.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -65,19 +67,22 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
-from recheck.findings import Finding, Report, could_not, one_line
-from recheck.intercept.bypass import bypassing
+from recheck.findings import Finding, Invocation, Report, could_not, one_line
+from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank
 from recheck.runtime.bits import Tolerance, bit_view, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import attribute_subject, region_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
-from recheck.runtime.snapshot import DefaultDtypeRecord, DigestedTensor, Observed, Snapshot, shared_or_copied
+from recheck.runtime.snapshot import (DefaultDtypeRecord, DigestedTensor, Observed, Snapshot, TensorRecord,
+                                      shared_or_copied)
 from recheck.runtime.steps import StepState, discover_state, unseen_optimizer_tensors
-from recheck.runtime.trees import leaves
+from recheck.runtime.effects import EffectCapture
+from recheck.runtime.trees import input_tensors, leaves, map_tensors
 
-__all__ = ["ROUNDING_BOUND", "StepRun", "Twin", "check_step_report"]
+__all__ = ["ROUNDING_BOUND", "RegionError", "RegionStep", "StepRun", "Twin", "check_region_report",
+           "check_step_report", "given_upstream", "make_upstream"]
 
 #: In the float64 rerun, a difference at most this fraction of the quantity's largest magnitude
 #: (the model's largest gradient, parameter, output ...) is rounding: accumulation order.  Measured
@@ -107,17 +112,23 @@ class StepRun:
     probe: list[Finding] = field(default_factory=list)
     #: where the step as written raised: what its watch saw of the failure (``watcher.failure``)
     failure: Any = None
+    #: saved tensors its watch compared with their recomputation
+    saved_compared: int = 0
+    #: the run left every piece of state as found and emitted nothing (check()'s plain run: a full
+    #: replay of an early stopped recompute, which starts where it started, could show nothing)
+    inert: bool = False
 
 
 class Twin:
     """One step, its state, and the runs that compare it with its uncheckpointed twin."""
 
     def __init__(self, step: Callable[[], Any], modules: Sequence[torch.nn.Module] = (),
-                 optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+                 optimizers: Sequence[torch.optim.Optimizer] = (), reach: Reach | None = None,
+                 inputs: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
         self.step = step
         self.state: StepState = discover_state(step, modules, optimizers)
         # walked once per step function while it reaches the same objects (a copy: the twin adds to it)
-        self.reach: Reach = reach_of(step, {}).copy()
+        self.reach: Reach = (reach or reach_of(step, {})).copy()
         for module in self.state.modules:
             if id(module) not in self.reach.modules:
                 self.reach.add_module(self.reach.name_unknown(module), module)
@@ -125,18 +136,24 @@ class Twin:
         self.unsynced = {name: m for name, m in self.reach.modules.values() if isinstance(m, DistributedDataParallel)}
         _refuse_unfaithful(self.unsynced, self.state)  # before anything is copied or run
         _settle(self.unsynced.values())
+        known = [*self.reach.tensors.values(), *(t for _, t in inputs)]
         for tensor in self.state.tensors + self.state.leaves:
-            if all(t is not tensor for t in self.reach.tensors.values()):
+            if all(t is not tensor for t in known):
                 self.reach.tensors[f"tensor#{len(self.reach.tensors) + 1}"] = tensor
-        generators = {**self.reach.generators, **{f"#{i}": g for i, g in enumerate(self.state.generators)}}
+        found = [g for g in self.state.generators if all(g is not h for h in self.reach.generators.values())]
+        generators = {**self.reach.generators, **{f"#{i}": g for i, g in enumerate(found)}}
         self.snapshot = Snapshot(RngRecord(generators))
         self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
+        for path, tensor in inputs:  # a region's inputs (check()), named by their path
+            self.snapshot.add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path, tensor))
         self._restore_loop = self.state.loop_snapshot()
         #: whether the state is as captured: no run started since the last restore ended
         self._restored = True
         #: runs of the step made (a lean round whose twin differed, the float64 rerun: more than two)
         self.runs = 0
+        #: a run let the region's output through (check(): its first plain run)
+        self._shown = False
         self._grads = {r.name: r for r in self.snapshot.grads()}
         #: the step's state spans the ranks of a world (sharded parameters, a DDP module): every
         #: rank runs it, and the runs each rank makes are agreed by all (:meth:`agreed`)
@@ -179,6 +196,7 @@ class Twin:
         freed before the next run.
         """
         fresh = {f"`{name}`": p.grad for name, p in self.parameters.items()}
+        fresh.update(getattr(self.step, "input_grads", {}))  # a region's inputs (check()'s step)
         grads: dict[str, torch.Tensor | DigestedTensor | None] = dict(fresh)
         if lean:
             grads = {name: DigestedTensor.of(grad) if grad is not None and DigestedTensor.fits(grad) else grad
@@ -235,6 +253,19 @@ class Twin:
 
     @contextlib.contextmanager
     def _mode(self, run: StepRun, watch_options: Mapping[str, Any], compiled: bool) -> Iterator[None]:
+        # a region's output (check()) shows once, as a plain call shows it: the first run of its
+        # twin lets it through, every other run keeps it
+        region = self.step if isinstance(self.step, RegionStep) else None
+        plain = region is not None and run.mode == "bypassed"
+        quiet = EffectCapture(passthrough=plain and not self._shown) if region is not None else None
+        self._shown |= plain
+        with quiet or contextlib.nullcontext(), self._watched(run, watch_options, compiled):
+            yield
+        if quiet is not None and region is not None and plain:
+            run.inert = not quiet.effects and self.snapshot.unchanged(region.reset_streams)
+
+    @contextlib.contextmanager
+    def _watched(self, run: StepRun, watch_options: Mapping[str, Any], compiled: bool) -> Iterator[None]:
         if run.mode == "as written":
             from recheck.watcher.probe import RecomputeProbe
             from recheck.watcher.session import watch
@@ -251,6 +282,7 @@ class Twin:
                 if run.error is not None:
                     run.failure = _explained(watcher, run.error)
                 run.probe = list(probe.findings)
+                run.saved_compared = sum(r._saved_compared for r in watcher.records)
                 run.notes.extend(probe.notes)
                 run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
             return
@@ -359,8 +391,14 @@ def _digests_differ(written: StepRun, other: StepRun) -> bool:
 
 
 def _detached(value: Any) -> Any:
-    return [(path, leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf)
-            for path, leaf in leaves(value)]
+    """The leaves of a step's result, copied off the graph; whether each required grad is kept
+    (a reentrant checkpoint's output needs none where its inputs need none: a finding)."""
+    return [(path, _copied(leaf) if isinstance(leaf, torch.Tensor) else leaf) for path, leaf in leaves(value)]
+
+
+def _copied(tensor: torch.Tensor) -> torch.Tensor:
+    copy = tensor.detach().clone()
+    return copy.requires_grad_() if tensor.requires_grad and copy.is_leaf else copy
 
 
 def _dynamo_compilations() -> int:
@@ -400,8 +438,7 @@ def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
 
 
 def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Finding]:
-    findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True,
-                               check_requires_grad=False)
+    findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True)
     # a digest (a lean run's) is here only where both runs share it, which compares by identity
     findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,  # type: ignore[arg-type]
                               reference="the uncheckpointed step")
@@ -562,11 +599,32 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                       modules: Sequence[torch.nn.Module] = (),
                       optimizers: Sequence[torch.optim.Optimizer] = ()) -> Report:
     """The report of :func:`recheck.check_step` (see there for the arguments)."""
-    watch_options = dict(watch_options or {})
     name = region_name(step)
     twin = Twin(step, modules, optimizers)
     ctx = Context(region=f"step {name}", invocation=None, tolerance=tolerance, use_reentrant=False,
                   preserve_rng_state=None)
+    written, bypassed, found, notes = _compared(twin, ctx, name, repeats, dict(watch_options or {}))
+    watched = written.report if written.report is not None else Report()
+    stats = {"runs": twin.runs, "parameters": len(twin.parameters), "watch": dict(watched.stats)}
+    title = (f"step           {name}\n"
+             f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"
+             + (f", tolerance: {tolerance}" if tolerance else "")
+             + f"\nwatched        {watched.title or 'nothing'}")
+    return Report(found, title=title, notes=notes, stats=stats)
+
+
+def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: dict[str, Any],
+              plain_error: bool = False, detail: Mapping[str, Any] | None = None
+              ) -> tuple[StepRun, StepRun, list[Finding], list[str]]:
+    """Run the step as written and its twin, and compare them: the two runs, every finding
+    (the watch's and the twins' differences), every note.  ``detail``: watch options for the
+    round that keeps copies, which then also runs where the watch found something.
+
+    Where both raise, the step as written's error is raised with a note that its twin fails
+    too, or with ``plain_error`` the twin's own (``check()``: the region's error, as a plain
+    call raises it).
+    """
+    tolerance = ctx.tolerance
     notes: list[str] = []
     try:
         # first lean: the step as written keeps digests of what it changed; where any run differs
@@ -578,7 +636,12 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
         failed: Finding | None = None
         unsteady: set[tuple[str, str | None]] = set()
         while True:
-            written = twin.run("as written", watch_options, lean=lean)
+            written = twin.run("as written", watch_options if lean else {**watch_options, **(detail or {})}, lean=lean)
+            noticed = detail is not None and lean and (written.error is not None or written.report is not None
+                                                       and not written.report.ok)
+            if noticed and not twin.spans_ranks:
+                lean = False  # again, keeping copies for the findings' detail
+                continue
             if written.error is not None:
                 from recheck.watcher.failure import add_note as _add_note
 
@@ -589,6 +652,8 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                     raise written.error
                 bypassed = twin.run("bypassed", {}, compiled=written.compiled or bool(twin.reach.compiled))
                 if bypassed.error is not None:
+                    if plain_error:
+                        raise bypassed.error
                     _add_note(written.error, FAILS_UNCHECKPOINTED)
                     raise written.error
                 failed = _fails_only_checkpointed(name, written)
@@ -636,15 +701,191 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
     watched.findings.extend(written.probe)
     notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
     notes += twin.snapshot.notes()  # what the step reaches and the check cannot put back
-    stats = {"runs": twin.runs, "parameters": len(twin.parameters),
-             "watch": dict(watched.stats)}
-    title = (f"step           {name}\n"
-             f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"
-             + (f", tolerance: {tolerance}" if tolerance else "")
-             + f"\nwatched        {watched.title or 'nothing'}")
+    said = {(f.kind, f.subject) for f in watched.findings}  # the comparator's words, once (latent ones too:
+    findings = [f for f in findings if (f.kind, f.subject) not in said]  # a full replay changed them again)
     try:
         found = with_likely_causes([*watched.findings, *findings])
     except Exception as exc:  # noqa: BLE001 - the findings as they were found
         found = [*watched.findings, *findings]
         notes.append(could_not("point the findings at their likely causes", exc))
-    return Report(found, title=title, notes=notes, stats=stats)
+    return written, bypassed, found, notes
+
+
+# -- check(): one region as a generated step ----------------------------------------------------
+
+
+class RegionError(ValueError):
+    """The region cannot be checked as given (no tensor output, nothing requires grad)."""
+
+
+class RegionStep:
+    """The step :func:`recheck.check` generates for one region, checked as its twin.
+
+    It calls ``torch.utils.checkpoint.checkpoint(fn, *args, **kwargs)`` with the configuration
+    under test, then backward with the upstream gradient (``grad_outputs``, or seeded noise the
+    same in every run), and returns the outputs; the inputs' gradients are in
+    :attr:`input_grads` (fresh leaves each run, so the caller's tensors keep their ``.grad``).
+    Under the watch each recompute is compared with its own forward; bypassed, the region is
+    called directly, the plain run every comparison of outputs and end state is made against.
+    Whether the region can be checked at all is judged on the plain run's outputs (a reentrant
+    checkpoint's output may need no grad where the plain output does: that is a finding), and
+    a :class:`RegionError` raised before its backward.
+    """
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, *, use_reentrant: bool,
+                 preserve_rng_state: bool, early_stop: bool, grad_outputs: Any) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.options: dict[str, Any] = {"use_reentrant": use_reentrant, "preserve_rng_state": preserve_rng_state}
+        if not use_reentrant:
+            self.options["early_stop"] = early_stop
+        self.grad_outputs = grad_outputs
+        #: the RNG streams the recompute sets back to the forward's
+        self.reset_streams = frozenset({"cpu RNG"}) if preserve_rng_state else frozenset()
+        #: the plain run's upstream gradient, once made (every later run gets the same)
+        self.upstream: list[tuple[str, torch.Tensor]] | None = None
+        self.input_grads: dict[str, torch.Tensor | None] = {}
+
+    def __call__(self) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        from recheck.intercept import patches
+
+        installation = patches.installed()
+        plain = installation is not None and isinstance(installation.hooks, Bypass)
+        args, kwargs, fresh = prepare_inputs(self.args, self.kwargs)
+        self.input_grads = {}
+        fn = self.fn
+        if kwargs and self.options["use_reentrant"]:  # the reentrant variant takes no keyword arguments
+            fn, kwargs = functools.partial(fn, **kwargs), {}
+        outputs = checkpoint(fn, *args, **self.options, **kwargs)
+        tensors = dict(leaves(outputs))
+        try:
+            _fits(outputs, tensors)
+            upstream = self.upstream or make_upstream(tensors, self.grad_outputs)
+        except RegionError:
+            if plain:
+                raise
+            return outputs  # the plain run judges, and a checkpointed output may need no grad
+        if plain:
+            self.upstream = upstream
+        pairs = [(tensors[path], grad) for path, grad in upstream
+                 if isinstance(tensors.get(path), torch.Tensor) and tensors[path].requires_grad
+                 and tensors[path].shape == grad.shape]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+        self.input_grads = {path: leaf.grad for path, leaf in fresh.items()}
+        return outputs
+
+
+def _fits(outputs: Any, found: Mapping[str, Any]) -> None:
+    """Raise :class:`RegionError` where the region returned no tensor, or none that requires grad."""
+    tensors = [v for v in found.values() if isinstance(v, torch.Tensor)]
+    if not tensors:
+        raise RegionError(
+            f"the region returned no tensor (got {type(outputs).__name__}); "
+            "recheck compares what checkpoint recomputes, so the region must return a tensor")
+    if not any(t.requires_grad for t in tensors):
+        raise RegionError(
+            "no output of the region requires grad, so checkpoint would never recompute it; "
+            "pass an input with requires_grad=True or use a module with parameters")
+
+
+def prepare_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict, dict[str, torch.Tensor]]:
+    """Fresh leaves for inputs that require grad, so user tensors keep their ``.grad``."""
+    fresh_leaves: dict[str, torch.Tensor] = {}
+
+    def convert(path: str, value: torch.Tensor) -> torch.Tensor:
+        if not value.requires_grad:
+            return value
+        leaf = value.detach().requires_grad_(True)
+        fresh_leaves[path] = leaf
+        return leaf if value.is_leaf else leaf.clone()
+
+    fresh_args = tuple(map_tensors(convert, a, f"args[{i}]") for i, a in enumerate(args))
+    fresh_kwargs = {k: map_tensors(convert, v, f"kwargs[{k!r}]") for k, v in kwargs.items()}
+    return fresh_args, fresh_kwargs, fresh_leaves
+
+
+def given_upstream(given: Any) -> list[torch.Tensor] | None:
+    """``grad_outputs`` as a list of tensors (None: seeded noise), checked before anything runs.
+
+    Raises:
+        TypeError: naming the argument, or the element, that is not a tensor.
+    """
+    if given is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        return [given]
+    if not isinstance(given, (list, tuple)):
+        raise TypeError(f"grad_outputs must be a tensor or a sequence of tensors, got {type(given).__name__}")
+    for index, item in enumerate(given):
+        if not isinstance(item, torch.Tensor):
+            raise TypeError(f"grad_outputs[{index}] must be a tensor, got {type(item).__name__}")
+    return list(given)
+
+
+def make_upstream(outputs: Mapping[str, Any], given: Any) -> list[tuple[str, torch.Tensor]]:
+    """The upstream gradient of each output that requires grad: ``given``, or seeded noise.
+
+    Raises:
+        RegionError: when ``given`` does not fit the outputs (their count, or an output's
+            shape, named with both shapes): the backward, and so the recompute, would not run.
+    """
+    wanted = [(p, t) for p, t in outputs.items() if isinstance(t, torch.Tensor)
+              and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    given_list = given_upstream(given)
+    if given_list is not None:
+        if len(given_list) != len(wanted):
+            raise RegionError(f"grad_outputs has {len(given_list)} tensor(s) but the region "
+                              f"returns {len(wanted)} output(s) that require grad")
+        for index, ((path, output), grad) in enumerate(zip(wanted, given_list)):
+            if grad.shape != output.shape:
+                raise RegionError(f"grad_outputs[{index}] has shape {tuple(grad.shape)}, but the output "
+                                  f"`{path}` it is the gradient of has shape {tuple(output.shape)}")
+        return [(p, g) for (p, _), g in zip(wanted, given_list)]
+    upstream = []
+    for index, (path, tensor) in enumerate(wanted):
+        generator = torch.Generator().manual_seed(0x5EED + index)
+        # drawn in single precision but for double outputs: torch's float32 normals are a
+        # vectorized kernel, and a half-precision output keeps no more of a double draw
+        drawn = (torch.complex128 if tensor.dtype == torch.complex128 else torch.complex64) if tensor.is_complex() \
+            else (torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+        base = torch.randn(tensor.shape, generator=generator, dtype=drawn)
+        upstream.append((path, base.to(dtype=tensor.dtype, device=tensor.device)))
+    return upstream
+
+
+_LATENT_WHY = ("latent: early stop ended the recompute before this ran; "
+               "use_reentrant=True or early_stop=False run it")
+
+
+def check_region_report(fn: Callable[..., Any], args: tuple, kwargs: dict, *, use_reentrant: bool,
+                        preserve_rng_state: bool, early_stop: bool, grad_outputs: Any,
+                        watch_options: Mapping[str, Any], tolerance: Tolerance | None) -> Report:
+    """The report of :func:`recheck.check` (see there for the arguments): the twin check of
+    the step :class:`RegionStep` makes of the region, under a watch that replays an early
+    stopped recompute fully (what only that replay shows is latent)."""
+    from recheck.checker.message import configuration_text, title
+    from recheck.runtime.reach import static_reach
+
+    region = region_name(fn)
+    step = RegionStep(fn, args, kwargs, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
+                      early_stop=early_stop, grad_outputs=grad_outputs)
+    twin = Twin(step, reach=static_reach(fn, args, kwargs), inputs=input_tensors(args, kwargs))
+    ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=tolerance,
+                  use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
+    written, plain, found, notes = _compared(twin, ctx, region, 1, dict(watch_options), plain_error=True,
+                                             detail={"store": "copy"})
+    if early_stop and not use_reentrant and written.error is None and not plain.inert:
+        # early stop ended the recompute: a full replay runs the rest, and what only it shows is latent
+        replay = twin.run("as written", {**watch_options, "early_stop": False}, lean=True)
+        said = {(f.kind, f.subject) for f in found}
+        latent = [dataclasses.replace(f, detail="\n".join(filter(None, (f.detail, _LATENT_WHY))))
+                  for f in (replay.report.findings if replay.report is not None else ())
+                  if f.latent and (f.kind, f.subject) not in said]
+        found = with_likely_causes(found + latent)
+        notes.append("early stop ended the recompute; a full replay observed the rest")
+    stats = {"runs": twin.runs, "saved_tensors_compared": written.saved_compared,
+             "modules": len(twin.reach.modules)}
+    config = configuration_text(use_reentrant, preserve_rng_state, early_stop, tolerance)
+    return Report(found, title=title(region, config), notes=notes, stats=stats)

@@ -7,7 +7,7 @@ Importing a command module must stay cheap: torch is imported inside ``run``.
 #: The subcommands in the order ``recheck --help`` lists them.
 COMMAND_MODULES = (
     "recheck.commands.check",
-    "recheck.commands.run_program",  # `recheck run` (run.py is recheck.checker.run)
+    "recheck.commands.run_program",  # `recheck run`
     "recheck.commands.lint",
     "recheck.commands.cost",
     "recheck.commands.rules",

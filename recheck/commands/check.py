@@ -292,7 +292,7 @@ def _error(message: str, user_traceback: str = "") -> int:
 def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
     """The report of one region, or what kept it from being checked."""
     from recheck.checker.api import check
-    from recheck.checker.run import RegionError
+    from recheck.checker.twin import RegionError
     from recheck.loading import TargetError, UserCodeFailed, build_region, run_user_code
 
     options = _options_for(target.options, overrides)

@@ -125,11 +125,8 @@ class EffectCapture:
                 del stack[index]
                 break
         try:
-            for message in self._caught:
-                self.effects.append(Effect("warning", f"{message.category.__name__}: {message.message}"))
-                if self.passthrough:
-                    warnings.warn_explicit(message.message, message.category,
-                                           message.filename, message.lineno)
+            for message in self._caught if self.passthrough else ():
+                warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
         finally:
             with _LOCK:
                 _leave()
@@ -193,7 +190,9 @@ def _show(message: warnings.WarningMessage) -> None:
     if stack:
         capture = stack[-1]
         if warnings.showwarning is capture._showwarning and _WARNINGS._showwarnmsg_impl is capture._showwarnmsg_impl:
-            capture._caught.append(message)
+            capture._caught.append(message)  # re-emitted at its exit when it passes output through
+            # recorded now, in order with the other effects (a full replay counts those before a point)
+            capture.effects.append(Effect("warning", f"{message.category.__name__}: {message.message}"))
             return
     _FOUND["_showwarnmsg"](message)
 

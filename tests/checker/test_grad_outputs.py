@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from recheck import check
-from recheck.checker.run import RegionError
+from recheck.checker import RegionError
 
 VARIANTS = pytest.mark.parametrize("use_reentrant, early_stop", [(True, True), (False, True), (False, False)],
                                    ids=["reentrant", "non-reentrant", "non-reentrant-no-early-stop"])

@@ -1,11 +1,11 @@
-"""The region's inputs for a run and the upstream gradient both runs share."""
+"""The region's inputs for a run of check()'s step and the upstream gradient every run shares."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from recheck.checker.inputs import RegionError, arguments_print, make_upstream, prepare_inputs
+from recheck.checker.twin import RegionError, make_upstream, prepare_inputs
 
 
 def _outputs(*tensors: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -55,10 +55,3 @@ def test_prepare_inputs_gives_fresh_leaves_and_leaves_the_user_tensor_alone() ->
     assert not kwargs["y"].is_leaf  # a non-leaf input stays a non-leaf (a clone of a fresh leaf)
     args[0].sum().backward()
     assert x.grad is None
-
-
-def test_arguments_print_tells_values_apart_and_tensors_by_identity() -> None:
-    t = torch.zeros(2)
-    assert arguments_print((t, 1), {"k": "a"}) == arguments_print((t, 1), {"k": "a"})
-    assert arguments_print((t, 1), {}) != arguments_print((t, 2), {})
-    assert arguments_print((t,), {}) != arguments_print((torch.zeros(2),), {})

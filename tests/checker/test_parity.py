@@ -21,8 +21,9 @@ from torch.utils.checkpoint import checkpoint
 from source_modules import load_file
 
 import recheck
-from recheck.checker.inputs import make_upstream
+from recheck.checker.twin import make_upstream
 from recheck.runtime.trees import leaves
+from recheck.watcher.failure import ONLY_WHEN_CHECKPOINTED
 
 #: Kinds watch() sees in the checkpointed run alone.
 SHARED = {"rng", "context", "buffer", "state", "global", "side_effect", "param_version", "input_mutation", "recompute"}
@@ -35,10 +36,10 @@ def _build(zoo, name):
 
 
 def _triples(report, kinds):
-    # "torch raised in backward" (subject "backward") is check() reporting the exception its own
-    # step caught; under watch() that exception reaches the program, which sees it itself
+    # "the step fails only when checkpointed" is check() reporting the exception its own step
+    # caught; under watch() that exception reaches the program, which sees it itself
     return {(f.kind, f.subject, f.code) for f in report
-            if f.kind in kinds and not f.latent and f.subject != "backward"}
+            if f.kind in kinds and not f.latent and f.subject != ONLY_WHEN_CHECKPOINTED}
 
 
 def _watched_step(zoo, name, options):
@@ -107,3 +108,20 @@ def test_check_and_watch_agree_on_the_context(name, variant):
     kinds = SHARED | {"context"}
     assert {(k, s) for k, s, _ in _triples(checked, {"context"})} == regions.EXPECTED[name], str(checked)
     assert _triples(checked, kinds) == _triples(watched, kinds), f"--- check\n{checked}\n--- watch\n{watched}"
+
+
+def _warns_first(x):
+    warnings.warn("region: falling back", UserWarning, stacklevel=1)
+    return torch.exp(x).mean(-1)
+
+
+def test_a_full_replay_counts_a_warning_of_the_forward_before_its_last_saved_tensor():
+    # the warning comes before any saved tensor: an early-stopped recompute emits it too, so it
+    # is no latent finding, whether check() or watch(early_stop=False) replays the recompute
+    x = torch.randn(3, 4, requires_grad=True)
+    with warnings.catch_warnings(), recheck.watch(raise_on_finding=False, early_stop=False) as w:
+        warnings.simplefilter("ignore")
+        checkpoint(_warns_first, x, use_reentrant=False, early_stop=True).sum().backward()
+        checked = recheck.check(_warns_first, x)
+    for report in (w.report, checked):
+        assert [(f.kind, f.latent) for f in report] == [("side_effect", False)], str(report)
