@@ -13,6 +13,7 @@ value again (scratch state such as a dispatcher's ``self.routing_map``).
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterator
 
 from recheck.lint.facts import Hazard
@@ -55,6 +56,29 @@ def _outside_state(node: ast.AST, ctx: FunctionContext) -> str | None:
         return "closure variable"
     if ctx.is_global_variable(head):
         return "global"
+    if len(parts) > 1 and head in ctx.module.imports and (head in ctx.imported or not ctx.is_local(head)) \
+            and not _CLASS_NAME.match(parts[-1]):
+        return "module state"  # another module's global (``parallel_state._TRACKER``), not a class's function
+    return None
+
+
+#: a class (``torch.Tensor``): ``torch.Tensor.add(a, b)`` calls a function, it mutates no state
+_CLASS_NAME = re.compile(r"_*[A-Z][a-z]")
+
+
+def _state(node: ast.AST, ctx: FunctionContext) -> tuple[str, str, str] | None:
+    """``(kind, shown, state)`` when ``node`` is outside state, or a local name last bound to
+    outside state (``tracker = parallel_state._TRACKER``): the kind, the text that shows it,
+    and the state's own source."""
+    kind = _outside_state(node, ctx)
+    if kind:
+        return kind, f"`{ctx.source(node)}`", ctx.source(node)
+    if not isinstance(node, ast.Name) or not ctx.is_local(node.id):
+        return None
+    value = ctx.values.get(node.id)
+    kind = _outside_state(value, ctx) if isinstance(value, (ast.Attribute, ast.Name)) else None
+    if kind and value is not None:
+        return kind, f"`{ctx.source(value)}` (as local `{node.id}`)", ctx.source(value)
     return None
 
 
@@ -109,6 +133,9 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST 
             return None
         return Hazard(CODE, ctx.span(target), f"{kind} `{target.id}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
+    if isinstance(target, ast.Attribute) and augmented and _outside_state(target, ctx) == "module state":
+        return Hazard(CODE, ctx.span(target), f"module state `{ctx.source(target)}` is {verb}",
+                      f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Attribute) and _outside_state(target, ctx) == "attribute":
         if augmented is None and not (isinstance(target.value, ast.Name) and _branch_or_accumulation(target, value, ctx)):
             return None
@@ -118,9 +145,10 @@ def _assignment(target: ast.AST, augmented: ast.operator | None, value: ast.AST 
         return Hazard(CODE, ctx.span(target), f"`{ctx.source(target)}` is {verb}",
                       f"recomputation {PRESENT[verb]} it again")
     if isinstance(target, ast.Subscript):
-        kind = _outside_state(target.value, ctx)
-        if kind:
-            return Hazard(CODE, ctx.span(target), f"{kind} `{ctx.source(target.value)}` is written by item assignment",
+        base = _state_base(target.value)  # another module's nested tables: ``_TRACKER[name]["values"][i]``
+        state = _state(target.value, ctx) or (_state(base, ctx) if _outside_state(base, ctx) == "module state" else None)
+        if state:
+            return Hazard(CODE, ctx.span(target), f"{state[0]} {state[1]} is written by item assignment",
                           "recomputation writes it again")
     return None
 
@@ -140,10 +168,10 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
     if not isinstance(func, ast.Attribute):
         return
     if func.attr in MUTATING_METHODS:
-        kind = _outside_state(func.value, ctx)
-        if kind:
-            yield Hazard(CODE, ctx.span(node), f"{kind} `{ctx.source(func.value)}` is mutated by `.{func.attr}()`",
-                         "recomputation mutates it again", f"{MUTATE}{ctx.source(func.value)}:{func.attr}")
+        state = _state(func.value, ctx)
+        if state:
+            yield Hazard(CODE, ctx.span(node), f"{state[0]} {state[1]} is mutated by `.{func.attr}()`",
+                         "recomputation mutates it again", f"{MUTATE}{state[2]}:{func.attr}")
         elif isinstance(func.value, ast.Name) and ctx.is_live_param(func.value.id, node.lineno):
             name = func.value.id
             cache = _is_cache_argument(name, ctx)
@@ -198,10 +226,20 @@ INVALID = [
      [(2, 13, "`self.prev` is assigned and tested in the region")]),
     ("cache.update({'k': x})\nreturn x", [(1, 9, "argument `cache` is mutated by `.update()`")]),
     ("self.scale = self.scale * 0.5\nreturn x * self.scale", [(1, 9, "`self.scale` is assigned")]),
+    # another module's state (Megatron's MoE loss tracker), and local aliases of outside state
+    ("from megatron.core import parallel_state\nparallel_state._TRACKER['aux']['values'][0] += x.sum().detach()\nreturn x",
+     [(2, 9, "module state `parallel_state._TRACKER` is written by item assignment")]),
+    ("from megatron.core import parallel_state as ps\nps._STEP += 1\nreturn x", [(2, 9, "module state `ps._STEP` is incremented")]),
+    ("from megatron.core import parallel_state\ntracker = parallel_state._TRACKER\ntracker['aux'] = x.sum().detach()\nreturn x",
+     [(3, 9, "module state `parallel_state._TRACKER` (as local `tracker`) is written by item assignment")]),
+    ("aux = self.aux\naux.append(x.mean())\nreturn x", [(2, 9, "attribute `self.aux` (as local `aux`) is mutated by `.append()`")]),
 ]
 VALID = [
     "self.last = x.detach()\nreturn x",  # scratch state nothing tests: set to the same value again
     "if self.prev is None:\n    self.prev = torch.zeros(4)\nreturn x + self.prev",  # a memo, not an input
     "cache = dict(cache or {})\ncache.update({'k': x})\nreturn x",  # a copy of the argument
     "self.tokens.requires_grad_(False)\nreturn x",
+    "return torch.Tensor.add(x, x)",  # a class's function, not state
+    "aux = list(self.aux)\naux.append(x.mean())\nreturn x",  # a copy
+    "from megatron.core import parallel_state\nrank = parallel_state.get_tensor_model_parallel_rank()\nreturn x * (rank + 1)",
 ]
