@@ -501,7 +501,9 @@ class _Extractor:
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 name = node.targets[0].id
                 context.values[name] = node.value
-                if _is_iterable(node.value):
+                shortened = isinstance(node.value, ast.Subscript) and isinstance(node.value.value, ast.Name) \
+                    and node.value.value.id == name  # stages = stages[:k]: still the same elements
+                if _is_iterable(node.value) and not (shortened and name in iterables):
                     iterables[name] = node.value
                 refs = _alias_refs(node.value, context, iterables)
                 if refs:  # from the next line on: `block = wrap(block)` reads the old value
@@ -574,9 +576,15 @@ class _Extractor:
                     for attribute, classes_held in local_objects[value.id].items():
                         owner.attributes.setdefault(f"{path}.{attribute}", []).extend(classes_held)
                 return
+            if isinstance(target, (ast.Tuple, ast.List)):  # self.stages, info = create_stages(cfg): either
+                for element in target.elts:
+                    store(element, classes, None)
+                return
             base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
             if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
                 local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
+            elif isinstance(target, ast.Subscript) and isinstance(base, ast.Name):  # blocks[name] = Block()
+                local_lists.setdefault(base.id, []).extend(classes)
 
         sources: dict[str, ast.AST] = {}  # a loop variable's iterable, an unpacked name's value
         for node in nodes:
@@ -599,7 +607,7 @@ class _Extractor:
 
         for node in nodes:
             kind = type(node)
-            if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return:
+            if kind is not ast.Call and kind is not ast.Assign and kind is not ast.Return and kind is not ast.AugAssign:
                 continue
             named = _named_module(cast(ast.Call, node), context) if kind is ast.Call and owner is not None else None
             if named is not None:  # self.add_module("layer1", m), setattr(self, name, m): "*" when computed
@@ -618,8 +626,12 @@ class _Extractor:
                 classes = _module_classes(node.value, context, local_lists)
                 for target in node.targets:
                     store(target, classes, node.value)
+            elif isinstance(node, ast.AugAssign):  # stages += [Stage(...)]
+                store(node.target, _module_classes(node.value, context, local_lists), None)
             elif isinstance(node, ast.Return) and node.value is not None:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
+                if isinstance(node.value, ast.Name):  # return block_fn: the class a factory picks
+                    facts.returns_built.extend(_class_references(node.value, context))
 
 
 _ADDING_METHODS = frozenset({"add_module", "register_module"})
@@ -723,6 +735,9 @@ def _alias_refs(value: ast.AST, context: FunctionContext, iterables: dict[str, a
     value = submodule_path(value)
     if isinstance(value, (ast.Attribute, ast.Subscript, ast.Name)):
         return callee_refs(value, context)
+    if isinstance(value, (ast.IfExp, ast.BoolOp)):  # block_fn = PostNormBlock if post_norm else Block
+        arms = [value.body, value.orelse] if isinstance(value, ast.IfExp) else value.values
+        return [r for arm in arms for r in _alias_refs(arm, context, iterables)]
     if isinstance(value, ast.Call):
         if isinstance(value.func, ast.Name) and value.func.id in _ITERATION_WRAPPERS and value.args:
             return _alias_refs(value.args[0], context, iterables)
@@ -793,8 +808,7 @@ def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext,
             return
     if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr in ITERATION_METHODS:
         pairs = iterable.func.attr in ("items", "named_children", "named_modules")
-        if context.is_self(iterable.func.value) and iterable.func.attr in ("children", "named_children", "modules",
-                                                                            "named_modules"):
+        if context.is_self(iterable.func.value):  # self.children(), self.items() of a ModuleDict subclass
             child = target.elts[1] if pairs and isinstance(target, ast.Tuple) and len(target.elts) == 2 else target
             if isinstance(child, ast.Name):  # every submodule of this module
                 yield child.id, [Ref("children", "", context.span(iterable))]
@@ -803,6 +817,12 @@ def _loop_bindings(target: ast.AST, iterable: ast.AST, context: FunctionContext,
             yield from _loop_bindings(target.elts[1], iterable.func.value, context, iterables, depth + 1)
         elif not pairs:
             yield from _loop_bindings(target, iterable.func.value, context, iterables, depth + 1)
+        return
+    if isinstance(target, ast.Tuple) and isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts and all(
+            isinstance(e, ast.Tuple) and len(e.elts) == len(target.elts) for e in iterable.elts):
+        for index, element in enumerate(target.elts):  # for embed, stage in [(self.embed1, self.stage1), ...]
+            column = ast.List(elts=[cast(ast.Tuple, e).elts[index] for e in iterable.elts], ctx=ast.Load())
+            yield from _loop_bindings(element, column, context, iterables, depth + 1)
         return
     if not isinstance(target, ast.Name):
         return
@@ -819,17 +839,21 @@ def _module_classes(value: ast.AST, context: FunctionContext, local_lists: dict[
     returns phase two follows (a class is a module because of its bases, so every call of a
     name the file can qualify counts; containers give their elements)."""
     if isinstance(value, ast.Call):
-        qualified = context.qualify(value.func)
-        if qualified is None and isinstance(value.func, ast.Name) and value.func.id in context.defaults:
-            qualified = context.qualify(context.defaults[value.func.id])  # norm_layer=nn.BatchNorm2d
-        if qualified is None and isinstance(value.func, ast.Name):  # a nested factory: def build_layer(i)
-            local = [r.name for r in context.refs_of(value.func.id, value.lineno) or () if r.kind == "local"]
-            qualified = f"{context.module.module}.{local[0]}" if local else None
-        if qualified is None and isinstance(value.func, ast.Attribute) and context.is_self(value.func.value):
+        func = value.func
+        if isinstance(func, ast.Call):  # get_block_fn(cfg)(dim): what the factory returns, called
+            return _module_classes(func, context, local_lists)
+        if isinstance(func, ast.Subscript):  # _block_registry[kind](...): any class the registry holds
+            return _class_references(func.value, context)
+        qualified = context.qualify(func)
+        if qualified is None and isinstance(func, ast.Name):
+            called = _called_name(func, context)
+            if called:
+                return called
+        if qualified is None and isinstance(func, ast.Attribute) and context.is_self(func.value):
             owner = context.qualname.rsplit(".", 1)[0] if "." in context.qualname else ""
-            qualified = f"{context.module.module}.{owner}.{value.func.attr}" if owner else None  # self._make_layer(...)
+            qualified = f"{context.module.module}.{owner}.{func.attr}" if owner else None  # self._make_layer(...)
         last = (qualified or "").rsplit(".", 1)[-1]
-        if last in CONTAINERS or last in ("list", "tuple"):
+        if last in _HOLDERS:
             parts = [*value.args, *(k.value for k in value.keywords)]
             return [c for p in parts for c in _module_classes(p, context, local_lists)]
         return [qualified] if qualified and qualified not in _NOT_MODULES else []
@@ -849,6 +873,84 @@ def _module_classes(value: ast.AST, context: FunctionContext, local_lists: dict[
         return _module_classes(value.left, context, local_lists) + _module_classes(value.right, context, local_lists)
     if isinstance(value, ast.Name):
         return list(local_lists.get(value.id, []))
+    return []
+
+
+#: Calls whose arguments are what they hold: ``nn.Sequential(OrderedDict([("b1", Block())]))``.
+_HOLDERS = CONTAINERS | {"list", "tuple", "dict", "OrderedDict"}
+#: Annotation names that hold classes without being one (``Tuple[Type[Block], ...]``).
+_TYPING = ("typing.", "typing_extensions.", "collections.abc.")
+
+
+def _called_name(func: ast.Name, context: FunctionContext) -> list[str]:
+    """What calling the name ``func`` builds when it is no global: a parameter's default or
+    the classes its annotation names (``block_fn: Type[Block] = Block``), the classes a local
+    alias holds (``block_fn = PostNorm if post else Block``, a loop over an annotated
+    parameter), a nested factory's product, or what an object's ``__call__`` returns
+    (``builder = StageBuilder(); builder(cfg)``)."""
+    found: list[str] = []
+    if func.id in context.params:
+        found += _class_references(context.defaults.get(func.id), context)
+        found += _annotated_classes(context.params[func.id].annotation, context)
+    for ref in context.refs_of(func.id, func.lineno) or ():
+        if ref.kind == "local":  # a nested factory: def build_layer(i)
+            found.append(f"{context.module.module}.{ref.name}")
+        elif ref.kind == "name":
+            found.append(ref.name)
+        elif ref.kind == "param" and ref.name in context.params:
+            found += _annotated_classes(context.params[ref.name].annotation, context)
+        elif ref.kind == "returned" and ref.member == "name":  # an instance, called
+            found.append(f"{ref.name}.__call__")
+    return list(dict.fromkeys(found))
+
+
+def _class_references(value: ast.AST | None, context: FunctionContext, depth: int = 0) -> list[str]:
+    """Qualified names of the classes (or functions) an expression refers to without calling
+    them: a name, an alias, both arms of ``a if c else b`` and ``a or b``, the values of a
+    dict or a registry module variable, the function of a ``partial``."""
+    if value is None or depth > 4:
+        return []
+    if isinstance(value, ast.Name) and (context.is_local(value.id) or value.id in context.closure_names):
+        return [r.name for r in context.refs_of(value.id, value.lineno) or () if r.kind == "name"]
+    if isinstance(value, (ast.Name, ast.Attribute)):
+        qualified = context.qualify(value)
+        if qualified and "." in qualified:
+            return [qualified]
+        held = context.module.values.get(value.id) if isinstance(value, ast.Name) else None
+        return _class_references(held, context, depth + 1)
+    parts: list[ast.expr] = []
+    if isinstance(value, ast.IfExp):
+        parts = [value.body, value.orelse]
+    elif isinstance(value, ast.BoolOp):
+        parts = value.values
+    elif isinstance(value, ast.Dict):
+        parts = [v for v in value.values if v is not None]
+    elif isinstance(value, (ast.List, ast.Tuple, ast.Set)):
+        parts = value.elts
+    elif isinstance(value, ast.Call):
+        called = context.qualify(value.func) or ""
+        if called in PARTIALS:
+            parts = value.args[:1]
+        elif called.rsplit(".", 1)[-1] in ("dict", "OrderedDict"):
+            parts = [*value.args, *(k.value for k in value.keywords)]
+    return [c for part in parts for c in _class_references(part, context, depth + 1)]
+
+
+def _annotated_classes(annotation: ast.AST | None, context: FunctionContext) -> list[str]:
+    """The classes an annotation names: ``Tuple[Union[Type[A], Type[B]], ...]`` and ``A | B``
+    give ``A`` and ``B`` (typing's own names and builtins left out)."""
+    if annotation is None:
+        return []
+    if isinstance(annotation, ast.Subscript):
+        return _annotated_classes(annotation.slice, context)
+    if isinstance(annotation, (ast.Tuple, ast.List)):
+        return [c for e in annotation.elts for c in _annotated_classes(e, context)]
+    if isinstance(annotation, ast.BinOp):
+        return _annotated_classes(annotation.left, context) + _annotated_classes(annotation.right, context)
+    if isinstance(annotation, (ast.Name, ast.Attribute)):
+        qualified = context.qualify(annotation)
+        if qualified and "." in qualified and not qualified.startswith(_TYPING):
+            return [qualified]
     return []
 
 

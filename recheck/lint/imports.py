@@ -42,7 +42,8 @@ def _absolute(module: str, is_package: bool, level: int, target: str | None) -> 
 
 
 def import_aliases(nodes: Iterable[ast.AST], module: str, is_package: bool) -> dict[str, str]:
-    """Every name the imports among ``nodes`` bind, mapped to its qualified name."""
+    """Every name the imports among ``nodes`` bind, mapped to its qualified name; a star
+    import as ``"*<module>"`` mapped to the module."""
     aliases: dict[str, str] = {}
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -55,7 +56,8 @@ def import_aliases(nodes: Iterable[ast.AST], module: str, is_package: bool) -> d
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(module, is_package, node.level, node.module)
             for alias in node.names:
-                if alias.name == "*":
+                if alias.name == "*":  # ``from .blocks import *``: ``*<module>``, searched by the index
+                    aliases[f"*{source}"] = source
                     continue
                 qualified = f"{source}.{alias.name}" if source else alias.name
                 aliases[alias.asname or alias.name] = qualified

@@ -15,6 +15,9 @@ __all__ = ["Index", "Symbol"]
 
 Symbol = tuple[FileFacts, Union[ClassFacts, FunctionFacts]]
 MAX_HOPS = 8
+#: Star imports are followed this deep: each may lead to several modules, and a module not
+#: parsed yet reads as its package, whose star imports would lead on without end.
+MAX_STAR_HOPS = 2
 #: At most this many classes of the tree may assign an attribute for a reference to it through
 #: an object of unknown class (``model.double_blocks``, a parameter annotated ``nn.Module``)
 #: to resolve by the attribute's name; a name more classes assign says nothing.
@@ -61,6 +64,8 @@ class Index:
                 return origin, origin.classes[rest]
             if rest in origin.functions:
                 return origin, origin.functions[rest]
+        if "." not in qualified and origin is not None:  # a name no import binds: from a star import?
+            return next(filter(None, (self.lookup(f"{source}.{qualified}") for source in _starred(origin))), None)
         if qualified not in self._found:
             self._found[qualified] = self._lookup(qualified, 0)
         return self._found[qualified]
@@ -83,6 +88,13 @@ class Index:
             head = parts[cut]
             if head in facts.imports and hops < MAX_HOPS:
                 return self._lookup(".".join([facts.imports[head], *parts[cut + 1:]]), hops + 1)
+            for source in _starred(facts) if hops < MAX_STAR_HOPS else ():
+                name = ".".join([source, *parts[cut:]])
+                if name not in self._found:  # each name searched once: star imports may import each other
+                    self._found[name] = None
+                    self._found[name] = self._lookup(name, hops + 1)
+                if self._found[name] is not None:
+                    return self._found[name]
             break
         self.misses.add(qualified)  # the engine may parse the file that defines it, and retry
         return None
@@ -162,3 +174,8 @@ class Index:
                     found.append((file, cls))
             self._holders[attribute] = found if len(found) <= MAX_HOLDERS else []
         return self._holders[attribute]
+
+
+def _starred(facts: FileFacts) -> list[str]:
+    """The modules a file imports everything from (``from .blocks import *``)."""
+    return [source for alias, source in facts.imports.items() if alias[:1] == "*"]

@@ -202,7 +202,8 @@ class _Resolver:
         outside bases), a factory function's products, or the name itself when outside."""
         found = self.index.lookup(qualified, origin)
         if found is None:
-            yield None, qualified
+            if not qualified.endswith(".__call__"):  # what an instance's call returns: no module when unseen
+                yield None, qualified
         elif isinstance(found[1], ClassFacts):
             yield from self._module(qualified, found[0], found[1])
         elif depth < MAX_FACTORY_DEPTH:
@@ -210,8 +211,9 @@ class _Resolver:
                 yield from self._built(built, found[0], depth + 1)
 
     def _module(self, qualified: str, file: FileFacts, cls: ClassFacts) -> Iterator[tuple]:
-        """A submodule class of the tree: its ``forward``, plus its external bases' names."""
-        forward = self.index.find_method(file, cls, "forward")
+        """A submodule class of the tree: its ``forward`` (a callable object's ``__call__``), plus
+        its external bases' names."""
+        forward = self.index.find_method(file, cls, "forward") or self.index.find_method(file, cls, "__call__")
         if forward:
             yield forward
         for base in self.index.base_names(file, cls):

@@ -285,6 +285,8 @@ class ModuleContext:
     constants: dict[str, object] = field(default_factory=dict)  # module names assigned once, to a constant
     function_nodes: dict[str, ast.AST] = field(default_factory=dict)  # qualname -> def/lambda node
     set_once: set[str] = field(default_factory=set)  # module variables initialised to None or False
+    #: the value last assigned to each module variable (``_block_registry = dict(basic=BasicBlock)``)
+    values: dict[str, ast.AST] = field(default_factory=dict)
 
     @classmethod
     def build(cls, tree: ast.Module, top_level: list[ast.AST], module: str, lines: list[str],
@@ -300,6 +302,8 @@ class ModuleContext:
                 if callee and callee[-1] in LOGGER_FACTORIES:
                     context.loggers.update(n for t in node.targets for n in _target_names(t))
         context.constants = constant_names(top_level)
+        context.values = {node.targets[0].id: node.value for node in top_level if type(node) is ast.Assign
+                          and len(node.targets) == 1 and type(node.targets[0]) is ast.Name}
         context.set_once = set_once_names(tree)
         return context
 

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 from recheck.entry_points import TABLE
 from recheck.entry_points import EntryPoint as Record
-from recheck.lint.facts import Ref
+from recheck.lint.facts import DYNAMIC_ATTRIBUTE, Ref
 from recheck.lint.imports import dotted
 from recheck.lint.scope import FunctionContext
 
@@ -109,6 +109,9 @@ def entry_point(node: ast.Call, context: FunctionContext,
     qualified = context.qualify(func)
     if qualified is None:
         return None
+    if "." not in qualified:  # from a star import (``from .helpers import *``)?
+        starred = (f"{source}.{qualified}" for alias, source in context.module.imports.items() if alias[:1] == "*")
+        qualified = next((name for name in starred if name in ENTRY_POINTS or name in extra), qualified)
     known = ENTRY_POINTS.get(qualified)
     if known is not None:
         return qualified, known.position, ""
@@ -144,17 +147,25 @@ def _self_path(node: ast.AST, self_name: str | None) -> str | None:
 
 
 def submodule_path(node: ast.AST) -> ast.AST:
-    """``m.get_submodule("a.b")`` as the expression ``m.a.b`` it names (with the call's place);
+    """``m.get_submodule("a.b")`` and ``getattr(m, "a")`` as the expression ``m.a.b`` or ``m.a``
+    they name (with the call's place), ``getattr(m, name)`` with a computed name as ``m.*``
+    (:data:`~recheck.lint.facts.DYNAMIC_ATTRIBUTE`: the modules added under computed names);
     any other node as it is."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_submodule"):
+    if not isinstance(node, ast.Call):
         return node
-    arguments = [*node.args, *(k.value for k in node.keywords if k.arg == "target")]
-    if len(arguments) != 1 or not (isinstance(arguments[0], ast.Constant) and isinstance(arguments[0].value, str)):
+    if isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) == 2 and not node.keywords:
+        path: ast.expr = node.args[0]
+        name = node.args[1]
+        parts = [name.value] if isinstance(name, ast.Constant) and isinstance(name.value, str) else [DYNAMIC_ATTRIBUTE]
+    elif isinstance(node.func, ast.Attribute) and node.func.attr == "get_submodule":
+        arguments = [*node.args, *(k.value for k in node.keywords if k.arg == "target")]
+        if len(arguments) != 1 or not (isinstance(arguments[0], ast.Constant) and isinstance(arguments[0].value, str)):
+            return node
+        path, parts = node.func.value, arguments[0].value.split(".")
+    else:
         return node
-    parts = arguments[0].value.split(".")
-    if not all(part.isidentifier() for part in parts):
+    if not all(part.isidentifier() or part == DYNAMIC_ATTRIBUTE for part in parts):
         return node
-    path: ast.expr = node.func.value
     for part in parts:
         path = ast.copy_location(ast.Attribute(value=path, attr=part, ctx=ast.Load()), node)
         path.end_lineno, path.end_col_offset = node.end_lineno, node.end_col_offset
@@ -197,6 +208,11 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
     path = _self_path(func, context.self_name)
     if path is not None:
         return [Ref("self", path, span)] if "." not in path else [Ref("path", path, span)]
+    if isinstance(value, ast.Name) and func.attr != DYNAMIC_ATTRIBUTE:  # blk.forward_with_tap, blk a loop variable
+        held = [r for r in context.refs_of(value.id, func.lineno) or () if r.kind in _MODULE_REFS]
+        if held:
+            return [Ref("path", f"{r.name}.{func.attr}", span) if r.kind != "instance"
+                    else Ref("name", f"{r.name}.{func.attr}", span) for r in held]
     parts = dotted(func)
     if not parts:
         return []
@@ -209,6 +225,10 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
     if qualified and parts[0] in context.module.imports:
         return [Ref("name", qualified, span)]
     return []
+
+
+#: What a local name may hold that has methods of its own: submodules of ``self``, an instance.
+_MODULE_REFS = ("self", "path", "elements", "instance")
 
 
 def target_refs(node: ast.AST, context: FunctionContext) -> list[Ref]:

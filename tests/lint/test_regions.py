@@ -139,7 +139,7 @@ def test_an_unresolved_site_says_why():
         20: "`self.missing` is never assigned a module the linter can see in `Model`",
         22: "`block` comes from `model.blocks`, parameter `model` of `Model.forward` "
             "(annotated `torch.nn.Module`, not a class of the linted tree)",
-        23: "`getattr(self, 'dyn')` is not a function, method, module or container the linter can follow",
+        23: "`self.dyn` is never assigned a module the linter can see in `Model`",
     }
     assert [(s.line, s.kind) for s in result.sites if s.kind == "wrapper"] == [(9, "wrapper")]
 
