@@ -116,14 +116,12 @@ def _condition(name: str, chosen: list[Candidate], candidates: Candidates, owner
     if len(containers) != 1 or container is None:
         return None
     paths = {id(m): p for p, m in (owner or candidates.root).named_modules()}
-    base = _expression("self" if owner is not None else "model", owner or candidates.root, paths.get(id(container), ""))
     if id(container) not in paths:
         return None
+    base = _expression("self" if owner is not None else "model", owner or candidates.root, paths[id(container)])
     members = list(container._modules.values())
     positions = sorted(next(i for i, m in enumerate(members) if m is c.module) for c in chosen)
-    if len(positions) == 1:
-        return f"{name} is {base}[{positions[0]}]"
-    steps = {b - a for a, b in zip(positions, positions[1:])}
+    steps = {b - a for a, b in zip(positions, positions[1:])} or {1}
     if len(steps) == 1:
         step = steps.pop()
         return f"{name} in {base}[{positions[0]}:{positions[-1] + 1}{f':{step}' if step > 1 else ''}]"

@@ -33,33 +33,21 @@ document in ``rules/`` (``RC<NNN>-<name>.md``), nothing else.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator
 
 from recheck.lint.facts import CallSite, FileFacts, FunctionFacts, Hazard, Ref
 from recheck.lint.scope import FunctionContext
 
 if TYPE_CHECKING:
     from recheck.lint.index import Index
+    from recheck.lint.regions import Region
 
-__all__ = ["HookedHazard", "RegionHit", "RegionLike", "RegionView", "Rule", "TreeView"]
+__all__ = ["HookedHazard", "RegionHit", "RegionView", "Rule", "TreeView"]
 
 #: a hazard placed in a file: ``(path, hazard)``
 RegionHit = tuple[str, Hazard]
 #: what a function hook records: a hazard draft and the modules whose running in a region makes it count
 HookedHazard = tuple[Hazard, list[Ref]]
-
-
-class RegionLike(Protocol):
-    """A region: its name, where it is checkpointed, its root function and that function's file."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def origin(self) -> str: ...
-    @property
-    def file(self) -> FileFacts: ...
-    @property
-    def function(self) -> FunctionFacts: ...
 
 
 class RegionView:
@@ -68,7 +56,7 @@ class RegionView:
 
     __slots__ = ("hits", "index", "name", "reached", "reentrant", "region")
 
-    def __init__(self, index: Index, region: RegionLike, reached: list[tuple[FileFacts, FunctionFacts]],
+    def __init__(self, index: Index, region: Region, reached: list[tuple[FileFacts, FunctionFacts]],
                  reentrant: bool | None, hits: list[RegionHit]) -> None:
         #: the whole tree's facts (classes' lineage, methods, attributes)
         self.index = index
@@ -102,11 +90,11 @@ class TreeView:
         """The functions a module reference of ``function`` runs when called (a class's ``forward``)."""
         raise NotImplementedError
 
-    def running(self, file: FileFacts, function: FunctionFacts) -> RegionLike | None:
+    def running(self, file: FileFacts, function: FunctionFacts) -> Region | None:
         """The first region that runs ``function``, None when none does."""
         raise NotImplementedError
 
-    def reaching(self, file: FileFacts, function: FunctionFacts) -> RegionLike | None:
+    def reaching(self, file: FileFacts, function: FunctionFacts) -> Region | None:
         """A region that calling ``function`` runs: one it calls, or one a checkpoint call in it names."""
         raise NotImplementedError
 

@@ -11,14 +11,13 @@ from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC101"
-NODES = (ast.Name,)
 #: the methods that run when a module is called: what rebinds an attribute outside the region
 FORWARDS = ("forward", "__call__")
 
 
 class GlobalRead(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Name,)
     ONCE_PER_FUNCTION = True  # one finding per message and function, at the first
 
     def visit(self, node: ast.Name, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]

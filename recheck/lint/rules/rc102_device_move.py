@@ -10,7 +10,6 @@ from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC102"
-NODES = (ast.Call,)
 DEVICE_PREFIXES = ("cuda", "cpu", "mps", "xla", "xpu", "npu", "hpu", "meta", "privateuseone")
 THEN = "checkpoint preserves RNG state only on the devices of its tensor arguments"
 
@@ -45,7 +44,7 @@ def _is_device_value(node: ast.AST, ctx: FunctionContext) -> bool:
 
 class DeviceMove(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call,)
 
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
         func = node.func

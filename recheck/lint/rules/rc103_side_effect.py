@@ -10,7 +10,6 @@ from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC103"
-NODES = (ast.Call,)
 LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "fatal"})
 LOGGER_NAMES = frozenset({"logger", "log", "_logger", "LOGGER", "_LOGGER", "logging"})
 QUALIFIED = {
@@ -65,7 +64,7 @@ def _effect(node: ast.Call, ctx: FunctionContext) -> str | None:
 
 class SideEffect(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call,)
     BRANCH_SENSITIVE = True
 
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]

@@ -23,7 +23,6 @@ from recheck.lint.scope import MUTATING_METHODS, FunctionContext
 
 CODE = "RC104"
 PRESENT = {"incremented": "increments", "updated": "updates", "assigned": "assigns"}
-NODES = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call)
 #: In-place methods that change no data (``requires_grad_``) are not writes.
 NOT_DATA_MUTATION = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "record_stream_"})
 #: Argument names and annotations that say "a cache object" (mutated through methods).
@@ -187,7 +186,7 @@ def _call(node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:
 
 class StateWrite(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call)
     BRANCH_SENSITIVE = True
 
     def visit(self, node: ast.Call | ast.Assign | ast.AugAssign | ast.AnnAssign,  # type: ignore[override]

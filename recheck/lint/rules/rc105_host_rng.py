@@ -10,7 +10,6 @@ from recheck.lint.rules.base import RegionHit, RegionView, Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC105"
-NODES = (ast.Call,)
 #: Reseeding a host RNG inside the region makes its later draws repeatable (BigBird does
 #: this), so those draws are not reported; the reseed itself is.
 SEEDS = {"random.seed": "Python", "numpy.random.seed": "NumPy"}
@@ -22,7 +21,7 @@ SEEDING = frozenset({
 
 class HostRng(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call,)
 
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
         qualified = ctx.qualify(node.func) or ""

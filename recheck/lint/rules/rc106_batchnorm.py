@@ -10,7 +10,6 @@ from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC106"
-NODES = (ast.Call,)
 FUNCTIONS = frozenset({"torch.nn.functional.batch_norm", "torch.batch_norm"})
 #: Class names (last component) that are BatchNorm modules; subclasses are found through bases.
 MODULE_CLASSES = frozenset({
@@ -31,7 +30,7 @@ def _training(node: ast.Call, ctx: FunctionContext) -> bool:
 
 class BatchNorm(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call,)
 
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]
         if ctx.qualify(node.func) in FUNCTIONS and _training(node, ctx):

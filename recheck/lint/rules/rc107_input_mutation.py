@@ -10,7 +10,6 @@ from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC107"
-NODES = (ast.Call, ast.AugAssign, ast.Assign)
 NOT_DATA_MUTATION = frozenset({"requires_grad_", "retain_grad_", "share_memory_", "record_stream_"})
 SCALAR_TYPES = frozenset({"int", "float", "bool", "str", "complex", "bytes", "tuple", "Optional[int]", "Optional[float]"})
 THEN = "the caller's tensor changes, so recomputation starts from a different input"
@@ -40,7 +39,7 @@ def _argument(node: ast.AST, line: int, ctx: FunctionContext) -> str | None:
 
 class InputMutation(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call, ast.AugAssign, ast.Assign)
 
     def visit(self, node: ast.Call | ast.AugAssign | ast.Assign,  # type: ignore[override]
               ctx: FunctionContext) -> Iterator[Hazard]:

@@ -16,7 +16,6 @@ from recheck.lint.rules.base import Rule
 from recheck.lint.scope import FunctionContext
 
 CODE = "RC108"
-NODES = (ast.Call,)
 SOURCES = {
     **dict.fromkeys(("time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
                      "time.monotonic_ns", "time.process_time", "time.process_time_ns", "time.thread_time"),
@@ -35,7 +34,7 @@ MEMORY_QUERIES = frozenset({"mem_get_info", "memory_allocated", "memory_reserved
 
 class NondeterministicCall(Rule):
     CODE = CODE
-    NODES = NODES
+    NODES = (ast.Call,)
     ONCE_PER_FUNCTION = True  # one finding per message and function, at the first
 
     def visit(self, node: ast.Call, ctx: FunctionContext) -> Iterator[Hazard]:  # type: ignore[override]

@@ -8,6 +8,7 @@ import re
 import textwrap
 
 import pytest
+import torch
 from source_modules import load_file
 
 import recheck
@@ -200,6 +201,16 @@ def test_the_change_for_a_loop_checkpoints_the_call_in_that_line(tmp_path):
     assert every.imports == "from torch.utils.checkpoint import checkpoint"
     some = change_for(found, Plan((("blocks.0", "full"), ("blocks.2", "full")), root="GPT"))
     assert some.code == "x = (checkpoint(block, x, use_reentrant=False) if block in self.blocks[0:3:2] else block(x))"
+    one = change_for(found, Plan((("blocks.3", "full"),), root="GPT"))
+    assert one.code == "x = (checkpoint(block, x, use_reentrant=False) if block in self.blocks[3:4] else block(x))"
+    spread = change_for(found, Plan((("blocks.0", "full"), ("blocks.1", "full"), ("blocks.3", "full")), root="GPT"))
+    assert "if block in (self.blocks[0], self.blocks[1], self.blocks[3]) else" in spread.code
+    for change, planned in ((some, [0, 2]), (one, [3]), (spread, [0, 1, 3])):  # the line runs as the plan says
+        _, kept = load(tmp_path, f"{change.imports}\n{path.read_text().replace(change.before, change.code)}", "kept")
+        seen = []
+        kept.checkpoint = lambda function, *args, use_reentrant: seen.append(function) or function(*args)
+        kept.model(torch.zeros(1, 4, dtype=torch.long))
+        assert seen == [kept.model.blocks[i] for i in planned]
     selective = change_for(found, Plan((("blocks.1", "selective"),), root="GPT"))
     assert selective.code == 'recheck.apply_plan(model, "plan.json")' and "selective" in selective.how
     assert change_for(found, Plan(root="GPT")).code == ""
