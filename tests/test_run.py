@@ -347,3 +347,16 @@ def test_fit_width_counts_colour_codes_as_nothing_and_keeps_long_words_whole():
     assert fit_width("\x1b[1mbold\x1b[0m word", 9) == "\x1b[1mbold\x1b[0m word"
     assert fit_width("  a /a/very/long/path/name b", 10) == "  a\n    /a/very/long/path/name\n    b"
     assert fit_width("unchanged without a width " * 9, None) == "unchanged without a width " * 9
+
+
+def test_check_step_leaves_a_profiler_of_the_programs_own_in_place(tmp_path):
+    script = tmp_path / "profiled.py"
+    script.write_text("import runpy, sys\nsteps = []\n"
+                      "sys.setprofile(lambda f, e, a: steps.append(1) if e == 'call' and f.f_code.co_name == "
+                      "'train_step' else None)\n"
+                      f"runpy.run_path({str(PROGRAMS / 'train_step_function.py')!r}, run_name='__main__')\n"
+                      "sys.setprofile(None)\nprint('profiled steps', len(steps))\n")
+    out = recheck_run("--check-step", "--exit-zero", script)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "profiled steps 4"  # the program's profiler saw every step
+    assert "the program runs under a profiler (sys.setprofile)" in out.stderr

@@ -329,6 +329,9 @@ class StepTwin:
         if self._code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
             self.reason = f"the step function {self.step_function} is a generator or coroutine"
             return
+        if sys.getprofile() is not None:  # a profiler of the program's own: never replaced
+            self.reason = "the program runs under a profiler (sys.setprofile), which the step's interception would replace"
+            return
         sys.setprofile(self._profile)
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
