@@ -17,11 +17,14 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
           max_ulp: int | None = None) -> Report:
     """Check that checkpointing ``fn(*args, **kwargs)`` recomputes exactly what it computed.
 
-    Runs the region plainly and under ``torch.utils.checkpoint.checkpoint`` with the given
-    configuration, compares outputs, gradients, saved tensors, RNG streams, buffers, Python
-    state, globals and side effects bit for bit, and restores all of it afterwards: a check
-    leaves no trace, also when it raises.  Python's cyclic garbage collector is paused while
-    it runs, as in :func:`check_step`.
+    A twin check (:func:`check_step`) of the step ``checkpoint(fn, *args, **kwargs)`` with the
+    given configuration, then backward with the upstream gradient: run as written inside
+    :func:`recheck.watch`, which compares each recompute with its forward (saved tensors, RNG
+    streams, globals, parameters, context, side effects), and with the checkpoint bypassed,
+    whose outputs, gradients, buffers and Python state it is compared with, bit for bit.  Where
+    early stop ended the recompute, a full replay shows what it left out (*latent*).  All of it
+    is restored afterwards: a check leaves no trace, also when it raises.  Python's cyclic
+    garbage collector is paused while it runs, as in :func:`check_step`.
 
     Args:
         fn: the region: an ``nn.Module`` or any callable (closure, bound method,
