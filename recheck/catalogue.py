@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
-from recheck.findings import DECLARED
+from recheck.findings import DECLARED, Subject, parts_of
 
 __all__ = [
     "FIXABLE",
@@ -159,11 +159,64 @@ def get_rule(code_or_name: str) -> Rule:
 
 # -- the registry -------------------------------------------------------------------------------
 
-#: RNG streams checkpoint itself preserves (``preserve_rng_state=True``): torch's default
-#: generator of the CPU and of every accelerator device.  Subjects as findings name them.
-_DEFAULT_STREAM = re.compile(r"^(cpu|(cuda|xpu|mps|hpu|npu|mtia)(:\d+)?) RNG$")
-_BATCHNORM_BUFFERS = ("running_mean`", "running_var`", "num_batches_tracked`")
+#: Buffers BatchNorm's training forward updates.
+_BATCHNORM_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+#: Subjects of the state a training step is meant to change (check_step's end state): a
+#: difference there follows from a gradient, it is not a write the region makes.
+TRAINING_STATE = ("parameter", "optimizer state")
 
+
+def _default_stream(subject: Subject) -> bool:
+    """A device's default generator (``cpu RNG``, ``cuda:0 RNG``): the streams checkpoint itself
+    preserves with ``preserve_rng_state=True``."""
+    return subject.what == "device RNG"
+
+
+def _rng_not_preserved(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    return _default_stream(subject) and context.get("preserve_rng_state") is False
+
+
+def _device_stream(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    # checkpoint preserves the default generators of the inputs' device type only: a stream of
+    # another device that differs, with preserve_rng_state on, comes from a move in the region
+    return (_default_stream(subject) and subject.owner != "cpu"
+            and context.get("preserve_rng_state") is not False)
+
+
+def _host_stream(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    return not _default_stream(subject)
+
+
+def _batchnorm_buffer(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    return subject.what == "buffer" and subject.name in _BATCHNORM_BUFFERS
+
+
+def _handwritten(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    # another implementation than torch's (DeepSpeed, fairscale, a project's own Function):
+    # what torch's checkpoint restores and this one did not; absent means torch's
+    if context.get("implementation", "torch") == "torch":
+        return False
+    return kind == "context" or _default_stream(subject)
+
+
+def _global_or_default_dtype(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    # torch's default dtype is a global every factory call reads; no checkpoint restores it
+    return kind == "global" or (subject.what == "context" and subject.name == "default dtype")
+
+
+def _written_state(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    return subject.what not in TRAINING_STATE
+
+
+_NARROWING = {
+    "RC002": _rng_not_preserved,
+    "RC102": _device_stream,
+    "RC105": _host_stream,
+    "RC003": _handwritten,
+    "RC106": _batchnorm_buffer,
+    "RC101": _global_or_default_dtype,
+    "RC104": _written_state,
+}
 
 @dataclass(frozen=True)
 class Entry:
@@ -180,7 +233,7 @@ class Entry:
         """The dynamic finding kinds whose *cause* this rule names."""
         return tuple(k.name for k in DECLARED if self.code in k.rules)
 
-    def explains(self, kind: str, subject: str, context: Mapping[str, object]) -> bool:
+    def explains(self, kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
         """Whether a finding of ``kind`` about ``subject`` is explained by this rule.
 
         ``context`` carries what the face knows of the checkpoint call:
@@ -190,57 +243,6 @@ class Entry:
         narrow = _NARROWING.get(self.code)
         return narrow is None or narrow(kind, subject, context)
 
-
-def _rng_not_preserved(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    return bool(_DEFAULT_STREAM.match(subject)) and context.get("preserve_rng_state") is False
-
-
-def _device_stream(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    # checkpoint preserves the default generators of the inputs' device type only: a stream of
-    # another device that differs, with preserve_rng_state on, comes from a move in the region
-    return (bool(_DEFAULT_STREAM.match(subject)) and not subject.startswith("cpu ")
-            and context.get("preserve_rng_state") is not False)
-
-
-def _host_stream(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    return not _DEFAULT_STREAM.match(subject)
-
-
-def _batchnorm_buffer(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    return subject.endswith(_BATCHNORM_BUFFERS)
-
-
-def _handwritten(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    # another implementation than torch's (DeepSpeed, fairscale, a project's own Function):
-    # what torch's checkpoint restores and this one did not; absent means torch's
-    if context.get("implementation", "torch") == "torch":
-        return False
-    return kind == "context" or bool(_DEFAULT_STREAM.match(subject))
-
-
-def _global_or_default_dtype(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    # torch's default dtype is a global every factory call reads; no checkpoint restores it
-    return kind == "global" or subject == "default dtype"
-
-
-#: Subjects of the state a training step is meant to change (check_step's end state): a
-#: difference there follows from a gradient, it is not a write the region makes.
-TRAINING_STATE = ("parameter ", "optimizer state ")
-
-
-def _written_state(kind: str, subject: str, context: Mapping[str, object]) -> bool:
-    return not subject.startswith(TRAINING_STATE)
-
-
-_NARROWING = {
-    "RC002": _rng_not_preserved,
-    "RC102": _device_stream,
-    "RC105": _host_stream,
-    "RC003": _handwritten,
-    "RC106": _batchnorm_buffer,
-    "RC101": _global_or_default_dtype,
-    "RC104": _written_state,
-}
 
 #: The rules the dynamic checker names (or ``--fix`` fixes), with their advice.  A rule only the
 #: linter finds needs no entry: :func:`entry` makes one from its document, whose summary is the advice.
@@ -276,16 +278,20 @@ def entry(code: str) -> Entry:
     return Entry(key, get_rule(key).summary)
 
 
-def explain(kind: str, subject: str = "", **context: object) -> str | None:
+def explain(kind: str, subject: str | None = None, **context: object) -> str | None:
     """The code of the rule that explains a finding of ``kind`` about ``subject``, or None.
 
-    >>> explain("rng", "Python random", preserve_rng_state=True)
+    The rule is read from the subject's parts (:class:`recheck.findings.Subject`), never from
+    its text: a plain text subject has none, and only a rule that needs none explains it.
+
+    >>> explain("rng", Subject("host RNG", "Python random"), preserve_rng_state=True)
     'RC105'
-    >>> explain("rng", "cpu RNG", preserve_rng_state=False)
+    >>> explain("rng", Subject("device RNG", owner="cpu"), preserve_rng_state=False)
     'RC002'
-    >>> explain("buffer", "buffer `bn.running_mean`")
+    >>> explain("buffer", Subject("buffer", "running_mean", owner="bn"))
     'RC106'
     """
+    subject = parts_of(subject)
     for candidate in _BY_KIND.get(kind, ()):
         if candidate.explains(kind, subject, context):
             return candidate.code

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from recheck.output.text import FIRST_LINE, format_finding, format_report
+from recheck.output.text import FIRST_LINE, SUBJECTS, format_finding, format_report, subject_text
 from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
 
 __all__ = [
@@ -29,10 +29,13 @@ __all__ = [
     "Invocation",
     "RecomputeMismatch",
     "Report",
+    "SUBJECTS",
+    "Subject",
     "could_not",
     "error_line",
     "one_line",
     "one_line_pair",
+    "parts_of",
     "report_entries",
 ]
 
@@ -181,13 +184,84 @@ class Invocation:
         return text
 
 
+class Subject(str):
+    """What a dynamic finding is about, as data: ``what`` kind of thing, its ``owner``, its ``name``
+    and the ``path`` of an element in a structure.
+
+    ``what`` is one of :data:`SUBJECTS`.  ``owner`` is the module path of a buffer, an attribute or
+    a parameter (``""``: the region's own module), a class's name for a class attribute, the
+    Python module of a global, the device of an autocast or of a default RNG stream, the label
+    of an optimizer; ``name`` the attribute, tensor, global, stream or channel; ``path`` where a
+    value lies in a call's inputs or outputs (``args[0]``, ``output[1]``); ``more`` the further
+    names of a subject that names several (the parameters one in-place update changed).
+
+    Rules are attributed (:func:`recheck.catalogue.explain`) and report entries grouped
+    (:func:`report_entries`) from these parts, never from wording.  A subject is also its text,
+    as :func:`recheck.output.text.subject_text` renders it (``buffer `bn.running_mean```): so it
+    keys recorded state, reads in a message and is a JSON string as it always was.  Immutable.
+    """
+
+    what: str
+    name: str
+    owner: str
+    path: str
+    more: tuple[str, ...]
+
+    def __new__(cls, what: str, name: str = "", *, owner: str = "", path: str = "",
+                more: tuple[str, ...] = ()) -> Subject:
+        self = super().__new__(cls, subject_text(what, name, owner, path, more))
+        for key, value in (("what", what), ("name", name), ("owner", owner), ("path", path), ("more", tuple(more))):
+            object.__setattr__(self, key, value)
+        return self
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"a Subject is immutable; cannot set {key!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_subject, (self.parts(),))
+
+    def __deepcopy__(self, memo: Any) -> Subject:
+        return self
+
+    def parts(self) -> dict[str, Any]:
+        """The subject's parts, as its JSON record (``subject_data``) holds them."""
+        return {"what": self.what, "name": self.name, "owner": self.owner, "path": self.path, "more": list(self.more)}
+
+    @classmethod
+    def from_parts(cls, data: Any) -> Subject:
+        """A subject from its :meth:`parts`, every part checked (``ValueError`` naming it)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a subject_data must be an object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {"what", "name", "owner", "path", "more"})
+        if unknown:
+            raise ValueError(f"a subject_data has unknown field(s): {', '.join(map(str, unknown))}")
+        text = {k: data.get(k, "") for k in ("what", "name", "owner", "path")}
+        more = data.get("more", [])
+        if not all(isinstance(v, str) for v in text.values()) or not isinstance(more, list) \
+                or not all(isinstance(m, str) for m in more):
+            raise ValueError(f"a subject_data's parts must be strings (more: a list of strings), got {dict(data)!r}")
+        if text["what"] not in SUBJECTS:
+            raise ValueError(f"unknown subject kind {text['what']!r}; expected one of {', '.join(SUBJECTS)}")
+        return cls(text["what"], text["name"], owner=text["owner"], path=text["path"], more=tuple(more))
+
+
+def _subject(parts: dict[str, Any]) -> Subject:
+    return Subject.from_parts(parts)
+
+
+def parts_of(subject: str | None) -> Subject:
+    """``subject`` as data: itself when it is a :class:`Subject`; a plain text (a report written
+    by hand, or by a recheck that did not record parts) is a ``text`` subject with no parts."""
+    return subject if isinstance(subject, Subject) else Subject("text", subject or "")
+
+
 @dataclass(frozen=True)
 class Finding:
     """One difference found at run time, or one hazard found in source code.
 
     Dynamic findings set ``region`` (qualified name of the checkpointed callable,
     optionally followed by its ``file:line``), ``invocation`` and ``subject`` (what
-    differs: ``output[0]``, ``grad of `layer1.weight```, ``cpu RNG``, ...).  Static
+    differs, a :class:`Subject`: ``output[0]``, ``grad of `layer1.weight```, ``cpu RNG``, ...).  Static
     findings use ``kind="lint"`` with a rule ``code`` and ``path``/``line``/``column``
     (1-based).  ``latent`` marks a difference that the given configuration did not
     execute but a full replay did; ``hint`` points at the rule document.
@@ -235,9 +309,14 @@ class Finding:
         return ":".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding's record: every field (``subject`` as its text), and ``subject_data``, the
+        subject's parts (:meth:`Subject.parts`; None for a finding without a typed subject)."""
         data = asdict(self)
         if self.invocation is not None:
             data["invocation"] = {**asdict(self.invocation), "tags": dict(self.invocation.tags)}
+        subject = self.subject
+        data["subject"] = None if subject is None else str.__str__(subject)
+        data["subject_data"] = subject.parts() if isinstance(subject, Subject) else None
         return data
 
     @classmethod
@@ -251,7 +330,7 @@ class Finding:
         if not isinstance(data, Mapping):
             raise ValueError(f"a finding must be an object, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
+        unknown = sorted(set(data) - set(known) - {"subject_data"})
         if unknown:
             raise ValueError(f"a finding has unknown field(s): {', '.join(map(str, unknown))}")
         values = dict(data)
@@ -265,6 +344,9 @@ class Finding:
         inv = values.get("invocation")
         if inv is not None:
             values["invocation"] = Invocation.from_dict(inv)
+        parts = values.pop("subject_data", None)
+        if parts is not None:
+            values["subject"] = Subject.from_parts(parts)
         return cls(**values)
 
     def format(self, number: int | None = None) -> str:
@@ -377,9 +459,10 @@ def _is_consequence(finding: Finding) -> bool:
     return (finding.hint or "").startswith("likely cause") or (finding.code is None and finding.hint is None)
 
 
-#: How a consequence entry counts its findings: the subject's words before the name.
-_CONSEQUENCE_NOUNS = {"parameter": "parameter", "grad of": "gradient", "optimizer state": "optimizer tensor",
-                      "buffer": "buffer"}
+#: How a consequence entry counts its findings, by what their subject is.
+_CONSEQUENCE_NOUNS = {"parameter": "parameter", "gradient": "gradient", "optimizer state": "optimizer tensor",
+                      "buffer": "buffer", "device RNG": "RNG stream", "host RNG": "RNG stream",
+                      "RNG instance": "RNG stream"}
 
 
 def _consequence_message(findings: Sequence[Finding]) -> str:
@@ -387,8 +470,7 @@ def _consequence_message(findings: Sequence[Finding]) -> str:
     uncheckpointed step as a consequence``."""
     counts: dict[str, int] = {}
     for finding in findings:
-        words = (finding.subject or "").split("`", 1)[0].strip()
-        noun = _CONSEQUENCE_NOUNS.get(words, "RNG stream" if finding.kind == "rng" else "other value")
+        noun = _CONSEQUENCE_NOUNS.get(parts_of(finding.subject).what, "other value")
         counts[noun] = counts.get(noun, 0) + 1
     parts = [f"{n} {noun}{'' if n == 1 else 's'}" for noun, n in counts.items() if noun != "other value"]
     if "other value" in counts:
@@ -405,20 +487,17 @@ _MODULE_SUBJECTS = ("buffer", "attribute", "parameter")
 
 
 def _named(finding: Finding) -> tuple[str, str, str] | None:
-    """``(module path, attribute, message template)`` of a finding whose subject names a
-    dotted attribute (``buffer `layers.0.1.running_mean```) its message repeats, else None."""
-    subject = finding.subject or ""
-    parts = subject.split("`")
-    if len(parts) != 3 or "." not in parts[1] or finding.invocation is None:
+    """``(module path, attribute, message template)`` of a finding about one attribute of a
+    module (``buffer `layers.0.1.running_mean```: module ``layers.0.1``) that its message names
+    once (the template is the message with that name left out), else None."""
+    subject = parts_of(finding.subject)
+    module = subject.owner or ("self" if subject.what == "attribute" else "")
+    if subject.what not in _MODULE_SUBJECTS or not module or subject.more or finding.invocation is None:
         return None
-    if parts[0].strip() not in _MODULE_SUBJECTS:
-        return None
-    name = parts[1]
-    quoted = f"`{name}`"
+    quoted = f"`{module}.{subject.name}`"
     if finding.message.count(quoted) != 1:
         return None
-    module, _, attribute = name.rpartition(".")
-    return module, attribute, finding.message.replace(quoted, "{}")
+    return module, subject.name, finding.message.replace(quoted, "{}")
 
 
 def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recheck.catalogue import FIXABLE, REGISTRY, all_rules, entry, explain, hint
-from recheck.findings import DYNAMIC_KINDS
+from recheck.findings import DYNAMIC_KINDS, Subject
 
 
 def test_every_entry_has_a_document_and_every_document_an_entry():
@@ -29,40 +29,57 @@ def test_entry_kinds_are_documented_and_known(item):
     assert item.advice and "\n" not in item.advice
 
 
+_CPU, _CUDA0, _CUDA1 = (Subject("device RNG", owner=d) for d in ("cpu", "cuda:0", "cuda:1"))
+_PYTHON = Subject("host RNG", "Python random")
+
+
 @pytest.mark.parametrize(("kind", "subject", "context", "code"), [
-    ("rng", "cpu RNG", {"preserve_rng_state": False}, "RC002"),
-    ("rng", "cuda:0 RNG", {"preserve_rng_state": False}, "RC002"),
-    ("rng", "cuda:1 RNG", {"preserve_rng_state": True}, "RC102"),
-    ("rng", "cuda:1 RNG", {}, "RC102"),
-    ("rng", "cpu RNG", {"preserve_rng_state": True}, None),
+    ("rng", _CPU, {"preserve_rng_state": False}, "RC002"),
+    ("rng", _CUDA0, {"preserve_rng_state": False}, "RC002"),
+    ("rng", _CUDA1, {"preserve_rng_state": True}, "RC102"),
+    ("rng", _CUDA1, {}, "RC102"),
+    ("rng", _CPU, {"preserve_rng_state": True}, None),
     # the issue's case: Python's RNG with preserve_rng_state on is RC105, never RC002
-    ("rng", "Python random", {"preserve_rng_state": True}, "RC105"),
-    ("rng", "Python random", {"preserve_rng_state": False}, "RC105"),
-    ("rng", "numpy global RNG", {}, "RC105"),
-    ("rng", "generator `self.generator`", {"preserve_rng_state": False}, "RC105"),
-    ("buffer", "buffer `bn.running_mean`", {}, "RC106"),
-    ("buffer", "buffer `norm.num_batches_tracked`", {}, "RC106"),
-    ("buffer", "buffer `ema`", {}, "RC104"),
-    ("state", "attribute `self.calls`", {}, "RC104"),
-    ("global", "global `m.X`", {}, "RC101"),
-    ("side_effect", "logging", {}, "RC103"),
-    ("param_version", "parameter `w`", {}, "RC201"),
-    ("input_mutation", "args[0]", {}, "RC107"),
-    ("gradient", "grad of `w`", {}, None),
-    ("output", "output[0]", {}, None),
+    ("rng", _PYTHON, {"preserve_rng_state": True}, "RC105"),
+    ("rng", _PYTHON, {"preserve_rng_state": False}, "RC105"),
+    ("rng", Subject("host RNG", "numpy global RNG"), {}, "RC105"),
+    ("rng", Subject("RNG instance", "self.generator", owner="generator"), {"preserve_rng_state": False}, "RC105"),
+    ("buffer", Subject("buffer", "running_mean", owner="bn"), {}, "RC106"),
+    ("buffer", Subject("buffer", "num_batches_tracked", owner="norm"), {}, "RC106"),
+    ("buffer", Subject("buffer", "ema"), {}, "RC104"),
+    ("state", Subject("attribute", "calls"), {}, "RC104"),
+    ("state", Subject("parameter", "w", owner="fc"), {}, None),  # a step's end state: it follows from a gradient
+    ("state", Subject("optimizer state", "exp_avg", owner="adam.0"), {}, None),
+    ("global", Subject("global", "X", owner="m"), {}, "RC101"),
+    ("side_effect", Subject("channel", "logging"), {}, "RC103"),
+    ("param_version", Subject("parameter", "w"), {}, "RC201"),
+    ("input_mutation", Subject("input", path="args[0]"), {}, "RC107"),
+    ("gradient", Subject("gradient", "w"), {}, None),
+    ("output", Subject("output", path="output[0]"), {}, None),
     # another implementation's own hazards: what torch's checkpoint restores and it does not
-    ("rng", "cpu RNG", {"implementation": "CheckpointFunction"}, "RC003"),
-    ("rng", "cuda:0 RNG", {"implementation": "declared"}, "RC003"),
-    ("rng", "Python random", {"implementation": "deepspeed"}, "RC105"),
-    ("rng", "cpu RNG", {"implementation": "torch", "preserve_rng_state": False}, "RC002"),
-    ("context", "autocast `cpu`", {"implementation": "fairscale"}, "RC003"),
-    ("context", "default dtype", {"implementation": "megatron"}, "RC003"),
-    ("context", "default dtype", {"implementation": "torch"}, "RC101"),
-    ("context", "default dtype", {}, "RC101"),
-    ("context", "autocast `cuda`", {"implementation": "torch"}, None),
+    ("rng", _CPU, {"implementation": "CheckpointFunction"}, "RC003"),
+    ("rng", _CUDA0, {"implementation": "declared"}, "RC003"),
+    ("rng", _PYTHON, {"implementation": "deepspeed"}, "RC105"),
+    ("rng", _CPU, {"implementation": "torch", "preserve_rng_state": False}, "RC002"),
+    ("context", Subject("context", "autocast", owner="cpu"), {"implementation": "fairscale"}, "RC003"),
+    ("context", Subject("context", "default dtype"), {"implementation": "megatron"}, "RC003"),
+    ("context", Subject("context", "default dtype"), {"implementation": "torch"}, "RC101"),
+    ("context", Subject("context", "default dtype"), {}, "RC101"),
+    ("context", Subject("context", "autocast", owner="cuda"), {"implementation": "torch"}, None),
 ])
 def test_explain(kind, subject, context, code):
     assert explain(kind, subject, **context) == code
+
+
+def test_a_rule_is_attributed_from_the_subject_s_parts_never_from_its_wording():
+    """Issue 41: changing how a subject reads can never change the rule a finding cites.  A text
+    that reads like torch's CPU stream or a BatchNorm buffer is no such thing without its parts,
+    and a subject keeps its rule whatever its text."""
+    assert explain("rng", "cpu RNG", preserve_rng_state=False) == "RC105"  # a stream recheck knows nothing of
+    assert explain("buffer", "buffer `bn.running_mean`") == "RC104"
+    assert explain("state", "parameter `fc.w`") == "RC104"
+    assert explain("context", "default dtype") is None
+    assert str(_CPU) == "cpu RNG" and explain("rng", _CPU, preserve_rng_state=False) == "RC002"
 
 
 def test_hint_points_at_recheck_explain_not_a_folder():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import recheck
-from recheck.findings import DYNAMIC_KINDS, FIRST_LINE, KINDS, Finding, Invocation, Report
+from recheck.findings import DYNAMIC_KINDS, FIRST_LINE, KINDS, Finding, Invocation, Report, Subject, report_entries
 
 
 def test_kind_vocabulary_is_fixed():
@@ -133,3 +133,43 @@ def test_could_not_is_one_bounded_line_naming_the_error():
     note = could_not("compare the recompute of Block.forward (m.py:8), call 1", RuntimeError("a\nb" * 200))
     assert note.startswith("could not compare the recompute of Block.forward (m.py:8), call 1: RuntimeError: a b")
     assert "\n" not in note and len(note) < 300
+
+
+def test_a_subject_is_data_that_reads_as_its_text_and_survives_json():
+    """Issue 41: a finding's subject is data (what, owner, name, path), its text rendered from it."""
+    subject = Subject("buffer", "running_mean", owner="bn")
+    assert subject == "buffer `bn.running_mean`"
+    assert (subject.what, subject.owner, subject.name, subject.path) == ("buffer", "bn", "running_mean", "")
+    with pytest.raises(AttributeError):
+        subject.owner = "other"  # type: ignore[misc]
+    finding = Finding("buffer", "BatchNorm statistics `bn.running_mean` updated again", subject=subject)
+    data = finding.to_dict()
+    assert type(data["subject"]) is str and data["subject"] == "buffer `bn.running_mean`"
+    assert data["subject_data"] == {"what": "buffer", "name": "running_mean", "owner": "bn", "path": "", "more": []}
+    back = Finding.from_dict(json.loads(json.dumps(data)))
+    assert back == finding and isinstance(back.subject, Subject) and back.subject.owner == "bn"
+    # a record without parts (an older report, one written by hand) loads with its text alone
+    older = Finding.from_dict({k: v for k, v in data.items() if k != "subject_data"})
+    assert older.subject == subject and not isinstance(older.subject, Subject)
+    with pytest.raises(ValueError, match="unknown subject kind 'layer'"):
+        Finding.from_dict({**data, "subject_data": {**data["subject_data"], "what": "layer"}})
+    with pytest.raises(ValueError, match="subject_data has unknown field"):
+        Finding.from_dict({**data, "subject_data": {"what": "buffer", "device": "cpu"}})
+    assert Subject("parameter", "w", owner="fc", more=("fc.b",)) == "parameters `fc.w`, `fc.b`"
+    assert Subject("gradient", path="args[0]") == "grad of args[0]" and Subject("attribute", "calls") == \
+        "attribute `self.calls`"
+
+
+def test_report_groups_by_the_subject_s_parts_never_its_wording():
+    """The buffers one recompute changed in several modules join as one ``modules`` entry when their
+    subjects say so; a text that merely reads like a module's buffer is not taken apart."""
+    def found(subject, module, name):
+        return Finding("buffer", f"buffer `{module}.{name}` updated again", subject=subject, region="B.forward",
+                       invocation=Invocation(1, 1))
+
+    typed = [found(Subject("buffer", n, owner=m), m, n) for m in ("bn1", "bn2") for n in ("running_mean", "running_var")]
+    (entry,) = report_entries(typed)
+    assert entry.form == "modules" and entry.family == ("running_mean", "running_var")
+    assert entry.modules == ("B.forward: bn1", "B.forward: bn2")
+    texts = [found(f"buffer `{m}.{n}`", m, n) for m in ("bn1", "bn2") for n in ("running_mean", "running_var")]
+    assert [e.form for e in report_entries(texts)] == ["finding"] * 4

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import recheck
-from recheck.findings import Finding, Invocation, Report, report_entries
+from recheck.findings import Finding, Invocation, Report, Subject, report_entries
 from recheck.output.text import group
 
 
@@ -193,12 +193,12 @@ def _at(kind: str, message: str, subject: str, index: int = 1, region: str = "Bl
 
 
 def test_different_hazards_and_different_families_stay_apart():
-    found = [_at("buffer", f"BatchNorm statistics `{m}.{a}` updated again by the recompute", f"buffer `{m}.{a}`",
+    found = [_at("buffer", f"BatchNorm statistics `{m}.{a}` updated again by the recompute", Subject("buffer", a, owner=m),
                  code="RC106") for m in ("bn1", "bn2") for a in ("running_mean", "running_var")]
-    found += [_at("buffer", "buffer `ema.shadow` updated again by the recompute", "buffer `ema.shadow`",
+    found += [_at("buffer", "buffer `ema.shadow` updated again by the recompute", Subject("buffer", "shadow", owner="ema"),
                   code="RC106")]
     found += [_at("global", f"global `pkg.SCALE` was 1.0 at forward and 2.0 at recompute in {r}",
-                  "global `pkg.SCALE`", region=f"{r}.forward (m.py:1)") for r in ("A", "B")]
+                  Subject("global", "SCALE", owner="pkg"), region=f"{r}.forward (m.py:1)") for r in ("A", "B")]
     entries = report_entries(found)
     assert [e.form for e in entries] == ["finding", "finding", "modules", "finding"]
     modules = next(e for e in entries if e.form == "modules")
@@ -207,13 +207,13 @@ def test_different_hazards_and_different_families_stay_apart():
 
 def test_end_state_differences_without_a_watched_cause_are_not_consequences():
     alone = Finding("gradient", "grad of `w` differs from the uncheckpointed step's (1 of 4 elements)",
-                    region="step train", subject="grad of `w`")
+                    region="step train", subject=Subject("gradient", "w"))
     assert [e.form for e in report_entries([alone])] == ["finding"]
     # an end-state difference with a rule of its own stays an entry of its own beside a watched cause
-    cause = _at("rng", "cpu RNG state at recompute differs", "cpu RNG", code="RC002")
+    cause = _at("rng", "cpu RNG state at recompute differs", Subject("device RNG", owner="cpu"), code="RC002")
     own = Finding("global", "global `pkg.N` differs from the uncheckpointed step", code="RC101",
-                  hint="a global", region="step train", subject="global `pkg.N`")
-    follows = Finding("gradient", "grad of `w` differs", region="step train", subject="grad of `w`",
+                  hint="a global", region="step train", subject=Subject("global", "N", owner="pkg"))
+    follows = Finding("gradient", "grad of `w` differs", region="step train", subject=Subject("gradient", "w"),
                       code="RC002", hint="likely cause: cpu RNG state at recompute differs")
     forms = [(e.form, e.count) for e in report_entries([follows, own, cause])]
     assert forms == [("finding", 1), ("finding", 1), ("consequences", 1)]

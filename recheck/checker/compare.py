@@ -18,7 +18,7 @@ from recheck.catalogue import explain, hint
 from recheck.checker.message import value_detail
 from recheck.runtime.fingerprints import Observed, fingerprint, show
 from recheck.runtime.trees import leaves
-from recheck.findings import Finding, Invocation
+from recheck.findings import Finding, Invocation, Subject
 
 __all__ = ["Context", "compare_grads", "compare_observed", "compare_outputs"]
 
@@ -84,16 +84,16 @@ def compare_outputs(ctx: Context, original: Any, other: Any, *, kind: str = "out
     if [p for p, _ in left] != [p for p, _ in right]:
         detail = value_detail(show([p for p, _ in left], 200), show([p for p, _ in right], 200),
                               labels)
-        return [ctx.finding(kind, "output", f"the output structure differs from the {labels[0]}'s",
+        return [ctx.finding(kind, Subject("output", path="output"), f"the output structure differs from the {labels[0]}'s",
                             detail, latent=latent)]
     findings: list[Finding] = []
     for (path, a), (_, b) in zip(left, right):
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            findings += _tensor_finding(ctx, kind, path, a, b,
+            findings += _tensor_finding(ctx, kind, Subject("output", path=path), a, b,
                                         f"{path} differs from the {labels[0]}'s",
                                         check_requires_grad, latent=latent)
         elif fingerprint(a) != fingerprint(b):
-            findings.append(ctx.finding(kind, path, f"{path} differs from the {labels[0]}'s",
+            findings.append(ctx.finding(kind, Subject("output", path=path), f"{path} differs from the {labels[0]}'s",
                                         value_detail(show(a), show(b), labels), latent=latent))
     return findings
 
@@ -109,7 +109,7 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
     findings: list[Finding] = []
     for name, a in original.items():
         b = other.get(name)
-        subject = f"grad of {name}"
+        subject = Subject("gradient", path=name)  # the name as the caller quotes it: `w`, args[0]
         if a is b:  # both None, or one value both runs left (check_step's twin shares what is alike)
             continue
         if a is None or b is None:

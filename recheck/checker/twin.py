@@ -67,7 +67,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
-from recheck.findings import Finding, Invocation, Report, could_not, one_line
+from recheck.findings import Finding, Invocation, Report, Subject, could_not, one_line
 from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank
 from recheck.runtime.bits import Tolerance, bit_view, local_tensor, unwrapped
@@ -217,7 +217,7 @@ class Twin:
             for param, values in optimizer.state.items():
                 label = names.get(id(param), f"#{id(param)}")
                 for key, value in values.items():
-                    subject = f"optimizer state `{label}.{key}`"
+                    subject = Subject("optimizer state", key, owner=label)
                     if isinstance(value, torch.Tensor):
                         run.post[("state", subject)] = shared_or_copied(
                             "state", subject, value, None if seen is None else seen.get(("state", subject)), lean)

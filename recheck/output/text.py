@@ -31,11 +31,55 @@ if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Entry, Finding, Invocation, Report
 
 __all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "ansi", "format_entry", "format_finding",
-           "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span"]
+           "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span",
+           "subject_text", "SUBJECTS"]
 
 #: The first line of a report with dynamic findings.
 FIRST_LINE = "recheck: recomputation differs from the original forward"
 _INDENT = "      "
+
+#: The kinds of thing a finding is about (:class:`recheck.findings.Subject`'s ``what``), each
+#: with how its text reads; ``{owner}``, ``{name}``, ``{path}`` are its parts, ``{names}`` its
+#: name and further names, each quoted.
+SUBJECTS: Mapping[str, str] = {
+    "attribute": "attribute `{owner}.{name}`",  # owner "": the region's own module, ``self``
+    "class attribute": "class attribute `{owner}.{name}`",
+    "buffer": "buffer `{owner}.{name}`",
+    "parameter": "parameter {names}",
+    "tensor": "tensor `{name}`",
+    "global": "global `{owner}.{name}`",
+    "device RNG": "{owner} RNG",  # a device's default generator: ``cpu RNG``, ``cuda:0 RNG``
+    "host RNG": "{name}",  # ``Python random``, ``numpy global RNG``
+    "RNG instance": "{owner} `{name}`",  # ``generator `self.gen```, ``random.Random `self.rng```
+    "context": "{name}",  # ``grad mode``, ``default dtype``; ``autocast `cpu``` with its device
+    "gradient": "grad of {names}",  # ``grad of args[0]`` for an input
+    "optimizer state": "optimizer state `{owner}.{name}`",
+    "input": "{path}",
+    "output": "{path}",
+    "saved tensors": "saved tensors",
+    "channel": "{name}",  # stdout, stderr, logging, warning
+    "recompute": "recompute",
+    "text": "{name}",  # a subject read from a report that recorded no parts
+}
+
+
+def subject_text(what: str, name: str = "", owner: str = "", path: str = "", more: Sequence[str] = ()) -> str:
+    """How a finding's subject reads (:data:`SUBJECTS`): ``buffer `bn.running_mean```,
+    ``attribute `self.calls```, ``parameters `w`, `b```, ``cpu RNG``, ``grad of args[0]``."""
+    form = SUBJECTS.get(what, "{name}")
+    if what == "attribute":
+        owner = owner or "self"
+    elif what == "buffer" and not owner:
+        form = "buffer `{name}`"
+    elif what == "context" and owner:
+        form = "{name} `{owner}`"
+    elif what == "parameter" and more:
+        form = "parameters {names}"
+    names = ", ".join(f"`{n}`" for n in (name, *more)) if name else path
+    if what == "parameter" and name and owner:
+        names = ", ".join(f"`{n}`" for n in (f"{owner}.{name}", *more))
+    return form.format(owner=owner, name=name, path=path, names=names)
+
 
 #: Entries a report shows unless ``verbose``; the rest are counted on one line.
 ENTRIES_SHOWN = 10

@@ -18,7 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from recheck.catalogue import TRAINING_STATE, hint
-from recheck.findings import DECLARED
+from recheck.findings import DECLARED, parts_of
 from recheck.runtime.naming import parameter_subject
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +36,7 @@ SYMPTOMS = tuple(k.name for k in DECLARED if not k.cause)
 def is_symptom(finding: Finding) -> bool:
     """A value that came out different: an output, a recompute, a gradient, or the parameters
     and optimizer state a training step updates from its gradients."""
-    return finding.kind in SYMPTOMS or (finding.kind == "state" and (finding.subject or "").startswith(TRAINING_STATE))
+    return finding.kind in SYMPTOMS or (finding.kind == "state" and parts_of(finding.subject).what in TRAINING_STATE)
 
 
 def with_likely_causes(findings: Sequence[Finding]) -> list[Finding]:

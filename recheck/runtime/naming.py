@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from recheck.findings import Subject
 from recheck.runtime.holds import Hold
 
 __all__ = ["DEFAULT_DTYPE_SUBJECT", "GRAD_MODE_SUBJECT", "RegionKey", "attribute_subject", "autocast_subject",
@@ -262,32 +263,34 @@ def region_name(function: Any) -> str:
 
 
 @functools.lru_cache(maxsize=1 << 16)  # asked for every attribute at every invocation
-def attribute_subject(module: str, name: str) -> str:
+def attribute_subject(module: str, name: str) -> Subject:
     """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
-    return f"attribute `{module or 'self'}.{name}`"
+    return Subject("attribute", name, owner=module)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def buffer_subject(module: str, name: str) -> str:
+def buffer_subject(module: str, name: str) -> Subject:
     """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
-    return f"buffer `{module + '.' if module else ''}{name}`"
+    return Subject("buffer", name, owner=module)
 
 
-def parameter_subject(names: list[str]) -> str:
-    """``parameter `w``` or ``parameters `w`, `b```: the parameters a ``param_version`` names."""
-    return ("parameter " if len(names) == 1 else "parameters ") + ", ".join(f"`{n}`" for n in names)
+def parameter_subject(names: list[str]) -> Subject:
+    """``parameter `fc.w``` (its module ``fc``, its name ``w``) or ``parameters `w`, `b```: the
+    parameters a ``param_version`` names, the end state of a step's parameter."""
+    owner, _, name = names[0].rpartition(".")
+    return Subject("parameter", name, owner=owner, more=tuple(names[1:]))
 
 
 #: the subject of a ``context`` finding about grad mode, and about the default dtype
-GRAD_MODE_SUBJECT = "grad mode"
-DEFAULT_DTYPE_SUBJECT = "default dtype"
+GRAD_MODE_SUBJECT = Subject("context", "grad mode")
+DEFAULT_DTYPE_SUBJECT = Subject("context", "default dtype")
 
 
-def autocast_subject(device_type: str) -> str:
+def autocast_subject(device_type: str) -> Subject:
     """``autocast `cpu```: the subject of a ``context`` finding about one device type's autocast."""
-    return f"autocast `{device_type}`"
+    return Subject("context", "autocast", owner=device_type)
 
 
-def grad_subject(name: str) -> str:
+def grad_subject(name: str) -> Subject:
     """``grad of `fc1.weight``` for a parameter, ``grad of args[0]`` for an input (a path)."""
-    return f"grad of {name}" if name.startswith(("args", "kwargs")) else f"grad of `{name}`"
+    return Subject("gradient", path=name) if name.startswith(("args", "kwargs")) else Subject("gradient", name)

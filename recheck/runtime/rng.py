@@ -22,10 +22,11 @@ from typing import Any, Iterator
 
 import torch
 
+from recheck.findings import Subject
 from recheck.runtime.bits import host_memory
 from recheck.runtime.fingerprints import Observed, show
 
-__all__ = ["HOST_STREAMS", "RngRecord", "cpu_fingerprint", "instance_kind", "instance_state", "only_cpu",
+__all__ = ["CPU_STREAM", "HOST_STREAMS", "RngRecord", "cpu_fingerprint", "instance_kind", "instance_state", "only_cpu",
            "rng_fingerprint", "rng_fingerprints", "rng_states", "rng_summary", "set_instance_state"]
 
 
@@ -90,8 +91,12 @@ def _host_bytes(flat: torch.Tensor) -> bytes:
     return host_memory(flat.data_ptr(), size).raw if size else b""
 
 
+#: torch's default CPU generator, as findings and state keys name it (``cpu RNG``).
+CPU_STREAM = Subject("device RNG", owner="cpu")
+#: Python's and numpy's global streams.
+PYTHON_STREAM, NUMPY_STREAM = Subject("host RNG", "Python random"), Subject("host RNG", "numpy global RNG")
 #: The host streams a region's code may not reach at all (see ``Reach.host_rng``).
-HOST_STREAMS = frozenset({"Python random", "numpy global RNG"})
+HOST_STREAMS = frozenset({PYTHON_STREAM, NUMPY_STREAM})
 
 
 def rng_states(generators: dict[str, torch.Generator] | None = None,
@@ -103,7 +108,7 @@ def rng_states(generators: dict[str, torch.Generator] | None = None,
     more than torch's streams cost, so ``watch()`` reads them only for regions whose code refers
     to them.  torch's own streams and explicit generators are always read.
     """
-    return {"cpu RNG": torch.default_generator.get_state(), **_other_states(generators, host)}
+    return {CPU_STREAM: torch.default_generator.get_state(), **_other_states(generators, host)}
 
 
 def _other_states(generators: dict[str, torch.Generator] | None, host: frozenset[str] | set[str]) -> dict[str, Any]:
@@ -111,14 +116,14 @@ def _other_states(generators: dict[str, torch.Generator] | None, host: frozenset
     states: dict[str, Any] = {}
     for kind, module in _initialized_accelerators():
         for index in range(module.device_count()):
-            states[f"{kind}:{index} RNG"] = module.get_rng_state(index)
+            states[Subject("device RNG", owner=f"{kind}:{index}")] = module.get_rng_state(index)
     for name, generator in (generators or {}).items():
-        states[f"generator `{name}`"] = generator.get_state()
-    if "Python random" in host:
-        states["Python random"] = random.getstate()
-    numpy = sys.modules.get("numpy") if "numpy global RNG" in host else None
+        states[Subject("RNG instance", name, owner="generator")] = generator.get_state()
+    if PYTHON_STREAM in host:
+        states[PYTHON_STREAM] = random.getstate()
+    numpy = sys.modules.get("numpy") if NUMPY_STREAM in host else None
     if numpy is not None:
-        states["numpy global RNG"] = numpy.random.get_state()
+        states[NUMPY_STREAM] = numpy.random.get_state()
     return states
 
 
@@ -129,7 +134,7 @@ def rng_fingerprints(generators: dict[str, torch.Generator] | None = None,
     ``watch()`` reads these four times per invocation, so torch's default CPU generator (a
     ``uint8`` tensor of 5,056 bytes) is read without the general path.
     """
-    prints: dict[str, Any] = {"cpu RNG": cpu_fingerprint()}
+    prints: dict[str, Any] = {CPU_STREAM: cpu_fingerprint()}
     if not only_cpu(generators, host):
         for name, state in _other_states(generators, host).items():
             prints[name] = rng_fingerprint(state)
@@ -177,7 +182,7 @@ class RngRecord:
         """Also track ``generator`` (its state now is the one restore puts back)."""
         if all(g is not generator for g in self.generators.values()):
             self.generators[name] = generator
-            self.states[f"generator `{name}`"] = generator.get_state()
+            self.states[Subject("RNG instance", name, owner="generator")] = generator.get_state()
 
     def changed_streams(self) -> set[str]:
         """Names of the streams whose state differs from the captured one."""

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
-from recheck.findings import error_line
+from recheck.findings import Subject, error_line
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.digests import tensor_digest
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show, show_printed)
-from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject
+from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject, parameter_subject
 from recheck.runtime.reach import is_library
 from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_fingerprint, rng_states, rng_summary,
                                  set_instance_state)
@@ -528,9 +528,9 @@ class SlotRecord:
         return (Observed("state", self.subject, seen, show_printed(value, seen)),)
 
 
-def class_subject(cls: type, key: str) -> str:
+def class_subject(cls: type, key: str) -> Subject:
     """``class attribute `Block.calls```."""
-    return f"class attribute `{cls.__qualname__}.{key}`"
+    return Subject("class attribute", key, owner=cls.__qualname__)
 
 
 class ClassValueRecord(ValueRecord):
@@ -598,7 +598,7 @@ class InstanceRngRecord:
 
     def __init__(self, name: str, obj: Any, kind: str) -> None:
         self.obj, self.kind = obj, kind
-        self.subject = f"{kind} `{name}`"
+        self.subject = Subject("RNG instance", name, owner=kind)
         self.state = instance_state(obj, kind)
         self.print = rng_fingerprint(self.state)
 
@@ -742,7 +742,7 @@ class Snapshot:
             self.rng.add_generator(name, generator)
 
         def parameter(name: str, tensor: torch.Tensor) -> None:
-            if add(("param", id(tensor)), functools.partial(TensorRecord, param_kind, f"parameter `{name}`", tensor)):
+            if add(("param", id(tensor)), functools.partial(TensorRecord, param_kind, parameter_subject([name]), tensor)):
                 found[name] = tensor
                 add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
 
@@ -773,7 +773,7 @@ class Snapshot:
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
                 parameter(name, tensor)
             else:
-                add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", f"tensor `{name}`", tensor))
+                add(("tensor", id(tensor)), functools.partial(TensorRecord, "state", Subject("tensor", name), tensor))
         for name, obj in list(reach.objects.items()):
             self.hold(name, obj, held=False)
         return found

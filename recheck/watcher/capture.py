@@ -21,7 +21,7 @@ from recheck.findings import one_line_pair
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values, dereferenced
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
-from recheck.runtime.rng import cpu_fingerprint, only_cpu, rng_fingerprints
+from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
@@ -315,10 +315,10 @@ class _ReachLayouts:
 
 
 def _layouts_of(reach: Reach) -> _ReachLayouts:
-    """The layouts kept with ``reach`` (in its ``derived``, which a dormant reach carries)."""
-    layouts = reach.derived.get("layouts")
+    """The layouts kept with ``reach``, while it lives."""
+    layouts = reach.kept.get("layouts")
     if layouts is None:
-        layouts = reach.derived["layouts"] = _ReachLayouts()
+        layouts = reach.kept["layouts"] = _ReachLayouts()
     return layouts
 
 
@@ -506,7 +506,7 @@ def _key_of(keys: dict[str, tuple[str, str]], kind: str, subject: str) -> tuple[
 
 #: the keys of RNG streams and of globals read, by subject (see :func:`_key_of`)
 _RNG_KEYS: dict[str, tuple[str, str]] = {}
-_CPU_RNG_KEY = _key_of(_RNG_KEYS, "rng", "cpu RNG")
+_CPU_RNG_KEY = _key_of(_RNG_KEYS, "rng", CPU_STREAM)
 _GLOBAL_KEYS: dict[str, tuple[str, str]] = {}
 
 

@@ -39,7 +39,7 @@ from recheck.runtime.fingerprints import same_objects
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
-from recheck.findings import Finding, Invocation, could_not, error_line
+from recheck.findings import Finding, Invocation, Subject, could_not, error_line, parts_of
 from recheck.watcher import capture
 from recheck.runtime.digests import (ParameterView, Store, TensorPrint, parameter_print_of, parameter_view, planned_digest,
                                      planned_print_of, print_activation, print_tensor)
@@ -52,6 +52,8 @@ _MODULE = operator.itemgetter(1)
 _BUFFERS = operator.attrgetter("_buffers")
 _STRIDED = torch.strided
 
+#: the subject of a finding about the tensors a recompute saved for backward
+_SAVED = Subject("saved tensors")
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
 #: what a forward's containers become once it returned (:meth:`Forward.settle`) where nothing
@@ -159,7 +161,7 @@ class Forward:
         self.state_modules = tuple(capture.with_submodules(reach, self.ran.values()))
         # the same scope as the region's last invocation (the usual case): its very tuples, so
         # that what the layouts keep for them is found by identity, and its set of their ids
-        last = _last_scope(reach)
+        last = reach.kept.get("scope")
         if last is not None and same_objects(last[0], self.state_modules):
             self.state_modules, covered = last[0], last[3]
         else:
@@ -183,10 +185,6 @@ class Forward:
             else:
                 self.scope_pairs = self.state_modules + attribute_modules
                 reach.kept["scope"] = (self.state_modules, attribute_modules, self.scope_pairs, covered)
-                # the same by ids, which hold no object: what the reach revived by the next block
-                # starts from (see ``_last_scope``)
-                reach.derived["scope"] = (tuple([id(module) for _, module in self.state_modules]),
-                                          tuple([id(module) for _, module in attribute_modules]))
             self.layout_memo = reach.kept.setdefault("layout", [])
         self.attribute_modules, self.touched_buffers = attribute_modules, tuple(touched)
         self.pointed = False  # a new scope: its storages are read when first asked for
@@ -255,25 +253,6 @@ class Forward:
             self._pointers()
             owner = self.parameter_pointers.get(pointer)
         return owner
-
-
-def _last_scope(reach: Reach) -> tuple[Any, ...] | None:
-    """The scope of the region's last invocation, as :meth:`Forward.scope` keeps it with the
-    reach: ``(state modules, attribute modules, both, ids of the first)``, or None before one.
-
-    A reach revived by a new ``watch()`` block (a test's, a step's) starts without what the
-    last block's kept, which holds modules: the scope is found again from the ids it left in
-    ``derived``, where every one of its modules is still in the reach (the revived reach holds
-    only the living, by their ids), so that the block's first invocation reads the versions of
-    the scope's parameters, not of every parameter the region reaches (timm's
-    ``checkpoint_seq``: the whole model)."""
-    last = reach.kept.get("scope")
-    if last is None and (ids := reach.derived.get("scope")) is not None:
-        modules = reach.modules
-        if all(map(modules.__contains__, ids[0])) and all(map(modules.__contains__, ids[1])):
-            state, attributes = tuple(map(modules.__getitem__, ids[0])), tuple(map(modules.__getitem__, ids[1]))
-            last = reach.kept["scope"] = (state, attributes, state + attributes, set(ids[0]))
-    return last
 
 
 class SavedPrint:
@@ -558,7 +537,7 @@ class InvocationRecord:
         # the versions of the parameters of the scope the region's last invocation had (the
         # same modules run again: a region of timm's checkpoint_seq reaches every block of the
         # model and runs one), or, before its first, of all it reaches
-        last = _last_scope(reach)
+        last = reach.kept.get("scope")
         predicted = last[2] if last is not None else None
         self.forward = Forward(reach, entry, shown, capture.parameter_versions(reach, predicted),
                                context=current_context(intended))
@@ -674,7 +653,8 @@ class InvocationRecord:
                 how = "bytes changed without a version bump (.data or a view)"
             else:
                 continue
-            self._add("input_mutation", f"{path} is modified in place by the region", subject=path, detail=how)
+            self._add("input_mutation", f"{path} is modified in place by the region", subject=Subject("input", path=path),
+                      detail=how)
         forward.inputs = ()
 
     def _check_grad_reaches(self) -> None:
@@ -826,7 +806,7 @@ class InvocationRecord:
                             leave_out=lambda key: key[0] == "buffer" and key[1] not in written)
         if has_output and forward.outputs is None and self._stops_early():
             self._add("recompute", f"the recompute saved fewer than the {len(forward.saved)} tensors its forward "
-                      "saved for backward", subject="saved tensors",
+                      "saved for backward", subject=_SAVED,
                       detail="it ran to its end, where torch's early stop ends a recompute at its forward's "
                              "last saved tensor")
         if has_output and forward.outputs is not None:
@@ -835,7 +815,7 @@ class InvocationRecord:
                 again = recomputed.get(path)
                 if again is not None and not original.matches(again, self.tolerance):
                     self._add("recompute", f"recomputed {path} differs from the forward's",
-                              subject=path, detail=original.difference(again, self.tolerance))
+                              subject=Subject("output", path=path), detail=original.difference(again, self.tolerance))
         if not effects:  # (the usual recompute: it emitted nothing)
             return
         effects = [e for e in effects if not _torch_own(e)]
@@ -844,11 +824,11 @@ class InvocationRecord:
         early = len(effects) if self._early_effects is None else self._early_effects
         for latent, part in ((False, effects[:early]), (True, effects[early:])):
             for channel, message, detail in effect_messages(part):
-                self._add("side_effect", message, subject=channel, detail=detail, latent=latent)
+                self._add("side_effect", message, subject=Subject("channel", channel), detail=detail, latent=latent)
 
     def recompute_raised(self, exc: BaseException) -> None:
         """The region raised while recomputing (its forward returned): the backward fails with it."""
-        self._add("recompute", f"the region raised during recompute: {error_line(exc)}", subject="recompute",
+        self._add("recompute", f"the region raised during recompute: {error_line(exc)}", subject=Subject("recompute"),
                   detail="its forward ran to the end; the recompute of the same call did not, so the "
                          "backward raises (a recompute that differs from its forward)")
 
@@ -959,9 +939,10 @@ class InvocationRecord:
         what, subject = key
         if what == "buffer":
             if then is not None and now is not None:
-                batchnorm = explain("buffer", subject) == "RC106"
-                message = f"BatchNorm statistics {subject.removeprefix('buffer ')} {how}" if batchnorm \
-                    else f"{subject} {how}"
+                buffer = parts_of(subject)
+                batchnorm = explain("buffer", buffer) == "RC106"
+                name = f"{buffer.owner}.{buffer.name}" if buffer.owner else buffer.name
+                message = f"BatchNorm statistics `{name}` {how}" if batchnorm else f"{subject} {how}"
                 self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
                           latent=latent)
             return
@@ -997,7 +978,7 @@ class InvocationRecord:
             detail += "\nalso differ: saved tensor " + ", ".join(f"#{i}" for i in others[:8]) + more
         total = max(self._saved_compared, len(self._pass_saved), len(self._saved_diffs))
         message = f"{len(self._saved_diffs)} of {total} tensors saved for backward differ when recomputed"
-        return [self._finding("recompute", message, "saved tensors", detail)]
+        return [self._finding("recompute", message, _SAVED, detail)]
 
     def findings_of(self, calls_of_region: int) -> list[Finding]:
         """The findings, ``call i of n`` of the region, symptoms pointed at their likely cause
