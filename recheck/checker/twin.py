@@ -614,11 +614,12 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
 
 
 def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: dict[str, Any],
-              plain_error: bool = False, detail: Mapping[str, Any] | None = None
+              plain_error: bool = False, detail: Mapping[str, Any] | None = None, once: bool = False
               ) -> tuple[StepRun, StepRun, list[Finding], list[str]]:
     """Run the step as written and its twin, and compare them: the two runs, every finding
     (the watch's and the twins' differences), every note.  ``detail``: watch options for the
-    round that keeps copies, which then also runs where the watch found something.
+    round that keeps copies, which then also runs where the watch found something; ``once``: a
+    difference of the twins the watch names too (kind and subject) is said once, as the watch says it.
 
     Where both raise, the step as written's error is raised with a note that its twin fails
     too, or with ``plain_error`` the twin's own (``check()``: the region's error, as a plain
@@ -701,8 +702,9 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
     watched.findings.extend(written.probe)
     notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
     notes += twin.snapshot.notes()  # what the step reaches and the check cannot put back
-    said = {(f.kind, f.subject) for f in watched.findings}  # the comparator's words, once (latent ones too:
-    findings = [f for f in findings if (f.kind, f.subject) not in said]  # a full replay changed them again)
+    if once:  # the comparator's words, once (latent ones too: a full replay changed them again)
+        said = {(f.kind, f.subject) for f in watched.findings}
+        findings = [f for f in findings if (f.kind, f.subject) not in said]
     try:
         found = with_likely_causes([*watched.findings, *findings])
     except Exception as exc:  # noqa: BLE001 - the findings as they were found
@@ -875,7 +877,7 @@ def check_region_report(fn: Callable[..., Any], args: tuple, kwargs: dict, *, us
     ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=tolerance,
                   use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
     written, plain, found, notes = _compared(twin, ctx, region, 1, dict(watch_options), plain_error=True,
-                                             detail={"store": "copy"})
+                                             detail={"store": "copy"}, once=True)
     if early_stop and not use_reentrant and written.error is None and not plain.inert:
         # early stop ended the recompute: a full replay runs the rest, and what only it shows is latent
         replay = twin.run("as written", {**watch_options, "early_stop": False}, lean=True)
