@@ -12,7 +12,6 @@ import collections
 import functools
 import logging
 import operator
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +88,9 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by metadata
     and :func:`~recheck.runtime.digests.tensor_digest`; tuples, lists, dicts and sets by
     length and content (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
-    ``__dict__`` one level deep; modules, functions, generators (whose streams are
-    compared as RNG state) and other objects by identity.
+    class and ``__dict__`` (never their identity or repr: two objects with equal state are equal);
+    modules, functions, generators (whose streams are compared as RNG state) and other objects by
+    identity.
 
     A logger (transformers' modules all read theirs) is compared by what decides what a
     call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
@@ -137,7 +137,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
         items = tuple((k, (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
                       for k, v in list(attrs.items())[:_MAX_ITEMS])
-        return ("object", type(value).__qualname__, id(value), items)
+        return ("object", type(value).__qualname__, items)  # by state: an equal object is equal
     return ("id", type(value).__name__, id(value))
 
 
@@ -319,11 +319,8 @@ def kept_shallow(value: Any) -> Any:
     is the same immutable object prints the same, so only the mutable ones are read again.
     Exact as :func:`shallow` is: a name added, removed or rebound, or a mutable item changed
     within the depth :func:`shallow` reads, is a new print.  Prints are kept while some reader
-    holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe); when the last one
-    lets go, what is kept of an object that can be weakly referenced and holds no tensor is put
-    to sleep (:data:`_DORMANT`), holding the object weakly, and the next reader starts from it
-    (a ``watch()`` block per test or per step reads the same config in each).  With no reader
-    this is :func:`shallow`.
+    holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe) and dropped, with the
+    objects they hold, when the last one lets go.  With no reader this is :func:`shallow`.
     """
     if not _KEPT_HOLD.count:
         return shallow(value)
@@ -342,8 +339,6 @@ def kept_shallow(value: Any) -> Any:
     if len(mapping) > _MAX_ITEMS:
         return shallow(value)
     kept = _KEPT.get(id(value))
-    if kept is None and _DORMANT:
-        kept = _woken(value)
     # names by identity too: a key that is another object equal to the old one prints by its id
     # (the dict's views against the kept tuples, in C-level passes, no tuple made)
     if kept is not None and kept[0] is value and len(mapping) == len(kept[1]) \
@@ -359,65 +354,8 @@ def kept_shallow(value: Any) -> Any:
                       if cls not in _STABLE and not _stable(item)])
     if len(_KEPT) >= _KEPT_SIZE:
         _KEPT.clear()
-        _WOKEN.clear()
     _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
     return printed
-
-
-#: what :data:`_KEPT` held when its last reader let go, by the same ids, with the object held
-#: weakly (its entry goes when it dies): its names and items, held as they were when last
-#: read (the object holds them too, unless it was changed since: then until the next reader
-#: reads it), and their prints.  Only entries of objects that can be weakly referenced, whose
-#: items are immutable or containers without a tensor one level down (a config's numbers,
-#: strings and maps), sleep: one holding a tensor or another object is let go.
-_DORMANT: dict[int, _Kept] = {}
-
-
-def _woken(value: Any) -> _Kept | None:
-    """The dormant entry of ``value`` made a kept one again, or None (none, or another object's)."""
-    dormant = _DORMANT.pop(id(value), None)
-    if dormant is None or dormant[0]() is not value:
-        return None
-    kept = (value, *dormant[1:])
-    _KEPT[id(value)] = kept
-    _WOKEN[id(value)] = (kept, dormant)
-    return kept
-
-
-#: per id, the kept entry :func:`_woken` made and the dormant one it was made from: while the
-#: object is kept as it was woken (its print was answered from it, never made again), it goes
-#: back to sleep as that dormant entry, which was checked when it first went (no tensor held,
-#: a weak reference to it made)
-_WOKEN: dict[int, tuple[_Kept, _Kept]] = {}
-
-
-def _put_kept_to_sleep() -> None:
-    """When the last reader lets go: what is kept, its objects held weakly (see :data:`_DORMANT`)."""
-    woken = _WOKEN
-    for key, kept in _KEPT.items():
-        again = woken.get(key)
-        if again is not None and again[0] is kept:  # as it was woken: asleep as it was
-            _DORMANT[key] = again[1]
-            continue
-        value, names, items, unstable, held, printed = kept
-        if _holds_tensor(items) or not all(contents for contents, _ in held):
-            continue
-        try:
-            ref = weakref.ref(value, functools.partial(_forget, key))
-        except TypeError:  # a plain dict, a list: no weak reference
-            continue
-        _DORMANT[key] = (ref, names, items, unstable, held, printed)
-    _KEPT.clear()
-    woken.clear()
-    while len(_DORMANT) > _KEPT_SIZE:
-        del _DORMANT[next(iter(_DORMANT))]  # the oldest first
-
-
-def _forget(key: int, ref: Any) -> None:
-    """A dormant object died: its entry goes (unless another object's took its id since)."""
-    dormant = _DORMANT.get(key)
-    if dormant is not None and dormant[0] is ref:
-        _DORMANT.pop(key, None)
 
 
 def _hold(item: Any) -> tuple[bool, Any]:
@@ -494,7 +432,7 @@ _IS = operator.is_
 _IS_NOT = operator.is_not
 #: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go puts them
 #: to sleep
-_KEPT_HOLD = Hold("hold_kept", last=_put_kept_to_sleep)
+_KEPT_HOLD = Hold("hold_kept", last=_KEPT.clear)
 
 
 def hold_kept() -> None:
@@ -503,8 +441,7 @@ def hold_kept() -> None:
 
 
 def release_kept() -> None:
-    """Let go of one hold; with the last, put the kept prints to sleep (see :data:`_DORMANT`).
-    Raises without a hold."""
+    """Let go of one hold; with the last, the kept prints are dropped.  Raises without a hold."""
     _KEPT_HOLD.release()
 
 

@@ -30,8 +30,8 @@ import torch
 from recheck.findings import Subject
 from recheck.runtime.rng import instance_kind
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "ReachCache", "cell_values", "code_globals", "dereferenced",
-           "is_library", "put_to_sleep", "reach_of", "static_reach"]
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "dereferenced", "is_library",
+           "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -137,34 +137,21 @@ class Reach:
         #: the host RNG streams the code refers to (``"Python random"``, ``"numpy global RNG"``),
         #: following functions into other modules too
         self.host_rng: set[str] = set()
-        #: (namespace, name, identities) of the globals whose objects (modules, generators,
-        #: tensors, also inside containers) the reach took in: it describes the region only while
-        #: each name still holds those very objects
-        self.bound: list[tuple[dict, str, Any]] = []
         self._rng_scanned: set[int] = set()
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
         self._anonymous = 0
-        #: what a layer above works out from the reach and keeps with it, by the layer's key
-        #: (``recheck.watcher.capture``'s layouts); a copy starts without.  A dormant reach
-        #: carries it to the reach it revives (see :class:`_Dormant`), so what is in it must
-        #: hold none of the reach's objects
-        self.derived: dict[str, Any] = {}
-        #: what a layer above keeps with this reach while it lives (a forward's scope, last
-        #: found): unlike ``derived`` it may hold the reach's objects, so a copy and a revived
-        #: reach start without
+        #: what a layer above works out from the reach and keeps while it lives, by the layer's
+        #: key (``recheck.watcher.capture``'s layouts, a forward's last scope); a copy starts without
         self.kept: dict[str, Any] = {}
-        #: where the reach was revived from a dormant one: the pairs of its modules as revived,
-        #: which other reaches revived from the same modules share while this one lives
-        self.revived_modules: _Revived | None = None
 
     def copy(self) -> Reach:
         """A reach that can grow without changing this one (which a cache may share)."""
         other = Reach()
         other.modules, other.generators, other.tensors = dict(self.modules), dict(self.generators), dict(self.tensors)
         other.objects, other.compiled, other.host_rng = dict(self.objects), list(self.compiled), set(self.host_rng)
-        other.bound, other._rng_scanned = list(self.bound), set(self._rng_scanned)
+        other._rng_scanned = set(self._rng_scanned)
         other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
         other._anonymous = self._anonymous
         return other
@@ -243,34 +230,11 @@ class Reach:
                     self.walk_function(value)
                 continue
             self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
-            if not isinstance(value, (int, float, str, bytes, bool, type(None))) and not any(
-                    bound is namespace and taken == name for bound, taken, _ in self.bound):
-                # (once: another function of the region may read it too, and every watch() block
-                # checks what the reach took)
-                self.bound.append((namespace, name, _identities(value)))
             self.add_value(name, value)
         for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
             contents = _cell_value(cell)
             if contents is not _EMPTY_CELL:
                 self.add_value(cell_name, contents)
-
-    def still_bound(self, found: dict[tuple[int, str], Any] | None = None) -> bool:
-        """Whether every global the reach took objects from still holds the same object.
-
-        ``found``: what each global holds now, by namespace and name, filled as they are read
-        (a block's :class:`ReachCache`: the reaches of a model's layers take the same globals).
-        """
-        for namespace, name, taken in self.bound:
-            if found is None:
-                now = _identities(namespace.get(name, MISSING_VALUE))
-            else:
-                key = (id(namespace), name)
-                now = found.get(key)
-                if now is None:
-                    now = found[key] = _identities(namespace.get(name, MISSING_VALUE))
-            if now != taken:
-                return False
-        return True
 
     def _scan_host_rng(self, function: types.FunctionType) -> None:
         """Note whether ``function`` (or a function it names, in any module) uses Python's or
@@ -344,31 +308,6 @@ class Reach:
                 self.objects[name] = value
 
 
-#: stands for a global that is gone (never the object a reach took in)
-MISSING_VALUE = object()
-
-
-def _identities(value: Any, depth: int = 2) -> Any:
-    """The ids of ``value`` and of what :meth:`Reach.add_value` walks into (two levels of
-    containers): equal exactly while the same objects are held at the same places.  An item
-    that is no container is its id without a call (every ``watch()`` block checks the globals
-    its reaches took: transformers' ``ACT2FN`` holds 24 classes and tuples)."""
-    if depth <= 0:
-        return id(value)
-    inner = depth - 1
-    if isinstance(value, (list, tuple)):
-        return (id(value), tuple([_identities(v, inner) if inner and isinstance(v, _NESTED) else id(v)
-                                  for v in value]))
-    if isinstance(value, dict):
-        return (id(value), tuple([(k, _identities(v, inner) if inner and isinstance(v, _NESTED) else id(v))
-                                  for k, v in dict.items(value) if isinstance(k, (str, int))]))
-    return id(value)
-
-
-#: the containers :func:`_identities` looks into
-_NESTED = (list, tuple, dict)
-
-
 def _host_stream(value: Any) -> str | None:
     """``"Python random"`` or ``"numpy global RNG"`` when ``value`` draws from that global stream."""
     name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
@@ -437,29 +376,13 @@ class ModuleRecorder:
 
 # -- the reach of a region, kept while it still describes it ---------------------------------
 
-class ReachCache(dict):
-    """A block's reaches by cache key (see :func:`reach_of`), and ``bound``: what the globals
-    the reaches revived in the block took hold now (see :meth:`Reach.still_bound`), read once
-    a block however many layers' regions take them (transformers' ``ACT2FN``: 24 entries)."""
-
-    __slots__ = ("bound",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bound: dict[tuple[int, str], Any] = {}
-
-
 def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     """The static reach of a checkpointed callable, cached by code object and bound objects.
 
     Walking a region's code is the costly part of the reach, and every invocation of a
-    region runs the same code on the same modules.  The key is made of object ids.  ``cache``
-    (which lives as long as the outermost block) holds the reach and the objects its key
-    names, so an id cannot be reused meanwhile.  Where every object the key names can be
-    weakly referenced (modules, functions), the reach is also kept across ``watch()`` blocks
-    (a test suite watches each test in its own block), as a :class:`_Dormant` one that holds
-    its objects weakly: it is valid only while the objects its key names are alive, and it
-    keeps none of them alive (a test's model is freed when the test drops it).
+    region runs the same code on the same modules.  The key is made of object ids: ``cache``,
+    which lives as long as the outermost ``watch()`` block and no longer, holds the reach and
+    the objects its key names, so an id cannot be reused meanwhile.
     """
     key, holders = _cache_key(function)
     if key is None:
@@ -467,173 +390,9 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     entry = cache.get(key)
     if entry is not None:
         return entry[0]
-    lasting = _LASTING.get(key)
-    if lasting is not None:
-        dormant, refs = lasting
-        reach = dormant.revive() if all(ref() is holder for ref, holder in zip(refs, holders)) else None
-        if reach is not None and reach.still_bound(cache.bound if type(cache) is ReachCache else None):
-            _LASTING.move_to_end(key)
-            cache[key] = (reach, holders)
-            return reach
-        del _LASTING[key]
     reach = static_reach(function, (), {})
     cache[key] = (reach, holders)
-    weak = _weak(holders)
-    kept = _Dormant.of(reach) if weak is not None else None
-    if weak is not None and kept is not None:
-        _LASTING[key] = (kept, weak)
-        while len(_LASTING) > _LASTING_SIZE:
-            _LASTING.popitem(last=False)
     return reach
-
-
-def put_to_sleep(cache: dict[Any, tuple[Reach, tuple]]) -> None:
-    """Before a block's cache of reaches (see :func:`reach_of`) is dropped: make the dormant
-    copy of each reach that grew while the block ran (a module found only by running the region,
-    transformers' kernel wrappers, with the globals its class reads) again, so that the next
-    block revives it whole instead of finding the same modules again at every block."""
-    for key, (reach, _) in cache.items():
-        lasting = _LASTING.get(key)
-        if lasting is None:
-            continue
-        dormant, weak = lasting
-        if dormant.live() is reach and dormant.sizes != _sizes(reach):
-            fresh = _Dormant.of(reach)
-            if fresh is not None:
-                _LASTING[key] = (fresh, weak)
-
-
-def _sizes(reach: Reach) -> tuple[int, ...]:
-    """How much a reach holds (it only grows): what tells that a dormant copy of it is behind."""
-    return (len(reach.modules), len(reach.generators), len(reach.tensors), len(reach.objects), len(reach.reads),
-            len(reach.writes), len(reach.bound), len(reach._walked), len(reach.compiled), len(reach.host_rng))
-
-
-class _Dormant:
-    """A reach kept between blocks without keeping its objects alive.
-
-    The live reach (weakly: while a block's cache holds it, it is the one returned), and a
-    copy of it as it was when walked whose modules, generators, tensors and plain objects
-    are weak references: revived into a new :class:`Reach` of those still alive, which starts
-    from what was ``derived`` from the first (the layouts of ``recheck.watcher.capture``).
-    """
-
-    __slots__ = ("live", "template", "modules", "refs", "derived", "sizes")
-
-    def __init__(self, reach: Reach, template: Reach, modules: _SharedModules,
-                 refs: dict[str, tuple[list[Any], list[Any]]]) -> None:
-        self.live, self.template, self.modules, self.refs = weakref.ref(reach), template, modules, refs
-        #: how much the reach held when this copy was made (see :func:`put_to_sleep`)
-        self.sizes = _sizes(reach)
-        #: the live reach's ``derived`` (the same dict): what a layer above worked out, which a
-        #: revived reach starts from (it holds none of the reach's objects)
-        self.derived = reach.derived
-
-    @classmethod
-    def of(cls, reach: Reach) -> _Dormant | None:
-        """None where something the reach holds cannot be weakly referenced."""
-        try:
-            modules = _SharedModules.of(reach.modules)
-            refs: dict[str, tuple[list[Any], list[Any]]] = {
-                what: (list(held), [weakref.ref(v) for v in held.values()])
-                for what, held in (("generators", reach.generators), ("tensors", reach.tensors),
-                                   ("objects", reach.objects))}
-        except TypeError:
-            return None
-        template = reach.copy()
-        template.modules, template.generators, template.tensors, template.objects = {}, {}, {}, {}
-        return cls(reach, template, modules, refs)
-
-    def revive(self) -> Reach:
-        """The live reach, or a new one from the template with the objects still alive.
-
-        An object that died is left out: nothing the region holds refers to it any more
-        (what its code, closure, ``partial`` and bound ``self`` hold stays alive with them; a
-        ``partial`` of transformers' checkpointed layers holds the call's tensors, which die
-        with the step).
-        """
-        live = self.live()
-        if live is not None:
-            return live
-        reach = self.template.copy()
-        reach.revived_modules = revived = self.modules.revive()
-        reach.modules = dict(revived.modules)
-        found = {what: _alive(keys, refs) for what, (keys, refs) in self.refs.items()}
-        reach.generators, reach.tensors, reach.objects = found["generators"], found["tensors"], found["objects"]
-        reach.derived = self.derived
-        self.live = weakref.ref(reach)
-        return reach
-
-
-class _SharedModules:
-    """The modules of a dormant reach, weakly: their keys, names and weak references, shared by
-    every dormant reach that holds the very same modules under the same names (the regions
-    timm's ``checkpoint_seq`` makes of one model's blocks, one per segment, each reaching every
-    block), and the ``(name, module)`` pairs last revived from them while a reach revived from
-    them lives.  A block per step revives every region's reach in each block: the pairs are
-    made once for all of them, not once per region (a tuple holding a module is one more object
-    for the garbage collector's oldest generation, and objects made per region and step make
-    its full collections more frequent).
-    """
-
-    __slots__ = ("keys", "names", "refs", "last", "__weakref__")
-
-    def __init__(self, keys: list[Any], names: list[str], refs: list[Any]) -> None:
-        self.keys, self.names, self.refs = keys, names, refs
-        self.last: Any = None  # a weak reference to the _Revived last made, while it lives
-
-    @classmethod
-    def of(cls, modules: dict[int, tuple[str, torch.nn.Module]]) -> _SharedModules:
-        """The shared modules of a reach's ``modules``, the one already kept where it holds the very
-        same modules under the same names.  ``TypeError`` where one cannot be weakly referenced."""
-        keys, names = list(modules), [name for name, _ in modules.values()]
-        held = [module for _, module in modules.values()]
-        lookup = (tuple(keys), tuple(names))
-        shared = _SHARED_MODULES.get(lookup)
-        if shared is not None:
-            alive, all_alive = dereferenced(shared.refs)
-            if all_alive and all(map(operator.is_, alive, held)):
-                return shared
-        shared = cls(keys, names, [weakref.ref(module) for module in held])
-        _SHARED_MODULES[lookup] = shared
-        return shared
-
-    def revive(self) -> _Revived:
-        """The pairs of the modules still alive (the dead are left out): those last made while
-        a reach revived from them lives, else made anew."""
-        last = self.last() if self.last is not None else None
-        if last is not None:
-            return last
-        revived = _Revived(_alive(self.keys, self.refs, self.names))
-        self.last = weakref.ref(revived)
-        return revived
-
-
-class _Revived:
-    """The ``(name, module)`` pairs revived from :class:`_SharedModules`, held by every reach
-    revived from them (each reach copies the dict: it may grow)."""
-
-    __slots__ = ("modules", "__weakref__")
-
-    def __init__(self, modules: dict[int, tuple[str, torch.nn.Module]]) -> None:
-        self.modules = modules
-
-
-#: the shared modules of the dormant reaches, by their keys and names (an entry goes with the
-#: last dormant reach that holds it)
-_SHARED_MODULES: weakref.WeakValueDictionary[tuple[tuple[Any, ...], tuple[str, ...]], _SharedModules] = \
-    weakref.WeakValueDictionary()
-
-
-def _alive(keys: list[Any], refs: list[Any], names: list[str] | None = None) -> dict[Any, Any]:
-    """``keys`` to the objects of the weak references ``refs`` still alive, or with ``names``
-    to ``(name, object)`` pairs; the dead are left out.  In C-level passes where all are alive
-    (a test suite revives its reaches in every test's block)."""
-    alive, all_alive = dereferenced(refs)
-    values: Iterable[Any] = alive if names is None else zip(names, alive)
-    if all_alive:
-        return dict(zip(keys, values))
-    return {key: value for key, value, one in zip(keys, values, alive) if one is not None}
 
 
 def cell_values(function: Any) -> list[Any]:
@@ -671,17 +430,6 @@ def dereferenced(refs: Iterable[Any]) -> tuple[list[Any], bool]:
 
 _DEREF = weakref.ref.__call__
 _IS_NONE = functools.partial(operator.is_, None)
-
-#: reaches kept across watch() blocks, by cache key, with weak references to their objects
-_LASTING: collections.OrderedDict[Any, tuple[_Dormant, tuple]] = collections.OrderedDict()
-_LASTING_SIZE = 512
-
-
-def _weak(holders: tuple) -> tuple | None:
-    try:
-        return tuple(weakref.ref(holder) for holder in holders)
-    except TypeError:  # a list, a tuple or another object without weak references
-        return None
 
 
 def _cache_key(function: Any) -> tuple[Any, tuple]:

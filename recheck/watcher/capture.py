@@ -315,10 +315,10 @@ class _ReachLayouts:
 
 
 def _layouts_of(reach: Reach) -> _ReachLayouts:
-    """The layouts kept with ``reach`` (in its ``derived``, which a dormant reach carries)."""
-    layouts = reach.derived.get("layouts")
+    """The layouts kept with ``reach``, while it lives."""
+    layouts = reach.kept.get("layouts")
     if layouts is None:
-        layouts = reach.derived["layouts"] = _ReachLayouts()
+        layouts = reach.kept["layouts"] = _ReachLayouts()
     return layouts
 
 

@@ -32,7 +32,7 @@ from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import hold_cwd, release_cwd
-from recheck.runtime.reach import ReachCache, put_to_sleep, reach_of
+from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
@@ -67,10 +67,9 @@ class Dispatcher(Interceptor):
         #: some thread runs a region's forward, and how many threads do
         self._stop_listening: Callable[[], None] | None = None
         self._listeners = 0
-        #: lets go of the patch ``module_calls`` keeps in place while any block is active
-        self._let_go_of_calls: Callable[[], None] | None = None
         self._keys = itertools.count()
-        self._reach_cache = ReachCache()
+        #: the reaches of the regions run in the block (see ``reach_of``), dropped when it ends
+        self._reach_cache: dict[Any, Any] = {}
         #: ``_record_options()`` of the blocks active now (None: to be worked out)
         self._options: dict[str, Any] | None = None
         #: what the launcher's variables say of this process's place, read when the first
@@ -92,7 +91,6 @@ class Dispatcher(Interceptor):
                 hold_logging()  # for the block, not for each recompute's capture
                 hold_kept()  # the state prints of large objects, kept between reads
                 hold_cwd()  # call sites are named relative to the working directory at the start
-                self._let_go_of_calls = module_calls.hold()  # in place for the block, not for each forward
                 self._launched = launched_place()
             self.sessions.append(session)
             self._options = None
@@ -104,17 +102,13 @@ class Dispatcher(Interceptor):
             if not self.sessions:
                 for record in self.records:
                     record.closed = True
-                put_to_sleep(self._reach_cache)  # what the reaches found while running, kept for the next block
-                self.records, self.region_calls, self._reach_cache = [], {}, ReachCache()
+                self.records, self.region_calls, self._reach_cache = [], {}, {}
                 if self._stop_listening is not None:  # a forward that never ended (its thread died)
                     self._stop_listening()
                     self._stop_listening, self._listeners = None, 0
                 release_logging()
                 release_kept()  # and the objects they hold
                 release_cwd()
-                if self._let_go_of_calls is not None:
-                    self._let_go_of_calls()
-                    self._let_go_of_calls = None
             pipelining.release()
             patches.release()
 
@@ -129,8 +123,7 @@ class Dispatcher(Interceptor):
         instead of refusing to run: their sessions and records are put away and their hold on the
         patches let go (every original object is back), and when it ends the patches are acquired
         again for the same blocks, which go on recording; each is told so in a note.  The holds a
-        block keeps on the runtime (logging, kept prints, the working directory, the module-call
-        patch) stay taken meanwhile: the check's own block takes them again.
+        block keeps on the runtime (logging, kept prints, the working directory) stay taken meanwhile: the check's own block takes them again.
 
         Raises RuntimeError, leaving everything as it was, where the patches are installed for
         another user (``recheck.measure()``, a bypassed twin), while a checkpointed forward is running
@@ -145,13 +138,12 @@ class Dispatcher(Interceptor):
             if not self.sessions or self._listeners or self._capturing():  # (a forward anywhere, a recompute here)
                 raise refusal
             sessions = self.sessions
-            kept = (sessions, self.records, self.region_calls, self._reach_cache, self._options,
-                    self._launched, self._let_go_of_calls)
+            kept = (sessions, self.records, self.region_calls, self._reach_cache, self._options, self._launched)
             for _ in sessions:
                 pipelining.release()
                 patches.release()
-            self.sessions, self.records, self.region_calls, self._reach_cache = [], [], {}, ReachCache()
-            self._options, self._let_go_of_calls = None, None
+            self.sessions, self.records, self.region_calls, self._reach_cache = [], [], {}, {}
+            self._options = None
         try:
             if patches.installed() is not None:  # another user holds them too
                 raise refusal
@@ -161,10 +153,7 @@ class Dispatcher(Interceptor):
             yield
         finally:
             with self._lock:
-                if self._let_go_of_calls is not None:  # a block the check left open (it never does)
-                    self._let_go_of_calls()
-                (self.sessions, self.records, self.region_calls, self._reach_cache, self._options,
-                 self._launched, self._let_go_of_calls) = kept
+                self.sessions, self.records, self.region_calls, self._reach_cache, self._options, self._launched = kept
                 for session in sessions:
                     patches.acquire(self, extra_functions=session.options.checkpoint_functions)
                     pipelining.acquire()

@@ -161,7 +161,7 @@ class Forward:
         self.state_modules = tuple(capture.with_submodules(reach, self.ran.values()))
         # the same scope as the region's last invocation (the usual case): its very tuples, so
         # that what the layouts keep for them is found by identity, and its set of their ids
-        last = _last_scope(reach)
+        last = reach.kept.get("scope")
         if last is not None and same_objects(last[0], self.state_modules):
             self.state_modules, covered = last[0], last[3]
         else:
@@ -185,10 +185,6 @@ class Forward:
             else:
                 self.scope_pairs = self.state_modules + attribute_modules
                 reach.kept["scope"] = (self.state_modules, attribute_modules, self.scope_pairs, covered)
-                # the same by ids, which hold no object: what the reach revived by the next block
-                # starts from (see ``_last_scope``)
-                reach.derived["scope"] = (tuple([id(module) for _, module in self.state_modules]),
-                                          tuple([id(module) for _, module in attribute_modules]))
             self.layout_memo = reach.kept.setdefault("layout", [])
         self.attribute_modules, self.touched_buffers = attribute_modules, tuple(touched)
         self.pointed = False  # a new scope: its storages are read when first asked for
@@ -257,25 +253,6 @@ class Forward:
             self._pointers()
             owner = self.parameter_pointers.get(pointer)
         return owner
-
-
-def _last_scope(reach: Reach) -> tuple[Any, ...] | None:
-    """The scope of the region's last invocation, as :meth:`Forward.scope` keeps it with the
-    reach: ``(state modules, attribute modules, both, ids of the first)``, or None before one.
-
-    A reach revived by a new ``watch()`` block (a test's, a step's) starts without what the
-    last block's kept, which holds modules: the scope is found again from the ids it left in
-    ``derived``, where every one of its modules is still in the reach (the revived reach holds
-    only the living, by their ids), so that the block's first invocation reads the versions of
-    the scope's parameters, not of every parameter the region reaches (timm's
-    ``checkpoint_seq``: the whole model)."""
-    last = reach.kept.get("scope")
-    if last is None and (ids := reach.derived.get("scope")) is not None:
-        modules = reach.modules
-        if all(map(modules.__contains__, ids[0])) and all(map(modules.__contains__, ids[1])):
-            state, attributes = tuple(map(modules.__getitem__, ids[0])), tuple(map(modules.__getitem__, ids[1]))
-            last = reach.kept["scope"] = (state, attributes, state + attributes, set(ids[0]))
-    return last
 
 
 class SavedPrint:
@@ -560,7 +537,7 @@ class InvocationRecord:
         # the versions of the parameters of the scope the region's last invocation had (the
         # same modules run again: a region of timm's checkpoint_seq reaches every block of the
         # model and runs one), or, before its first, of all it reaches
-        last = _last_scope(reach)
+        last = reach.kept.get("scope")
         predicted = last[2] if last is not None else None
         self.forward = Forward(reach, entry, shown, capture.parameter_versions(reach, predicted),
                                context=current_context(intended))
