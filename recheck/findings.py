@@ -309,14 +309,14 @@ class Finding:
         return ":".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The finding's record: every field (``subject`` as its text), and ``subject_data``, the
-        subject's parts (:meth:`Subject.parts`; None for a finding without a typed subject)."""
+        """The finding's record: every field (``subject`` as its text), and for a typed subject
+        ``subject_data``, its parts (:meth:`Subject.parts`; a lint record keeps ruff's fields)."""
         data = asdict(self)
         if self.invocation is not None:
             data["invocation"] = {**asdict(self.invocation), "tags": dict(self.invocation.tags)}
         subject = self.subject
-        data["subject"] = None if subject is None else str.__str__(subject)
-        data["subject_data"] = subject.parts() if isinstance(subject, Subject) else None
+        if isinstance(subject, Subject):
+            data["subject"], data["subject_data"] = str.__str__(subject), subject.parts()
         return data
 
     @classmethod
