@@ -18,19 +18,17 @@ from __future__ import annotations
 import collections
 import dis
 import functools
-import operator
 import sys
 import types
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
 from recheck.findings import Subject
 from recheck.runtime.rng import instance_kind
 
-__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "dereferenced", "is_library",
+__all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "is_library",
            "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
@@ -419,17 +417,6 @@ def _cell_value(cell: Any) -> Any:
 
 #: what :func:`_cell_value` gives for an empty cell
 _EMPTY_CELL: Any = object()
-
-
-def dereferenced(refs: Iterable[Any]) -> tuple[list[Any], bool]:
-    """The objects of weak references ``refs`` (None for the dead) and whether all are alive,
-    in C-level passes: no object is asked for ``==`` (``None in objects`` would ask each)."""
-    alive = list(map(_DEREF, refs))
-    return alive, not any(map(_IS_NONE, alive))
-
-
-_DEREF = weakref.ref.__call__
-_IS_NONE = functools.partial(operator.is_, None)
 
 
 def _cache_key(function: Any) -> tuple[Any, tuple]:

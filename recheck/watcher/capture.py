@@ -12,14 +12,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-import weakref
 from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 
 import torch
 
 from recheck.findings import one_line_pair
 from recheck.runtime.naming import attribute_subject, buffer_subject
-from recheck.runtime.reach import GlobalRef, Reach, cell_values, dereferenced
+from recheck.runtime.reach import GlobalRef, Reach, cell_values
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
@@ -27,9 +26,6 @@ from recheck.runtime.digests import Store, print_buffer
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
            "shown_change", "subtree", "with_submodules"]
-
-#: entries of the per-module caches of state keys and parameter names (cleared when full)
-_LAYOUTS_SIZE = 1 << 14
 
 
 def add_module(reach: Reach, module: torch.nn.Module) -> None:
@@ -95,9 +91,7 @@ def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None],
     """The modules of each root's ``modules()``, root after root, each once, in the same order,
     leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
     with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
-    module, and every invocation walks the subtrees of the modules its forward ran, so each
-    root's subtree is kept and walked again only when the tree below it changed (see
-    :func:`subtree`).  ``subtrees`` is told each root's subtree as found, by the root's id."""
+    module.  ``subtrees`` is told each root's subtree as found, by the root's id."""
     found: list[torch.nn.Module] = []
     for root in roots:
         if id(root) in walked:
@@ -129,48 +123,9 @@ def _walk(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[tor
     return found
 
 
-_MODULES = operator.attrgetter("_modules")
-
-
 def subtree(root: torch.nn.Module) -> list[torch.nn.Module]:
-    """``root``'s subtree in preorder, each module once, kept between invocations and
-    ``watch()`` blocks (a test suite watches each test in its own block) beside the ids of
-    every module's children.  It is walked again when any of those changed (a child added,
-    removed or replaced is another tuple of ids) or any of its modules is gone.  What is
-    kept holds the modules weakly: a model is freed when its user drops it."""
-    kept = _WALKS.get(id(root))
-    if kept is not None:
-        owner, refs, children = kept
-        if owner() is root:
-            alive, all_alive = dereferenced(refs)
-            if all_alive and _children(alive) == children:
-                return alive
-    modules = _walk((root,), {})
-    try:
-        refs = tuple(map(weakref.ref, modules))
-    except TypeError:  # a module class with __slots__ and no __weakref__: not kept
-        return modules
-    if len(_WALKS) >= 4096:
-        _WALKS.clear()
-    _WALKS[id(root)] = (refs[0], refs, _children(modules))
-    return modules
-
-
-#: id(root) -> (a weak reference to the root, to each module of its subtree in preorder, and
-#: what :func:`_children` says of them): the subtrees :func:`subtree` keeps (the root's reference tells
-#: a root that died, and a new module with its id, from the one the entry is about)
-_WALKS: dict[int, tuple[Any, tuple[Any, ...], tuple[list[int], list[int]]]] = {}
-
-
-def _children(modules: list[torch.nn.Module]) -> tuple[list[int], list[int]]:
-    """How many children each module has, and the ids of all their children (None included)
-    module after module, in C-level passes (no tuple per module).  Compared while every module
-    of the subtree is alive (its weak reference answers), so no id is another's."""
-    dicts = list(map(_MODULES, modules))
-    return list(map(len, dicts)), list(map(id, _CHAINED(map(dict.values, dicts))))
-
-
-_CHAINED = itertools.chain.from_iterable
+    """``root``'s subtree in preorder, each module once."""
+    return _walk((root,), {})
 
 
 #: (id(module), buffer name) -> (module, id(buffer tensor), its version, its print): which tensor
@@ -531,29 +486,11 @@ def _kept(value: Any) -> Any:
     return type(value)(value) if type(value) in (list, dict, set) else value
 
 
-#: per (id(module), its name): the names its ``__dict__`` and ``_buffers`` held when the entry
-#: was made, and the state keys of its attributes and buffers.  An entry is used only while both
-#: name sets are unchanged, so it is what :func:`_layout` would compute again, even for a new
-#: module that reuses a freed one's id.
-_LAYOUTS: dict[tuple[int, str], tuple[frozenset[str], frozenset[str], tuple[tuple[str, tuple[str, str]], ...],
-                                      tuple[tuple[str, tuple[str, str]], ...]]] = {}
-
-
-def _layout(name: str, module: torch.nn.Module) -> tuple[Any, Any, tuple[tuple[str, tuple[str, str]], ...],
+def _layout(name: str, module: torch.nn.Module) -> tuple[tuple[tuple[str, tuple[str, str]], ...],
                                                          tuple[tuple[str, tuple[str, str]], ...]]:
-    """The state keys of ``module``'s attributes and buffers under ``name`` (cached: a record
-    reads them three times per invocation, and every invocation of a layer reads the same)."""
-    attributes, buffers = vars(module), module._buffers
-    key = (id(module), name)
-    entry = _LAYOUTS.get(key)
-    if entry is None or attributes.keys() != entry[0] or buffers.keys() != entry[1]:
-        if len(_LAYOUTS) >= _LAYOUTS_SIZE:
-            _LAYOUTS.clear()
-        entry = _LAYOUTS[key] = (
-            frozenset(attributes), frozenset(buffers),
-            tuple((attr, ("attribute", attribute_subject(name, attr))) for attr in attributes if is_module_state(attr)),
-            tuple((buffer, ("buffer", buffer_subject(name, buffer))) for buffer in buffers))
-    return entry
+    """The state keys of ``module``'s attributes and buffers under ``name``."""
+    return (tuple((attr, ("attribute", attribute_subject(name, attr))) for attr in vars(module) if is_module_state(attr)),
+            tuple((buffer, ("buffer", buffer_subject(name, buffer))) for buffer in module._buffers))
 
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
@@ -593,11 +530,11 @@ def _laid_out(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | Non
         flat = _Flat(dicts, keyed=keyed)
         triples: list[tuple[int, str, Any]] = []
         for index, (name, module) in enumerate(pairs):
-            _, _, attribute_keys, buffer_keys = _layout(name, module)
+            attribute_keys, buffer_keys = _layout(name, module)
             triples += [(keyed + index, buffer_name, key) for buffer_name, key in buffer_keys]
             triples += [(index, attr, key) for attr, key in attribute_keys]
         for index, (name, module) in enumerate(attributes_of, start=len(modules)):
-            triples += [(index, attr, key) for attr, key in _layout(name, module)[2]]
+            triples += [(index, attr, key) for attr, key in _layout(name, module)[0]]
         flat.extend(triples)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran

@@ -67,6 +67,8 @@ class Dispatcher(Interceptor):
         #: some thread runs a region's forward, and how many threads do
         self._stop_listening: Callable[[], None] | None = None
         self._listeners = 0
+        #: lets go of the patch ``module_calls`` keeps in place while any block is active
+        self._let_go_of_calls: Callable[[], None] | None = None
         self._keys = itertools.count()
         #: the reaches of the regions run in the block (see ``reach_of``), dropped when it ends
         self._reach_cache: dict[Any, Any] = {}
@@ -91,6 +93,7 @@ class Dispatcher(Interceptor):
                 hold_logging()  # for the block, not for each recompute's capture
                 hold_kept()  # the state prints of large objects, kept between reads
                 hold_cwd()  # call sites are named relative to the working directory at the start
+                self._let_go_of_calls = module_calls.hold()  # in place for the block, not for each forward
                 self._launched = launched_place()
             self.sessions.append(session)
             self._options = None
@@ -109,6 +112,9 @@ class Dispatcher(Interceptor):
                 release_logging()
                 release_kept()  # and the objects they hold
                 release_cwd()
+                if self._let_go_of_calls is not None:
+                    self._let_go_of_calls()
+                    self._let_go_of_calls = None
             pipelining.release()
             patches.release()
 
@@ -123,7 +129,8 @@ class Dispatcher(Interceptor):
         instead of refusing to run: their sessions and records are put away and their hold on the
         patches let go (every original object is back), and when it ends the patches are acquired
         again for the same blocks, which go on recording; each is told so in a note.  The holds a
-        block keeps on the runtime (logging, kept prints, the working directory) stay taken meanwhile: the check's own block takes them again.
+        block keeps on the runtime (logging, kept prints, the working directory, the module-call
+        patch) stay taken meanwhile: the check's own block takes them again.
 
         Raises RuntimeError, leaving everything as it was, where the patches are installed for
         another user (``recheck.measure()``, a bypassed twin), while a checkpointed forward is running
@@ -138,12 +145,13 @@ class Dispatcher(Interceptor):
             if not self.sessions or self._listeners or self._capturing():  # (a forward anywhere, a recompute here)
                 raise refusal
             sessions = self.sessions
-            kept = (sessions, self.records, self.region_calls, self._reach_cache, self._options, self._launched)
+            kept = (sessions, self.records, self.region_calls, self._reach_cache, self._options,
+                    self._launched, self._let_go_of_calls)
             for _ in sessions:
                 pipelining.release()
                 patches.release()
             self.sessions, self.records, self.region_calls, self._reach_cache = [], [], {}, {}
-            self._options = None
+            self._options, self._let_go_of_calls = None, None
         try:
             if patches.installed() is not None:  # another user holds them too
                 raise refusal
@@ -153,7 +161,10 @@ class Dispatcher(Interceptor):
             yield
         finally:
             with self._lock:
-                self.sessions, self.records, self.region_calls, self._reach_cache, self._options, self._launched = kept
+                if self._let_go_of_calls is not None:  # a block the check left open (it never does)
+                    self._let_go_of_calls()
+                (self.sessions, self.records, self.region_calls, self._reach_cache, self._options,
+                 self._launched, self._let_go_of_calls) = kept
                 for session in sessions:
                     patches.acquire(self, extra_functions=session.options.checkpoint_functions)
                     pipelining.acquire()
@@ -273,37 +284,6 @@ class Dispatcher(Interceptor):
                 if stop is not None:
                     stop.__exit__(None, None, None)
         return undo
-
-    def run_region(self, call: CheckpointCall, phase: Phase, function: Callable[..., Any],
-                   args: tuple, kwargs: dict) -> Any:
-        """One run of the region function: its forward or a recompute, bracketed by the record
-        directly (a run inside torch's machinery: no context manager, no generator)."""
-        record: InvocationRecord | None = call.state
-        if record is None or record.closed or record.failed or (phase is Phase.FORWARD
-                                                                 and self._replayed(call) is not None):
-            return super().run_region(call, phase, function, args, kwargs)
-        if phase is Phase.FORWARD:
-            capture = self._open_forward(record, call, args, kwargs)
-            try:
-                output = function(*args, **kwargs)
-            except BaseException:
-                self._close_forward(record, capture, None, False, failed=True)
-                raise
-            self._close_forward(record, capture, output, True, failed=False)
-            return output
-        opened = self._open_recompute(record)
-        if opened is None:
-            return function(*args, **kwargs)
-        output, has_output = None, False
-        try:
-            output = function(*args, **kwargs)
-            has_output = True
-        except BaseException as exc:
-            self._recompute_failed(record, exc)
-            raise
-        finally:
-            self._close_recompute(record, opened, output, has_output)
-        return output
 
     @contextlib.contextmanager
     def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,

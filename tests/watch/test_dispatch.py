@@ -30,7 +30,7 @@ class Inner(nn.Module):
         return torch.tanh(self.lin(x))
 
 
-def test_module_calls_are_listened_to_only_in_a_regions_forward_and_torch_is_left_as_found(monkeypatch):
+def test_module_calls_are_listened_to_only_in_a_regions_forward_and_never_through_a_global_hook(monkeypatch):
     before = _global_pre_hooks()
     events: list[str] = []
     listen = module_calls.listen
@@ -44,9 +44,9 @@ def test_module_calls_are_listened_to_only_in_a_regions_forward_and_torch_is_lef
     seen: list[int] = []
     inner, outside = Inner(seen), nn.Linear(4, 4)
     with recheck.watch(raise_on_finding=False) as w:  # `seen` grows on each run: a finding of its own
-        assert not module_calls.listening() and _global_pre_hooks() == before
+        assert not module_calls.listening() and nn.Module.__dict__["_call_impl"] is not _CALL_IMPL  # held
         y = checkpoint(inner, outside(torch.randn(2, 4)), use_reentrant=False)
-        assert not module_calls.listening() and events == ["listen", "stop"] and _global_pre_hooks() == before
+        assert not module_calls.listening() and events == ["listen", "stop"]  # the rest calls torch's fast path
         y.sum().backward()
         nested = checkpoint(lambda x: checkpoint(inner, x, use_reentrant=False), torch.randn(2, 4, requires_grad=True),
                             use_reentrant=False)
@@ -55,7 +55,7 @@ def test_module_calls_are_listened_to_only_in_a_regions_forward_and_torch_is_lef
     # one listen per outermost forward (the nested call's forward runs inside the outer one's),
     # none in a recompute
     assert events == ["listen", "stop"] * 2, events
-    # torch as found: no global hook outside a forward sends module calls down the slow path
+    # torch as found; any global hook would have sent every module call down the slow path
     assert nn.Module.__dict__["_call_impl"] is _CALL_IMPL and _global_pre_hooks() == before
     assert {f.subject for f in w.report} == {"attribute `self.seen`"}, str(w.report)
 
