@@ -22,6 +22,11 @@ first watched test runs, so a pytest run without ``--recheck`` never pays for it
   ``WORLD_SIZE`` set by the launcher) each rank verifies its own invocations: the summary
   says which rank it is, and ``--recheck-report PATH`` writes ``PATH`` with the rank in its
   name (``report.json`` -> ``report.rank1.json``), one file per rank.
+* A watched test that starts its own processes (``torch.multiprocessing.spawn``,
+  ``start_processes`` with any start method, ``multiprocessing.Process``) has each child's
+  target run inside a ``watch()`` of its own; the children's reports come back to the test,
+  whose one verdict covers them all (a finding names its rank), and a child that wrote no
+  report is named in a note.  Pool, executor and DataLoader workers are left alone.
 """
 
 from __future__ import annotations
@@ -242,21 +247,172 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     from recheck.watcher import watch
 
     watcher = watch(raise_on_finding=False, **options)
+    children = _Children(options)
     try:
-        with watcher:
+        with watcher, children:
             result = yield
     finally:
-        report = watcher.report
         if settings.place is None:
             settings.place = watcher.place
-        regions = sorted({str(r.region) for r in watcher.records if r.forward is not None})
+        report, regions = children.merged(watcher.report, _regions(watcher))
         item.user_properties.append((PROPERTY, {**report.to_dict(), "regions": regions}))
-        if report.ok and report.stats.get("invocations"):
+        if report.ok and (report.stats.get("invocations") or report.notes):
             # a failing test shows the report as its failure message; a passing one here (-rP)
             item.add_report_section("call", "recheck", _text(report, item.config))
     if not report.ok:
         pytest.fail(_text(report, item.config), pytrace=False)
     return result
+
+
+def _regions(watcher: Any) -> list[str]:
+    return sorted({str(r.region) for r in watcher.records if r.forward is not None})
+
+
+class _Children:
+    """The processes a watched test starts (``torch.multiprocessing.spawn``, ``start_processes``,
+    ``multiprocessing.Process``): each runs its target inside a ``watch()`` of its own and writes
+    its report to a folder of this test, and :meth:`merged` gives one report for the test.
+
+    ``multiprocessing``'s ``Process.start`` is wrapped for the length of the test only: it puts
+    the target in a :class:`_WatchedChild`, which a forked child runs as it is and a spawned
+    child receives pickled, so both start methods are covered, and a forked child's own
+    children as well.  A process whose ``run`` is its own (no target) is not watched.
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self.started: list[tuple[Any, str]] = []
+        self.folder: str | None = None
+
+    def __enter__(self) -> _Children:
+        import tempfile
+        from multiprocessing.process import BaseProcess
+
+        self._original = original = BaseProcess.start
+
+        def start(process: Any) -> None:
+            target = getattr(process, "_target", None)
+            if target is None or isinstance(target, _WatchedChild) or _machinery(target):
+                return original(process)
+            self.folder = self.folder or tempfile.mkdtemp(prefix="recheck-children-")
+            label, process._target = _label(process), _WatchedChild(target, self.folder, self.options)
+            try:
+                original(process)
+            except BaseException:
+                process._target = target
+                raise
+            self.started.append((process, label))
+
+        BaseProcess.start = start  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from multiprocessing.process import BaseProcess
+
+        BaseProcess.start = self._original  # type: ignore[method-assign]
+
+    def merged(self, report: Any, regions: list[str]) -> tuple[Any, list[str]]:
+        """The test's own report merged with its children's, and the regions of them all; a
+        child that wrote no report is named in a note (its calls were not verified).  recheck's
+        own failure here is a note in the test's report."""
+        import shutil
+
+        from recheck.findings import could_not
+
+        if self.folder is None:
+            return report, regions
+        try:
+            return self._merged(Path(self.folder), report, regions)
+        except Exception as exc:  # noqa: BLE001
+            report.notes.append(could_not("collect the reports of the test's child processes", exc))
+            return report, regions
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _merged(self, folder: Path, report: Any, regions: list[str]) -> tuple[Any, list[str]]:
+        from recheck.findings import Report
+
+        labels = {str(process.pid): label for process, label in self.started}
+        children, names, notes = [], [], []
+        for path in sorted(folder.glob("*.json")):
+            name = labels.pop(path.stem, f"child process {path.stem}")
+            try:
+                document = json.loads(path.read_text(encoding="utf-8"))
+                child = Report.from_dict(document)
+            except (OSError, ValueError) as exc:
+                notes.append(f"recheck: the report of {name} could not be read ({exc})")
+                continue
+            if isinstance(child.stats.get("rank"), int):
+                name = f"rank {child.stats['rank']}"
+            if child.findings or child.notes or child.stats.get("invocations"):
+                children.append(child)
+                names.append(name)
+                regions = sorted({*regions, *document.get("regions", ())})
+        for process, name in self.started:
+            if str(process.pid) in labels:
+                how = "is still running" if process.exitcode is None else f"ended with exit code {process.exitcode}"
+                notes.append(f"{name} (child process {process.pid}) {how} and wrote no report: "
+                             "its checkpoint calls were not verified")
+        if not children and not notes:
+            return report, regions
+        merged = Report.merge([report, *children])
+        stats = merged.stats
+        merged.title = (f"watch: {stats.get('invocations', 0)} checkpoint invocation(s) of {len(regions)} region(s), "
+                        f"{stats.get('verified', 0)} verified against their recomputation, in the test"
+                        + (f" and its child process(es) {', '.join(names)}" if names else ""))
+        merged.notes.extend(n for n in notes if n not in merged.notes)
+        return merged, regions
+
+
+#: modules whose processes run library machinery (pool, executor and DataLoader workers), not a
+#: test's own code: they are not watched (a pool's workers are ended by a signal, never report)
+_MACHINERY = ("multiprocessing.", "concurrent.futures.", "torch.utils.data.")
+
+
+def _machinery(target: Any) -> bool:
+    return str(getattr(target, "__module__", None)).startswith(_MACHINERY)
+
+
+def _label(process: Any) -> str:
+    """``rank N`` for the N-th process of ``torch.multiprocessing.spawn`` (its ``_wrap(fn, N, ...)``
+    target; the rank, as tests use it), else the process's name."""
+    target, args = process._target, process._args
+    if getattr(target, "__module__", None) == "torch.multiprocessing.spawn" and len(args) > 1:
+        return f"rank {args[1]}"
+    return str(process.name)
+
+
+class _WatchedChild:
+    """A child process's target run inside ``recheck.watch()``; its report goes to ``folder``
+    as ``<pid>.json``.  Picklable (a spawned child receives it); recheck's own failure to watch
+    or to write the report never changes what the target does."""
+
+    def __init__(self, target: Any, folder: str | None, options: dict[str, Any]) -> None:
+        self.target, self.folder, self.options = target, folder, options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            from recheck.watcher import watch
+
+            watcher = watch(raise_on_finding=False, **self.options)
+        except Exception:  # noqa: BLE001 - the child runs unwatched, and the parent says so
+            return self.target(*args, **kwargs)
+        try:
+            with watcher:
+                return self.target(*args, **kwargs)
+        finally:
+            document = {**watcher.report.to_dict(), "regions": _regions(watcher)}
+            ranks = {r.tags.get("rank") for r in watcher.records} - {None}
+            if "rank" not in document["stats"] and len(ranks) == 1:  # the group was gone by the block's end
+                document["stats"]["rank"] = ranks.pop()
+            self._write(document)
+
+    def _write(self, document: dict[str, Any]) -> None:
+        path = Path(str(self.folder)) / f"{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(document, default=repr), encoding="utf-8")
+            tmp.replace(path)
 
 
 class _Collector:
