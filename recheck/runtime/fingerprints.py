@@ -20,10 +20,9 @@ import torch
 from recheck.findings import one_line
 from recheck.runtime.bits import float_bits
 from recheck.runtime.digests import tensor_digest
-from recheck.runtime.holds import Hold
 
-__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "hold_kept", "is_module_state",
-           "kept_shallow", "release_kept", "same_objects", "shallow", "show", "show_printed"]
+__all__ = ["AS_IS", "MISSING", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "same_objects",
+           "shallow", "show", "show_printed"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -296,153 +295,9 @@ def _attributes(value: Any) -> Any:
     return _OBJECT_GETATTRIBUTE(value, "__dict__") if direct else getattr(value, "__dict__", None)
 
 
-#: exact types of a container's items whose print, one level down, is the same while the item
-#: is the same object: immutable values, classes, and tuples without a tensor (checked when kept)
-_STABLE = AS_IS | {bool, float, type}
-#: what :func:`kept_shallow` keeps of an object: the object, its names, the objects it held, the
-#: indices of those whose print is read again, their prints, its print
-_Kept = tuple[Any, tuple, tuple, tuple[int, ...], tuple, Any]
-#: id(value) -> what :func:`kept_shallow` answered last for it
-_KEPT: dict[int, _Kept] = {}
-_KEPT_SIZE = 256
-
-
-def kept_shallow(value: Any) -> Any:
-    """:func:`shallow` of ``value``, answered from its last print while the same object holds
-    the same names and the very same objects (one C-level pass over each), only the prints of
-    its mutable items (a list, a dict, an object, a tensor) made again.
-
-    ``watch()`` reads the same large objects at every invocation, three or four times: a
-    transformers config held by every layer (about 40 attributes), a module-level table a
-    region reads (transformers' ``ACT2FN``, 24 classes and tuples).  Their prints are made of
-    their items' identities and, one level down, of their mutable items' contents; an item that
-    is the same immutable object prints the same, so only the mutable ones are read again.
-    Exact as :func:`shallow` is: a name added, removed or rebound, or a mutable item changed
-    within the depth :func:`shallow` reads, is a new print.  Prints are kept while some reader
-    holds them (:func:`hold_kept`: a ``watch()`` block, a recompute probe) and dropped, with the
-    objects they hold, when the last one lets go.  With no reader this is :func:`shallow`.
-    """
-    if not _KEPT_HOLD.count:
-        return shallow(value)
-    cls = type(value)
-    kind = _KINDS.get(cls)
-    if kind is None:
-        kind = _kind(cls)
-    if kind == _DICT:
-        mapping = value
-    elif kind == _OBJECT and not callable(value):
-        mapping = _attributes(value)
-        if not isinstance(mapping, dict):
-            return shallow(value)
-    else:
-        return shallow(value)
-    if len(mapping) > _MAX_ITEMS:
-        return shallow(value)
-    kept = _KEPT.get(id(value))
-    # names by identity too: a key that is another object equal to the old one prints by its id
-    # (the dict's views against the kept tuples, in C-level passes, no tuple made)
-    if kept is not None and kept[0] is value and len(mapping) == len(kept[1]) \
-            and not any(map(_IS_NOT, kept[1], dict.keys(mapping))) \
-            and not any(map(_IS_NOT, kept[2], dict.values(mapping))):
-        _, _, items, unstable, held, printed = kept
-        if all(_same_item(items[index], before) for index, before in zip(unstable, held)):
-            return printed
-    names, items = tuple(dict.keys(mapping)), tuple(dict.values(mapping))
-    printed = shallow(value)
-    # an item of a type that is stable as such is passed over without a call (a config's ~40)
-    unstable = tuple([index for index, (item, cls) in enumerate(zip(items, map(type, items)))
-                      if cls not in _STABLE and not _stable(item)])
-    if len(_KEPT) >= _KEPT_SIZE:
-        _KEPT.clear()
-    _KEPT[id(value)] = (value, names, items, unstable, tuple(_hold(items[index]) for index in unstable), printed)
-    return printed
-
-
-def _hold(item: Any) -> tuple[bool, Any]:
-    """What tells whether a mutable item prints the same one level down: the objects its print is
-    made of (``(True, objects)``, see :func:`_held`), else its print (``(False, print)``)."""
-    objects = _held(item)
-    return (True, objects) if objects is not None else (False, _item(item, 1))
-
-
-def _same_item(item: Any, before: tuple[bool, Any]) -> bool:
-    held, kept = before
-    # the same objects as when kept, which were checked then to hold no tensor
-    return same_objects(kept, _objects(item)) if held else _item(item, 1) == kept
-
-
 def same_objects(before: tuple | None, now: tuple | None) -> bool:
     """Whether two tuples hold the very same objects (None: not comparable)."""
-    return before is not None and now is not None and len(before) == len(now) and all(map(_IS, before, now))
-
-
-def _objects(item: Any) -> tuple | None:
-    """The objects a list's, a tuple's or a dict's print one level down is made of (a dict's
-    names and values), or None for anything else."""
-    cls = type(item)
-    if cls is list or cls is tuple:
-        return tuple(item) if len(item) <= _MAX_ITEMS else None
-    if cls is not dict:
-        kind = _KINDS.get(cls)
-        if (_kind(cls) if kind is None else kind) != _DICT:
-            return None
-    return (*dict.keys(item), _SEPARATOR, *dict.values(item)) if len(item) <= _MAX_ITEMS else None
-
-
-def _held(item: Any) -> tuple | None:
-    """The objects a mutable item's print one level down is made of (:func:`_objects`), or None
-    where it is read again at every print: a container holding a tensor (printed by its
-    version), a set, anything else.  One level down an item's own items print by their identity
-    or, for numbers, by value, so the same objects make the same print."""
-    objects = _objects(item)
-    return None if objects is None or _holds_tensor(objects) else objects
-
-
-#: between a dict's keys and its values in what :func:`_held` keeps (one key moved to the values
-#: is another tuple)
-_SEPARATOR = object()
-
-
-def _stable(item: Any) -> bool:
-    """Whether ``item``, of a type not in ``_STABLE`` (:func:`kept_shallow` passes those over),
-    prints the same one level down (``_item(item, 1)``) while it is the same object: a tuple
-    without a tensor (its items print by identity, a tensor by its version), or an object of an
-    immutable type printed by its identity alone (a function, a ``partial``, a ``ContextVar``:
-    such a type cannot be changed, nor assigned to an object as its ``__class__``)."""
-    if type(item) is tuple:
-        return not _holds_tensor(item[:_MAX_ITEMS])
-    return bool(type(item).__flags__ & _IMMUTABLE_TYPE) and _item(item, 1) == ("id", id(item))
-
-
-#: ``Py_TPFLAGS_IMMUTABLETYPE`` (Python 3.10): the built-in types, and those C extensions declare so
-_IMMUTABLE_TYPE = 1 << 8
-
-
-def _holds_tensor(objects: tuple) -> bool:
-    """Whether any of ``objects`` is a tensor, by its type's kind (``isinstance(x, Tensor)`` asks
-    torch's metaclass): a few types a container."""
-    for item_type in set(map(type, objects)):
-        item_kind = _KINDS.get(item_type)
-        if (_kind(item_type) if item_kind is None else item_kind) == _TENSOR:
-            return True
-    return False
-
-
-_IS = operator.is_
-_IS_NOT = operator.is_not
-#: the readers that keep the kept prints (see :func:`hold_kept`); the last to let go puts them
-#: to sleep
-_KEPT_HOLD = Hold("hold_kept", last=_KEPT.clear)
-
-
-def hold_kept() -> None:
-    """Keep :func:`kept_shallow`'s prints until as many :func:`release_kept` calls."""
-    _KEPT_HOLD.take()
-
-
-def release_kept() -> None:
-    """Let go of one hold; with the last, the kept prints are dropped.  Raises without a hold."""
-    _KEPT_HOLD.release()
+    return before is not None and now is not None and len(before) == len(now) and all(map(operator.is_, before, now))
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch
 from recheck.findings import one_line_pair
 from recheck.runtime.naming import attribute_subject, buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values
-from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, kept_shallow, shallow, show, show_printed
+from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
@@ -444,7 +444,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
         key = _GLOBAL_KEYS.get(ref.subject) or _key_of(_GLOBAL_KEYS, "global", ref.subject)
-        values[key] = kept_shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
+        values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
     return values, shown
@@ -698,7 +698,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             return value, value
         key = id(value)
         if key not in printed:
-            printed[key] = kept_shallow(value)
+            printed[key] = shallow(value)
         return printed[key], _kept(value)
 
     pairs, own = tuple(modules), tuple(attributes_of)
@@ -739,7 +739,7 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
             extra.setdefault(("buffer", buffer_subject(name, buffer_name)), print_buffer(buffer, store))
     for ref in written:
         value = ref.namespace.get(ref.name, MISSING)
-        extra[("global", ref.subject)] = (kept_shallow(value), _kept(value))
+        extra[("global", ref.subject)] = (shallow(value), _kept(value))
     return ModuleState(flat, values, entries, extra)
 
 

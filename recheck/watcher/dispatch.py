@@ -30,7 +30,6 @@ from recheck.findings import could_not
 from recheck.intercept import module_calls, patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
-from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import hold_cwd, release_cwd
 from recheck.runtime.reach import reach_of
 from recheck.watcher.options import WatchOptions
@@ -91,7 +90,6 @@ class Dispatcher(Interceptor):
             pipelining.acquire()
             if not self.sessions:
                 hold_logging()  # for the block, not for each recompute's capture
-                hold_kept()  # the state prints of large objects, kept between reads
                 hold_cwd()  # call sites are named relative to the working directory at the start
                 self._let_go_of_calls = module_calls.hold()  # in place for the block, not for each forward
                 self._launched = launched_place()
@@ -110,7 +108,6 @@ class Dispatcher(Interceptor):
                     self._stop_listening()
                     self._stop_listening, self._listeners = None, 0
                 release_logging()
-                release_kept()  # and the objects they hold
                 release_cwd()
                 if self._let_go_of_calls is not None:
                     self._let_go_of_calls()
@@ -129,7 +126,7 @@ class Dispatcher(Interceptor):
         instead of refusing to run: their sessions and records are put away and their hold on the
         patches let go (every original object is back), and when it ends the patches are acquired
         again for the same blocks, which go on recording; each is told so in a note.  The holds a
-        block keeps on the runtime (logging, kept prints, the working directory, the module-call
+        block keeps on the runtime (logging, the working directory, the module-call
         patch) stay taken meanwhile: the check's own block takes them again.
 
         Raises RuntimeError, leaving everything as it was, where the patches are installed for

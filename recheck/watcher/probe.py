@@ -65,7 +65,6 @@ from recheck.intercept.hooks import Phase, active_runs
 from recheck.runtime.context import ComputeContext, context_differences, current_context
 from recheck.runtime.digests import TensorPrint, print_tensor
 from recheck.runtime.explaining import with_likely_causes
-from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.naming import relative
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.trees import tensors
@@ -167,7 +166,6 @@ class RecomputeProbe:
             raise RuntimeError("recheck: a RecomputeProbe can be entered only once at a time")
         self._handles = [register_module_forward_pre_hook(self._pre),
                          register_module_forward_hook(self._post, always_call=True)]
-        hold_kept()  # the state prints of large objects, kept between reads
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -175,11 +173,8 @@ class RecomputeProbe:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        try:
-            self.findings = self._compare()
-            self._candidates, self._recomputes = {}, []
-        finally:
-            release_kept()
+        self.findings = self._compare()
+        self._candidates, self._recomputes = {}, []
 
     @property
     def stats(self) -> dict[str, Any]:

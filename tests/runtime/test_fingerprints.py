@@ -206,11 +206,9 @@ def test_scalar_items_keep_their_type_in_the_print() -> None:
     assert fingerprint({"k": None}) != fingerprint({"k": "None"})
 
 
-# -- kept_shallow: the last print of an object, while what it is made of stays ------------------
+# -- shallow: an object read through its own ``__dict__`` -----------------------------------
 
-from hypothesis import settings  # noqa: E402
-
-from recheck.runtime.fingerprints import hold_kept, kept_shallow, release_kept, shallow  # noqa: E402
+from recheck.runtime.fingerprints import shallow  # noqa: E402
 
 
 class _KeptConfig:
@@ -241,23 +239,6 @@ class _Hook:
         self.calls += 1
 
 
-class _Counter:
-    """The same object's class reassigned from :class:`_Hook`: no longer callable, printed by its attributes."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-
-class _TensorFreeConfig(_KeptConfig):
-    """The same without a tensor or a nested object (a map in its place, and no callable object
-    of its own class): what is kept of it sleeps between readers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        del self.weights, self.hook
-        self.inner = {"depth": 1}
-
-
 class _MappedConfig(_KeptConfig):
     """A transformers-style config: its ``__getattribute__`` maps some names to others."""
 
@@ -279,113 +260,16 @@ class _Proxy:
         return getattr(object.__getattribute__(self, "_target"), name)
 
 
-_KEY = object()
-
-_MUTATIONS = [
-    lambda c: setattr(c, "hidden", 33),
-    lambda c: setattr(c, "flag", 1),                      # a bool rebound to an equal int
-    lambda c: setattr(c, "eps", -0.0),
-    lambda c: setattr(c, "eps", 0.0),                     # equal to -0.0 by ==, other bits
-    lambda c: c.labels.__setitem__(2, "c"),               # a dict item grown in place
-    lambda c: c.labels.__setitem__(0, "z"),               # a dict item changed in place
-    lambda c: c.sizes.append(3),
-    lambda c: c.sizes.__setitem__(0, 1.5),
-    lambda c: c.pair[1].__setitem__("k", 2),              # two levels down: past shallow's depth
-    lambda c: c.inner.__setitem__("depth", 2) if type(c.inner) is dict else setattr(c.inner, "depth", 2),
-    lambda c: c.weights.add_(1) if hasattr(c, "weights") else None,  # a tensor's version
-    lambda c: setattr(c, "weights", torch.zeros(2)),
-    lambda c: setattr(c, "extra", [1]),                   # a name added
-    lambda c: c.__dict__.pop("extra", None),              # and removed
-    lambda c: setattr(c, "labels", {0: "a", 1: "b"}),     # rebound to an equal dict
-    lambda c: c.labels.__setitem__(_KEY, 1),              # a key that prints by its identity
-    lambda c: (c.labels.pop(_KEY, None), c.labels.__setitem__(object(), 1)),
-    lambda c: c.__dict__.__setitem__("hidden2", c.__dict__.pop("hidden", 0)),  # a name replaced: as many
-    lambda c: setattr(c, "act", abs),                     # another builtin
-    lambda c: setattr(c, "var", contextvars.ContextVar("var")),  # another ContextVar of the same name
-    lambda c: c.hook() if callable(getattr(c, "hook", None)) else None,  # a callable's own state: not in its print
-    lambda c: setattr(c.hook, "__class__", _Counter if type(c.hook) is _Hook else _Hook)  # its class reassigned
-    if hasattr(c, "hook") else None,
-    lambda c: None,                                       # nothing changed: the kept print
-]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, len(_MUTATIONS) - 1), st.booleans()), max_size=12), st.booleans(),
-       st.sampled_from([_KeptConfig, _MappedConfig, _TensorFreeConfig]))
-def test_kept_shallow_is_shallow_after_any_changes(steps, as_dict, config_class):
-    """Changed while held, or while no reader held it (``asleep``: its kept print slept)."""
-    hold_kept()
-    config = config_class()
-    value = vars(config) if as_dict else config  # a dict is kept the same way as an object
-    assert kept_shallow(value) == shallow(value)
-    for step, asleep in steps:
-        if asleep:
-            release_kept()
-        _MUTATIONS[step](config)
-        if asleep:
-            hold_kept()
-        assert kept_shallow(value) == shallow(value)
-    release_kept()
-
-
-def test_a_change_made_while_no_one_reads_is_seen_by_the_next_reader_and_nothing_is_kept_alive():
-    """Between ``watch()`` blocks nothing is kept: the next block's first read is exact whatever
-    changed meanwhile, and the objects read are freed as soon as their user drops them."""
-    import gc
-    import weakref
-
-    config, tensors, plain = _TensorFreeConfig(), _KeptConfig(), {"sizes": [1, 2]}
-    hold_kept()
-    before = kept_shallow(config), kept_shallow(tensors), kept_shallow(plain)
-    release_kept()
-    config.labels[0] = "changed while no one read it"
-    tensors.weights.add_(1)
-    plain["sizes"].append(3)
-    hold_kept()
-    after = kept_shallow(config), kept_shallow(tensors), kept_shallow(plain)
-    assert after == (shallow(config), shallow(tensors), shallow(plain))
-    assert all(a != b for a, b in zip(after, before))
-    release_kept()
-    refs = weakref.ref(config), weakref.ref(tensors)
-    del config, tensors
-    gc.collect()
-    assert [ref() for ref in refs] == [None, None]
-
-
-def test_kept_shallow_answers_an_unchanged_object_from_what_it_kept_and_forgets_it():
-    import gc
-    import weakref
-
-    hold_kept()
-    config = _KeptConfig()
-    first = kept_shallow(config)
-    assert kept_shallow(config) is first  # the same print object: nothing was printed again
-    config.labels[0] = "changed"
-    assert kept_shallow(config) is not first and kept_shallow(config) == shallow(config)
-    release_kept()
-    alive = weakref.ref(config)
-    kept_shallow(config)  # with no reader holding them, nothing is kept
-    assert kept_shallow(config) is not kept_shallow(config)  # printed afresh at every read
-    del config
-    gc.collect()
-    assert alive() is None  # released: what was kept does not hold the object
-
-
 def test_an_object_is_printed_by_the_dict_getattr_gives_whatever_its_getattribute():
     """A config whose ``__getattribute__`` is its own is read through the instance's slot (the
     same dict); a proxy's ``__dict__`` is the target's, asked its own way at every print."""
-    hold_kept()
-    try:
-        config = _MappedConfig()
-        assert config.size == 32
-        for _ in range(2):  # the type is seen, then its instances read directly
-            assert kept_shallow(config) == shallow(config) == ("object", id(config), shallow(vars(config))[2])
-        target = _KeptConfig()
-        proxy = _Proxy(target)
-        for _ in range(2):
-            assert shallow(proxy)[2] == shallow(target)[2]
-            assert kept_shallow(proxy)[2] == shallow(target)[2]
-        target.hidden = 64
-        assert kept_shallow(proxy)[2] == shallow(target)[2]
-    finally:
-        release_kept()
+    config = _MappedConfig()
+    assert config.size == 32
+    for _ in range(2):  # the type is seen, then its instances read directly
+        assert shallow(config) == ("object", id(config), shallow(vars(config))[2])
+    target = _KeptConfig()
+    proxy = _Proxy(target)
+    for _ in range(2):
+        assert shallow(proxy)[2] == shallow(target)[2]
+    target.hidden = 64
+    assert shallow(proxy)[2] == shallow(target)[2]

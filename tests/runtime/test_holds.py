@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from recheck.runtime.effects import hold_logging, release_logging
-from recheck.runtime.fingerprints import hold_kept, release_kept
 from recheck.runtime.holds import Hold
 from recheck.runtime.naming import hold_cwd, release_cwd
 
@@ -79,7 +78,6 @@ def test_holds_from_many_threads_balance():
 
 @pytest.mark.parametrize(("take", "release", "name"), [
     (hold_logging, release_logging, "logging"),
-    (hold_kept, release_kept, "kept"),
     (hold_cwd, release_cwd, "cwd"),
 ])
 def test_the_runtime_holds_all_refuse_an_unbalanced_release(take, release, name):
