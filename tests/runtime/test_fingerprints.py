@@ -195,9 +195,19 @@ class _Config:
 @given(st.dictionaries(st.sampled_from(["a", "b", "hidden_size", "name"]), _NESTED, max_size=4))
 def test_objects_print_their_attributes_as_fingerprint_prints_each(attributes) -> None:
     config = _Config(**attributes)
-    kind, qualname, ident, items = fingerprint(config)
-    assert (kind, ident) == ("object", id(config))
+    kind, qualname, items = fingerprint(config)
+    assert (kind, qualname) == ("object", "_Config")
     assert items == tuple((k, fingerprint(v, 2)) for k, v in attributes.items())
+    assert fingerprint(_Config(**attributes)) == fingerprint(config)  # by state, never by identity
+
+
+def test_objects_with_other_state_or_class_print_otherwise() -> None:
+    class Other:
+        def __init__(self) -> None:
+            self.a = 1
+
+    assert fingerprint(_Config(a=1)) != fingerprint(_Config(a=2))
+    assert fingerprint(_Config(a=1)) != fingerprint(Other())
 
 
 def test_scalar_items_keep_their_type_in_the_print() -> None:
