@@ -145,6 +145,8 @@ class Twin:
         self.snapshot = Snapshot(RngRecord(generators))
         self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
+        self.snapshot.closures(step)  # (a batch list it pops from, a list it appends to)
+        self.snapshot.refuse_iterators()
         for path, tensor in inputs:  # a region's inputs (check()), named by their path
             self.snapshot.add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path, tensor))
         self._restore_loop = self.state.loop_snapshot()

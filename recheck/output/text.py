@@ -48,6 +48,7 @@ SUBJECTS: Mapping[str, str] = {
     "parameter": "parameter {names}",
     "tensor": "tensor `{name}`",
     "global": "global `{owner}.{name}`",
+    "closure variable": "closure variable `{name}` of {owner}",
     "device RNG": "{owner} RNG",  # a device's default generator: ``cpu RNG``, ``cuda:0 RNG``
     "host RNG": "{name}",  # ``Python random``, ``numpy global RNG``
     "RNG instance": "{owner} `{name}`",  # ``generator `self.gen```, ``random.Random `self.rng```

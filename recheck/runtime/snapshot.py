@@ -40,6 +40,7 @@ import collections
 import contextlib
 import enum
 import functools
+import heapq
 import itertools
 import operator
 import threading
@@ -336,6 +337,11 @@ def _is_container(value: Any) -> bool:
     return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor, collections.deque)) or _is_ndarray(value)
 
 
+def _is_iterator(value: Any) -> bool:
+    """An iterator (``next()`` advances it): a generator, ``iter(data)``, a data loader's."""
+    return hasattr(type(value), "__next__")
+
+
 def _is_ndarray(value: Any) -> bool:
     """A numpy array (numpy is not imported for the question: an array cannot exist without it)."""
     return type(value).__name__ == "ndarray" and type(value).__module__ == "numpy"
@@ -370,11 +376,39 @@ def _printed(value: Any) -> Any:
     return found
 
 
-class ValueRecord:
-    """One key of a namespace dict (a module's ``__dict__`` or a module's globals)."""
+class _Cell:
+    """A closure cell as a namespace of one name, read, rebound and emptied as a dict's key is,
+    so that a :class:`ValueRecord` puts back a closure's variable as it does a global."""
 
-    def __init__(self, kind: str, subject: str, namespace: dict[str, Any] | types.MappingProxyType[str, Any],
-                 key: str) -> None:
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: Any) -> None:
+        self.cell = cell
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self.cell.cell_contents
+        except ValueError:  # an empty cell: a name the enclosing function has not assigned yet
+            return default
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key, MISSING) is not MISSING
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.cell.cell_contents = value
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        value = self.get(key, default)
+        if key in self:
+            del self.cell.cell_contents
+        return value
+
+
+class ValueRecord:
+    """One key of a namespace: a module's ``__dict__``, a module's globals, a closure's cell."""
+
+    def __init__(self, kind: str, subject: str,
+                 namespace: dict[str, Any] | types.MappingProxyType[str, Any] | _Cell, key: str) -> None:
         self.kind = kind
         self.subject = subject
         #: written by :meth:`restore` only where it is a dict (a class's read-only view is put back
@@ -696,8 +730,20 @@ class Snapshot:
         #: what was found and cannot be put back, by its name in backticks: why (see :meth:`notes`)
         self.unrestorable: dict[str, str] = {}
         self._held_left = _MAX_HELD  # values a held search may still look into
+        #: values :meth:`hold` is still to look into, as a heap: (-depth, rank first, order, rank, name,
+        #: value, depth, held)
+        self._pending: list[tuple[int, int, int, int, str, Any, int, bool]] = []
+        self._searching = False
+        self._order = itertools.count()
+        #: 1 while a model's modules are held (what they hold is looked into after what the step's
+        #: own objects, globals and closures hold at the same depth), else 0
+        self._rank = 0
         #: plain objects and RNG instances found below the depth a held search looks, by id: (name, object)
         self._deeper: dict[int, tuple[str, Any]] = {}
+        #: iterators the step reads its data from (a generator, ``iter(data)`` in its closure or a
+        #: global), by name: their position can be neither read nor set, so a check cannot put them
+        #: back (see :meth:`refuse_iterators`; one held deeper, a module's counter, is a note)
+        self.iterators: dict[str, Any] = {}
 
     def add(self, key: Any, make: Any) -> bool:
         """Add ``make()`` under ``key`` unless a record for ``key`` exists; True when added."""
@@ -715,6 +761,7 @@ class Snapshot:
         """
         again = Snapshot(RngRecord(self.rng.generators))
         again.unrestorable, again._deeper = self.unrestorable, self._deeper  # (one account of what is not put back)
+        again.iterators = self.iterators
         for (key, make), record in zip(self._makers, self.records):
             again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
             again._makers[-1] = (key, make)
@@ -732,7 +779,7 @@ class Snapshot:
         parameters must not change; ``state`` for a step, whose optimizer changes them).
         Returns the parameters newly tracked, by dotted name.
         """
-        with _one_pass():
+        with _one_pass(), self._breadth_first():
             return self._track(reach, param_kind)
 
     def _track(self, reach: Reach, param_kind: str) -> dict[str, torch.Tensor]:
@@ -746,6 +793,7 @@ class Snapshot:
                 found[name] = tensor
                 add(("grad", id(tensor)), functools.partial(GradRecord, name, tensor))
 
+        self._rank = 1  # (see :meth:`hold`)
         for prefix, module in list(reach.modules.values()):
             if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
                 continue
@@ -766,8 +814,11 @@ class Snapshot:
                         ValueRecord, "state", attribute_subject(prefix, key), attributes, key)):
                     self.hold(f"{prefix or 'self'}.{key}", attributes.get(key))
             self._classes(type(module))
+        self._rank = 0
         for place, ref in list(reach.writes.items()) + list(reach.reads.items()):
-            if add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name)):
+            if _is_iterator(ref.namespace.get(ref.name)):
+                self.iterators.setdefault(f"`{ref.display}` (a global)", ref.namespace.get(ref.name))
+            elif add(("global", place), functools.partial(ValueRecord, "state", ref.subject, ref.namespace, ref.name)):
                 self.hold(ref.display, ref.namespace.get(ref.name))
         for name, tensor in list(reach.tensors.items()):
             if tensor.requires_grad and tensor.is_leaf:  # a parameter held outside a module
@@ -777,6 +828,58 @@ class Snapshot:
         for name, obj in list(reach.objects.items()):
             self.hold(name, obj, held=False)
         return found
+
+    def closures(self, step: Any) -> None:
+        """Records for the variables the closures of ``step`` keep, and of the functions, bound
+        methods and partials those hold: a batch list the step pops from, a ``losses`` list it
+        appends to, a ``nonlocal`` counter.  Each is put back (the cell rebound, a container's
+        content restored) and compared between runs like a global; the plain objects, modules and
+        tensors found there are the reach's.  An iterator found there is named in :attr:`iterators`.
+        """
+        with self._breadth_first():
+            self._closures(step)
+
+    def _closures(self, step: Any) -> None:
+        seen: set[int] = set()
+        todo = [step]
+        while todo:
+            function = todo.pop()
+            if isinstance(function, functools.partial):
+                todo.append(function.func)
+                continue
+            function = getattr(function, "__func__", function)  # a bound method's function
+            if not isinstance(function, types.FunctionType) or id(function) in seen \
+                    or is_library(function.__module__):
+                continue
+            seen.add(id(function))
+            for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+                value = _Cell(cell).get(name, MISSING)
+                where = f"{name}` (closure of {function.__qualname__})"
+                if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+                    todo.append(value)
+                elif _is_iterator(value):
+                    self.iterators.setdefault(f"`{where}", value)
+                elif value is MISSING or is_immutable(value) or _is_container(value) \
+                        and not isinstance(value, torch.Tensor):
+                    if self.add(("cell", id(cell)), functools.partial(
+                            ValueRecord, "state", Subject("closure variable", name, owner=function.__qualname__),
+                            _Cell(cell), name)):
+                        self.hold(name, value)
+
+    def refuse_iterators(self) -> None:
+        """Refuse, before anything runs, a step that reads an iterator: its twin would read other data.
+
+        Raises:
+            RuntimeError: naming each iterator, its type, and what to do instead.
+        """
+        if self.iterators:
+            named = ", ".join(f"iterator {name}, a {type(value).__qualname__}"
+                              for name, value in itertools.islice(self.iterators.items(), _MAX_NOTES))
+            raise RuntimeError(
+                f"recheck cannot put back {named}: an iterator's position can be neither read nor set, so "
+                "the step's uncheckpointed twin would run on other data and the check would leave it advanced; "
+                "pass the batch in (a step that reads its data from a list, a dict or a tensor is put back), "
+                "or use recheck.watch() around the real step")
 
     # -- what values hold ------------------------------------------------------------------------
 
@@ -790,7 +893,34 @@ class Snapshot:
         :meth:`track` once.  ``held``: the value is itself recorded (a module's attribute, a
         global), whose fingerprint shows its object's attributes; the attributes' records then
         only put back.  What cannot be put back is named in :attr:`unrestorable`.
+
+        Values are looked into breadth first, across everything held in one :meth:`track`, and
+        at each depth what the step's own objects, globals and closures hold before what a
+        model's modules hold: what the search's bound (:data:`_MAX_HELD` values) leaves out is
+        the deepest, never a metrics object's list because a model's attributes hold many values.
         """
+        with self._breadth_first():
+            first = self._rank if depth < _MAX_DEPTH else 0  # (what is held directly: in the order given)
+            heapq.heappush(self._pending, (-depth, first, next(self._order), self._rank, name, value, depth, held))
+
+    @contextlib.contextmanager
+    def _breadth_first(self) -> Iterator[None]:
+        """Values :meth:`hold` is given in the block are looked into after it, in turn, each
+        value's own before any of theirs (the outermost block only)."""
+        if self._searching:
+            yield
+            return
+        self._searching = True
+        try:
+            yield
+            while self._pending:
+                *_, self._rank, name, value, depth, held = heapq.heappop(self._pending)
+                self._hold(name, value, depth, held)
+        finally:
+            self._searching, self._rank = False, 0
+            self._pending.clear()
+
+    def _hold(self, name: str, value: Any, depth: int, held: bool) -> None:
         cls = type(value)
         if cls in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
             return

@@ -1,0 +1,225 @@
+"""``check_step`` puts back the Python state a step reaches, and compares plain objects by state.
+
+Each case is a pattern of real training code: a data list the step pops a batch from, an
+iterator it advances, a metrics object that appends to a list and divides by its length, and a
+pipeline schedule object held in a global (no ``__eq__``, the same repr every run).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import recheck
+
+
+def _check(step):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return recheck.check_step(step)
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
+def _forward(model, x):
+    return checkpoint(model, x, use_reentrant=False)
+
+
+def test_a_batch_list_the_step_pops_from_is_put_back_between_the_twins():
+    """A closure's list the step pops a batch from: both twins get the same batch, and after
+    the check the list holds every batch it held before."""
+    model = _model()
+    data = [torch.randn(2, 4) for _ in range(5)]
+    batches = list(data)
+
+    def train_step():
+        x = batches.pop()
+        _forward(model, x).sum().backward()
+
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert len(batches) == 5 and all(a is b for a, b in zip(batches, data))
+
+
+def test_a_step_that_advances_an_iterator_is_refused_naming_it():
+    """An iterator's position cannot be put back: the check says so up front, naming it, and
+    the iterator is not advanced."""
+    model = _model()
+    data = [torch.randn(2, 4) for _ in range(5)]
+    batches = iter(data)
+
+    def train_step():
+        x = next(batches)
+        _forward(model, x).sum().backward()
+
+    with pytest.raises(RuntimeError, match=r"iterator `batches` \(closure of .*train_step\).*pass the batch in"):
+        _check(train_step)
+    assert next(batches) is data[0]
+
+
+BATCHES = iter([torch.randn(2, 4) for _ in range(3)])
+
+
+def test_a_step_that_reads_a_global_generator_is_refused_naming_it():
+    model = _model()
+
+    def train_step():
+        _forward(model, next(BATCHES)).sum().backward()
+
+    with pytest.raises(RuntimeError, match=r"iterator `[\w.]*BATCHES` \(a global\).*pass the batch in"):
+        _check(train_step)
+
+
+def test_a_counter_and_a_losses_list_in_the_closure_are_put_back():
+    model = _model()
+    x = torch.randn(2, 4)
+    losses: list[float] = []
+    step = 0
+
+    def train_step():
+        nonlocal step
+        step += 1
+        loss = _forward(model, x * step).sum()
+        loss.backward()
+        losses.append(loss.item())
+
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert step == 0 and losses == []
+
+
+class Metrics:
+    """torchtitan's metrics processor: appends each loss, later reports their mean."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def log(self, loss: torch.Tensor) -> None:
+        self.values.append(loss.item())
+
+    def mean_and_reset(self) -> float:
+        mean = sum(self.values) / len(self.values)
+        self.values.clear()
+        return mean
+
+
+def test_a_list_on_an_object_the_step_reaches_is_put_back():
+    """The metrics' list is the same list with the same items after the check: the next real
+    step behaves as without the check."""
+    model = _model()
+    x = torch.randn(2, 4)
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.metrics = Metrics()
+
+        def step(self) -> float:
+            loss = _forward(model, x).sum()
+            loss.backward()
+            self.metrics.log(loss)
+            return self.metrics.mean_and_reset()
+
+    trainer = Trainer()
+    values = trainer.metrics.values
+    report = _check(trainer.step)
+    assert report.ok, report.findings
+    assert trainer.metrics.values is values and values == []
+    assert isinstance(trainer.step(), float)  # the next real step: no ZeroDivisionError
+
+
+class Token:
+    def __init__(self, piece: str) -> None:
+        self.piece = piece
+
+
+def test_a_metrics_list_is_put_back_behind_a_large_reach(monkeypatch):
+    """torchtitan's trainer: a tokenizer, a dataset and the model hold far more values than a
+    snapshot looks into (here its bound lowered to stand for a real model's); the metrics list
+    its step divides by the length of and clears is still put back, so the next real step,
+    after the next batch is loaded, runs as it would have without the check."""
+    import recheck.runtime.snapshot as snapshot
+
+    monkeypatch.setattr(snapshot, "_MAX_HELD", 64)
+    model = _model()
+    model.vocab = [Token(str(i)) for i in range(200)]  # the model's modules are looked into first
+    x = torch.randn(2, 4)
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.dataset = [Token(str(i)) for i in range(200)]  # and ahead of the metrics here
+            self.metrics = Metrics()
+
+        def next_batch(self) -> torch.Tensor:
+            self.metrics.values.append(1.0)  # the data-loading time, logged by the next step
+            return x
+
+        def train_step(self) -> float:
+            _forward(model, x).sum().backward()
+            return self.metrics.mean_and_reset()
+
+    trainer = Trainer()
+    trainer.next_batch()
+    report = _check(trainer.train_step)
+    assert report.ok, report.findings
+    assert trainer.metrics.values == [1.0]
+    assert trainer.train_step() == 1.0  # the real step: no ZeroDivisionError
+
+
+class Schedule:
+    """A pipeline schedule: no ``__eq__``, a repr the same every run, and its state as attributes."""
+
+    def __init__(self, n_microbatches: int) -> None:
+        self.n_microbatches = n_microbatches
+        self.steps = 0
+        self.last: list[int] = []
+
+    def __repr__(self) -> str:
+        return f"Schedule(n_microbatches={self.n_microbatches})"
+
+
+SCHEDULE = Schedule(2)
+
+
+def test_a_schedule_object_held_in_a_global_is_no_finding_on_a_clean_step():
+    model = _model()
+    x = torch.randn(2, 4)
+
+    def train_step():
+        global SCHEDULE
+        SCHEDULE = Schedule(SCHEDULE.n_microbatches)  # a fresh schedule each step, as equal as the last
+        for _ in range(SCHEDULE.n_microbatches):
+            _forward(model, x).sum().backward()
+
+    before = SCHEDULE
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert SCHEDULE is before
+
+
+def test_a_schedule_whose_state_differs_is_still_a_finding():
+    """Equal prints are not enough: a differing attribute is a finding."""
+    model = _model()
+    x = torch.randn(2, 4)
+    calls = []
+
+    def region(inp):
+        calls.append(1)
+        return model(inp)
+
+    def train_step():
+        global SCHEDULE
+        SCHEDULE = Schedule(SCHEDULE.n_microbatches)
+        checkpoint(region, x, use_reentrant=False).sum().backward()
+        SCHEDULE.steps = len(calls)  # 2 under checkpoint (forward and recompute), 1 bypassed
+
+    calls_before = list(calls)
+    report = _check(train_step)
+    assert any("SCHEDULE" in str(f.subject) for f in report.findings), report.findings
+    assert calls == calls_before
