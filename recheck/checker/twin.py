@@ -439,13 +439,13 @@ def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
 # -- comparing the twins ------------------------------------------------------------------------
 
 
-def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Finding]:
+def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: list[str] | None = None) -> list[Finding]:
     findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True)
     # a digest (a lean run's) is here only where both runs share it, which compares by identity
     findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,  # type: ignore[arg-type]
                               reference="the uncheckpointed step")
     findings += compare_observed(ctx, bypassed.post, written.post, when="from the uncheckpointed step",
-                                 labels=_LABELS)
+                                 labels=_LABELS, notes=notes)
     return findings
 
 
@@ -682,7 +682,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
         try:
             # a step that failed has no end state to compare: its failure is the finding
-            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed)
+            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed, notes)
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
@@ -889,6 +889,9 @@ def check_region_report(fn: Callable[..., Any], args: tuple, kwargs: dict, *, us
                   if f.latent and (f.kind, f.subject) not in said]
         found = with_likely_causes(found + latent)
         notes.append("early stop ended the recompute; a full replay observed the rest")
+    # the region's one call is the check's own (its call site is recheck's): named by the title
+    found = [dataclasses.replace(f, invocation=Invocation(f.invocation.index, f.invocation.of))
+             if f.invocation is not None and f.region == region else f for f in found]
     stats = {"runs": twin.runs, "saved_tensors_compared": written.saved_compared,
              "modules": len(twin.reach.modules)}
     config = configuration_text(use_reentrant, preserve_rng_state, early_stop, tolerance)

@@ -338,6 +338,7 @@ def test_assert_recompute_equal_raises_with_the_report():
     assert "region         Counter.forward (" in text and "test_engine_check.py:" in text
     assert "configuration  use_reentrant=False, preserve_rng_state=True, early_stop=True" in text
     assert "[1] state: attribute `self.calls` updated again by the recompute: 1 -> 2" in text
+    assert "checkpointed at" not in text  # the region's one call is the check's own, named by the title
     assert "hint: " in text and "RC104" in text
 
 
