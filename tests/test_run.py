@@ -360,3 +360,17 @@ def test_check_step_leaves_a_profiler_of_the_programs_own_in_place(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "profiled steps 4"  # the program's profiler saw every step
     assert "the program runs under a profiler (sys.setprofile)" in out.stderr
+
+
+def test_the_window_report_starts_on_a_line_of_its_own_after_a_progress_bar(tmp_path):
+    script = tmp_path / "bar.py"
+    script.write_text("import sys\nimport torch\n"
+                      "layer = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(layer.parameters(), lr=0.1)\n"
+                      "for step in range(1, 4):\n"
+                      "    print(f'\\r{step}/3 steps', end='', file=sys.stderr, flush=True)\n"
+                      "    layer(torch.randn(2, 4)).sum().backward()\n"
+                      "    opt.step()\n")
+    out = subprocess.run([sys.executable, "-m", "recheck", "run", "--steps", "2", str(script)], cwd=ROOT,
+                         capture_output=True, timeout=300)  # bytes: text mode would turn the bar's \r into \n
+    assert out.returncode == 0, out.stderr
+    assert b"\r2/3 steps\nrecheck run: the first 2 step(s) ended" in out.stderr  # not after the bar's text

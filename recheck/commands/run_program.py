@@ -203,8 +203,9 @@ def run(ns: argparse.Namespace) -> int:
             return
         shown = _ranks_merged(_titled(watcher.report, label, watcher), watcher, "window", WINDOW_WAIT)
         if shown is not None:
-            _say(paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
-                       "runs unwatched", "bold", sys.stderr))
+            # on a line of its own: a progress bar (tqdm's, Trainer's) leaves the cursor at the end of its line
+            _say("\n" + paint(f"recheck run: the first {watcher.steps} step(s) ended; the rest of the program "
+                              "runs unwatched", "bold", sys.stderr))
             _say(_text(shown, ns.verbose, sys.stderr))
 
     report_path = Path(ns.report).absolute() if ns.report is not None else None  # before the program's chdir
