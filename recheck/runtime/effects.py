@@ -325,6 +325,11 @@ def _emitter(name: str, level: int | None) -> Callable[..., Any]:
             effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
             for capture in stack:
                 capture.effects.append(effect)
+        # this frame stands between the caller and logging: one level more, so the record
+        # names the program's file and line, as it would without recheck
+        level_up = kwargs.get("stacklevel", 1)
+        if isinstance(level_up, int):
+            kwargs["stacklevel"] = level_up + 1
         return _CALLS[name](logger, *args, **kwargs)
 
     emit.__name__ = emit.__qualname__ = name

@@ -234,3 +234,44 @@ def test_a_state_read_that_fails_at_a_saved_tensor_is_a_note_under_a_full_replay
         torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False).sum().backward()
     assert x.grad is not None
     assert any(n.startswith("could not ") and "no state today" in n for n in w.report.notes), w.report.notes
+
+
+@pytest.mark.parametrize("call", ["info", "log", "exception", "explicit_stacklevel"])
+def test_a_log_record_made_in_a_watched_block_names_the_user_s_line(call):
+    # recheck hears logging by patching Logger's methods while a block runs; the record the
+    # program's handlers get must still name the program's file and line, not recheck's
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("recheck-test-caller")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    handler = Keep()
+    logger.addHandler(handler)
+
+    def helper():
+        logger.info("from the helper", stacklevel=2)
+
+    try:
+        with recheck.watch(raise_on_finding=False):
+            line = sys._getframe().f_lineno + 2
+            if call == "info":
+                logger.info("hello")
+            elif call == "log":
+                logger.log(logging.WARNING, "hello")
+            elif call == "exception":
+                logger.exception("hello")
+            else:
+                helper()
+    finally:
+        logger.removeHandler(handler)
+    [record] = records
+    assert record.filename == Path(__file__).name
+    assert record.funcName == "test_a_log_record_made_in_a_watched_block_names_the_user_s_line"
+    if call != "explicit_stacklevel":
+        assert record.lineno in range(line, line + 7)
