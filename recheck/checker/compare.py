@@ -16,7 +16,7 @@ import torch
 from recheck.runtime.bits import Tolerance, bits_equal, compare_tensors, describe_tensor
 from recheck.catalogue import explain, hint
 from recheck.checker.message import value_detail
-from recheck.runtime.fingerprints import Observed, fingerprint, show
+from recheck.runtime.fingerprints import Observed, alike_but_identity, fingerprint, show
 from recheck.runtime.trees import leaves
 from recheck.findings import Finding, Invocation, Subject
 
@@ -129,8 +129,11 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
 def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
                      other: Mapping[tuple[str, str], Observed], *, when: str,
                      labels: tuple[str, str] = ("plain run", "checkpointed run"),
-                     latent: bool = False) -> list[Finding]:
-    """Side state after two runs (rng, buffers, attributes, globals, parameters)."""
+                     latent: bool = False, notes: list[str] | None = None) -> list[Finding]:
+    """Side state after two runs (rng, buffers, attributes, globals, parameters).
+
+    A value that differs only by objects whose state cannot be read (each run made its own) is
+    no finding: it is named in ``notes``."""
     findings: list[Finding] = []
     for key, a in original.items():
         b = other.get(key)
@@ -142,6 +145,10 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
         if isinstance(a.value, torch.Tensor) and isinstance(b.value, torch.Tensor):
             findings += _tensor_finding(ctx, kind, subject, a.value, b.value, message,
                                         check_requires_grad=False, code=ctx.explain(kind, subject), latent=latent)
+        elif alike_but_identity(a.value, b.value):
+            if notes is not None and a.value != b.value:
+                notes.append(f"recheck cannot compare the state of {subject} after each run: it holds "
+                             f"another object each time ({a.shown or show(a.value)}) whose state it cannot read")
         elif a.value != b.value:
             detail = value_detail(a.shown or show(a.value), b.shown or show(b.value), labels)
             findings.append(ctx.finding(kind, subject, message, detail, ctx.explain(kind, subject), latent))

@@ -439,13 +439,13 @@ def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
 # -- comparing the twins ------------------------------------------------------------------------
 
 
-def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun) -> list[Finding]:
+def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: list[str] | None = None) -> list[Finding]:
     findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True)
     # a digest (a lean run's) is here only where both runs share it, which compares by identity
     findings += compare_grads(ctx, bypassed.grads, written.grads, labels=_LABELS,  # type: ignore[arg-type]
                               reference="the uncheckpointed step")
     findings += compare_observed(ctx, bypassed.post, written.post, when="from the uncheckpointed step",
-                                 labels=_LABELS)
+                                 labels=_LABELS, notes=notes)
     return findings
 
 
@@ -682,7 +682,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
         try:
             # a step that failed has no end state to compare: its failure is the finding
-            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed)
+            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed, notes)
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))

@@ -223,3 +223,29 @@ def test_a_schedule_whose_state_differs_is_still_a_finding():
     report = _check(train_step)
     assert any("SCHEDULE" in str(f.subject) for f in report.findings), report.findings
     assert calls == calls_before
+
+
+class CallableSchedule(Schedule):
+    """A schedule that is called to run (callables print by identity: their state is not read)."""
+
+    def __call__(self) -> None:
+        pass
+
+
+RUNNER = CallableSchedule(2)
+
+
+def test_a_fresh_object_whose_state_cannot_be_compared_is_a_note_not_a_finding():
+    model = _model()
+    x = torch.randn(2, 4)
+
+    def train_step():
+        global RUNNER
+        RUNNER = CallableSchedule(2)
+        _forward(model, x).sum().backward()
+
+    before = RUNNER
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert any("RUNNER" in note and "cannot compare" in note for note in report.notes), report.notes
+    assert RUNNER is before
