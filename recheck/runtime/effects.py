@@ -74,9 +74,29 @@ def _render(msg: Any, args: tuple) -> str:
 _LOCAL = threading.local()
 
 
-def _captures() -> list[EffectCapture] | None:
+def _stack() -> list[EffectCapture] | None:
     """The calling thread's active captures, innermost last (None or empty: it runs none)."""
     return getattr(_LOCAL, "stack", None)
+
+
+def _captures() -> list[EffectCapture] | None:
+    """The captures that record what the calling thread emits now: its active ones, unless it is
+    importing a module.
+
+    Note:
+        What a module prints, logs or warns while it is imported happens once per process,
+        in whichever call imports it first (a recompute, as often as a forward: torch imports
+        parts of itself lazily). It is the import's, not the region's, and never a repetition,
+        so it is not recorded; it reaches the streams as it would without recheck.
+    """
+    stack = getattr(_LOCAL, "stack", None)
+    if stack:
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_filename.startswith("<frozen importlib"):
+                return None
+            frame = frame.f_back  # type: ignore[assignment]
+    return stack
 
 
 class EffectCapture:
@@ -109,7 +129,7 @@ class EffectCapture:
         with _LOCK:
             _enter()
             self._showwarning, self._showwarnmsg_impl = warnings.showwarning, _WARNINGS._showwarnmsg_impl
-        stack = _captures()
+        stack = _stack()
         if stack is None:
             stack = _LOCAL.stack = []
         stack.append(self)

@@ -230,6 +230,35 @@ def test_print_in_region_is_a_side_effect(capsys):
     assert capsys.readouterr().out.count("inside the region") == 2  # the user still sees both
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_what_a_module_emits_while_a_recompute_imports_it_is_the_import_s(tmp_path, monkeypatch, capsys, reentrant):
+    # torch imports parts of itself lazily, so the first import (and its log lines) can fall in
+    # a recompute; that happens once per process and is not the region's, so not a finding
+    name = f"lazily_imported_{int(reentrant)}"
+    (tmp_path / f"{name}.py").write_text(
+        "import logging, warnings\n"
+        "print('loaded once')\n"
+        "logging.getLogger('lazily').warning('compile_threads set to 2')\n"
+        "warnings.warn('imported late')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def region(x):
+        if torch._C._current_graph_task_id() != -1:  # only in backward, that is in the recompute
+            __import__(name)
+        y = x.sin()
+        if torch._C._current_graph_task_id() != -1:
+            print("inside the recompute")  # the region's own output stays a finding
+        return y.cos()
+
+    with pytest.warns(UserWarning, match="imported late"):
+        with recheck.watch(raise_on_finding=False, early_stop=False) as w:
+            checkpoint(region, inputs(), use_reentrant=reentrant).sum().backward()
+    (finding,) = w.report.by_kind("side_effect")
+    shown = str(w.report)
+    assert "inside the recompute" in shown and "compile_threads" not in shown and "imported late" not in shown
+    assert "loaded once" in capsys.readouterr().out  # the import's output reaches the stream as it was
+
+
 def test_early_stop_off_replays_fully_and_marks_latent_findings():
     def late_print(x):
         y = x.sin().exp()
