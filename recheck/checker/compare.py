@@ -147,8 +147,9 @@ def compare_observed(ctx: Context, original: Mapping[tuple[str, str], Observed],
                                         check_requires_grad=False, code=ctx.explain(kind, subject), latent=latent)
         elif alike_but_identity(a.value, b.value):
             if notes is not None and a.value != b.value:
-                notes.append(f"recheck cannot compare the state of {subject} after each run: it holds "
-                             f"another object each time ({a.shown or show(a.value)}) whose state it cannot read")
+                notes.append(f"recheck cannot compare {subject} between the runs: it differs only by objects "
+                             "each run made anew whose state recheck cannot read (callables, modules, objects "
+                             "without attributes, or held deeper than it looks)")
         elif a.value != b.value:
             detail = value_detail(a.shown or show(a.value), b.shown or show(b.value), labels)
             findings.append(ctx.finding(kind, subject, message, detail, ctx.explain(kind, subject), latent))

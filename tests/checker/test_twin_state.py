@@ -249,3 +249,61 @@ def test_a_fresh_object_whose_state_cannot_be_compared_is_a_note_not_a_finding()
     assert report.ok, report.findings
     assert any("RUNNER" in note and "cannot compare" in note for note in report.notes), report.notes
     assert RUNNER is before
+
+
+_PIPELINE = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+import recheck
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return checkpoint(self.lin, x, use_reentrant=False)
+
+
+torch.manual_seed(0)
+model = nn.Sequential(Block(), nn.Tanh(), Block())
+schedule = ScheduleGPipe(PipelineStage(model, 0, 1, torch.device("cpu")), n_microbatches=2,
+                         loss_fn=lambda o, t: ((o - t) ** 2).mean())
+x, y = torch.randn(4, 8), torch.randn(4, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step():
+    opt.zero_grad()
+    schedule.step(x, target=y, losses=[])
+    opt.step()
+
+
+train_step()
+report = recheck.check_step(train_step)
+print("findings:", [str(f.subject) for f in report.findings])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_real_pipeline_schedule_is_no_finding_on_a_clean_step(tmp_path):
+    """torch's ScheduleGPipe in a global, one stage in a world of one: its objects made anew by
+    each step (no __eq__, printed by identity) are no finding."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch.distributed.pipelining")
+    script = tmp_path / "pipeline.py"
+    script.write_text(_PIPELINE)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "findings: []" in done.stdout, done.stdout
