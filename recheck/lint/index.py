@@ -70,10 +70,11 @@ class Index:
             self._found[qualified] = self._lookup(qualified, 0)
         return self._found[qualified]
 
-    def _lookup(self, qualified: str, hops: int) -> Symbol | None:
+    def _lookup(self, qualified: str, hops: int, quiet: bool = False) -> Symbol | None:
+        """``quiet``: a guess through a star import, whose miss does not make the engine parse more."""
         parts = qualified.split(".")
         if len(parts) > 2 and parts[0] not in self.roots and parts[1] in self.roots:
-            found = self._lookup(".".join(parts[1:]), hops + 1)
+            found = self._lookup(".".join(parts[1:]), hops + 1, quiet)
             if found is not None:
                 return found
         for cut in range(len(parts) - 1, 0, -1):
@@ -87,16 +88,17 @@ class Index:
                 return facts, facts.functions[rest]
             head = parts[cut]
             if head in facts.imports and hops < MAX_HOPS:
-                return self._lookup(".".join([facts.imports[head], *parts[cut + 1:]]), hops + 1)
+                return self._lookup(".".join([facts.imports[head], *parts[cut + 1:]]), hops + 1, quiet)
             for source in _starred(facts) if hops < MAX_STAR_HOPS else ():
                 name = ".".join([source, *parts[cut:]])
                 if name not in self._found:  # each name searched once: star imports may import each other
                     self._found[name] = None
-                    self._found[name] = self._lookup(name, hops + 1)
+                    self._found[name] = self._lookup(name, hops + 1, True)
                 if self._found[name] is not None:
                     return self._found[name]
             break
-        self.misses.add(qualified)  # the engine may parse the file that defines it, and retry
+        if not quiet:
+            self.misses.add(qualified)  # the engine may parse the file that defines it, and retry
         return None
 
     def lookup_class(self, qualified: str, origin: FileFacts | None = None) -> tuple[FileFacts, ClassFacts] | None:

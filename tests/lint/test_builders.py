@@ -286,3 +286,23 @@ class Net(nn.Module):
     result = lint_sources({"blocks.py": blocks, "model.py": model})
     assert [s.reason for s in result.sites if s.kind == "site" and not s.regions] == []
     assert {(f.path, f.code) for f in result.findings} == {("blocks.py", "RC106")}
+
+
+def test_star_imports_that_import_each_other_end():
+    # package __init__ files often star-import modules that star-import the package back
+    first = "from second import *\nfrom third import *\n"
+    second = "from first import *\nfrom third import *\n"
+    third = "from first import *\nfrom second import *\n"
+    model = HEAD.replace("from torch import nn\n", "from torch import nn\nfrom first import *\n") + '''
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Missing(8), Block(8))
+
+    def forward(self, x):
+        return checkpoint_seq(self.blocks, x)
+'''
+    result = lint_sources({"first.py": first, "second.py": second, "third.py": third, "model.py": model})
+    assert [s.reason for s in result.sites if s.kind == "site" and not s.regions] == []
+    assert [f.code for f in result.findings] == ["RC106"]
