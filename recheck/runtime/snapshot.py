@@ -55,7 +55,7 @@ from recheck.runtime.digests import tensor_digest
 from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
                                           is_module_state, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject, parameter_subject
-from recheck.runtime.reach import is_library
+from recheck.runtime.reach import code_globals, is_library
 from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_fingerprint, rng_states, rng_summary,
                                  set_instance_state)
 
@@ -831,8 +831,8 @@ class Snapshot:
 
     def closures(self, step: Any) -> None:
         """Records for the variables the closures of ``step`` keep, and of the functions, bound
-        methods and partials those hold: a batch list the step pops from, a ``losses`` list it
-        appends to, a ``nonlocal`` counter.  Each is put back (the cell rebound, a container's
+        methods and partials those hold or its code names as globals (``get_batch = loader(data)``):
+        a batch list the step pops from, a ``losses`` list it appends to, a ``nonlocal`` counter.  Each is put back (the cell rebound, a container's
         content restored) and compared between runs like a global; the plain objects, modules and
         tensors found there are the reach's.  An iterator found there is named in :attr:`iterators`.
         """
@@ -847,11 +847,15 @@ class Snapshot:
             if isinstance(function, functools.partial):
                 todo.append(function.func)
                 continue
-            function = getattr(function, "__func__", function)  # a bound method's function
+            if isinstance(function, types.MethodType):
+                function = function.__func__
             if not isinstance(function, types.FunctionType) or id(function) in seen \
                     or is_library(function.__module__):
                 continue
             seen.add(id(function))
+            names = function.__globals__
+            todo += [names[name] for name in code_globals(function.__code__)[0]
+                     if isinstance(names.get(name), (types.FunctionType, types.MethodType, functools.partial))]
             for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
                 value = _Cell(cell).get(name, MISSING)
                 where = f"{name}` (closure of {function.__qualname__})"

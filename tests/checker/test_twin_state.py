@@ -95,6 +95,31 @@ def test_a_counter_and_a_losses_list_in_the_closure_are_put_back():
     assert step == 0 and losses == []
 
 
+def _loader(data):
+    """A batch function made once, as scripts do (``get_batch = loader(data)``)."""
+    queue = list(data)
+
+    def get_batch():
+        return queue.pop(0)
+
+    return get_batch
+
+
+get_batch = _loader([torch.randn(2, 4) for _ in range(4)])
+
+
+def test_a_batch_list_in_the_closure_of_a_global_function_is_put_back():
+    model = _model()
+
+    def train_step():
+        _forward(model, get_batch()).sum().backward()
+
+    first = get_batch.__closure__[0].cell_contents[0]
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert get_batch() is first
+
+
 class Metrics:
     """torchtitan's metrics processor: appends each loss, later reports their mean."""
 
