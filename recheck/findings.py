@@ -72,7 +72,7 @@ DECLARED: tuple[Kind, ...] = (
     Kind("buffer", "a module buffer (such as BatchNorm running statistics) differs", ("RC106", "RC104")),
     Kind("side_effect", "logging, printing or warnings were emitted again during recompute", ("RC103",)),
     Kind("recompute", "values recomputed in backward differ from the original forward's", cause=False),
-    Kind("output", "the checkpointed forward's output differs from the plain forward's", cause=False),
+    Kind("output", "the checkpointed step's output differs from the uncheckpointed step's", cause=False),
     Kind("gradient", "a gradient differs from the uncheckpointed run's", cause=False),
 )
 
