@@ -63,12 +63,14 @@ from recheck.catalogue import explain, hint
 from recheck.findings import Finding, Invocation, could_not
 from recheck.intercept.hooks import Phase, active_runs
 from recheck.runtime.context import ComputeContext, context_differences, current_context
+from recheck.runtime.bits import same
 from recheck.runtime.digests import TensorPrint, print_tensor
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import relative
 from recheck.runtime.rng import rng_fingerprint, rng_states
 from recheck.runtime.trees import tensors
 from recheck.watcher import capture
+from recheck.watcher.records import state_changes
 
 __all__ = ["ModuleRun", "RecomputeProbe"]
 
@@ -386,14 +388,20 @@ class RecomputeProbe:
             if drew and run.rng_entry.get(stream) != before:
                 add("rng", stream, f"{stream} state at recompute differs from the forward's; the region draws "
                     "from it", "the implementation does not restore the forward's RNG state around the recompute")
+        states: list[tuple[Mapping[tuple[str, str], Any], Mapping[tuple[str, str], Any], str]] = []
         if forward.state_exit is not None:
-            self._compare_state(add, forward.state_exit, run.state_entry, "changed between forward and recompute")
-        if run.state_exit is not None and forward.state_exit is not None:
-            written = {k for k in forward.state_exit
-                       if k in forward.state_entry and not _same(forward.state_entry[k], forward.state_exit[k])}
-            self._compare_state(add, {k: v for k, v in run.state_entry.items() if k in written},
-                                {k: v for k, v in run.state_exit.items() if k in written},
-                                "updated again by the recompute")
+            states.append((forward.state_exit, run.state_entry, "changed between forward and recompute"))
+            if run.state_exit is not None:  # what the forward wrote, written again
+                written = {k for k, v in forward.state_exit.items()
+                           if k in forward.state_entry and not same(forward.state_entry[k], v)}
+                states.append(({k: v for k, v in run.state_entry.items() if k in written},
+                               {k: v for k, v in run.state_exit.items() if k in written},
+                               "updated again by the recompute"))
+        for before, after, how in states:  # (an entry only one of the two has is not compared)
+            both = before.keys() & after.keys()
+            for (_, subject), kind, message, detail in state_changes(before, after, how,
+                                                                     leave_out=lambda key: key not in both):
+                add(kind, subject, message, detail)
         if forward.outputs is not None and run.outputs is not None:
             again = dict(run.outputs)
             for path, original in forward.outputs:
@@ -401,24 +409,3 @@ class RecomputeProbe:
                 if other is not None and not original.same(other):
                     add("recompute", path, f"recomputed {path} differs from the forward's", original.difference(other))
         return found
-
-    @staticmethod
-    def _compare_state(add: Any, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any],
-                       how: str) -> None:
-        for key in before.keys() & after.keys():
-            then, now = before[key], after[key]
-            if _same(then, now):
-                continue
-            what, subject = key
-            if what == "buffer":
-                add("buffer", subject, f"{subject} {how}", then.difference(now))
-            else:
-                add("state", subject, f"{subject} {how}: {' -> '.join(capture.shown_change(then, now))}")
-
-
-def _same(before: Any, after: Any) -> bool:
-    if isinstance(before, TensorPrint) and isinstance(after, TensorPrint):
-        return before.same(after)
-    if isinstance(before, TensorPrint) or isinstance(after, TensorPrint):
-        return False
-    return bool(before[0] == after[0])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import operator
 import types
-from typing import Any, Callable, Literal, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple
 
 import torch
 
@@ -45,7 +45,7 @@ from recheck.runtime.digests import (ParameterView, Store, TensorPrint, paramete
                                      planned_print_of, print_activation, print_tensor)
 from recheck.runtime.naming import RegionKey
 
-__all__ = ["LAZY", "Forward", "InvocationRecord", "Recomputed", "SavedPrint"]
+__all__ = ["LAZY", "Forward", "InvocationRecord", "Recomputed", "SavedPrint", "state_changes"]
 
 #: a (name, module) pair's module; a module's own buffers (C-level passes over the scope)
 _MODULE = operator.itemgetter(1)
@@ -914,40 +914,9 @@ class InvocationRecord:
     def _compare_state(self, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
                        latent_keys: frozenset[tuple[str, str]] = frozenset(),
                        leave_out: Callable[[tuple[str, str]], bool] | None = None) -> None:
-        """A finding for every buffer, attribute or written global that differs (or appeared,
-        or went); those in ``latent_keys`` are latent, those ``leave_out`` accepts are skipped."""
-        if before is after:  # (the shared state of no modules: a region of plain functions)
-            return
-        tolerance = self.tolerance
-        if tolerance is None and self.store == "digest" and _all_equal(before, after):
-            return
-        # compared entry by entry, as plain dicts: of two states of one layout, only the entries
-        # that may differ (a BatchNorm's statistics, not every flag of every module)
-        differing = before.differing(after) if isinstance(before, capture.ModuleState) else None
-        before, after = differing if differing is not None else (_entries(before), _entries(after))
-        for key, now in after.items():
-            then = before.get(key)
-            if then is not None and same(then, now, tolerance):
-                continue
-            if leave_out is None or not leave_out(key):
-                self._state_finding(key, then, now, how, key in latent_keys)
-        for key in before.keys() - after.keys():
-            if leave_out is None or not leave_out(key):
-                self._state_finding(key, before[key], None, how, key in latent_keys)
-
-    def _state_finding(self, key: tuple[str, str], then: Any, now: Any, how: str, latent: bool) -> None:
-        what, subject = key
-        if what == "buffer":
-            if then is not None and now is not None:
-                buffer = parts_of(subject)
-                batchnorm = explain("buffer", buffer) == "RC106"
-                name = f"{buffer.owner}.{buffer.name}" if buffer.owner else buffer.name
-                message = f"BatchNorm statistics `{name}` {how}" if batchnorm else f"{subject} {how}"
-                self._add("buffer", message, subject=subject, detail=then.difference(now, self.tolerance),
-                          latent=latent)
-            return
-        shown_then, shown_now = capture.shown_change(then, now)
-        self._add("state", f"{subject} {how}: {shown_then} -> {shown_now}", subject=subject, latent=latent)
+        """A finding for each :func:`state_changes` gives; those of ``latent_keys`` are latent."""
+        for key, kind, message, detail in state_changes(before, after, how, self.tolerance, self.store, leave_out):
+            self._add(kind, message, subject=key[1], detail=detail, latent=key in latent_keys)
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> _Draft:
         latent = latent and self.replay_fully and self.early_stop is True
@@ -1000,6 +969,42 @@ class _Draft(NamedTuple):
     detail: str
     hint: str | None
     latent: bool
+
+
+def state_changes(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
+                  tolerance: Tolerance | None = None, store: Store = "digest",
+                  leave_out: Callable[[tuple[str, str]], bool] | None = None,
+                  ) -> Iterator[tuple[tuple[str, str], str, str, str]]:
+    """How a compared state differs between two moments (a forward's exit and its recompute's
+    entry, or a recompute's entry and exit), ``how`` saying which: ``(key, kind, message,
+    detail)`` for each buffer changed (``buffer``), each attribute or written global changed,
+    appeared or gone (``state``), the key's subject being the finding's.  Keys ``leave_out``
+    accepts are skipped.  The one state comparison of an invocation record and of the
+    recompute probe (:mod:`recheck.watcher.probe`); entries are equal by :func:`same`."""
+    if before is after:  # (the shared state of no modules: a region of plain functions)
+        return
+    if tolerance is None and store == "digest" and _all_equal(before, after):
+        return
+    # compared entry by entry, as plain dicts: of two states of one layout, only the entries
+    # that may differ (a BatchNorm's statistics, not every flag of every module)
+    differing = before.differing(after) if isinstance(before, capture.ModuleState) else None
+    before, after = differing if differing is not None else (_entries(before), _entries(after))
+    changed = [(key, before.get(key), now) for key, now in after.items()]
+    changed += [(key, before[key], None) for key in before.keys() - after.keys()]
+    for key, then, now in changed:
+        if then is not None and now is not None and same(then, now, tolerance) \
+                or leave_out is not None and leave_out(key):
+            continue
+        what, subject = key
+        if what != "buffer":
+            shown_then, shown_now = capture.shown_change(then, now)
+            yield key, "state", f"{subject} {how}: {shown_then} -> {shown_now}", ""
+        elif then is not None and now is not None:
+            buffer = parts_of(subject)
+            name = f"{buffer.owner}.{buffer.name}" if buffer.owner else buffer.name
+            message = f"BatchNorm statistics `{name}` {how}" if explain("buffer", buffer) == "RC106" \
+                else f"{subject} {how}"
+            yield key, "buffer", message, then.difference(now, tolerance)
 
 
 def _all_equal(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any]) -> bool:

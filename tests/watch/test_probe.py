@@ -149,6 +149,33 @@ def test_a_module_called_twice_meets_each_of_its_forwards():
     assert probe.findings == [], probe.findings
 
 
+class Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, block, x):
+        ctx.block = block
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            torch.autograd.backward(ctx.block(x), grad)
+        return None, x.grad
+
+
+def test_a_batchnorm_in_a_hand_written_checkpoint_is_told_as_watch_tells_it():
+    """The probe compares state with the invocation record's comparison: one wording."""
+    block = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with RecomputeProbe() as probe:
+        Recompute.apply(block, torch.randn(8, 4, requires_grad=True)).sum().backward()
+    assert {(f.message, f.code) for f in probe.findings if f.kind == "buffer"} == {
+        (f"BatchNorm statistics `1.{name}` updated again by the recompute", "RC106")
+        for name in ("running_mean", "running_var", "num_batches_tracked")}, probe.findings
+
+
 def test_a_probe_keeps_no_object_after_it_ends():
     """The prints of large objects kept between reads (a config a module holds) go with the
     probe: what it read is not held once it exits."""
@@ -166,22 +193,6 @@ def test_a_probe_keeps_no_object_after_it_ends():
 
         def forward(self, x):
             return self.linear(x)
-
-    class Recompute(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, block, x):
-            ctx.block = block
-            ctx.save_for_backward(x)
-            with torch.no_grad():
-                return block(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (x,) = ctx.saved_tensors
-            with torch.enable_grad():
-                x = x.detach().requires_grad_()
-                torch.autograd.backward(ctx.block(x), grad)
-            return None, x.grad
 
     x, block = torch.randn(3, 2, requires_grad=True), Block()
     with RecomputeProbe() as probe:
