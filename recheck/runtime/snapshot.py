@@ -256,9 +256,10 @@ class GradRecord:
 
 
 class _Content:
-    """Shallow content of a container (and of containers nested in it)."""
+    """Shallow content of a container (and of containers nested in it); a tensor in ``tracked``
+    (ids of tensors the snapshot records by themselves) is not copied again."""
 
-    def __init__(self, obj: Any, depth: int) -> None:
+    def __init__(self, obj: Any, depth: int, tracked: frozenset[int] = frozenset()) -> None:
         self.obj = obj
         if isinstance(obj, list):
             self.items: Any = list(obj)
@@ -278,8 +279,8 @@ class _Content:
             self.items = None
         values = (dict.values(obj) if isinstance(obj, dict) else obj
                   if isinstance(obj, (list, tuple, set, collections.deque)) else ())
-        self.children = [_Content(v, depth - 1) for v in list(values)[:_MAX_ITEMS]
-                         if depth > 0 and _is_container(v)]
+        self.children = [_Content(v, depth - 1, tracked) for v in list(values)[:_MAX_ITEMS]
+                         if depth > 0 and _is_container(v) and id(v) not in tracked]
 
     def restore(self) -> None:
         for child in self.children:
@@ -408,7 +409,8 @@ class ValueRecord:
     """One key of a namespace: a module's ``__dict__``, a module's globals, a closure's cell."""
 
     def __init__(self, kind: str, subject: str,
-                 namespace: dict[str, Any] | types.MappingProxyType[str, Any] | _Cell, key: str) -> None:
+                 namespace: dict[str, Any] | types.MappingProxyType[str, Any] | _Cell, key: str,
+                 tracked: frozenset[int] = frozenset()) -> None:
         self.kind = kind
         self.subject = subject
         #: written by :meth:`restore` only where it is a dict (a class's read-only view is put back
@@ -421,8 +423,8 @@ class ValueRecord:
         #: ``in_features``, a convolution's ``kernel_size``): while the key holds that very
         #: object, its print is the captured one, and there is no content to put back
         self._immutable = self.present and is_immutable(self.value)
-        self.content = _Content(self.value, _MAX_DEPTH) if not self._immutable and _is_container(self.value) \
-            else None
+        self.content = _Content(self.value, _MAX_DEPTH, tracked) \
+            if not self._immutable and _is_container(self.value) else None
         self.print = _printed(self.value) if self.present else MISSING
         self._seen: Observed | None = None  # observe's answer for that case, made once
 
@@ -842,6 +844,8 @@ class Snapshot:
     def _closures(self, step: Any) -> None:
         seen: set[int] = set()
         todo = [step]
+        # (a batch list's tensors are the reach's, each a TensorRecord: its content is not copied twice)
+        tracked = frozenset(key[1] for key in self.keys if key[0] in ("tensor", "param", "buffer"))
         while todo:
             function = todo.pop()
             if isinstance(function, functools.partial):
@@ -867,7 +871,7 @@ class Snapshot:
                         and not isinstance(value, torch.Tensor):
                     if self.add(("cell", id(cell)), functools.partial(
                             ValueRecord, "state", Subject("closure variable", name, owner=function.__qualname__),
-                            _Cell(cell), name)):
+                            _Cell(cell), name, tracked)):
                         self.hold(name, value)
 
     def refuse_iterators(self) -> None:

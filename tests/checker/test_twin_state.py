@@ -48,6 +48,20 @@ def test_a_batch_list_the_step_pops_from_is_put_back_between_the_twins():
     assert len(batches) == 5 and all(a is b for a, b in zip(batches, data))
 
 
+def test_a_batch_the_step_scales_in_place_is_put_back():
+    model = _model()
+    batches = [torch.randn(2, 4) for _ in range(3)]
+    before = [b.clone() for b in batches]
+
+    def train_step():
+        x = batches[0].mul_(0.5)  # normalised in place, as some loaders' transforms do
+        _forward(model, x).sum().backward()
+
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert all(torch.equal(a, b) for a, b in zip(batches, before))
+
+
 def test_a_step_that_advances_an_iterator_is_refused_naming_it():
     """An iterator's position cannot be put back: the check says so up front, naming it, and
     the iterator is not advanced."""
