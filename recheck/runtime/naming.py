@@ -108,8 +108,9 @@ def relative(path: str) -> str:
     """``path`` as findings show it: relative to the working directory when inside or beside it.
 
     The one rule every face uses for file names in messages (region definitions, checkpoint
-    calls): a path under the working directory, or in a sibling folder, is shown relative;
-    anything further away (site-packages) stays absolute.
+    calls): a file of an installed package is shown from the folder it is imported from
+    (``timm/models/_manipulate.py``); a path under the working directory, or in a sibling folder,
+    relative; anything further away stays absolute.
     """
     return _relative_to(path, _working_directory())
 
@@ -155,9 +156,32 @@ def release_cwd() -> None:
     _CWD_HOLD.release()
 
 
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    """The folders installed packages live in (this interpreter's ``purelib``/``platlib`` and
+    site-packages, the user's too), longest first."""
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths().get(name, "") for name in ("purelib", "platlib")}
+    for found in (getattr(site, "getsitepackages", list), getattr(site, "getusersitepackages", str)):
+        try:
+            more: Any = found()
+        except Exception:  # an embedded or unusual interpreter
+            continue
+        roots.update([more] if isinstance(more, str) else more)
+    return tuple(sorted((os.path.join(os.path.realpath(r), "") for r in roots if r), key=len, reverse=True))
+
+
 @functools.lru_cache(maxsize=1024)
 def _relative_to(path: str, cwd: str) -> str:
-    """``path`` relative to ``cwd`` when it is inside or beside it (cached: once per call site)."""
+    """``path`` as shown (cached: once per call site): a file of an installed package from the
+    folder it is imported from (``torch/nn/modules/module.py``), wherever the program runs;
+    another relative to ``cwd`` when it is inside or beside it."""
+    real = os.path.realpath(path)
+    for root in _library_roots():
+        if real.startswith(root):
+            return real[len(root):]
     if not cwd:  # the working directory is gone
         return path
     try:

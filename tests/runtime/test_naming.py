@@ -163,3 +163,15 @@ def test_a_partial_of_a_decorated_function_is_named_by_its_target_and_its_module
         key = describe(functools.partial(second, block), "train.py:9")
         assert key.callsite == "train.py:9"
         assert key.defined_at == f"{relative(__file__)}:{_plain_forward.__code__.co_firstlineno}"
+
+
+def test_a_library_file_is_named_from_its_import_root_wherever_the_program_runs(tmp_path, monkeypatch) -> None:
+    # torch's own files (site-packages) are named as Python imports them, not as a path from the
+    # working directory ("../venv/lib/python3.11/site-packages/...") or an absolute one
+    import sysconfig
+
+    library = os.path.join(sysconfig.get_paths()["purelib"], "somelib", "layers.py")
+    monkeypatch.chdir(tmp_path)
+    assert relative(library) == os.path.join("somelib", "layers.py")
+    assert relative(torch.nn.modules.module.__file__) == os.path.join("torch", "nn", "modules", "module.py")
+    assert relative(str(tmp_path / "model.py")) == "model.py"  # the program's own files as before
