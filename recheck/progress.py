@@ -35,7 +35,8 @@ from typing import IO, Any
 
 from recheck.output.text import ansi
 
-__all__ = ["Progress", "colour_enabled", "fit_width", "paint", "progress", "shows_progress", "terminal_width"]
+__all__ = ["Progress", "colour_enabled", "fit_width", "paint", "progress", "shows_progress", "terminal_report",
+           "terminal_width"]
 
 #: Seconds between redraws of a bar that has no total (so its clock keeps moving).
 _TICK = 0.5
@@ -63,6 +64,16 @@ def terminal_width(stream: IO[str] | None = None) -> int | None:
     """The width of the terminal ``stream`` (default stdout) is on (``COLUMNS`` first); None off a terminal."""
     stream = sys.stdout if stream is None else stream
     return shutil.get_terminal_size().columns if _is_terminal(stream) else None
+
+
+def terminal_report(report: Any, *, verbose: bool, stream: IO[str] | None) -> str:
+    """A report as text for ``stream`` (the one renderer, ``output.text.format_report``): on a
+    terminal painted (unless ``NO_COLOR``) and wrapped to its width; elsewhere, or with no
+    stream, plain and as rendered."""
+    from recheck.output.text import format_report
+
+    text = format_report(report, verbose=verbose, colour=stream is not None and colour_enabled(stream))
+    return fit_width(text, terminal_width(stream) if stream is not None else None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -239,6 +239,23 @@ def test_check_summary_is_coloured_on_a_terminal(tmp_path, monkeypatch, capsys):
     assert "\x1b[" not in capsys.readouterr().out
 
 
+def test_check_reports_wrap_to_the_terminal_s_width(tmp_path, monkeypatch, capsys):
+    regions = tmp_path / "shown_regions.py"
+    regions.write_text(REGIONS)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.chdir(tmp_path)  # short paths: a word longer than the line stays whole
+    assert main(["check", "shown_regions.py:region_b"]) == 1  # a report (the region prints again)
+    plain = capsys.readouterr().out
+    assert max(map(len, plain.splitlines())) > 60  # a pipe: lines as rendered
+    monkeypatch.setattr(progress_module, "_is_terminal", lambda stream: stream is sys.stdout)
+    assert main(["check", "shown_regions.py:region_b"]) == 1
+    wrapped = capsys.readouterr().out
+    report = wrapped.split("\nrecheck: checked")[0]
+    assert max(map(len, report.splitlines())) <= 60
+    assert " ".join(report.split()) == " ".join(plain.split("\nrecheck: checked")[0].split())  # every word kept
+
+
 def test_cost_shows_what_it_measures_and_keeps_its_json_clean(tmp_path, terminal, monkeypatch, capsys):
     step = tmp_path / "train.py"
     step.write_text(textwrap.dedent('''

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from recheck.progress import colour_enabled, paint
+from recheck.progress import paint
 from recheck.commands.arguments import count
 
 NAME = "check"
@@ -188,10 +188,10 @@ def _report_error(label: str, broken: _Broken) -> None:
 
 
 def _text(report: Any, ns: argparse.Namespace) -> str:
-    """One report as text for stdout: the one renderer, ``--verbose``, colour on a terminal."""
-    from recheck.output.text import format_report
+    """One report as text for stdout: the one renderer, ``--verbose``, colour and width on a terminal."""
+    from recheck.progress import terminal_report
 
-    return format_report(report, verbose=ns.verbose, colour=colour_enabled(sys.stdout))
+    return terminal_report(report, verbose=ns.verbose, stream=sys.stdout)
 
 
 def _counted(count: int, noun: str) -> str:

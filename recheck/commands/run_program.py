@@ -150,11 +150,9 @@ def _with_twin(report: Any, twin: Any) -> None:
 def _text(report: Any, verbose: bool, stream: Any = None) -> str:
     """The report as text (the one renderer); on a terminal ``stream``, painted (unless ``NO_COLOR``)
     and wrapped to its width."""
-    from recheck.output.text import format_report
-    from recheck.progress import colour_enabled, fit_width, terminal_width
+    from recheck.progress import terminal_report
 
-    text = format_report(report, verbose=verbose, colour=stream is not None and colour_enabled(stream))
-    return fit_width(text, terminal_width(stream) if stream is not None else None)
+    return terminal_report(report, verbose=verbose, stream=stream)
 
 
 #: Seconds rank 0 waits for the other ranks' reports: when the watched steps end (the ranks end
