@@ -59,7 +59,9 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -81,17 +83,19 @@ from recheck.runtime.steps import StepState, discover_state, unseen_optimizer_te
 from recheck.runtime.effects import EffectCapture
 from recheck.runtime.trees import input_tensors, leaves, map_tensors
 
-__all__ = ["ROUNDING_BOUND", "RegionError", "RegionStep", "StepRun", "Twin", "check_region_report",
+__all__ = ["ROUNDING_BOUND", "SIZE_BOUND", "RegionError", "RegionStep", "StepRun", "Twin", "check_region_report",
            "check_step_report", "given_upstream", "make_upstream"]
 
 #: In the float64 rerun, a difference at most this fraction of the quantity's largest magnitude
 #: (the model's largest gradient, parameter, output ...) is rounding: accumulation order.  Measured
 #: on the fixtures: rounding 1e-16, hazards 1e-3 and more.
 ROUNDING_BOUND = 2.0**-40
+#: Where the step cannot be rerun in float64: a difference within this many ulp of the largest value
+#: of its kind (in the value's own dtype) is rounding.  Accumulation order moves a sum by a few ulp of
+#: its largest term; a hazard of 1e-3 is 8000 float32 ulp.
+SIZE_BOUND = 16.0
 #: Kinds whose difference rounding may explain (values computed in floating point).
 _VALUE_KINDS = ("output", "gradient", "state")
-#: Kinds that point at a cause: with one of them, a value difference is no rounding.
-_CAUSE_KINDS = ("rng", "global", "param_version", "input_mutation", "side_effect", "recompute", "buffer")
 _LABELS = ("uncheckpointed step", "step as written")
 
 
@@ -516,12 +520,15 @@ def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor,
 
 
 def _to_float64(twin: Twin) -> None:
-    """Every floating-point tensor the step holds in float64 (before one run of the rerun).
+    """Every floating-point tensor the step holds in float64, and the default dtype float64 (before
+    one run of the rerun: each run starts from the snapshot, so both twins start alike and a
+    ``torch.rand([])`` draws the same in both).
 
     Parameters, buffers, loose tensors (the data), optimizer state and the gradients a run
     starts from change dtype in place; the twin's snapshot puts every one of them back (dtype,
-    bytes and version) when the run ends.
+    bytes and version), and the default dtype, when the run ends.
     """
+    torch.set_default_dtype(torch.float64)  # tensors the step makes itself are float64 too
     tensors = list(twin.parameters.values())
     tensors += [b for _, m in twin.reach.modules.values() for b in m._buffers.values() if b is not None]
     tensors += list(twin.reach.tensors.values())
@@ -536,64 +543,131 @@ def _to_float64(twin: Twin) -> None:
             record.parameter.grad = record.parameter.grad.to(torch.float64)
 
 
-@contextlib.contextmanager
-def _float64_default() -> Iterator[None]:
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # tensors the step makes itself are float64 too
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(default)
+class _Narrowing(torch.overrides.TorchFunctionMode):
+    """Watches a float64 rerun for the first call that turns float64 input into a narrower
+    floating-point result (an MoE router's ``hidden.float()``): past it, the step rounds as
+    before and the rerun cannot tell rounding from a hazard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if self.first is None and isinstance(result, torch.Tensor) and result.is_floating_point() \
+                and result.dtype != torch.float64 \
+                and any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
+            from recheck.runtime.naming import call_site
+
+            name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
+            where = call_site(1)
+            self.first = (f"{name.replace('TensorBase.', 'Tensor.')} computes in "
+                          f"{str(result.dtype).removeprefix('torch.')}" + (f" at {where}" if where else ""))
+        return result
+
+
+def _raised_at(error: BaseException) -> str:
+    """The error a float64 rerun raised, with the innermost frame of the user's code it came through."""
+    from recheck.runtime.naming import relative
+
+    inside = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch, sys.modules["recheck"]))
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(inside)]
+    where = f" in {frames[-1].name} at {relative(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    return f"{type(error).__name__}{where}: {one_line(str(error), 200)}"
+
+
+def _value_causes(findings: Sequence[Finding]) -> list[Finding]:
+    """Causes found that act on computed values (an RNG stream torch draws from, a recompute that
+    differed, a parameter or input changed in between): the value differences follow from them,
+    and a float64 rerun could not say more.  A host RNG (numpy, Python) or a side effect does not."""
+    host = ("numpy", "Python random", "random.Random")
+    return [f for f in findings if f.kind in ("recompute", "param_version", "input_mutation")
+            or (f.kind == "rng" and not any(h in str(f.subject) for h in host))]
+
+
+def _float64_stop(twin: Twin) -> str | None:
+    """Why the step cannot be rerun in float64 at all, before trying (the same on every rank)."""
+    if twin.spans_ranks and any(unwrapped(p) is not None for p in twin.parameters.values()):
+        return ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
+                "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not run in float64")
+    return None
 
 
 def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,
                        bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
-    """Findings that are rounding (accumulation order) become notes with their size; the rest stay."""
-    values = [f for f in findings if f.kind in _VALUE_KINDS and _tensors_of(f, written, bypassed) is not None]
-    wanted = bool(values) and not any(f.kind in _CAUSE_KINDS for f in findings) and len(values) == len(findings)
+    """Findings that are rounding (accumulation order) become notes with their size; the rest stay.
+
+    Each value finding is judged on its own: both twins rerun in float64, where rounding shrinks
+    with the precision and a hazard does not.  Where the step cannot run in float64 (an op rejects
+    it, the step casts to a narrower dtype on purpose, FSDP2's fixed dtypes), a difference within
+    :data:`SIZE_BOUND` ulp of the largest value of its kind is rounding, and the note says what
+    stopped the rerun.  Not rerun where a cause the check found explains the values.
+    """
+    values = [f for f in findings if f.kind in _VALUE_KINDS and _difference(f, written, bypassed) is not None]
+    watched = [*(written.report.findings if written.report is not None else ()), *written.probe]
+    wanted = bool(values) and not _value_causes([*findings, *watched])
     if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
-    try:
-        with _float64_default():
-            written64 = twin.run("as written", {**watch_options, "store": "digest", "atol": None,
-                                                "rtol": None, "max_ulp": None}, before=_to_float64)
-            bypassed64 = twin.run("bypassed", {}, before=_to_float64, reference=written64)
-    except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
-        return findings, [f"the differences were not rerun in float64 to tell rounding from a hazard "
-                          f"({type(exc).__name__}: {one_line(str(exc), 200)}); they are shown as findings"]
-    finally:
-        twin.restore()
+    stopped = _float64_stop(twin)
+    written64 = bypassed64 = None
+    if stopped is None:
+        narrowing = _Narrowing()
+        try:
+            with narrowing:
+                written64 = twin.run("as written", {**watch_options, "store": "digest", "atol": None,
+                                                    "rtol": None, "max_ulp": None}, before=_to_float64)
+                bypassed64 = twin.run("bypassed", {}, before=_to_float64, reference=written64)
+        except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
+            stopped = f"the rerun raised {_raised_at(exc)}"
+        finally:
+            twin.restore()
+        error = written64 is not None and written64.error or bypassed64 is not None and bypassed64.error
+        if stopped is None and error:
+            stopped = f"the step raised {_raised_at(error)}"
+        elif stopped is None and narrowing.first is not None:
+            stopped = narrowing.first
     if not wanted:  # rerun for another rank's differences
         return findings, []
-    if written64.error is not None or bypassed64.error is not None:
-        error = written64.error or bypassed64.error
-        return findings, [f"the float64 rerun of the step raised ({type(error).__name__}: "
-                          f"{one_line(str(error), 200)}); the differences are shown as findings"]
-    scale32, scale64 = _magnitudes(bypassed), _magnitudes(bypassed64)
+    scale32 = _magnitudes(bypassed)
+    scale64 = _magnitudes(bypassed64) if stopped is None and bypassed64 is not None else {}
     kept: list[Finding] = []
-    rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, epsilons in it, in float64
+    rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, ulp in it, in float64 (nan: not rerun)
     for finding in findings:
+        size32 = _difference(finding, written, bypassed) if finding in values else None
         pair = _tensors_of(finding, written, bypassed)
-        size32 = _difference(finding, written, bypassed)
-        size64 = _difference(finding, written64, bypassed64)
-        scale = scale64.get(finding.kind, 0.0)
-        if pair is None or size32 is None or size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
+        if size32 is None or pair is None:
             kept.append(finding)
             continue
-        dtype = pair[0].dtype
-        ulps = size32[0] / (torch.finfo(dtype).eps * scale32[finding.kind]) if scale32.get(finding.kind) else math.inf
-        rounding.append((str(finding.subject), str(dtype).replace("torch.", ""), ulps,
-                         size64[0] / (torch.finfo(torch.float64).eps * scale)))
+        eps = torch.finfo(pair[0].dtype).eps
+        ulps = size32[0] / (eps * scale32[finding.kind]) if scale32.get(finding.kind) else math.inf
+        if stopped is not None:
+            if ulps > SIZE_BOUND:
+                kept.append(finding)
+                continue
+            ulps64 = math.nan
+        else:
+            size64 = _difference(finding, written64, bypassed64) if written64 and bypassed64 else None
+            scale = scale64.get(finding.kind, 0.0)
+            if size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
+                kept.append(finding)
+                continue
+            ulps64 = size64[0] / (torch.finfo(torch.float64).eps * scale)
+        rounding.append((str(finding.subject), str(pair[0].dtype).replace("torch.", ""), ulps, ulps64))
     if not rounding:
-        return kept, []
+        return kept, ([f"the differences could not be rerun in float64 ({stopped}); those larger than "
+                       f"{SIZE_BOUND:g} ulp of the largest value of their kind are shown as findings"]
+                      if stopped is not None and values else [])
     shown = ", ".join(s for s, *_ in rounding[:4]) + (f" and {len(rounding) - 4} more" if len(rounding) > 4 else "")
     dtypes = "/".join(sorted({r[1] for r in rounding}))
-    note = (f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): at most "
-            f"{max(r[2] for r in rounding):.2g} ulp of the largest value of their kind in {dtypes}, and "
-            f"{max(r[3] for r in rounding):.2g} ulp in float64 when both twins are rerun in float64 (a hazard "
-            f"stays above {ROUNDING_BOUND / torch.finfo(torch.float64).eps:.3g} ulp there): the checkpointed step "
-            "sums contributions in another order, which is not a hazard")
-    return kept, [note]
+    size = f"at most {max(r[2] for r in rounding):.2g} ulp of the largest value of their kind in {dtypes}"
+    if stopped is not None:
+        how = (f"{size}, judged by size (up to {SIZE_BOUND:g} ulp is rounding) as the step could not be rerun "
+               f"in float64 ({stopped})")
+    else:
+        how = (f"{size}, and {max(r[3] for r in rounding):.2g} ulp in float64 when both twins are rerun in float64 "
+               f"(a hazard stays above {ROUNDING_BOUND / torch.finfo(torch.float64).eps:.3g} ulp there)")
+    return kept, [f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): {how}: "
+                  "the checkpointed step sums contributions in another order, which is not a hazard"]
 
 
 def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
