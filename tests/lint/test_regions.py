@@ -284,7 +284,7 @@ from torch.utils.checkpoint import checkpoint
 
 
 def deprecate(name):
-    warnings.warn(f"{name} is deprecated")
+    print(f"{name} is deprecated")
 
 
 class Resnet(nn.Module):
