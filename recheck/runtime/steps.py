@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from recheck.runtime.bits import bits_equal
 from recheck.runtime.reach import code_globals
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
@@ -108,16 +109,29 @@ class StepState:
         """Copy the training loop's own state now (optimizers in place, see :class:`_OptimizerCopy`;
         schedulers and gradient scalers through their ``state_dict``); the returned function
         puts that copy back."""
-        optimizers = [_OptimizerCopy(opt) if _OptimizerCopy.fits(opt) else _StateDictCopy(opt) for opt in self.optimizers]
-        stateful_states = [copy.deepcopy(obj.state_dict()) for obj in self.stateful]
+        copies = [_optimizer_copy(opt) for opt in self.optimizers] + [_StatefulCopy(obj) for obj in self.stateful]
 
         def restore() -> None:
-            for optimizer in optimizers:
-                optimizer.restore()
-            for obj, obj_state in zip(self.stateful, stateful_states):
-                obj.load_state_dict(copy.deepcopy(obj_state))
+            for kept in copies:
+                kept.restore()
 
         return restore
+
+
+def _optimizer_copy(optimizer: torch.optim.Optimizer) -> _OptimizerCopy | _StateDictCopy:
+    """How ``optimizer`` is put back: in place where it keeps its state as torch's do, or where it
+    wraps one that does and answers that one's own ``state`` and ``param_groups`` (accelerate's
+    ``AcceleratedOptimizer``, a few wrappers deep); through its ``state_dict`` only otherwise,
+    whose ``load_state_dict`` would make every container of the state anew at each restore."""
+    for _ in range(_MAX_DEPTH):
+        if _OptimizerCopy.fits(optimizer):
+            return _OptimizerCopy(optimizer)
+        inner = next((value for value in vars(optimizer).values() if isinstance(value, torch.optim.Optimizer)
+                      and value.state is optimizer.state and value.param_groups is optimizer.param_groups), None)
+        if inner is None:
+            break
+        optimizer = inner
+    return _StateDictCopy(optimizer)
 
 
 class _OptimizerCopy:
@@ -207,6 +221,43 @@ class _StateDictCopy:
             items.update((key, value) for key, value in group.items() if key not in items)
             group.clear()
             group.update(items)
+
+
+class _StatefulCopy:
+    """A scheduler's or gradient scaler's state, put back through its ``load_state_dict`` only
+    where a run changed it, and then with the very objects it held wherever they still hold what
+    was captured (``load_state_dict`` binds copies: a list held anew is a trace of the check)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.state = copy.deepcopy(obj.state_dict())
+        self.held = dict(vars(obj))
+
+    def restore(self) -> None:
+        obj = self.obj
+        if _same_state(obj.state_dict(), self.state):
+            return
+        obj.load_state_dict(copy.deepcopy(self.state))
+        attributes = vars(obj)
+        for key, value in self.held.items():
+            if key in attributes and attributes[key] is not value and _same_state(attributes[key], value):
+                attributes[key] = value
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two values of a ``state_dict`` are equal: containers item by item, tensors by bits."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return bits_equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_state(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_state, a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value without a plain equality
+        return False
 
 
 def unseen_optimizer_tensors(state: StepState) -> list[str]:

@@ -346,3 +346,102 @@ def test_a_real_pipeline_schedule_is_no_finding_on_a_clean_step(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "findings: []" in done.stdout, done.stdout
+
+
+class WrappedOptimizer(torch.optim.Optimizer):
+    """An optimizer wrapper in accelerate's shape: ``state``, ``param_groups`` and ``defaults``
+    are properties that answer the wrapped optimizer's own."""
+
+    def __init__(self, optimizer):  # no super().__init__: the wrapped optimizer holds the state
+        self.optimizer = optimizer
+        self.skipped = False
+
+    state = property(lambda self: self.optimizer.state)
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    defaults = property(lambda self: self.optimizer.defaults)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+
+
+class WrappedScheduler:
+    def __init__(self, scheduler, optimizer):
+        self.scheduler, self.optimizers = scheduler, [optimizer]
+
+
+class CallbackHandler:
+    def __init__(self, model, optimizer, lr_scheduler):
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.callbacks = [object(), object()]
+
+
+class MiniTrainer:
+    """A transformers ``Trainer`` in miniature: its optimizer, scheduler and callback handler
+    hold the optimizer's state several levels down; ``training_step`` runs forward and backward
+    only (the loop steps the optimizer and the scheduler outside it)."""
+
+    def __init__(self):
+        self.model = _model()
+        inner = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.optimizer = WrappedOptimizer(inner)
+        self.lr_scheduler = WrappedScheduler(torch.optim.lr_scheduler.LambdaLR(inner, lambda s: 1.0 / (s + 1)),
+                                             self.optimizer)
+        self.callback_handler = CallbackHandler(self.model, self.optimizer, self.lr_scheduler)
+        self.x = torch.randn(2, 4)
+
+    def training_step(self):
+        loss = _forward(self.model, self.x).sum()
+        loss.backward()
+        return loss.detach()
+
+    def train(self, steps):
+        for _ in range(steps):
+            self.training_step()
+            self.optimizer.step()
+            self.lr_scheduler.scheduler.step()
+            self.optimizer.zero_grad()
+
+
+def test_a_wrapped_optimizer_the_step_does_not_step_is_no_difference_and_left_in_place():
+    """A Trainer-like object whose wrapped optimizer (state behind properties) sits several levels
+    down: the twins leave the same optimizer state, so nothing is reported about it, and the
+    check puts it back in place (the very same state dict, groups and tensors), not as a copy."""
+    trainer = MiniTrainer()
+    trainer.train(2)
+    inner = trainer.optimizer.optimizer
+    state, groups = inner.state, inner.param_groups
+    entries = {id(p): (entry, dict(entry)) for p, entry in state.items()}
+    report = _check(trainer.training_step)
+    assert report.ok, report.findings
+    assert not [note for note in report.notes if "cannot compare" in note], report.notes
+    assert inner.state is state and inner.param_groups is groups
+    assert all(state[p] is entries[id(p)][0] and all(state[p][k] is v for k, v in entries[id(p)][1].items())
+               for p in state)
+
+
+def test_a_scheduler_the_step_advances_is_put_back_with_its_own_objects():
+    """A step that steps its scheduler: the twins compare alike, and the check leaves the scheduler
+    at its epoch holding the very lists it held (``load_state_dict`` alone binds copies)."""
+    trainer = MiniTrainer()
+    trainer.train(2)
+    scheduler = trainer.lr_scheduler.scheduler
+    held = dict(vars(scheduler))
+
+    def train_step():
+        trainer.training_step()
+        trainer.optimizer.step()
+        scheduler.step()
+
+    report = _check(train_step)
+    assert report.ok, report.findings
+    assert scheduler.last_epoch == held["last_epoch"]
+    assert all(vars(scheduler)[key] is value for key, value in held.items() if isinstance(value, list))
