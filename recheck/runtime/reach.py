@@ -20,6 +20,7 @@ import dis
 import functools
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -140,6 +141,10 @@ class Reach:
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
         self._anonymous = 0
+        #: the modules found only by running the region (see :meth:`add_found`): ids of those in
+        #: ``modules``, and the name each was given, kept while the module lives
+        self._found_now: list[int] = []
+        self._found_names: dict[int, tuple[str, weakref.ref]] = {}
         #: what a layer above works out from the reach and keeps while it lives, by the layer's
         #: key (``recheck.watcher.capture``'s layouts, a forward's last scope); a copy starts without
         self.kept: dict[str, Any] = {}
@@ -178,6 +183,28 @@ class Reach:
         """A display name (``Linear#1``) for a module found only by running the region."""
         self._anonymous += 1
         return f"{type(module).__name__}#{self._anonymous}"
+
+    def add_found(self, module: torch.nn.Module) -> None:
+        """Add a module found only by running the region (made in its forward, or reached through
+        what is not walked), under the name it was given when first found: held until
+        :meth:`let_go_of_found`, named alike while it lives."""
+        key = id(module)
+        if key in self.modules:
+            return
+        known = self._found_names.get(key)
+        if known is None:
+            names = self._found_names
+            known = names[key] = (self.name_unknown(module), weakref.ref(module, lambda _: names.pop(key, None)))
+        self._found_now += [id(sub) for _, sub in self.add_module(known[0], module)]
+
+    def let_go_of_found(self) -> None:
+        """Drop the modules found by running the region, and what a layer above keeps of them
+        (an invocation is done: a module its forward made must not live as long as the reach)."""
+        if self._found_now:
+            for key in self._found_now:
+                self.modules.pop(key, None)
+            self._found_now = []
+            self.kept.clear()
 
     def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
         for attr, value in vars(module).items():

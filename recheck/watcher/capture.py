@@ -30,8 +30,7 @@ __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "
 
 def add_module(reach: Reach, module: torch.nn.Module) -> None:
     """A module ran in the region without being reachable statically: name and add it."""
-    if id(module) not in reach.modules:
-        reach.add_module(reach.name_unknown(module), module)
+    reach.add_found(module)
 
 
 def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:

@@ -236,12 +236,17 @@ class Dispatcher(Interceptor):
 
     def released(self, call: CheckpointCall) -> None:
         # torch drops the region function with the autograd graph: no recompute can come
-        # after that, so the record can let go of its prints and copies (findings stay).
-        if call.state is not None:
+        # after that, so the record can let go of its prints and copies (findings stay), and the
+        # region's reach (kept for the block) of the modules the forward found by running.
+        record: InvocationRecord | None = call.state
+        if record is not None:
             try:
-                call.state.release()
+                forward = record.forward
+                record.release()
+                if forward is not None:
+                    forward.reach.let_go_of_found()
             except Exception as exc:  # noqa: BLE001
-                self._internal_error("let go of the forward's prints", exc, call.state)
+                self._internal_error("let go of the forward's prints", exc, record)
 
     def configure_generator(self, call: CheckpointCall, arguments: dict[str, Any]) -> Callable[[], None] | None:
         given = dict(arguments)

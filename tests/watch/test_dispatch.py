@@ -224,8 +224,6 @@ def test_a_returned_forward_keeps_only_what_a_recompute_reads_and_frees_it_with_
     assert watcher.report.stats["verified"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="a block's reaches keep every module found while a region ran until "
-                                       "the block ends (issue 41 item 4)")
 def test_a_module_made_inside_a_region_is_not_kept_once_its_invocation_is_done():
     """A region that makes a module at each call (a wrapper built in ``forward``): a long
     ``watch()`` block must not keep one per invocation alive."""
@@ -248,6 +246,25 @@ def test_a_module_made_inside_a_region_is_not_kept_once_its_invocation_is_done()
         gc.collect()
         alive = sum(ref() is not None for ref in made)
     assert len(made) == 20 and alive == 0, f"{alive} of {len(made)} modules kept alive"
+
+
+def test_a_module_found_only_by_running_is_named_alike_in_every_step():
+    """A module reached through a plain object is found by running the region; let go of when
+    each invocation is done, it is still named as when first found, so its findings agree."""
+
+    class Holder:
+        def __init__(self) -> None:
+            self.bn = nn.BatchNorm1d(3)
+
+        def run(self, x):  # noqa: ANN001, ANN202
+            return self.bn(x)
+
+    holder = Holder()
+    with recheck.watch(raise_on_finding=False) as watcher:
+        for _ in range(3):
+            checkpoint(holder.run, torch.randn(4, 3, requires_grad=True), use_reentrant=False).sum().backward()
+    subjects = [f.subject for f in watcher.report.findings if f.subject.endswith("running_mean`")]
+    assert len(subjects) == 3 and len(set(subjects)) == 1, subjects
 
 
 def test_a_saved_parameter_is_told_by_its_data_pointer_and_a_slice_from_elsewhere_in_it_by_its_bytes():
