@@ -576,12 +576,14 @@ def _raised_at(error: BaseException) -> str:
     return f"{type(error).__name__}{where}: {one_line(str(error), 200)}"
 
 
-def _value_causes(findings: Sequence[Finding]) -> list[Finding]:
+def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> list[Finding]:
     """Causes found that act on computed values (an RNG stream torch draws from, a recompute that
-    differed, a parameter or input changed in between): the value differences follow from them,
-    and a float64 rerun could not say more.  A host RNG (numpy, Python) or a side effect does not."""
+    differed, a parameter or input changed in between, a global the recompute read otherwise):
+    the value differences follow from them, and a float64 rerun could not say more.  A host RNG
+    (numpy, Python), a side effect or a global only the end states show does not."""
     host = ("numpy", "Python random", "random.Random")
-    return [f for f in findings if f.kind in ("recompute", "param_version", "input_mutation")
+    return [f for f in [*findings, *watched]
+            if f.kind in ("recompute", "param_version", "input_mutation") or (f.kind == "global" and f in watched)
             or (f.kind == "rng" and not any(h in str(f.subject) for h in host))]
 
 
@@ -605,7 +607,7 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
     """
     values = [f for f in findings if f.kind in _VALUE_KINDS and _difference(f, written, bypassed) is not None]
     watched = [*(written.report.findings if written.report is not None else ()), *written.probe]
-    wanted = bool(values) and not _value_causes([*findings, *watched])
+    wanted = bool(values) and not _value_causes(findings, watched)
     if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
     stopped = _float64_stop(twin)

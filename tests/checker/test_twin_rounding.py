@@ -189,3 +189,39 @@ def test_a_hazard_is_still_a_finding_when_the_step_cannot_run_in_float64():
         layer.experts[0].register_forward_hook(lambda module, args, out: out * (1.0 + 1e-3 * torch.is_grad_enabled()))
     report = _check(_step(model.train()))
     assert not report.ok, str(report)
+
+
+#: read inside :class:`ScaledLayer`'s region; the step below changes it between forward and backward
+SCALE = 1.0
+
+
+class ScaledLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x) * SCALE)
+
+
+def test_values_a_found_cause_explains_are_not_rerun_in_float64(capsys):
+    torch.manual_seed(0)
+    model = ScaledLayer()
+    data = torch.randn(4, DIM)
+
+    def step() -> torch.Tensor:
+        global SCALE
+        print("step runs with", torch.get_default_dtype())  # the snapshot puts a list back, not the output
+        loss = checkpoint(model, data, use_reentrant=False).pow(2).mean()
+        SCALE = 2.0  # the recompute reads another scale: the watch names the global as the cause
+        try:
+            loss.backward()
+        finally:
+            SCALE = 1.0
+        return loss.detach()
+
+    report = _check(step)
+    assert "global" in {f.kind for f in report.findings}, str(report)
+    assert report.by_kind("gradient") or "consequence" in str(report), str(report)
+    runs = capsys.readouterr().out.splitlines()
+    assert runs and "torch.float64" not in str(runs), runs

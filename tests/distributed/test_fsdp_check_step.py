@@ -51,3 +51,11 @@ def test_watch_over_fsdp2_with_default_resharding_is_clean_run_after_run_and_sti
                                              timeout=WORLD_TIMEOUT)):
         assert outcome["clean"] == [[]] * WATCHED_RUNS, (rank, outcome["clean"])
         assert outcome["hazard"], (rank, outcome)
+
+
+def test_rounding_on_sharded_parameters_is_a_note_that_says_why_it_was_not_rerun_in_float64():
+    for rank, outcome in enumerate(world("rounding")):
+        assert outcome["ok"], (rank, outcome)
+        (note,) = [n for n in outcome["notes"] if "only by rounding" in n]
+        assert "judged by size" in note and "sharded" in note, (rank, note)
+        assert not any("raised" in n for n in outcome["notes"]), (rank, outcome["notes"])
