@@ -24,7 +24,7 @@ from recheck.lint.outline import (
     statement_scan,
     units_with_words,
 )
-from recheck.lint.reachability import guards, optional_params
+from recheck.lint.reachability import argument_value, guards, none_names, optional_params
 from recheck.lint.rules import RULES
 from recheck.lint.scope import (
     FUNCTION_NODES,
@@ -295,6 +295,9 @@ class _Extractor:
         self.module = module
         self.extra_entries = extra_entries
         self.class_entries: dict[str, frozenset[str]] = {}
+        #: the parameters of the function being scanned (call arguments read against them)
+        self._arguments = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
+                                        kwarg=None, defaults=[])
         #: units outlined, by name: the qualnames of the classes and functions outlined
         self.outlined: dict[str, list[str]] = {}
         #: units analysed after the first pass, by name: what their analysis made
@@ -451,6 +454,9 @@ class _Extractor:
             facts.returns_annotation = context.qualify(returns) or ""
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
+        if not isinstance(node, ast.Lambda) and optional_params(arguments):
+            facts.none_if = none_names(nodes, arguments)
+        self._arguments = arguments
         self._scan(nodes, context, facts)
         for rule in _FUNCTION_RULES:
             for draft, refs in rule.visit_function(nodes, context, self_class if bound else None):
@@ -543,9 +549,10 @@ class _Extractor:
             if refs:
                 positional = -1 if any(isinstance(a, ast.Starred) for a in node.args) else len(node.args)
                 splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
-                keywords = tuple(f"{k.arg}={k.value.id}" if isinstance(k.value, ast.Name) else k.arg
-                                 for k in node.keywords if k.arg is not None)
-                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats, node.lineno))
+                values = [(k.arg, argument_value(k.value, facts.none_if, self._arguments)) for k in node.keywords]
+                keywords = tuple(f"{name}={value}" if value else name for name, value in values if name is not None)
+                facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats, node.lineno,
+                                          tuple(argument_value(a, facts.none_if, self._arguments) for a in node.args)))
             facts.calls.extend(refs)
 
     def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,

@@ -183,10 +183,15 @@ class FunctionFacts(Deferred):
     #: rebinds (``self.mask = m``; ``self.layers[i].kv = kv`` as ``layers.kv``): RC101
     self_reads: list[tuple[str, Span]] = field(default_factory=list)
     self_writes: list[str] = field(default_factory=list)
+    #: names that are None while the listed parameters are not given (see
+    #: :func:`recheck.lint.reachability.none_names`)
+    none_if: dict[str, list[str]] = field(default_factory=dict)
     #: for each call in ``calls``: (index of its first ref, number of refs, positional
     #: arguments or -1 with a ``*`` splat, keywords as ``name`` or ``name=passed_name``,
-    #: names splatted with ``**``, the call's line)
-    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...], int]] = field(default_factory=list)
+    #: names splatted with ``**``, the call's line, each positional argument's passed name
+    #: or ``""``)
+    call_passes: list[tuple[int, int, int, tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]] = field(
+        default_factory=list)
     #: what ``return`` statements build that is neither a tensor nor a tuple: ``"dict"``,
     #: ``"list"``, or ``"call:<qualified name>"`` of a capitalised callable (a dataclass, a
     #: ``ModelOutput``), each with the returned expression's place (RC110)

@@ -19,7 +19,7 @@ import ast
 
 from recheck.lint.facts import FunctionFacts
 
-__all__ = ["empty_params", "guards", "optional_params", "passes_on", "unreachable"]
+__all__ = ["argument_value", "binds", "empty_params", "guards", "none_names", "optional_params", "passes_on", "unreachable"]
 
 NONE, EMPTY = "none", "empty"
 _EMPTY_LITERALS = (ast.Dict, ast.List, ast.Tuple, ast.Set)
@@ -134,6 +134,81 @@ def guards(nodes: list[ast.AST], arguments: ast.arguments) -> list[tuple[int, in
     return found
 
 
+def _none_sources(node: ast.AST, sources: dict[str, set[str]], states: dict[str, str]) -> set[str] | None:
+    """The optional parameters that, all left out, make ``node`` None or empty (or its
+    evaluation raise, as ``c.attr`` of a None ``c`` does); None when it may be anything else."""
+    if isinstance(node, ast.Constant) and node.value is None:
+        return set()
+    if isinstance(node, ast.Name):
+        return sources.get(node.id)
+    base = node.func if isinstance(node, ast.Call) else node
+    while isinstance(base, (ast.Attribute, ast.Subscript)):
+        base = base.value
+    if base is not node and isinstance(base, ast.Name) and states.get(base.id) == NONE:
+        return sources[base.id]  # `c.self_attention_cache`, `c[0]`: only runs when c is not None
+    if isinstance(node, ast.IfExp):
+        body, other = _none_sources(node.body, sources, states), _none_sources(node.orelse, sources, states)
+        if body is not None and other is not None:
+            return body | other
+        tested = _names(node.test)
+        if other is not None and tested <= set(states) and _false(node.test, states):
+            return other.union(*(sources[name] for name in tested))  # `c[:2] if c is not None else None`
+    return None
+
+
+def none_names(nodes: list[ast.AST], arguments: ast.arguments) -> dict[str, list[str]]:
+    """Each name of a function's scope that is None (or empty) whenever none of the listed
+    parameters is given: an optional parameter (itself, unless the body may rebind it to
+    something else), a local copy of one (``self_attn_cache = cache``) and what only runs
+    when it is not None (``c = c.self_attention_cache``).  Names bound any other way (a
+    loop, ``with``, ``+=``, unpacking) are never known None."""
+    values: dict[str, list[ast.AST | None]] = {}
+    simple: set[int] = set()
+    for node in nodes:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                values.setdefault(targets[0].id, []).append(node.value)
+                simple.add(id(targets[0]))
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) and id(node) not in simple:
+            values.setdefault(node.id, []).append(None)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)) and node.name:
+            values.setdefault(node.name, []).append(None)
+        elif isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
+            for alias in node.names:
+                values.setdefault(alias if isinstance(alias, str) else (alias.asname or alias.name), []).append(None)
+    own = optional_params(arguments)
+    sources = {name: {name} if name in own else set() for name in set(own) | set(values)}
+    for _ in range(2 * len(sources) + 2):  # the largest consistent set: names are only dropped
+        states = {name: EMPTY if any(own.get(p) == EMPTY for p in params) else NONE
+                  for name, params in sources.items()}
+        updated: dict[str, set[str]] = {}
+        for name in sources:
+            found = [_none_sources(v, sources, states) if v is not None else None for v in values.get(name, ())]
+            if all(f is not None for f in found):
+                updated[name] = ({name} if name in own else set()).union(*found)  # type: ignore[arg-type]
+        if updated == sources:
+            return {name: sorted(params) for name, params in sources.items()}
+        sources = updated
+    return {}
+
+
+def argument_value(node: ast.AST, none_if: dict[str, list[str]], arguments: ast.arguments) -> str:
+    """A call argument as :func:`passes_on` reads it: a name, ``"None"`` for what is always
+    None, the parameters (space-separated) that, all left out, make it None
+    (``cache.self_attention_cache if cache is not None else None``), ``""`` otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Constant) or not none_if:
+        return "None" if isinstance(node, ast.Constant) and node.value is None else ""
+    own = optional_params(arguments)
+    sources = {name: set(params) for name, params in none_if.items()}
+    states = {name: EMPTY if any(own.get(p) == EMPTY for p in params) else NONE for name, params in sources.items()}
+    found = _none_sources(node, sources, states)
+    return "" if found is None else " ".join(sorted(found)) or "None"
+
+
 def unreachable(function: FunctionFacts, passes: list[tuple[int, tuple[str, ...]] | None], line: int) -> bool:
     """Whether ``line`` of ``function`` is in a branch that cannot run for any of the ways
     the region calls it (``passes``: positional count and keyword names of each call; None
@@ -149,12 +224,14 @@ def unreachable(function: FunctionFacts, passes: list[tuple[int, tuple[str, ...]
 
 def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[str]:
     """The parameters a call that passes ``passed`` gives a value: named ones, and ``*args``
-    or ``**kwargs`` when positional arguments or keywords are left over for them."""
+    or ``**kwargs`` when positional arguments or keywords are left over for them; never
+    one marked ``-name`` (passed None)."""
     positional, keywords = passed
+    nones = {k[1:] for k in keywords if k.startswith("-")}
     if SPLAT in keywords:  # a ``**`` splat of unknown contents: all but the keywords known empty
-        empty = {k[1:] for k in keywords if k.startswith("-")}
-        return (set(function.params) | set(function.keyword_only) | {s for s in function.star if s}) - empty
-    given = set(function.params[:positional]) | set(keywords)
+        return (set(function.params) | set(function.keyword_only) | {s for s in function.star if s}) - nones
+    keywords = tuple(k for k in keywords if not k.startswith("-"))
+    given = (set(function.params[:positional]) - nones) | set(keywords)
     vararg, kwarg = function.star if len(function.star) == 2 else ("", "")
     if vararg and positional > len(function.params):
         given.add(vararg)
@@ -169,27 +246,49 @@ def _given(function: FunctionFacts, passed: tuple[int, tuple[str, ...]]) -> set[
 SPLAT = "**?"
 
 
-def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int],
-              empty: set[str] | None) -> tuple[int, tuple[str, ...]] | None:
+def binds(callee: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]) -> bool:
+    """Whether a bound call (``self.attn(...)``) with these arguments can bind to ``callee``'s
+    parameters: not more positional arguments than it takes, no keyword it lacks (unless it
+    has ``*args``/``**kwargs``).  One that cannot raises before the callee runs."""
+    if len(callee.star) != 2:
+        return True  # a lambda: parameters not recorded
+    vararg, kwarg = callee.star
+    named = set(callee.params) | set(callee.keyword_only)
+    return (vararg != "" or call[2] <= len(callee.params)) and (
+        kwarg != "" or all(k.partition("=")[0] in named for k in call[3]))
+
+
+def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int, tuple[str, ...]],
+              empty: set[str] | None, callee: FunctionFacts | None = None) -> tuple[int, tuple[str, ...]] | None:
     """What one call of ``caller`` passes on to its callee, when known: no ``*`` splat, and
-    every ``**`` splat of a name in ``empty`` (parameters the caller got none of)."""
-    _, _, positional, keywords, splats, _ = call
+    every ``**`` splat of a name in ``empty`` (parameters the caller got none of).  An
+    argument that is ``None``, or a name that is None while those parameters are (a copy
+    of one, see :func:`none_names`), passes nothing to the ``callee`` parameter it binds
+    to, by keyword or by position."""
+    _, _, positional, keywords, splats, _, arguments = call
     if positional < 0:
         return None
     kwarg = caller.star[1] if len(caller.star) == 2 else ""
     own = set(caller.optional) | {kwarg}
     held = {name for name in (empty or ()) if name not in own}  # in the caller's **kwargs, as none
     empty = {name for name in (empty or ()) if name in own}
-    # `attention_kwargs=attention_kwargs` of a parameter the caller got none of passes None on
+
+    def none(value: str) -> bool:
+        return bool(value) and all(name == "None" or (name in caller.none_if and set(caller.none_if[name]) <= empty)
+                                   for name in value.split())
+
     pairs = [(name, value) for name, _, value in (k.partition("=") for k in keywords)]
-    passed = tuple(name for name, value in pairs if value not in (empty or ()))
-    if any(name not in (empty or ()) for name in splats):
+    if callee is not None:  # `self.attn(x, None, mask, self_attn_cache)`: by position
+        pairs += [(param, value) for param, value in zip(callee.params, arguments) if none(value)]
+    passed = tuple(name for name, value in pairs if not none(value))
+    nones = tuple(f"-{name}" for name, value in pairs if none(value))
+    if any(name not in empty for name in splats):
         # `f(x, cache=cache, **kwargs)`: the splat may give any other parameter, not `cache`;
         # nor a keyword the caller's own `**kwargs` is known to hold as None (see empty_params)
         named = {name for name, _ in pairs}
-        return positional, (*passed, SPLAT, *(f"-{name}" for name, value in pairs if value in (empty or ())),
-                            *(f"-{name}" for name in sorted(held - named) if kwarg and kwarg in splats))
-    return positional, passed
+        return positional, (*passed, SPLAT, *nones, *(f"-{name}" for name in sorted(held - named)
+                                                      if kwarg and kwarg in splats))
+    return positional, (*passed, *nones)
 
 
 def empty_params(function: FunctionFacts, passed: tuple[int, tuple[str, ...]] | None) -> set[str]:

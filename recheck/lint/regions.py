@@ -13,7 +13,7 @@ from typing import Callable, Iterator, NamedTuple
 
 from recheck.lint.facts import CallSite, ClassFacts, FileFacts, FunctionFacts, Hazard, Ref
 from recheck.lint.index import Index
-from recheck.lint.reachability import SPLAT, empty_params, passes_on, unreachable
+from recheck.lint.reachability import SPLAT, binds, empty_params, passes_on, unreachable
 from recheck.lint.rules import RULES
 from recheck.lint.rules.base import RegionView, TreeView
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
@@ -416,6 +416,11 @@ Passes = dict[Key, list]
 Edge = tuple[Key, object, Key]  # caller, its call record (or None), callee
 
 
+#: references a call makes bound (to a module or a method of ``self``): their arguments bind
+#: to the callee's parameters after ``self``
+_BOUND = frozenset({"self", "elements", "member", "super", "path", "instance"})
+
+
 def _walk(resolver: _Resolver, region: Region, edges: list[Edge]) -> Iterator[tuple[FileFacts, FunctionFacts, list[tuple[Ref, str]]]]:
     """Each function reached from the region, with the outside module classes it calls.
 
@@ -439,6 +444,8 @@ def _walk(resolver: _Resolver, region: Region, edges: list[Edge]) -> Iterator[tu
             for found_file, found in resolver.resolve(ref, file, function, as_target=False):
                 if found_file is None:
                     external.append((ref, found))
+                elif record is not None and ref.kind in _BOUND and not binds(found, record):
+                    continue  # `self.self(x, a, b, c, d, e)` cannot run this attention's forward
                 else:
                     edges.append((key, record, (found_file.path, found.qualname)))
                     stack.append((found_file, found))
@@ -470,7 +477,8 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
                 continue  # the caller is itself only called from branches that cannot run
             if unreachable(reached[caller], given or [], record[5]):  # type: ignore[index]
                 continue  # a call in a branch none of the caller's calls takes
-            updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller)))  # type: ignore[arg-type]
+            updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller),  # type: ignore[arg-type]
+                                                             reached.get(callee)))
         if updated == passes:
             break
         passes = updated

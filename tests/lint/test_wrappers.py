@@ -242,3 +242,136 @@ def test_a_cleared_cache_that_reaches_the_attention_through_kwargs_is_not_writte
 def test_a_kept_cache_that_reaches_the_attention_through_kwargs_is_written(shape, cache):
     result = lint_sources({"wrap.py": SHAPES[shape], "layer.py": KWARGS_LAYER.format(cache=cache)})
     assert len(_rc104(result)) == 1
+
+
+COPY_LAYER = '''
+from torch import nn
+from wrap import GradientCheckpointingLayer
+
+
+class Attention(nn.Module):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, {cache}=None, **kwargs):
+        key, value = self.k(hidden_states), self.v(hidden_states)
+        if {cache} is not None:
+            key, value = {cache}.update(key, value, self.layer_idx)
+        return hidden_states, None
+
+
+class EncoderDecoderCache:
+    pass
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    def __init__(self):
+        super().__init__()
+        self.self_attention = Attention()
+        self.cross_attention = Attention()
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, {cache}=None, **kwargs):
+        self_attn_cache = {cache}
+        if isinstance(self_attn_cache, EncoderDecoderCache):
+            self_attn_cache = self_attn_cache.self_attention_cache
+        output, _ = self.self_attention(hidden_states, position_embeddings, attention_mask, self_attn_cache, **kwargs)
+        output, _ = self.cross_attention(output, {cache}=None, **kwargs)
+        return output
+'''
+
+
+def _copy_layer_rc104(shape: str, cache: str, layer: str = COPY_LAYER) -> list[int]:
+    return _rc104(lint_sources({"wrap.py": SHAPES[shape], "layer.py": layer.format(cache=cache)}))
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cleared_cache_copied_to_a_local_and_passed_positionally_is_not_written(shape, cache):
+    # dia (5.2x): `self_attn_cache = cache` handed to the attention as its fourth argument
+    assert _copy_layer_rc104(shape, cache) == []
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_a_kept_cache_copied_to_a_local_and_passed_positionally_is_written(shape, cache):
+    source = COPY_LAYER.format(cache=cache)
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if ".update(" in text)
+    assert _copy_layer_rc104(shape, cache) == [line]
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cleared_cache_rebound_to_module_state_is_written(shape, cache):
+    # `cache = self.shared_cache` when the wrapper cleared it: the region writes the module's cache
+    layer = COPY_LAYER.replace("        self_attn_cache = {cache}\n",
+                               "        if {cache} is None:\n            {cache} = self.shared_cache\n"
+                               "        self_attn_cache = {cache}\n")
+    assert len(_copy_layer_rc104(shape, cache, layer)) == 1
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cleared_cache_in_another_positional_slot_leaves_the_callees_cache_written(shape, cache):
+    # the argument binds to the callee's parameter at its position: the attention's cache here is the module's
+    layer = COPY_LAYER.replace("hidden_states, position_embeddings, attention_mask, self_attn_cache, **kwargs",
+                               "hidden_states, self_attn_cache, None, self.shared_cache, **kwargs")
+    assert len(_copy_layer_rc104(shape, cache, layer)) == 1
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_cleared_cache_passed_as_its_part_or_none_is_not_written(shape, cache):
+    # t5gemma (5.2x): `cache=cache.self_attention_cache if cache is not None else None`
+    layer = COPY_LAYER.replace("self.cross_attention(output, {cache}=None, **kwargs)",
+                               "self.cross_attention(output, {cache}={cache}.cross_attention_cache "
+                               "if {cache} is not None else None, **kwargs)")
+    assert _copy_layer_rc104(shape, cache, layer) == []
+
+
+SPARSE_LAYER = '''
+from torch import nn
+from wrap import GradientCheckpointingLayer
+
+
+class SelfAttention(nn.Module):
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, {cache}=None, **kwargs):
+        key, value = self.k(hidden_states), self.v(hidden_states)
+        if {cache} is not None:
+            key, value = {cache}.update(key, value, self.layer_idx)
+        return hidden_states, None
+
+
+class BlockSparseAttention(nn.Module):
+    def forward(self, hidden_states, band_mask=None, from_mask=None, to_mask=None, from_blocked_mask=None,
+                to_blocked_mask=None, **kwargs):
+        return hidden_states, None
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = SelfAttention() if config.attention_type == "original_full" else BlockSparseAttention()
+
+    def forward(self, hidden_states, attention_mask=None, {cache}=None, band_mask=None, from_mask=None,
+                to_mask=None, from_blocked_mask=None, to_blocked_mask=None, **kwargs):
+        if self.attention_type == "original_full":
+            return self.self(hidden_states, attention_mask=attention_mask, {cache}={cache}, **kwargs)
+        return self.self(hidden_states, band_mask, from_mask, to_mask, from_blocked_mask, to_blocked_mask, **kwargs)
+
+
+class Layer(GradientCheckpointingLayer):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = Attention(config)
+
+    def forward(self, hidden_states, attention_mask=None, band_mask=None, from_mask=None, to_mask=None,
+                blocked_encoder_mask=None, {cache}=None, **kwargs):
+        output, _ = self.attention(hidden_states, attention_mask=attention_mask, {cache}={cache}, band_mask=band_mask,
+                                   from_mask=from_mask, to_mask=to_mask, from_blocked_mask=blocked_encoder_mask,
+                                   to_blocked_mask=blocked_encoder_mask, **kwargs)
+        return output
+'''
+
+
+@pytest.mark.parametrize("shape,cache", _cases(CLEARED))
+def test_a_call_with_more_arguments_than_a_candidate_takes_does_not_reach_it(shape, cache):
+    # big_bird: `self.self` is either attention; the block-sparse call's six positional
+    # arguments cannot bind to the full attention's five parameters, so its cache stays None
+    assert _copy_layer_rc104(shape, cache, SPARSE_LAYER) == []
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_a_kept_cache_reaching_the_full_attention_by_keyword_is_written(shape, cache):
+    assert len(_copy_layer_rc104(shape, cache, SPARSE_LAYER)) == 1
