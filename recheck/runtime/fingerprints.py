@@ -86,7 +86,8 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
 
     Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by metadata
     and :func:`~recheck.runtime.digests.tensor_digest`; tuples, lists, dicts and sets by
-    length and content (up to ``_MAX_ITEMS`` items and three levels); objects of user classes by their
+    length and content (up to ``_MAX_ITEMS`` items and three levels, and a short list of plain
+    scalars below that); objects of user classes by their
     class and ``__dict__`` (never their identity or repr: two objects with equal state are equal);
     modules, functions, generators (whose streams are compared as RNG state) and other objects by
     identity.
@@ -113,7 +114,9 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
         logger = value.logger if issubclass(cls, logging.LoggerAdapter) else value
         return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
                 tuple(map(id, logger.handlers)))
-    if depth <= 0 or issubclass(cls, (torch.nn.Module, type)) or callable(value):
+    if depth <= 0 and not _plain_numbers(value):
+        return ("id", type(value).__name__, id(value))
+    if issubclass(cls, (torch.nn.Module, type)) or callable(value):
         return ("id", type(value).__name__, id(value))
     # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
     # (a transformers config holds a hundred of them, printed at every observation)
@@ -140,6 +143,12 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     return ("id", type(value).__name__, id(value))
 
 
+def _plain_numbers(value: Any) -> bool:
+    """A short list or tuple of plain scalars (a scheduler's learning rates): printed by content
+    even at the depth limit, where two runs that each build an equal one would differ by identity."""
+    return type(value) in (list, tuple) and len(value) <= 64 and all(type(v) in _PLAIN for v in value)
+
+
 #: The attributes every ``nn.Module`` has for its own bookkeeping (``_parameters``, hooks, ...):
 #: never a module's *state* in the sense a finding means (``training`` is, and stays).
 MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
@@ -162,6 +171,7 @@ AS_IS = frozenset({int, str, bytes, type(None)})
 #: exact types :func:`fingerprint` prints as ``(type name, value)``: a container's items of
 #: these are printed in place
 _SCALARS = AS_IS | {bool}
+_PLAIN = _SCALARS | {float}
 
 
 # what :func:`shallow` does with a value, by its type (an ``issubclass`` chain is a call per

@@ -283,3 +283,12 @@ def test_an_object_is_printed_by_the_dict_getattr_gives_whatever_its_getattribut
         assert shallow(proxy)[2] == shallow(target)[2]
     target.hidden = 64
     assert shallow(proxy)[2] == shallow(target)[2]
+
+
+def test_a_short_list_of_numbers_at_the_depth_limit_prints_by_content() -> None:
+    """Two runs that each build an equal list of learning rates deep in an object print alike;
+    other values there still differ, and other containers there print by identity."""
+    assert fingerprint([1e-3, 2e-3], 0) == fingerprint([1e-3, 2e-3], 0)
+    assert fingerprint([1e-3, 2e-3], 0) != fingerprint([1e-3, 3e-3], 0)
+    assert fingerprint((1, "a", None, True), 0) == fingerprint((1, "a", None, True), 0)
+    assert fingerprint([[1.0]], 0) != fingerprint([[1.0]], 0)
