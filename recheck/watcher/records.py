@@ -20,6 +20,14 @@ DenseNet), changes its statistics between the forward and the recompute, and tha
 of the region's business.  A buffer the recompute updates is reported as "updated again"
 only when the forward updated it too (fairscale's patched BatchNorm updates its statistics
 in the recompute alone: once, as the uncheckpointed step does).
+
+A difference matters only where the region computes from it or the step keeps it: state
+changed between the forward and the recompute is reported where the region's code can read
+it (:mod:`recheck.runtime.reads`: a trainer's ``self._current_fx_name``, a config field no
+layer names, a global only another method reads are not) and the recompute does not start from
+what its forward started from (a ``context_fn`` that puts it back); state the recompute changes
+is reported where it ends other than its forward left it (a counter bumped twice, not a value
+put back or written again alike).
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple
 import torch
 
 from recheck.catalogue import explain, hint
-from recheck.runtime.reach import Reach
+from recheck.runtime.reach import Reach, is_library
+from recheck.runtime.reads import names_read, root_functions
 from recheck.runtime.bits import Tolerance, same
 from recheck.runtime.context import (ComputeContext, WiderContext, context_differences, current_context,
                                      wider_context, wider_differences)
@@ -73,7 +82,7 @@ class Forward:
                  "saved_buffers", "buffer_pointers", "parameter_pointers", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
-                 "subtrees", "predicted", "params_after", "wider")
+                 "subtrees", "predicted", "params_after", "wider", "state_entry", "names")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -136,6 +145,11 @@ class Forward:
         self.layout_memo: list[Any] | None = None
         #: ``state_modules + attribute_modules``: whose parameters a recompute compares
         self.scope_pairs: tuple[tuple[str, torch.nn.Module], ...] = ()
+        #: the state at forward entry, of the scope predicted then (:meth:`read_entry`): a recompute
+        #: that starts from it reads what its forward read
+        self.state_entry: capture.ModuleState | dict[tuple[str, str], Any] = _NO_ENTRIES  # type: ignore[assignment]
+        #: the names the region's code can read (``runtime.reads``; None: not known yet, or at all)
+        self.names: frozenset[str] | None = None
 
     def settle(self) -> None:
         """Once the forward returned and its scope and saved tensors are read: let go of what
@@ -188,6 +202,67 @@ class Forward:
             self.layout_memo = reach.kept.setdefault("layout", [])
         self.attribute_modules, self.touched_buffers = attribute_modules, tuple(touched)
         self.pointed = False  # a new scope: its storages are read when first asked for
+
+    def read_entry(self, store: Store) -> None:
+        """Read the state at forward entry: of the scope the region's last invocation had, or
+        of the callable's own modules and their submodules before its first (the modules that
+        run are known only when the forward returns)."""
+        reach, last = self.reach, self.reach.kept.get("scope")
+        if last is not None:  # (its very tuples: the layout the forward's exit reads is found by identity)
+            self.state_entry = capture.module_state(last[0], store, reach.writes.values(), attributes_of=last[1],
+                                                    reach=reach, memo=reach.kept.setdefault("layout", []))
+        else:
+            self.state_entry = capture.module_state(capture.with_submodules(reach, self.direct.values()), store,
+                                                    reach.writes.values(), reach=reach)
+
+    def read_names(self, function: Any) -> frozenset[str] | None:
+        """The names the callable ``function`` and the settled scope's code can read (None: not
+        known), found when a difference first asks (most invocations have none to ask about)
+        and kept with the reach for the same scope and code."""
+        if self.names is not None:
+            return self.names
+        roots = root_functions(function)
+        if roots is None:
+            return None
+        pairs, reach = self.scope_pairs, self.reach
+        codes = tuple(root.__code__ for root in roots)
+        kept = reach.kept.get("names")
+        if kept is not None and kept[0] is pairs and kept[1] == codes:
+            self.names = kept[2]
+            return self.names
+        modules = list(map(_MODULE, pairs))
+        classes = {type(module) for module in modules} | {type(value) for value in reach.objects.values()}
+        classes |= {type(value) for module in modules for value in vars(module).values()
+                    if not is_library(type(value).__module__)}
+        owner = getattr(function, "__self__", None)
+        if owner is not None:
+            classes.add(type(owner))
+        for module in modules:
+            roots += root_functions(module) or ()
+        self.names = names_read(roots, classes)
+        reach.kept["names"] = (pairs, codes, self.names)
+        return self.names
+
+    def reads(self, function: Any, key: tuple[str, str], then: Any = None, now: Any = None) -> bool:
+        """Whether the code of the region (``function`` and its scope) can read the state ``key``
+        names, whose entry went from ``then`` to ``now``: its name, and for an object changed in
+        place one of the fields that changed (a config every layer holds, whose ``problem_type``
+        no layer reads)."""
+        if key[0] not in ("attribute", "global"):
+            return True
+        names = self.read_names(function)
+        if names is None:
+            return True
+        if parts_of(key[1]).name not in names:
+            return False
+        fields = capture._changed_fields(then, now) if then is not None and now is not None else None
+        if not fields:
+            return True
+        # a transformers config reads some fields under other names (``hidden_size`` is ``n_embd``)
+        aliases = getattr(type(now[1]), "attribute_map", None)
+        if isinstance(aliases, dict):
+            names = names | {field for alias, field in aliases.items() if alias in names}
+        return any(name in names for name, _, _ in fields)
 
     def state(self, store: Store) -> capture.ModuleState:
         """The compared state now: buffers and attributes of the scope, the globals written."""
@@ -546,6 +621,10 @@ class InvocationRecord:
             self.forward.direct.setdefault(id(module), module)
         capture.buffer_versions(self.forward.direct.values(), self.forward.buffers_seen, self.forward.walked,
                                 self.forward.subtrees)
+        try:
+            self.forward.read_entry(self.store)
+        except Exception as exc:  # noqa: BLE001 - then a recompute is compared with the forward's exit only
+            self.could_not("read the state at forward entry", exc)
         if args is not None:
             # an input changed in place by the forward: its version moves (a write through
             # ``.data`` does not; under early_stop=False the bytes are compared as well)
@@ -745,7 +824,7 @@ class InvocationRecord:
         entry, _ = capture.entry_state(forward.reach, with_text=False)
         for key, value in entry.items():
             kind, subject = key
-            if kind == "global" and forward.entry.get(key, value) != value:
+            if kind == "global" and forward.entry.get(key, value) != value and forward.reads(self.function, key):
                 now = capture.global_text(forward.reach, key)
                 self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
                           subject=subject)
@@ -774,9 +853,14 @@ class InvocationRecord:
         if changes or self.context_changes:
             self.context_changes = tuple(changes)
         state_entry = forward.state(self.store)
-        # a global changed outside the region is the `global` finding above, when the region reads it
+        # a global changed outside the region is the `global` finding above, when the region reads it;
+        # state the region cannot read, or that is back as its forward found it (a ``context_fn``
+        # that puts it back for the recompute), is not what it computes from
+        started = forward.state_entry
         self._compare_state(forward.state_exit, state_entry, "changed between forward and recompute",
-                            leave_out=_is_global)
+                            leave_out=_is_global,
+                            matters=lambda key, then, now: forward.reads(self.function, key, then, now)
+                            and not (key in started and now is not None and same(started[key], now, self.tolerance)))
         return entry, state_entry
 
     def end_recompute(self, entry: dict[tuple[str, str], Any], state_entry: capture.ModuleState,
@@ -801,9 +885,12 @@ class InvocationRecord:
         late = self._late_keys if self.replay_fully and self.early_stop is True else _NONE
         # a buffer the forward did not write is updated by the recompute alone: once, as without
         # checkpoint (fairscale runs BatchNorm's update in the recompute only)
-        written = forward.written_buffers
+        # and a recompute that leaves the state as its forward left it changed nothing the step keeps
+        written, left = forward.written_buffers, forward.state_exit
         self._compare_state(state_entry, state_exit, "updated again by the recompute", late,
-                            leave_out=lambda key: key[0] == "buffer" and key[1] not in written)
+                            leave_out=lambda key: key[0] == "buffer" and key[1] not in written,
+                            matters=lambda key, then, now: not (key in left and now is not None
+                                                                and same(left[key], now, self.tolerance)))
         if has_output and forward.outputs is None and self._stops_early():
             self._add("recompute", f"the recompute saved fewer than the {len(forward.saved)} tensors its forward "
                       "saved for backward", subject=_SAVED,
@@ -913,9 +1000,11 @@ class InvocationRecord:
 
     def _compare_state(self, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
                        latent_keys: frozenset[tuple[str, str]] = frozenset(),
-                       leave_out: Callable[[tuple[str, str]], bool] | None = None) -> None:
+                       leave_out: Callable[[tuple[str, str]], bool] | None = None,
+                       matters: Callable[[tuple[str, str], Any, Any], bool] | None = None) -> None:
         """A finding for each :func:`state_changes` gives; those of ``latent_keys`` are latent."""
-        for key, kind, message, detail in state_changes(before, after, how, self.tolerance, self.store, leave_out):
+        for key, kind, message, detail in state_changes(before, after, how, self.tolerance, self.store, leave_out,
+                                                        matters):
             self._add(kind, message, subject=key[1], detail=detail, latent=key in latent_keys)
 
     def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> _Draft:
@@ -974,12 +1063,13 @@ class _Draft(NamedTuple):
 def state_changes(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
                   tolerance: Tolerance | None = None, store: Store = "digest",
                   leave_out: Callable[[tuple[str, str]], bool] | None = None,
+                  matters: Callable[[tuple[str, str], Any, Any], bool] | None = None,
                   ) -> Iterator[tuple[tuple[str, str], str, str, str]]:
     """How a compared state differs between two moments (a forward's exit and its recompute's
     entry, or a recompute's entry and exit), ``how`` saying which: ``(key, kind, message,
     detail)`` for each buffer changed (``buffer``), each attribute or written global changed,
     appeared or gone (``state``), the key's subject being the finding's.  Keys ``leave_out``
-    accepts are skipped.  The one state comparison of an invocation record and of the
+    accepts are skipped, and changes ``matters(key, then, now)`` rejects (entries: None where absent).  The one state comparison of an invocation record and of the
     recompute probe (:mod:`recheck.watcher.probe`); entries are equal by :func:`same`."""
     if before is after:  # (the shared state of no modules: a region of plain functions)
         return
@@ -993,7 +1083,7 @@ def state_changes(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[st
     changed += [(key, before[key], None) for key in before.keys() - after.keys()]
     for key, then, now in changed:
         if then is not None and now is not None and same(then, now, tolerance) \
-                or leave_out is not None and leave_out(key):
+                or leave_out is not None and leave_out(key) or matters is not None and not matters(key, then, now):
             continue
         what, subject = key
         if what != "buffer":
