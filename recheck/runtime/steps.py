@@ -106,9 +106,9 @@ class StepState:
         return restore
 
     def loop_snapshot(self) -> Callable[[], None]:
-        """Copy the training loop's own state now (optimizers in place, see :class:`_OptimizerCopy`;
-        schedulers and gradient scalers through their ``state_dict``); the returned function
-        puts that copy back."""
+        """Copy the training loop's own state now (optimizers, wrapped ones too, in place: see
+        :func:`_optimizer_copy`; schedulers and gradient scalers through their ``state_dict``,
+        keeping their objects: :class:`_StatefulCopy`); the returned function puts that copy back."""
         copies = [_optimizer_copy(opt) for opt in self.optimizers] + [_StatefulCopy(obj) for obj in self.stateful]
 
         def restore() -> None:
