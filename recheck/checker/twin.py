@@ -151,6 +151,7 @@ class Twin:
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
         self.snapshot.closures(step)  # (a batch list it pops from, a list it appends to)
         self.snapshot.refuse_iterators()
+        self.inputs = [tensor for _, tensor in inputs]
         for path, tensor in inputs:  # a region's inputs (check()), named by their path
             self.snapshot.add(("input", id(tensor)), functools.partial(TensorRecord, "input_mutation", path, tensor))
         self._restore_loop = self.state.loop_snapshot()
@@ -524,14 +525,14 @@ def _to_float64(twin: Twin) -> None:
     one run of the rerun: each run starts from the snapshot, so both twins start alike and a
     ``torch.rand([])`` draws the same in both).
 
-    Parameters, buffers, loose tensors (the data), optimizer state and the gradients a run
+    Parameters, buffers, loose tensors (the data, a region's inputs), optimizer state and the gradients a run
     starts from change dtype in place; the twin's snapshot puts every one of them back (dtype,
     bytes and version), and the default dtype, when the run ends.
     """
     torch.set_default_dtype(torch.float64)  # tensors the step makes itself are float64 too
     tensors = list(twin.parameters.values())
     tensors += [b for _, m in twin.reach.modules.values() for b in m._buffers.values() if b is not None]
-    tensors += list(twin.reach.tensors.values())
+    tensors += list(twin.reach.tensors.values()) + twin.inputs
     tensors += [v for opt in twin.state.optimizers for st in opt.state.values() for v in st.values()
                 if isinstance(v, torch.Tensor)]
     with torch.no_grad():
@@ -544,34 +545,44 @@ def _to_float64(twin: Twin) -> None:
 
 
 class _Narrowing(torch.overrides.TorchFunctionMode):
-    """Watches a float64 rerun for the first call that turns float64 input into a narrower
-    floating-point result (an MoE router's ``hidden.float()``): past it, the step rounds as
-    before and the rerun cannot tell rounding from a hazard."""
+    """Watches a float64 rerun for the first call of the step's code (not recheck's) that turns
+    float64 input into a narrower floating-point result (an MoE router's ``hidden.float()``):
+    past it, the step rounds as before and the rerun cannot tell rounding from a hazard."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.first: str | None = None
+    first: str | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
         if self.first is None and isinstance(result, torch.Tensor) and result.is_floating_point() \
                 and result.dtype != torch.float64 \
                 and any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
-            from recheck.runtime.naming import call_site
+            frame = _caller(sys._getframe(1), _INSIDE[:1])
+            if frame is not None and not frame.f_code.co_filename.startswith(_INSIDE):
+                from recheck.runtime.naming import relative
 
-            name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
-            where = call_site(1)
-            self.first = (f"{name.replace('TensorBase.', 'Tensor.')} computes in "
-                          f"{str(result.dtype).removeprefix('torch.')}" + (f" at {where}" if where else ""))
+                name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
+                self.first = (f"{name.replace('TensorBase.', 'Tensor.')} computes in "
+                              f"{str(result.dtype).removeprefix('torch.')} at "
+                              f"{relative(frame.f_code.co_filename)}:{frame.f_lineno}")
         return result
+
+
+#: torch's and recheck's own folders: their frames are passed over where the step's code is named
+_INSIDE = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch, sys.modules["recheck"]))
+
+
+def _caller(frame: Any, inside: tuple[str, ...]) -> Any:
+    """The nearest frame from ``frame`` outward whose file is not under ``inside``."""
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame = frame.f_back
+    return frame
 
 
 def _raised_at(error: BaseException) -> str:
     """The error a float64 rerun raised, with the innermost frame of the user's code it came through."""
     from recheck.runtime.naming import relative
 
-    inside = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch, sys.modules["recheck"]))
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(inside)]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_INSIDE)]
     where = f" in {frames[-1].name} at {relative(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
     return f"{type(error).__name__}{where}: {one_line(str(error), 200)}"
 
@@ -587,14 +598,6 @@ def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> li
             or (f.kind == "rng" and not any(h in str(f.subject) for h in host))]
 
 
-def _float64_stop(twin: Twin) -> str | None:
-    """Why the step cannot be rerun in float64 at all, before trying (the same on every rank)."""
-    if twin.spans_ranks and any(unwrapped(p) is not None for p in twin.parameters.values()):
-        return ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
-                "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not run in float64")
-    return None
-
-
 def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,
                        bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
     """Findings that are rounding (accumulation order) become notes with their size; the rest stay.
@@ -605,13 +608,16 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
     :data:`SIZE_BOUND` ulp of the largest value of its kind is rounding, and the note says what
     stopped the rerun.  Not rerun where a cause the check found explains the values.
     """
-    values = [f for f in findings if f.kind in _VALUE_KINDS and _difference(f, written, bypassed) is not None]
+    values = [f for f in findings if f.kind in _VALUE_KINDS and (_difference(f, written, bypassed) or (0,))[0] > 0]
     watched = [*(written.report.findings if written.report is not None else ()), *written.probe]
     wanted = bool(values) and not _value_causes(findings, watched)
     if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
-    stopped = _float64_stop(twin)
     written64 = bypassed64 = None
+    stopped = None
+    if twin.spans_ranks and any(unwrapped(p) is not None for p in twin.parameters.values()):
+        stopped = ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
+                   "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not run in float64")
     if stopped is None:
         narrowing = _Narrowing()
         try:

@@ -1058,7 +1058,8 @@ class Snapshot:
         ``trust_observed`` (only for :meth:`observe_and_restore`): tensors the last
         :meth:`observe` found unchanged are not compared again.
         """
-        for record in reversed(self.records):
+        # gradients last: a parameter's dtype goes back first (check_step's float64 rerun)
+        for record in sorted(reversed(self.records), key=lambda r: isinstance(r, GradRecord)):
             try:
                 if isinstance(record, TensorRecord):
                     record.restore(trust_observed)
