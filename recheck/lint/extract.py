@@ -1038,6 +1038,8 @@ def _call_site(node: ast.Call, entry: tuple[str, int, str], context: FunctionCon
         passed = (len(node.args) - 1, tuple(k for k in keywords if k is not None and k not in CHECKPOINT_KEYWORDS))
     return CallSite(
         passed=passed,
+        none_positions=tuple(i for i, a in enumerate(node.args[1:]) if isinstance(a, ast.Constant) and a.value is None)
+        if passed is not None else (),
         span=context.span(node),
         entry=name,
         caller=context.qualname,

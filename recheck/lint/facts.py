@@ -236,6 +236,8 @@ class CallSite:
     region_source: str = ""  # the region argument as written, for --statistics and --show-regions
     #: what the call passes to the region: (positional count, keyword names); None if unknown
     passed: tuple[int, tuple[str, ...]] | None = None
+    #: the positions in ``passed`` of arguments given as a literal ``None``
+    none_positions: tuple[int, ...] = ()
     #: the value ``use_reentrant`` is given when it is a constant (None when absent or unknown)
     reentrant: bool | None = None
 

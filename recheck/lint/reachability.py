@@ -264,7 +264,8 @@ def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...],
     every ``**`` splat of a name in ``empty`` (parameters the caller got none of).  An
     argument that is ``None``, or a name that is None while those parameters are (a copy
     of one, see :func:`none_names`), passes nothing to the ``callee`` parameter it binds
-    to, by keyword or by position."""
+    to, by keyword or by position; nor does a splat of the caller's ``**kwargs`` pass one
+    of the caller's named parameters (positional-only ones are not told apart)."""
     _, _, positional, keywords, splats, _, arguments = call
     if positional < 0:
         return None
@@ -286,8 +287,14 @@ def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...],
         # `f(x, cache=cache, **kwargs)`: the splat may give any other parameter, not `cache`;
         # nor a keyword the caller's own `**kwargs` is known to hold as None (see empty_params)
         named = {name for name, _ in pairs}
-        return positional, (*passed, SPLAT, *nones, *(f"-{name}" for name in sorted(held - named)
-                                                      if kwarg and kwarg in splats))
+        if kwarg and kwarg in splats:
+            nones += tuple(f"-{name}" for name in sorted(held - named))
+            if callee is not None and all(name == kwarg or name in empty for name in splats):
+                # the caller's `**kwargs` never holds a keyword naming one of its own parameters
+                bound = set(callee.params[:positional]) | named
+                nones += tuple(f"-{name}" for name in sorted(set(caller.params) | set(caller.keyword_only))
+                               if name not in bound and (name in callee.params or name in callee.keyword_only))
+        return positional, (*passed, SPLAT, *nones)
     return positional, (*passed, *nones)
 
 

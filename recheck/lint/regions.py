@@ -486,7 +486,16 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
 
 
 def _root_passed(region: Region) -> tuple[int, tuple[str, ...]] | None:
-    return region.site.passed if region.site is not None else region.passed
+    """What the checkpointing passes the root; a ``None`` argument of the call passes nothing
+    to the parameter it binds to (when the region is bound or a plain function, so that
+    arguments bind to its parameters in order)."""
+    site = region.site
+    if site is None or site.passed is None:
+        return site.passed if site is not None else region.passed
+    if site.none_positions and (region.function.self_class is None or all(r.kind in _BOUND for r in site.targets)):
+        params = region.function.params
+        return site.passed[0], (*site.passed[1], *(f"-{params[i]}" for i in site.none_positions if i < len(params)))
+    return site.passed
 
 
 #: the rules, by the phase-two hooks they implement

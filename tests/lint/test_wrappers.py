@@ -375,3 +375,49 @@ def test_a_call_with_more_arguments_than_a_candidate_takes_does_not_reach_it(sha
 @pytest.mark.parametrize("shape,cache", _cases(KEPT))
 def test_a_kept_cache_reaching_the_full_attention_by_keyword_is_written(shape, cache):
     assert len(_copy_layer_rc104(shape, cache, SPARSE_LAYER)) == 1
+
+
+@pytest.mark.parametrize("shape,cache", _cases(KEPT))
+def test_a_layers_own_cache_parameter_is_never_in_its_splatted_kwargs(shape, cache):
+    # idefics: the layer names `cache` and splats only `**kwargs` into the attention, which
+    # cannot hold `cache`: the attention's cache is None whatever the wrapper keeps
+    layer = COPY_LAYER.replace("self.self_attention(hidden_states, position_embeddings, attention_mask, "
+                               "self_attn_cache, **kwargs)", "self.self_attention(hidden_states, **kwargs)")
+    layer = layer.replace("self.cross_attention(output, {cache}=None, **kwargs)",
+                          "self.cross_attention(hidden_states=output, attention_mask=attention_mask, **kwargs)")
+    assert _copy_layer_rc104(shape, cache, layer) == []
+
+
+CHECKPOINT_NONE = '''
+import torch
+from torch import nn
+
+
+class DecoderLayer(nn.Module):
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, position_ids=None):
+        key, value = self.k(hidden_states), self.v(hidden_states)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        return hidden_states
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer() for _ in range(2)])
+
+    def forward(self, hidden_states, past_key_values=None, attention_mask=None, position_ids=None):
+        for block in self.layers:
+            hidden_states = torch.utils.checkpoint.checkpoint(
+                block.__call__, hidden_states, {cache}, attention_mask, position_ids, use_reentrant=False)
+        return hidden_states
+'''
+
+
+def test_a_checkpoint_call_passing_none_for_the_cache_position_is_not_written():
+    # clvp (4.5x): `checkpoint(block.__call__, hidden_states, None, attention_mask, ...)`
+    assert _rc104(lint_sources({"model.py": CHECKPOINT_NONE.format(cache="None")})) == []
+
+
+def test_a_checkpoint_call_passing_the_cache_by_position_is_written():
+    assert len(_rc104(lint_sources({"model.py": CHECKPOINT_NONE.format(cache="past_key_values")}))) == 1
