@@ -3,9 +3,15 @@
 :class:`EffectCapture` is a context manager; while it is active every call of a
 ``logging.Logger`` emitting method (``debug`` ... ``critical``, ``log``; ``exception`` goes through ``error``)
 is recorded whether or not the logger's level lets it through, writes to
-``sys.stdout`` / ``sys.stderr`` are recorded, and warnings are recorded with the
-``always`` filter.  With ``passthrough=True`` the output still reaches the user
-(the plain reference run); otherwise it is swallowed (the checkpointed runs).
+``sys.stdout`` / ``sys.stderr`` are recorded, and so are the warnings the program's own filters
+show.  With ``passthrough=True`` the output still reaches the user (the plain reference run);
+otherwise it is swallowed (the checkpointed runs).
+
+Note:
+    A warning counts only where it is shown. Python shows a warning once per location and text
+    under its default filters, so the recompute of a region that warns shows nothing again and
+    repeats nothing; under an ``always`` filter it is shown again, and recorded. No filter is
+    added: the user sees what they would see without recheck.
 
 What a capture records is what its own thread emits: a ``watch()`` block sees recomputes run
 in several threads at once, and each one's capture must neither record another thread's
@@ -14,10 +20,9 @@ wrapped ``sys.stdout`` or a dead warnings hook behind.  So the process-wide hook
 installed once, when the first capture starts (or a ``watch()`` block takes
 :func:`hold_logging`), and removed once, when the last capture ends and no block holds them
 (counted under one lock), and each hook routes by the calling thread's stack of active
-captures (see :class:`_Router`, :class:`_ThisThreadCaptures`, :func:`_show`).  Removing them
-puts back the very objects found: ``sys.stdout`` and ``sys.stderr`` (unless the program
-replaced them meanwhile), ``warnings._showwarnmsg``, the contents of ``warnings.filters``
-(less the one filter added) and ``logging.Logger``'s methods.
+captures (see :class:`_Router`, :func:`_show`).  Removing them puts back the very objects
+found: ``sys.stdout`` and ``sys.stderr`` (unless the program replaced them meanwhile),
+``warnings._showwarnmsg`` and ``logging.Logger``'s methods.
 
 Not seen: writes to file descriptors 1/2 from C code, ``print(file=sys.__stdout__)``,
 output of threads that run no capture, and loggers whose class overrides the emitting methods.
@@ -37,8 +42,8 @@ from recheck.runtime.holds import Hold
 __all__ = ["Effect", "EffectCapture", "hold_logging", "release_logging"]
 
 #: the warnings module, typed loosely: its display hooks ``_showwarnmsg`` and ``_showwarnmsg_impl``
-#: and ``_filters_mutated`` are private (the stubs do not declare them; ``filters`` is declared a
-#: read-only sequence), yet they are what every warning is shown and filtered through
+#: and ``_filters_mutated`` are private (the stubs do not declare them), yet they are what every
+#: warning is shown through
 _WARNINGS: Any = warnings
 
 _LOG_METHODS = {
@@ -103,10 +108,9 @@ class EffectCapture:
     """Record the logging, stdout/stderr writes and warnings of the thread that enters it, while
     active (not re-entrant; captures nest on a thread, see below).
 
-    A write to stdout/stderr is recorded by the thread's innermost capture and, while that one
-    passes it through, by the one outside it, and so on; what every capture passes through reaches
-    the stream.  A warning is recorded by the innermost capture, which re-emits it on exit when it
-    passes output through (the capture outside it then records it).  A logging call is recorded by
+    A write to stdout/stderr, or a warning shown, is recorded by the thread's innermost capture
+    and, while that one passes it through, by the one outside it, and so on; what every capture
+    passes through reaches the stream.  A logging call is recorded by
     every capture of the thread.  The hooks are process-wide and installed while any
     capture is active or held (see :func:`hold_logging`); a capture only puts itself on its
     thread's stack.
@@ -115,7 +119,8 @@ class EffectCapture:
     def __init__(self, passthrough: bool = False) -> None:
         self.passthrough = passthrough
         self.effects: list[Effect] = []
-        self._caught: list[warnings.WarningMessage] = []
+        #: whether it kept a warning from the user: its "shown once" marks are then forgotten at exit
+        self._swallowed = False
         #: the thread's stack this capture is on while active
         self._stack: list[EffectCapture] | None = None
         #: the warnings module's display functions at entry: a warning shown through others was
@@ -145,8 +150,8 @@ class EffectCapture:
                 del stack[index]
                 break
         try:
-            for message in self._caught if self.passthrough else ():
-                warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+            if self._swallowed:  # what it kept from the user is shown by the next run that shows
+                _WARNINGS._filters_mutated()  # output, as ``catch_warnings`` forgets on exit
         finally:
             with _LOCK:
                 _leave()
@@ -184,36 +189,22 @@ class _Router:
         return getattr(self._target, name)
 
 
-class _ThisThreadCaptures:
-    """The message pattern of the ``always`` filter a capture puts first in ``warnings.filters``:
-    it matches only in a thread that runs a capture, so another thread's warnings meet the user's
-    filters as they are (a filter's message pattern is asked ``match(text)``, in C as in Python)."""
-
-    __slots__ = ()
-
-    def match(self, text: str) -> bool:
-        return bool(_captures())
-
-    def __repr__(self) -> str:
-        return "<recheck: any warning of a thread whose effects are captured>"
-
-
-_FILTER = ("always", _ThisThreadCaptures(), Warning, None, 0)
-
-
 def _show(message: warnings.WarningMessage) -> None:
     """``warnings._showwarnmsg`` while any capture is active (the warnings module, C and Python,
-    shows every warning a filter lets through with it): the innermost capture of the calling
-    thread records the warning, unless the region changed how warnings are shown since that
-    capture began; everything else is shown as before."""
+    shows every warning the program's filters let through with it): recorded by the calling
+    thread's captures as a write is (:class:`_Router`), unless the region changed how warnings
+    are shown since its innermost capture began; shown as before where every capture passes
+    output through."""
     stack = _captures()
     if stack:
-        capture = stack[-1]
-        if warnings.showwarning is capture._showwarning and _WARNINGS._showwarnmsg_impl is capture._showwarnmsg_impl:
-            capture._caught.append(message)  # re-emitted at its exit when it passes output through
-            # recorded now, in order with the other effects (a full replay counts those before a point)
-            capture.effects.append(Effect("warning", f"{message.category.__name__}: {message.message}"))
-            return
+        innermost = stack[-1]
+        if warnings.showwarning is innermost._showwarning and _WARNINGS._showwarnmsg_impl is innermost._showwarnmsg_impl:
+            effect = Effect("warning", f"{message.category.__name__}: {message.message}")
+            for capture in reversed(stack):
+                capture.effects.append(effect)
+                if not capture.passthrough:
+                    capture._swallowed = True
+                    return
     _FOUND["_showwarnmsg"](message)
 
 
@@ -226,9 +217,6 @@ _ROUTERS: list[tuple[str, _Router]] = []
 #: the warnings module's display function found at installation (kept after removal: a caller
 #: holding ``_show`` still reaches it)
 _FOUND: dict[str, Any] = {"_showwarnmsg": _WARNINGS._showwarnmsg}
-#: the filter lists ``_FILTER`` was put into (the program may swap ``warnings.filters`` for
-#: another list, with ``catch_warnings``); it is taken out of each at removal
-_FILTER_LISTS: list[list[Any]] = []
 #: per patched method: what ``logging.Logger.__dict__`` held before (None: nothing) and the
 #: method the patch calls on, both read at installation
 _SAVED: dict[str, Any] = {}
@@ -261,8 +249,8 @@ def _leave() -> None:
 
 
 def _install() -> None:
-    """Install every hook: ``logging.Logger``'s methods, the stream routers, the warnings filter
-    and display function."""
+    """Install every hook: ``logging.Logger``'s methods, the stream routers, the warnings display
+    function."""
     logger_class = logging.Logger
     namespace = vars(logger_class)  # (a live view: one for the seven methods)
     for name, emit in _EMITTERS.items():
@@ -274,10 +262,7 @@ def _install() -> None:
 
 def _route() -> None:
     """Route ``sys.stdout``, ``sys.stderr`` and the display of warnings through the hooks, where
-    they are not already, and put ``_FILTER`` first in the filters (a filter added since the last
-    capture began goes after it).  Then reset the registries of warnings shown once, as
-    ``catch_warnings`` does on entry: a warning its forward showed once is recorded when the
-    recompute shows it again."""
+    they are not already."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and type(stream) is not _Router:
@@ -287,26 +272,6 @@ def _route() -> None:
     if _WARNINGS._showwarnmsg is not _show:
         _FOUND["_showwarnmsg"] = _WARNINGS._showwarnmsg
         _WARNINGS._showwarnmsg = _show
-    filters = _current_filters()
-    if not filters or filters[0] is not _FILTER:
-        _remove_filter(filters)
-        filters.insert(0, _FILTER)
-        if not any(known is filters for known in _FILTER_LISTS):
-            _FILTER_LISTS.append(filters)
-    _WARNINGS._filters_mutated()
-
-
-def _current_filters() -> list[Any]:
-    """The filter list warnings are matched against now: ``warnings.filters``, or from Python 3.14
-    the list of the innermost ``catch_warnings`` where those hold their own (context-aware warnings)."""
-    current = getattr(warnings, "_get_filters", None)
-    return current() if current is not None else _WARNINGS.filters  # a list, that we change in place
-
-
-def _remove_filter(filters: list[Any]) -> None:
-    for index in range(len(filters) - 1, -1, -1):
-        if filters[index] is _FILTER:
-            del filters[index]
 
 
 def _uninstall() -> None:
@@ -319,10 +284,6 @@ def _uninstall() -> None:
         _ROUTERS.clear()
         if _WARNINGS._showwarnmsg is _show:
             _WARNINGS._showwarnmsg = _FOUND["_showwarnmsg"]
-        for filters in (*_FILTER_LISTS, _current_filters()):
-            _remove_filter(filters)
-        _FILTER_LISTS.clear()
-        _WARNINGS._filters_mutated()
     finally:
         logger_class = logging.Logger
         namespace = vars(logger_class)

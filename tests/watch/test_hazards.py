@@ -259,6 +259,42 @@ def test_what_a_module_emits_while_a_recompute_imports_it_is_the_import_s(tmp_pa
     assert "loaded once" in capsys.readouterr().out  # the import's output reaches the stream as it was
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_warning_the_filters_show_once_is_shown_once_and_is_no_finding(reentrant, capsys):
+    # Python shows a warning once per location and text (the default filter): the recompute's is
+    # not shown, so it repeats nothing; under watch() the user sees what they see without it
+    import warnings
+
+    def deprecated(x):
+        warnings.warn(f"old_api is deprecated ({reentrant})", FutureWarning)
+        return x.sin().cos()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, category, *rest, **more: print(f"shown: {message}")
+        with recheck.watch(raise_on_finding=False) as w:
+            checkpoint(deprecated, inputs(), use_reentrant=reentrant).sum().backward()
+    assert w.report.ok, str(w.report)
+    assert capsys.readouterr().out.count("shown: old_api is deprecated") == 1
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_warning_the_filters_show_every_time_is_a_repeated_side_effect(reentrant, capsys):
+    import warnings
+
+    def loud(x):
+        warnings.warn("shown at every call", UserWarning)
+        return x.sin().cos()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, *rest, **more: print(f"shown: {message}")
+        with recheck.watch(raise_on_finding=False) as w:
+            checkpoint(loud, inputs(), use_reentrant=reentrant).sum().backward()
+    assert any("warning" in finding.message for finding in w.report.by_kind("side_effect")), str(w.report)
+    assert capsys.readouterr().out.count("shown: shown at every call") == 2  # forward and recompute, as without recheck
+
+
 def test_early_stop_off_replays_fully_and_marks_latent_findings():
     def late_print(x):
         y = x.sin().exp()
