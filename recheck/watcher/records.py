@@ -44,7 +44,7 @@ from recheck.runtime.reads import names_read, root_functions
 from recheck.runtime.bits import Tolerance, same
 from recheck.runtime.context import (ComputeContext, WiderContext, context_differences, current_context,
                                      wider_context, wider_differences)
-from recheck.runtime.fingerprints import same_objects
+from recheck.runtime.fingerprints import same_objects, shallow
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
 from recheck.runtime.naming import buffer_subject, grad_subject
 from recheck.runtime.trees import input_tensors, tensors
@@ -82,7 +82,8 @@ class Forward:
                  "saved_buffers", "buffer_pointers", "parameter_pointers", "pointed", "direct", "ran",
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
-                 "subtrees", "predicted", "params_after", "wider", "state_entry", "names")
+                 "subtrees", "predicted", "params_after", "wider", "state_entry", "names",
+                 "written_values")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -150,6 +151,9 @@ class Forward:
         self.state_entry: capture.ModuleState | dict[tuple[str, str], Any] = _NO_ENTRIES  # type: ignore[assignment]
         #: the names the region's code can read (``runtime.reads``; None: not known yet, or at all)
         self.names: frozenset[str] | None = None
+        #: the tensors the forward wrote into attributes (the attribute, or a holder's fields), by
+        #: their bytes (:func:`_tensor_bytes`): a recompute that writes the same bytes again is alike
+        self.written_values: dict[tuple[str, str], Any] = _NO_ENTRIES  # type: ignore[assignment]
 
     def settle(self) -> None:
         """Once the forward returned and its scope and saved tensors are read: let go of what
@@ -673,6 +677,10 @@ class InvocationRecord:
             forward.params_after = capture.parameter_versions(forward.reach, forward.scope_pairs)
         forward.predicted = None
         forward.state_exit = forward.state(self.store)
+        try:
+            self._read_written(forward)
+        except Exception as exc:  # noqa: BLE001 - then a holder written again alike is reported
+            self.could_not("read the tensors the forward wrote", exc)
         if has_output and not self._stops_early():
             forward.outputs = _tensor_leaves(output, "output", self.store)
         if self._at_last_save is not None:
@@ -712,6 +720,24 @@ class InvocationRecord:
                 saved.print = print_activation(tensor, store)
         forward.settle()
         self.forward_done = True
+
+    def _read_written(self, forward: Forward) -> None:
+        """Keep the bytes of the tensors the forward wrote into attributes (rarely any: compared
+        by identity when the state is unchanged)."""
+        started, left = forward.state_entry, forward.state_exit
+        if not started or _all_equal(started, left):
+            return
+        # of two states of one layout, only the entries that may differ (a BatchNorm's statistics)
+        differing = started.differing(left) if isinstance(started, capture.ModuleState) else None
+        before, after = differing if differing is not None else (_entries(started), _entries(left))
+        written = {}
+        for key, now in after.items():
+            if key[0] == "attribute" and (key not in before or not same(before[key], now)):
+                found = _tensor_bytes(now[1], self.store)
+                if found is not None:
+                    written[key] = found
+        if written:
+            forward.written_values = written
 
     def _stops_early(self) -> bool:
         """Whether no recompute of this call can return its output: torch's non-reentrant
@@ -886,11 +912,12 @@ class InvocationRecord:
         # a buffer the forward did not write is updated by the recompute alone: once, as without
         # checkpoint (fairscale runs BatchNorm's update in the recompute only)
         # and a recompute that leaves the state as its forward left it changed nothing the step keeps
-        written, left = forward.written_buffers, forward.state_exit
+        written, left, values = forward.written_buffers, forward.state_exit, forward.written_values
         self._compare_state(state_entry, state_exit, "updated again by the recompute", late,
                             leave_out=lambda key: key[0] == "buffer" and key[1] not in written,
-                            matters=lambda key, then, now: not (key in left and now is not None
-                                                                and same(left[key], now, self.tolerance)))
+                            matters=lambda key, then, now: not (
+                                key in left and now is not None and same(left[key], now, self.tolerance)
+                                or key in values and _alike(values[key], _tensor_bytes(now[1], self.store))))
         if has_output and forward.outputs is None and self._stops_early():
             self._add("recompute", f"the recompute saved fewer than the {len(forward.saved)} tensors its forward "
                       "saved for backward", subject=_SAVED,
@@ -1117,6 +1144,27 @@ def _all_equal(before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, 
 def _entries(state: capture.ModuleState | Mapping[tuple[str, str], Any]) -> Mapping[tuple[str, str], Any]:
     """A state's entries as a dict (a released forward's state is an empty dict already)."""
     return state.entries() if isinstance(state, capture.ModuleState) else state
+
+
+def _tensor_bytes(value: Any, store: Store) -> Any:
+    """A tensor, or a plain holder's fields with its tensors, by their bytes (None: no tensor):
+    what a K/V carrier holds is equal when the same bytes are written into it again."""
+    if isinstance(value, torch.Tensor):
+        return print_tensor(value, store)
+    fields = getattr(value, "__dict__", None)
+    if type(fields) is not dict or isinstance(value, torch.nn.Module) \
+            or not any(isinstance(field, torch.Tensor) for field in fields.values()):
+        return None
+    return {name: print_tensor(field, store) if isinstance(field, torch.Tensor) else shallow(field)
+            for name, field in fields.items()}
+
+
+def _alike(then: Any, now: Any) -> bool:
+    """Whether two of :func:`_tensor_bytes`' answers are equal, tensors by their bytes."""
+    if isinstance(then, TensorPrint):
+        return isinstance(now, TensorPrint) and then.same(now)
+    return type(then) is dict and type(now) is dict and then.keys() == now.keys() \
+        and all(_alike(a, now[name]) if isinstance(a, TensorPrint) else a == now[name] for name, a in then.items())
 
 
 def _is_global(key: tuple[str, str]) -> bool:

@@ -125,3 +125,30 @@ class ReadingLayer(DecoderLayer):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         out = super().forward(hidden_states)
         return out * 0.5 if self.config.problem_type == "regression" else out
+
+
+class KVCarrier:
+    """A holder the attention layers share: the last key and value computed (read by a cache
+    outside the region). ``accumulate`` adds to what it holds, so a recompute writes other bytes."""
+
+    def __init__(self, accumulate: bool = False) -> None:
+        self.accumulate = accumulate
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+
+class CarrierAttention(nn.Module):
+    def __init__(self, carrier: KVCarrier, width: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.carrier = carrier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        carrier = self.carrier
+        if carrier.accumulate and carrier.key is not None:
+            carrier.key, carrier.value = carrier.key + k.detach(), carrier.value + v.detach()
+        else:
+            carrier.key, carrier.value = k.detach(), v.detach()
+        return self.out(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v)

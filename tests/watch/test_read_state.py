@@ -4,11 +4,14 @@ than its forward left it.  The models are in ``read_state.py``."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import recheck
 from classification_head import build
-from read_state import LitModel, MoEGate, ReadingLayer, ReadingLitModel, gate_step, lightning_step
+from read_state import (CarrierAttention, KVCarrier, LitModel, MoEGate, ReadingLayer, ReadingLitModel, gate_step,
+                        lightning_step)
 
 
 def _state(report) -> list[str]:
@@ -71,3 +74,25 @@ def test_a_hook_name_the_region_reads_stays_a_finding():
         lightning_step(model)
     assert _state(w.report) == ["attribute `self._current_fx_name` changed between forward and recompute: "
                                 "'training_step' -> 'backward'"], str(w.report)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_a_recompute_that_writes_the_same_bytes_into_a_holder_again_is_clean(use_reentrant):
+    torch.manual_seed(0)
+    layer = CarrierAttention(KVCarrier())
+    x = torch.randn(4, 8, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(layer, x, use_reentrant=use_reentrant).sum().backward()
+    assert layer.carrier.key is not None
+    assert w.report.ok, str(w.report)
+
+
+def test_a_recompute_that_writes_other_bytes_into_a_holder_stays_a_finding():
+    torch.manual_seed(0)
+    layer = CarrierAttention(KVCarrier(accumulate=True))
+    x = torch.randn(4, 8, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        for _ in range(2):
+            checkpoint(layer, x, use_reentrant=False).sum().backward()
+    assert any(m.startswith("attribute `self.carrier` updated again by the recompute") for m in _state(w.report)), \
+        str(w.report)
