@@ -225,3 +225,20 @@ def test_values_a_found_cause_explains_are_not_rerun_in_float64(capsys):
     assert report.by_kind("gradient") or "consequence" in str(report), str(report)
     runs = capsys.readouterr().out.splitlines()
     assert runs and "torch.float64" not in str(runs), runs
+
+
+def test_the_float64_rerun_puts_gradients_and_dtypes_back():
+    torch.manual_seed(0)
+    model = Decoder().train()
+    step = _step(model)
+    for p in model.parameters():  # gradients present before the check: the rerun starts from them in float64
+        p.grad = torch.randn_like(p)
+    before = {name: (p.detach().clone(), p.grad.clone()) for name, p in model.named_parameters()}
+    report = _check(step)
+    assert "ulp" in _rounding_note(report)
+    assert not any("put back" in n or "could not" in n for n in report.notes), report.notes
+    for name, p in model.named_parameters():
+        value, grad = before[name]
+        assert p.dtype == p.grad.dtype == torch.float32, name
+        assert torch.equal(p, value) and torch.equal(p.grad, grad), name
+    assert torch.get_default_dtype() == torch.float32
