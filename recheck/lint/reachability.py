@@ -247,15 +247,11 @@ SPLAT = "**?"
 
 
 def binds(callee: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int, tuple[str, ...]]) -> bool:
-    """Whether a bound call (``self.attn(...)``) with these arguments can bind to ``callee``'s
-    parameters: not more positional arguments than it takes, no keyword it lacks (unless it
-    has ``*args``/``**kwargs``).  One that cannot raises before the callee runs."""
-    if len(callee.star) != 2:
-        return True  # a lambda: parameters not recorded
-    vararg, kwarg = callee.star
-    named = set(callee.params) | set(callee.keyword_only)
-    return (vararg != "" or call[2] <= len(callee.params)) and (
-        kwarg != "" or all(k.partition("=")[0] in named for k in call[3]))
+    """Whether a bound call (``self.attn(...)``) can bind its positional arguments to
+    ``callee``'s parameters: not more than it takes, unless it has ``*args``.  One that
+    cannot raises before the callee runs.  (Keywords are not checked: a decorator such as
+    ``deprecate_kwarg`` accepts names the signature lacks.)"""
+    return len(callee.star) != 2 or callee.star[0] != "" or call[2] <= len(callee.params)
 
 
 def passes_on(caller: FunctionFacts, call: tuple[int, int, int, tuple[str, ...], tuple[str, ...], int, tuple[str, ...]],
