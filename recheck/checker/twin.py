@@ -477,7 +477,7 @@ def _difference(finding: Finding, a: StepRun, b: StepRun) -> tuple[float, int] |
     x, y = pair
     if x.shape != y.shape or x.dtype != y.dtype or not x.is_floating_point():
         return None
-    delta = (x.double() - y.double()).abs()
+    delta = (x.detach().double() - y.detach().double()).abs()
     if not bool(torch.isfinite(delta).all()):
         return None
     ulp = _ulp_distance(x, y)

@@ -242,3 +242,13 @@ def test_the_float64_rerun_puts_gradients_and_dtypes_back():
         assert p.dtype == p.grad.dtype == torch.float32, name
         assert torch.equal(p, value) and torch.equal(p.grad, grad), name
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_sizing_a_difference_warns_nothing_into_the_users_run():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report = recheck.check(model, torch.randn(3, 4), use_reentrant=True)  # an output that needs no grad
+    assert report.by_kind("output"), str(report)
+    assert not [w for w in seen if "recheck" in w.filename], [str(w.message) for w in seen]
