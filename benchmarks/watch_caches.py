@@ -14,7 +14,13 @@ in one ``watch()`` block), ``block-each`` (a block per step), ``mlp`` and ``llam
 (``watch_overhead.py``'s; ``llama`` needs transformers).  Each row is a model, what was switched
 off (``-`` for nothing) and its instructions a step; ``plain`` is the step unwatched.
 
+``--reaches`` asks what keeping each region's reach across blocks would be worth (the reaches
+live as long as their block): ``strong`` keeps them whole (the upper bound, which keeps the model
+alive), ``copy`` gives each block a copy (what reviving a reach held weakly would give, before
+the cost of reviving), ``layouts`` a copy that carries the layouts of ``recheck.watcher.capture``.
+
     python benchmarks/watch_caches.py [--models block,block-each] [--off digests,small] [--jobs 2]
+                                      [--reaches block|strong|copy|layouts]
 
 Needs ``valgrind`` and ``cc`` on ``PATH``.  Nothing here is asserted.
 """
@@ -47,7 +53,7 @@ void stop(void) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS_AT("measured");
 """
 
 
-def _child(model: str, mode: str, off: str, helper: str) -> None:
+def _child(model: str, mode: str, off: str, helper: str, reaches: str = "block") -> None:
     import collections
     import ctypes
     import gc
@@ -65,6 +71,8 @@ def _child(model: str, mode: str, off: str, helper: str) -> None:
     for part in filter(None, off.split(",")):
         for module, name in CACHES[part]:
             setattr(importlib.import_module(module), name, NoStore())
+    if reaches != "block":
+        _keep_reaches(reaches)
     sys.path.insert(0, str(CHECKOUT / "benchmarks"))
     if model.startswith("block"):
         from torch.utils.checkpoint import checkpoint
@@ -106,6 +114,27 @@ def _child(model: str, mode: str, off: str, helper: str) -> None:
         marks.stop()
 
 
+def _keep_reaches(how: str) -> None:
+    """Keep every region's reach across blocks (see ``--reaches``), in one process-wide dict."""
+    from recheck.runtime import reach as reach_module
+    from recheck.watcher import capture, dispatch
+
+    lasting: dict = {}
+
+    def reach_of(function, cache):  # noqa: ANN001, ANN202
+        reach = reach_module.reach_of(function, lasting)
+        if how == "strong":
+            return reach
+        key = reach_module._cache_key(function)[0]
+        if key not in cache:  # the block's first call of the region
+            cache[key] = (reach.copy(), ())
+            if how == "layouts":
+                cache[key][0].kept["layouts"] = reach.kept.setdefault("layouts", capture._ReachLayouts())
+        return cache[key][0]
+
+    dispatch.reach_of = reach_of
+
+
 class _nothing:
     def __enter__(self) -> None:
         return None
@@ -114,13 +143,13 @@ class _nothing:
         return None
 
 
-def _count(model: str, mode: str, off: str, helper: str, folder: str) -> float:
+def _count(model: str, mode: str, off: str, helper: str, folder: str, reaches: str = "block") -> float:
     out = os.path.join(folder, f"{model}-{mode}-{off or 'none'}.out")
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(["setarch", platform.machine(), "-R", "valgrind", "--tool=callgrind",
                            "--instr-atstart=no", "--collect-atstart=no", f"--callgrind-out-file={out}",
-                           sys.executable, __file__, "--child", model, mode, off, helper],
+                           sys.executable, __file__, "--child", model, mode, off, helper, reaches],
                           env=env, capture_output=True, text=True, check=False)
     for dump in glob.glob(out + "*"):
         text = Path(dump).read_text()
@@ -135,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="block,block-each", help="of block, block-each, mlp, llama")
     parser.add_argument("--off", default=",".join(CACHES), help=f"caches to switch off, one run each: {', '.join(CACHES)}")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--reaches", default="block", choices=["block", "strong", "copy", "layouts"],
+                        help="how long each region's reach is kept (see the docstring)")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.child:
         _child(*ns.child)
@@ -151,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(model, mode, off) for model in ns.models.split(",")
                 for mode, off in [("plain", ""), ("watch", ""), *[("watch", part) for part in ns.off.split(",") if part]]]
         with concurrent.futures.ThreadPoolExecutor(ns.jobs) as pool:
-            counts = list(pool.map(lambda run: _count(*run, helper, folder), runs))
+            counts = list(pool.map(lambda run: _count(*run, helper, folder, ns.reaches), runs))
     for (model, mode, off), count in zip(runs, counts):
         print(f"{model:<11} {mode:<6} {off or '-':<8} {count:>14,.0f} instructions a step")
     return 0
