@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import os
 import warnings
 
@@ -14,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 import recheck
 from source_modules import load_file
 
-from conftest import ROOT
+ROOT = Path(__file__).resolve().parents[2]
+
 
 TWINS = ROOT / "fixtures" / "twins"
 

@@ -9,6 +9,7 @@ Fixtures (fixtures/twins/): a TorchFunctionMode entered around the forward only
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import sys
 import warnings
 
@@ -22,8 +23,7 @@ from recheck.checker.twin import FAILS_UNCHECKPOINTED
 from recheck.watcher.failure import ONLY_WHEN_CHECKPOINTED
 from source_modules import load_file
 
-from conftest import ROOT
-
+ROOT = Path(__file__).resolve().parents[2]
 TWINS = ROOT / "fixtures" / "twins"
 
 #: fixture -> what the finding names as the cause
