@@ -2,7 +2,7 @@
 
 :class:`EffectCapture` is a context manager; while it is active every call of a
 ``logging.Logger`` emitting method (``debug`` ... ``critical``, ``log``; ``exception`` goes through ``error``)
-is recorded whether or not the logger's level lets it through, writes to
+is recorded where the logger's level lets it make a record, writes to
 ``sys.stdout`` / ``sys.stderr`` are recorded, and so are the warnings the program's own filters
 show.  With ``passthrough=True`` the output still reaches the user (the plain reference run);
 otherwise it is swallowed (the checkpointed runs).
@@ -295,6 +295,16 @@ def _uninstall() -> None:
                 delattr(logger_class, name)
 
 
+def _emits(logger: logging.Logger, level: Any) -> bool:
+    """Whether a call at ``level`` makes a record: one the logger's level (or ``logging.disable``)
+    drops emits nothing, at forward as at recompute, so it repeats nothing.  A level logging
+    itself rejects is left to logging to say so."""
+    try:
+        return bool(logger.isEnabledFor(level))
+    except Exception:  # noqa: BLE001 - the call raises in logging, as without recheck
+        return False
+
+
 def _emitter(name: str, level: int | None) -> Callable[..., Any]:
     def emit(logger: logging.Logger, *args: Any, **kwargs: Any) -> Any:
         stack = _captures()
@@ -303,9 +313,10 @@ def _emitter(name: str, level: int | None) -> Callable[..., Any]:
                 lvl, msg, rest = (args[0], args[1], args[2:]) if len(args) >= 2 else (0, "", ())
             else:
                 lvl, msg, rest = level, (args[0] if args else ""), args[1:]
-            effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
-            for capture in stack:
-                capture.effects.append(effect)
+            if _emits(logger, lvl):
+                effect = Effect("logging", f"{logging.getLevelName(lvl)}:{logger.name}:{_render(msg, rest)}")
+                for capture in stack:
+                    capture.effects.append(effect)
         # this frame stands between the caller and logging: one level more, so the record
         # names the program's file and line, as it would without recheck
         level_up = kwargs.get("stacklevel", 1)

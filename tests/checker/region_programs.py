@@ -152,6 +152,7 @@ OFFSET = 0.125
 SCALE = 1.0
 WRITES = 0
 LOG = logging.getLogger({logger!r})
+LOG.setLevel(logging.INFO)  # its records are made: a second one is a side effect
 
 
 class State(nn.Module):

@@ -209,8 +209,17 @@ def test_module_recorder_sees_executed_modules():
     assert seen == [hidden]  # removed after the block
 
 
-def test_effect_capture_records_and_restores():
+@pytest.fixture
+def logger():
+    """A logger that makes a record at every level (a call its level drops emits nothing, and is
+    not recorded)."""
     logger = logging.getLogger("recheck.tests.effects")
+    logger.setLevel(logging.DEBUG)
+    yield logger
+    logger.setLevel(logging.NOTSET)
+
+
+def test_effect_capture_records_and_restores(logger):
     stdout = sys.stdout
     with EffectCapture() as capture:
         print("hello")
@@ -226,8 +235,7 @@ def test_effect_capture_records_and_restores():
     assert not hasattr(logging.Logger.debug, "__wrapped__")  # the patch is gone
 
 
-def test_nested_captures_each_record_a_logging_call_and_the_outer_one_restores():
-    logger = logging.getLogger("recheck.tests.effects")
+def test_nested_captures_each_record_a_logging_call_and_the_outer_one_restores(logger):
     original = logging.Logger.__dict__["info"]
     with EffectCapture() as outer:
         with EffectCapture() as inner:
@@ -240,10 +248,9 @@ def test_nested_captures_each_record_a_logging_call_and_the_outer_one_restores()
     assert logging.Logger.__dict__["info"] is original
 
 
-def test_held_patches_outlive_captures_record_nothing_between_them_and_go_with_the_last_release():
+def test_held_patches_outlive_captures_record_nothing_between_them_and_go_with_the_last_release(logger):
     from recheck.runtime.effects import hold_logging, release_logging
 
-    logger = logging.getLogger("recheck.tests.effects")
     original = logging.Logger.__dict__["warning"]
     hold_logging()
     try:

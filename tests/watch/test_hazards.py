@@ -295,6 +295,33 @@ def test_a_warning_the_filters_show_every_time_is_a_repeated_side_effect(reentra
     assert capsys.readouterr().out.count("shown: shown at every call") == 2  # forward and recompute, as without recheck
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_log_call_its_logger_drops_repeats_nothing_and_one_it_emits_does(reentrant):
+    # a framework's DEBUG records (FSDP's "pre_forward") make no record at the default level: the
+    # recompute's call emits nothing, at forward as at recompute
+    import logging
+
+    logger = logging.getLogger("recheck-test-framework")
+
+    def traced(x):
+        logger.debug("pre_forward %s", tuple(x.shape))
+        return x.sin().cos()
+
+    logger.setLevel(logging.INFO)
+    try:
+        with recheck.watch(raise_on_finding=False) as quiet:
+            checkpoint(traced, inputs(), use_reentrant=reentrant).sum().backward()
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(logging.NullHandler())
+        with recheck.watch(raise_on_finding=False) as loud:
+            checkpoint(traced, inputs(), use_reentrant=reentrant).sum().backward()
+    finally:
+        logger.setLevel(logging.NOTSET)
+        logger.handlers.clear()
+    assert quiet.report.ok, str(quiet.report)
+    assert loud.report.kinds == {"side_effect"}, str(loud.report)
+
+
 def test_early_stop_off_replays_fully_and_marks_latent_findings():
     def late_print(x):
         y = x.sin().exp()
