@@ -7,9 +7,9 @@ gradient of the same forward.  :func:`check_function` runs ``Fn.apply`` on copie
 arguments and backward from a seeded upstream gradient (the gradient each copy holds after it:
 what a training step would accumulate), then runs ``Fn.forward`` again under autograd (grad on,
 a stand-in ``ctx``, fresh copies that require grad) and compares the two gradients bit for bit.
-Where they differ, both run again in float64, as ``check_step`` separates rounding: a difference
-that shrinks below :data:`~recheck.checker.twin.ROUNDING_BOUND` of the largest gradient is
-rounding (another formula for the same gradient) and becomes a note with its size.
+Where they differ, :func:`~recheck.checker.rounding.judge` tells rounding (another formula for the
+same gradient: a note with its size) from a hazard, as for ``check_step``: both run again in float64,
+or, where the forward cannot (it casts to float32 on purpose), by the size of the difference.
 
 A forward autograd cannot differentiate (no output with a grad path, an input written in place,
 a forward that fails with a stand-in ``ctx``, values that differ when it runs again) is "not
@@ -28,15 +28,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
 from recheck.checker.compare import Context, compare_grads
-from recheck.checker.twin import ROUNDING_BOUND
-from recheck.findings import Finding, Report, could_not, error_line
+from recheck.checker.rounding import NotFloat64, Values, in_float64, judge, largest
+from recheck.findings import Report, could_not, error_line
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.naming import grad_subject, region_name
 from recheck.runtime.rng import RngRecord
@@ -234,7 +233,7 @@ def _both(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,
             raise NotAudited(f"its output {index} differs when its forward runs again under autograd")
     if float64 and any(isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != torch.float64
                        for o in outputs):
-        raise NotAudited("its forward computes in another dtype than float64 when its inputs are float64")
+        raise NotFloat64("its forward computes in another dtype than float64 when its inputs are float64")
     return hand, auto
 
 
@@ -269,7 +268,10 @@ def _audit(call: FunctionCall) -> Report:
                               labels=("autograd through its forward", "its backward"), reference="autograd")
     rounding: list[str] = []
     if any(f.subject in {grad_subject(n) for n in compared} for f in findings):
-        findings, rounding = _separate_rounding(call, keys, rng, findings, compared)
+        findings, rounding = judge(findings, _values(compared), *in_float64(lambda: _rerun64(call, keys, rng, compared)),
+                                   reference="autograd's", why="its backward computes the same gradient by "
+                                   "another formula, which is not a hazard")
+        rounding = [f"{where}: {note}" for note in rounding]
     for index, finding in enumerate(findings):
         writer = next((n for n in wrote if grad_subject(n) == finding.subject), None)
         detail = (f"its backward wrote `{writer}.grad` itself and returned a gradient for `{writer}` too, which "
@@ -278,45 +280,20 @@ def _audit(call: FunctionCall) -> Report:
     return Report(findings, notes=notes + rounding)
 
 
-def _separate_rounding(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord, findings: list[Finding],
-                       compared: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Finding], list[str]]:
-    """Findings that are rounding (another formula for the same gradient) become notes with their size."""
-    where = region_name(call.function.backward)
-    sizes = {n: _ulps(a, h, compared) for n, (a, h) in compared.items()}
+def _values(compared: dict[str, tuple[Any, Any]]) -> Values:
+    """Autograd's and the backward's gradients by finding subject, and the largest of autograd's."""
+    pairs = {str(grad_subject(n)): pair for n, pair in compared.items() if pair[0] is not None and pair[1] is not None}
+    return Values(lambda finding: pairs.get(str(finding.subject)), {"gradient": largest(a for a, _ in pairs.values())})
+
+
+def _rerun64(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,
+             compared: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> Values:
+    """Both gradients again, every floating-point argument and the default dtype in float64."""
     try:
         hand, auto = _both(call, keys, rng, True)
-    except NotAudited as exc:
-        return findings, [f"{where}: the gradient differences were not rerun in float64 to tell rounding from a "
-                          f"hazard ({exc}); they are findings, of at most "
-                          f"{max(sizes.values()):.3g} ulp of its largest gradient"]
     finally:
         rng.restore()
-    wide = {n: (auto[n], hand[n]) for n in compared if auto[n] is not None and hand[n] is not None}
-    scale = max((float(a.detach().abs().max()) for a, _ in wide.values() if a.numel()), default=0.0)
-    kept, rounding = [], []
-    for finding in findings:
-        name = next((n for n in compared if grad_subject(n) == finding.subject), None)
-        pair = wide.get(name) if name is not None else None
-        if pair is None or pair[0].shape != pair[1].shape or not scale:
-            kept.append(finding)
-            continue
-        difference = float((pair[0].detach() - pair[1].detach()).abs().max()) if pair[0].numel() else 0.0
-        if not math.isfinite(difference) or difference / scale > ROUNDING_BOUND:
-            kept.append(finding)
-            continue
-        rounding.append(f"{where}: {finding.subject} differs from autograd's only by rounding: "
-                        f"{sizes[str(name)]:.2g} ulp of its largest gradient, "
-                        f"{difference / (scale * torch.finfo(torch.float64).eps):.2g} ulp in float64")
-    return kept, rounding
-
-
-def _ulps(a: torch.Tensor, h: torch.Tensor, compared: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """The largest difference of two gradients in units of the last place of the largest gradient."""
-    if a.shape != h.shape or not a.is_floating_point() or not a.numel():
-        return math.inf
-    scale = max(float(x.detach().abs().max()) for x, _ in compared.values() if x.numel())
-    difference = float((a.detach().double() - h.detach().double()).abs().max())
-    return difference / (scale * torch.finfo(a.dtype).eps) if scale else math.inf
+    return _values({n: (auto[n], hand[n]) for n in compared})
 
 
 def audit_functions(calls: Iterable[FunctionCall]) -> Report:

@@ -23,11 +23,9 @@ boundary and randomness:
 **Accumulation order is not a hazard.**  Reentrant checkpointing sums a shared weight's
 gradient contributions in another order, which moves last bits.  When the twins differ only
 in floating-point values and nothing explains it (no RNG stream, no Python state, no
-recompute difference), both twins run again with every floating-point tensor of the step in
-float64: a difference that is rounding shrinks with the precision (measured: 0.47 float64
-epsilons of the largest gradient, against 10^13 and more for real hazards), so a difference
-below :data:`ROUNDING_BOUND` of the quantity's largest magnitude in float64 is reported as a
-note with its size in ulp, never as a finding and never hidden.
+recompute difference), both twins run again in float64 and each value finding is judged by
+:func:`~recheck.checker.rounding.judge`: rounding is a note with its size, never a finding
+and never hidden.
 
 **Compiled steps.**  When compiled code ran in the step as written, the twin also runs with
 ``torch._functorch.config.activation_memory_budget = 1.0`` and fresh compilation (the
@@ -58,10 +56,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
-import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -69,10 +64,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
-from recheck.findings import Finding, Invocation, Report, Subject, could_not, one_line
+from recheck.checker.rounding import Values, in_float64, judge, largest
+from recheck.findings import Finding, Invocation, Report, Subject, could_not
 from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank
-from recheck.runtime.bits import Tolerance, bit_view, local_tensor, unwrapped
+from recheck.runtime.bits import Tolerance, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import attribute_subject, region_name
 from recheck.runtime.reach import Reach, reach_of
@@ -83,17 +79,9 @@ from recheck.runtime.steps import StepState, discover_state, unseen_optimizer_te
 from recheck.runtime.effects import EffectCapture
 from recheck.runtime.trees import input_tensors, leaves, map_tensors
 
-__all__ = ["ROUNDING_BOUND", "SIZE_BOUND", "RegionError", "RegionStep", "StepRun", "Twin", "check_region_report",
+__all__ = ["RegionError", "RegionStep", "StepRun", "Twin", "check_region_report",
            "check_step_report", "given_upstream", "make_upstream"]
 
-#: In the float64 rerun, a difference at most this fraction of the quantity's largest magnitude
-#: (the model's largest gradient, parameter, output ...) is rounding: accumulation order.  Measured
-#: on the fixtures: rounding 1e-16, hazards 1e-3 and more.
-ROUNDING_BOUND = 2.0**-40
-#: Where the step cannot be rerun in float64: a difference within this many ulp of the largest value
-#: of its kind (in the value's own dtype) is rounding.  Accumulation order moves a sum by a few ulp of
-#: its largest term; a hazard of 1e-3 is 8000 float32 ulp.
-SIZE_BOUND = 16.0
 #: Kinds whose difference rounding may explain (values computed in floating point).
 _VALUE_KINDS = ("output", "gradient", "state")
 _LABELS = ("uncheckpointed step", "step as written")
@@ -454,50 +442,11 @@ def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: lis
     return findings
 
 
-def _magnitudes(run: StepRun) -> dict[str, float]:
-    """The largest magnitude of each kind of value in a run: the scale a difference is measured on."""
-    def largest(tensors: Any) -> float:
-        # a sharded tensor's local shard: an operation on the DTensor would be a collective
-        local = [local_tensor(t) for t in tensors if isinstance(t, torch.Tensor)]
-        values = [t.detach().abs().max().item() for t in local
-                  if t is not None and t.numel() and t.is_floating_point()]
-        finite = [v for v in values if math.isfinite(v)]
-        return max(finite, default=0.0)
-
-    return {"gradient": largest(run.grads.values()),
-            "state": largest(o.value for o in run.post.values()),
-            "output": largest(leaf for _, leaf in run.result if isinstance(leaf, torch.Tensor))}
-
-
-def _difference(finding: Finding, a: StepRun, b: StepRun) -> tuple[float, int] | None:
-    """The greatest absolute difference and the greatest ulp distance behind a value finding."""
-    pair = _tensors_of(finding, a, b)
-    if pair is None:
-        return None
-    x, y = pair
-    if x.shape != y.shape or x.dtype != y.dtype or not x.is_floating_point():
-        return None
-    delta = (x.detach().double() - y.detach().double()).abs()
-    if not bool(torch.isfinite(delta).all()):
-        return None
-    ulp = _ulp_distance(x, y)
-    return float(delta.max()) if delta.numel() else 0.0, ulp
-
-
-def _ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
-    bits_x, bits_y = bit_view(x).to(torch.int64), bit_view(y).to(torch.int64)
-    size = x.element_size()
-    if size < 8:
-        mask = (1 << (8 * size)) - 1
-        sign = 1 << (8 * size - 1)
-        bits_x, bits_y = bits_x & mask, bits_y & mask
-        bits_x = torch.where(bits_x >= sign, -(bits_x & (sign - 1)), bits_x)
-        bits_y = torch.where(bits_y >= sign, -(bits_y & (sign - 1)), bits_y)
-    else:
-        top = torch.iinfo(torch.int64).max
-        bits_x = torch.where(bits_x < 0, -(bits_x & top), bits_x)
-        bits_y = torch.where(bits_y < 0, -(bits_y & top), bits_y)
-    return int((bits_x - bits_y).abs().max()) if bits_x.numel() else 0
+def _values(a: StepRun, b: StepRun) -> Values:
+    """The values behind the twins' value findings, and the largest magnitude of each kind in ``b``."""
+    return Values(lambda finding: _tensors_of(finding, a, b) if finding.kind in _VALUE_KINDS else None,
+                  {"gradient": largest(b.grads.values()), "state": largest(o.value for o in b.post.values()),
+                   "output": largest(leaf for _, leaf in b.result if isinstance(leaf, torch.Tensor))})
 
 
 def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -544,49 +493,6 @@ def _to_float64(twin: Twin) -> None:
             record.parameter.grad = record.parameter.grad.to(torch.float64)
 
 
-class _Narrowing(torch.overrides.TorchFunctionMode):
-    """Watches a float64 rerun for the first call of the step's code (not recheck's) that turns
-    float64 input into a narrower floating-point result (an MoE router's ``hidden.float()``):
-    past it, the step rounds as before and the rerun cannot tell rounding from a hazard."""
-
-    first: str | None = None
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
-        if self.first is None and isinstance(result, torch.Tensor) and result.is_floating_point() \
-                and result.dtype != torch.float64 \
-                and any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
-            frame = _caller(sys._getframe(1), _INSIDE[:1])
-            if frame is not None and not frame.f_code.co_filename.startswith(_INSIDE):
-                from recheck.runtime.naming import relative
-
-                name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
-                self.first = (f"{name.replace('TensorBase.', 'Tensor.')} computes in "
-                              f"{str(result.dtype).removeprefix('torch.')} at "
-                              f"{relative(frame.f_code.co_filename)}:{frame.f_lineno}")
-        return result
-
-
-#: torch's and recheck's own folders: their frames are passed over where the step's code is named
-_INSIDE = tuple(os.path.dirname(str(m.__file__)) + os.sep for m in (torch, sys.modules["recheck"]))
-
-
-def _caller(frame: Any, inside: tuple[str, ...]) -> Any:
-    """The nearest frame from ``frame`` outward whose file is not under ``inside``."""
-    while frame is not None and frame.f_code.co_filename.startswith(inside):
-        frame = frame.f_back
-    return frame
-
-
-def _raised_at(error: BaseException) -> str:
-    """The error a float64 rerun raised, with the innermost frame of the user's code it came through."""
-    from recheck.runtime.naming import relative
-
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_INSIDE)]
-    where = f" in {frames[-1].name} at {relative(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-    return f"{type(error).__name__}{where}: {one_line(str(error), 200)}"
-
-
 def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> list[Finding]:
     """Causes found that act on computed values (an RNG stream torch draws from, a recompute that
     differed, a parameter or input changed in between, a global the recompute read otherwise):
@@ -600,82 +506,39 @@ def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> li
 
 def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,
                        bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
-    """Findings that are rounding (accumulation order) become notes with their size; the rest stay.
-
-    Each value finding is judged on its own: both twins rerun in float64, where rounding shrinks
-    with the precision and a hazard does not.  Where the step cannot run in float64 (an op rejects
-    it, the step casts to a narrower dtype on purpose, FSDP2's fixed dtypes), a difference within
-    :data:`SIZE_BOUND` ulp of the largest value of its kind is rounding, and the note says what
-    stopped the rerun.  Not rerun where a cause the check found explains the values.
-    """
-    values = [f for f in findings if f.kind in _VALUE_KINDS and (_difference(f, written, bypassed) or (0,))[0] > 0]
+    """Findings that are rounding (accumulation order) become a note with their size; the rest stay
+    (:func:`~recheck.checker.rounding.judge`).  Not rerun where a cause the check found explains the values."""
+    own = _values(written, bypassed)
+    values = [f for f in findings if (own.difference(f) or (0.0,))[0] > 0]
     watched = [*(written.report.findings if written.report is not None else ()), *written.probe]
     wanted = bool(values) and not _value_causes(findings, watched)
     if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
-    written64 = bypassed64 = None
-    stopped = None
+    wide: Values | None = None
     if twin.spans_ranks and any(unwrapped(p) is not None for p in twin.parameters.values()):
-        stopped = ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
-                   "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not run in float64")
-    if stopped is None:
-        narrowing = _Narrowing()
-        try:
-            with narrowing:
-                written64 = twin.run("as written", {**watch_options, "store": "digest", "atol": None,
-                                                    "rtol": None, "max_ulp": None}, before=_to_float64)
-                bypassed64 = twin.run("bypassed", {}, before=_to_float64, reference=written64)
-        except Exception as exc:  # noqa: BLE001 - the rerun is an analysis: its failure is reported
-            stopped = f"the rerun raised {_raised_at(exc)}"
-        finally:
-            twin.restore()
-        error = written64 is not None and written64.error or bypassed64 is not None and bypassed64.error
-        if stopped is None and error:
-            stopped = f"the step raised {_raised_at(error)}"
-        elif stopped is None and narrowing.first is not None:
-            stopped = narrowing.first
+        stopped: str | None = ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
+                               "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not "
+                               "run in float64")
+    else:
+        wide, stopped = in_float64(functools.partial(_rerun64, twin, watch_options))
     if not wanted:  # rerun for another rank's differences
         return findings, []
-    scale32 = _magnitudes(bypassed)
-    scale64 = _magnitudes(bypassed64) if stopped is None and bypassed64 is not None else {}
-    kept: list[Finding] = []
-    rounding: list[tuple[str, str, float, float]] = []  # subject, dtype, ulp in it, in float64 (nan: not rerun)
-    for finding in findings:
-        size32 = _difference(finding, written, bypassed) if finding in values else None
-        pair = _tensors_of(finding, written, bypassed)
-        if size32 is None or pair is None:
-            kept.append(finding)
-            continue
-        eps = torch.finfo(pair[0].dtype).eps
-        ulps = size32[0] / (eps * scale32[finding.kind]) if scale32.get(finding.kind) else math.inf
-        if stopped is not None:
-            if ulps > SIZE_BOUND:
-                kept.append(finding)
-                continue
-            ulps64 = math.nan
-        else:
-            size64 = _difference(finding, written64, bypassed64) if written64 and bypassed64 else None
-            scale = scale64.get(finding.kind, 0.0)
-            if size64 is None or not scale or size64[0] / scale > ROUNDING_BOUND:
-                kept.append(finding)
-                continue
-            ulps64 = size64[0] / (torch.finfo(torch.float64).eps * scale)
-        rounding.append((str(finding.subject), str(pair[0].dtype).replace("torch.", ""), ulps, ulps64))
-    if not rounding:
-        return kept, ([f"the differences could not be rerun in float64 ({stopped}); those larger than "
-                       f"{SIZE_BOUND:g} ulp of the largest value of their kind are shown as findings"]
-                      if stopped is not None and values else [])
-    shown = ", ".join(s for s, *_ in rounding[:4]) + (f" and {len(rounding) - 4} more" if len(rounding) > 4 else "")
-    dtypes = "/".join(sorted({r[1] for r in rounding}))
-    size = f"at most {max(r[2] for r in rounding):.2g} ulp of the largest value of their kind in {dtypes}"
-    if stopped is not None:
-        how = (f"{size}, judged by size (up to {SIZE_BOUND:g} ulp is rounding) as the step could not be rerun "
-               f"in float64 ({stopped})")
-    else:
-        how = (f"{size}, and {max(r[3] for r in rounding):.2g} ulp in float64 when both twins are rerun in float64 "
-               f"(a hazard stays above {ROUNDING_BOUND / torch.finfo(torch.float64).eps:.3g} ulp there)")
-    return kept, [f"{len(rounding)} value(s) differ from the uncheckpointed step only by rounding ({shown}): {how}: "
-                  "the checkpointed step sums contributions in another order, which is not a hazard"]
+    return judge(findings, own, wide, stopped, reference="the uncheckpointed step",
+                 why="the checkpointed step sums contributions in another order, which is not a hazard")
+
+
+def _rerun64(twin: Twin, watch_options: Mapping[str, Any]) -> Values:
+    """Both twins again with every floating-point tensor of the step in float64; an error either raised is raised."""
+    try:
+        written = twin.run("as written", {**watch_options, "store": "digest", "atol": None, "rtol": None,
+                                          "max_ulp": None}, before=_to_float64)
+        bypassed = twin.run("bypassed", {}, before=_to_float64, reference=written)
+    finally:
+        twin.restore()
+    error = written.error or bypassed.error
+    if error is not None:
+        raise error
+    return _values(written, bypassed)
 
 
 def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
@@ -755,7 +618,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
             else:
                 compiled = written.compiled or bool(twin.reach.compiled)
                 bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
-                if bypassed.error is not None:
+                if bypassed.error is not None and (plain_error or written.report is None or written.report.ok):
                     raise bypassed.error
                 if not twin.agreed(lean and _digests_differ(written, bypassed)):
                     break
@@ -763,8 +626,16 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
         try:
-            # a step that failed has no end state to compare: its failure is the finding
-            findings = [failed] if failed is not None else _twin_findings(ctx, written, bypassed, notes)
+            # a step that failed has no end state to compare: its failure is the finding; a twin
+            # that failed where the step as written was found at fault (an optimizer step before a
+            # backward: torch refuses it uncheckpointed) leaves the watch's findings
+            findings = [failed] if failed is not None else [] if bypassed.error is not None \
+                else _twin_findings(ctx, written, bypassed, notes)
+            if bypassed.error is not None and failed is None:
+                from recheck.watcher.failure import error_line
+
+                notes.append("the step fails without checkpointing (every checkpoint bypassed: "
+                             f"{error_line(bypassed.error)}), so it was compared with nothing; the findings are the watch's")
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
@@ -774,7 +645,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
                          f"{shown} differ between its own runs, so their differences from the "
                          "uncheckpointed step are not attributed to checkpointing")
             findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
-        if tolerance is None and failed is None:
+        if tolerance is None and failed is None and bypassed.error is None:
             try:
                 findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
             except Exception as exc:  # noqa: BLE001 - recheck's own analysis: the differences stay findings
