@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from recheck.output import json as _json
 from recheck.progress import paint
 from recheck.commands.arguments import count
 
@@ -235,24 +236,25 @@ def _run_steps(ns: argparse.Namespace) -> int:
     summary = f"recheck: ran {_counted(len(outcomes), 'step')}: {len(dirty)} with findings"
     if broken:
         summary += f", {_counted(len(broken), 'error')}"
-    if interrupted:
-        summary += _INTERRUPTED
-    if ns.format == "json":
-        from recheck.output.json import dumps, steps_document
+    return _finish(ns, outcomes, summary, "step", broken, dirty, interrupted,
+                   lambda text: _json.steps_document(outcomes, with_findings=len(dirty), errors=len(broken),
+                                                     interrupted=interrupted, text=text))
 
-        print(dumps(steps_document(outcomes, with_findings=len(dirty), errors=len(broken),
-                                   interrupted=interrupted, text=summary)))
-        for target, outcome in outcomes:
-            if isinstance(outcome, _Broken):
-                _report_error(target, outcome)
-    else:
-        for target, outcome in outcomes:
-            if isinstance(outcome, _Broken):
-                _report_error(target, outcome)
-                continue
-            print(f"step {target}")
+
+def _finish(ns: argparse.Namespace, outcomes: list[tuple[str, Any]], summary: str, heading: str, broken: list[Any],
+            dirty: list[Any], interrupted: bool, document: Any) -> int:
+    """Print each outcome (or the JSON ``document(summary)``), each error to stderr, the summary; the exit status."""
+    summary += _INTERRUPTED if interrupted else ""
+    if ns.format == "json":
+        print(_json.dumps(document(summary)))
+    for label, outcome in outcomes:
+        if isinstance(outcome, _Broken):
+            _report_error(label, outcome)
+        elif ns.format != "json":
+            print(f"{heading} {label}\n" if heading else "", end="")
             print(_text(outcome, ns))
             print()
+    if ns.format != "json":
         print(paint(summary, "red" if broken or dirty or interrupted else "green"))
     return _exit_status(interrupted, broken, dirty)
 
@@ -371,23 +373,7 @@ def run(ns: argparse.Namespace) -> int:
                f"{len(reports) - len(dirty)} clean")
     if broken:
         summary += f"; {_counted(len(broken), 'error')} ({', '.join(broken)})"
-    if interrupted:
-        summary += _INTERRUPTED
-    if ns.format == "json":
-        from recheck.output.json import check_document, dumps
-
-        print(dumps(check_document(outcomes, regions=len(reports), with_findings=len(dirty),
-                                   differences=differences, errors=len(broken), interrupted=interrupted,
-                                   text=summary)))
-        for label, outcome in outcomes:
-            if isinstance(outcome, _Broken):
-                _report_error(label, outcome)
-    else:
-        for label, outcome in outcomes:
-            if isinstance(outcome, _Broken):
-                _report_error(label, outcome)
-                continue
-            print(_text(outcome, ns))
-            print()
-        print(paint(summary, "red" if broken or dirty or interrupted else "green"))
-    return _exit_status(interrupted, broken, dirty)
+    return _finish(ns, outcomes, summary, "", broken, dirty, interrupted,
+                   lambda text: _json.check_document(outcomes, regions=len(reports), with_findings=len(dirty),
+                                                     differences=differences, errors=len(broken),
+                                                     interrupted=interrupted, text=text))
