@@ -455,7 +455,7 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
         if isinstance(function, torch.nn.Module):
             holders.append(function)
             return tuple(map(id, holders)), tuple(holders)
-        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
+        if isinstance(function, functools.partial):  # not by its attributes: a Mock has every one
             bound = (*function.args, *getattr(function, "keywords", {}).values())
             holders.extend(a for a in bound if isinstance(a, torch.nn.Module) or _is_generator(a))
             function = function.func

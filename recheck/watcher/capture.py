@@ -46,7 +46,7 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
             found.append(function)
             function = None  # no closure to read (asked of a module, ``__closure__`` raises in its __getattr__)
             break
-        if hasattr(function, "func") and hasattr(function, "args"):  # functools.partial
+        if isinstance(function, functools.partial):  # not by its attributes: a Mock has every one
             found.extend(a for a in (*function.args, *getattr(function, "keywords", {}).values())
                          if isinstance(a, torch.nn.Module))
             function = function.func
