@@ -46,7 +46,6 @@ class StepTrace:
     saved_at_end_of_forward: int = 0
     observed_at_end_of_forward: int = 0
     end_of_forward_index: int | None = None
-    operators: int = 0
 
 
 def tensor_storage(t: Any) -> Any | None:
@@ -208,7 +207,6 @@ class Tracer:
     def after_operator(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Follow the operator's output storages and count its work."""
         trace = self.trace
-        trace.operators += 1
         calls = self.router.calls()
         innermost = calls[-1] if calls else None
         ledger = trace.ledger

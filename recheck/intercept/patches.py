@@ -116,7 +116,6 @@ class Installation:
     cell: Any | None = None
     real_checkpoint: Any = None
     replaced_globals: list[tuple[dict, str, Any, Any]] = field(default_factory=list)
-    generator_name: str = ""
     original_generator: Any = None
     generator_replacement: Any = None
     original_forward: Any = None
@@ -282,7 +281,6 @@ def _patch_generator(installation: Installation) -> None:
         return
     original = getattr(torch_checkpoint, name)
     watched_generator = _replacement("generator", original, functools.partial(_routed, route="generator"))
-    installation.generator_name = name
     installation.original_generator = original
     installation.generator_replacement = watched_generator
     namespaces = [vars(torch_checkpoint)]

@@ -124,9 +124,6 @@ class Candidates:
         """``{candidate index: module}`` of every unit."""
         return {c.index: c.module for c in self.units if c.module is not None}
 
-    def by_key(self) -> dict[RegionKey, Candidate]:
-        return {c.key: c for c in self.regions if c.key is not None}
-
     #: region keys of the step's own calls that checkpoint a unit (a plan replaces them)
     unit_keys: frozenset[RegionKey] = frozenset()
 
