@@ -23,8 +23,7 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
     streams, globals, parameters, context, side effects), and with the checkpoint bypassed,
     whose outputs, gradients, buffers and Python state it is compared with, bit for bit.  Where
     early stop ended the recompute, a full replay shows what it left out (*latent*).  All of it
-    is restored afterwards: a check leaves no trace, also when it raises.  Python's cyclic
-    garbage collector is paused while it runs, as in :func:`check_step`.
+    is restored afterwards: a check leaves no trace, also when it raises.
 
     Args:
         fn: the region: an ``nn.Module`` or any callable (closure, bound method,
@@ -70,7 +69,7 @@ def check(fn: Callable[..., Any], /, *args: Any, kwargs: Mapping[str, Any] | Non
     from recheck.watcher.options import WatchOptions
 
     options = WatchOptions.of(atol=atol, rtol=rtol, max_ulp=max_ulp, where="recheck.check")
-    with DISPATCHER.taken_over("recheck.check()"), collector_paused():  # the runs and restores; see check_step
+    with DISPATCHER.taken_over("recheck.check()"), collector_paused():  # as in check_step
         return check_region_report(fn, args, dict(kwargs or {}), use_reentrant=use_reentrant,
                                    preserve_rng_state=preserve_rng_state, early_stop=early_stop,
                                    grad_outputs=grad_outputs, watch_options=options.as_kwargs(),
@@ -101,18 +100,11 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
 
     Snapshots everything the step can touch (parameters, gradients, buffers, module
     attributes, optimizer, scheduler and scaler state, every RNG stream, the globals and plain
-    objects it reaches), runs the step **as written** inside :func:`recheck.watch` (every
-    recompute verified against its own forward), restores, runs it with **every checkpoint
-    bypassed** (each region called directly, nothing else changed), restores, and compares
-    the two end states: the step's return value, every gradient, parameters, buffers and
-    optimizer state after the step, RNG states, Python state.  A difference that is only
-    rounding (gradients summed in another order) is told apart by rerunning both twins in
-    float64 and reported as a note with its size.  The step as written keeps digests of the
-    parameters, gradients and optimizer state it changed, not copies; where its twin's differ,
-    both run once more keeping copies for the findings (four runs, not two).  The optimizer is
-    put back in place.  The check leaves no trace.  Python's cyclic
-    garbage collector is paused while it runs, as ``timeit`` pauses it (and on again after, if
-    it was on); cyclic garbage the step makes is collected after the check.
+    objects it reaches), runs the step **as written** inside :func:`recheck.watch`, restores,
+    runs it with **every checkpoint bypassed**, restores, and compares the two end states bit
+    for bit.  A difference that is only rounding (gradients summed in another order) is a note
+    with its size (:mod:`recheck.checker.rounding`).  The check leaves no trace; Python's cyclic
+    garbage collector is paused while it runs, as ``timeit`` pauses it.
 
     Args:
         step: a zero-argument callable: forward, backward and optionally the optimizer step
@@ -168,10 +160,8 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
 
     options = WatchOptions.of(early_stop=early_stop, store=store, atol=atol, rtol=rtol, max_ulp=max_ulp,
                               checkpoint_functions=checkpoint_functions, where="recheck.check_step")
-    # no cyclic collection while the step and its twin run (on again after, if it was on), as
-    # timeit pauses it: the snapshots' records survive into the oldest generation, whose
-    # collection walks every object of the process (247 ms with transformers and timm
-    # imported), and that came about once per ten checks
+    # no cyclic collection while the step and its twin run (on again after, if it was on): the
+    # snapshots' records survive into the oldest generation, whose collection walks every object
     with DISPATCHER.taken_over("recheck.check_step()"), collector_paused(), FunctionCalls() as functions:
         report = check_step_report(step, repeats=repeats, tolerance=options.tolerance,
                                    watch_options=options.as_kwargs(), modules=modules, optimizers=optimizers)
