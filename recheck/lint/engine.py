@@ -34,7 +34,7 @@ from recheck.lint.imports import module_name
 from recheck.lint.index import Index
 from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
 from recheck.lint.rules import RULES
-from recheck.lint.wrappers import unchanged
+from recheck.lint.wrappers import installed_class, unchanged
 from recheck.lint.settings import LintOptions
 from recheck.lint.suppress import file_ignored, line_suppressions, suppressed
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_ATTRIBUTES, ENTRY_POINTS
@@ -256,6 +256,14 @@ class _Run:
         #: files parsed again here to analyse outlined units, by (path, salt)
         self.kept: OrderedDict[tuple[str, str], FileExtraction] = OrderedDict()
         self.analysed_here = 0  # outlined units analysed in this process
+        #: files of installed packages read for classes outside the tree (never linted: their
+        #: facts are looked up by name, their hazards reported nowhere), by path
+        self.installed: dict[str, _Source] = {}
+        self.installed_facts: dict[str, FileFacts] = {}
+        #: class outside the tree -> its qualified name where installed ("": found nowhere)
+        self.installed_names: dict[str, str] = {}
+        #: stamps of the installed files read for them (see ``_StoredResult.read``)
+        self.read: dict[str, list[str]] = {}
 
     def parse(self, sources: list[_Source], demand: dict[str, set[str]] | None = None) -> None:
         """Phase one for ``sources``; ``demand``: for some, names of top-level definitions a
@@ -267,7 +275,7 @@ class _Run:
             wanted = sorted((demand or {}).get(source.display, ()))
             if cached is not None:
                 cached.path = source.display
-                self.facts[source.display] = self.adopt(cached)
+                (self.facts if source.display in self.sources else self.installed_facts)[source.display] = self.adopt(cached)
             else:
                 jobs.append((source.display, source.text, source.module, source.is_package, dict(self.extra),
                              tuple(wanted)))
@@ -278,13 +286,19 @@ class _Run:
             if self.progress is not None:
                 done += 1
                 self.progress(done, self.parsed)
+            source = self.source(display)
+            table = self.facts if display in self.sources else self.installed_facts
             if isinstance(result, FileError):
-                self.report(result)
-                self.facts[display] = FileFacts(display, self.sources[display].module)
+                if table is self.facts:  # an installed file that does not parse is no file of the user's
+                    self.report(result)
+                table[display] = FileFacts(display, source.module)
             else:
-                source = self.sources[display]
                 self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
-                self.facts[display] = self.adopt(result)
+                table[display] = self.adopt(result)
+
+    def source(self, display: str) -> _Source:
+        """A linted file, or an installed one read for a class outside the tree."""
+        return self.sources.get(display) or self.installed[display]
 
     def report(self, error: FileError) -> None:
         """Record that a file could not be linted (the first reason given for it is kept)."""
@@ -305,7 +319,7 @@ class _Run:
     def analyse_outlined(self, facts: FileFacts, name: str) -> None:
         """Analyse outlined unit ``name`` of ``facts`` (and what it reaches in its file) from
         the file's text, and fill its deferred classes and functions in place."""
-        source = self.sources[facts.path]
+        source = self.source(facts.path)
         key = (facts.path, self.salt)
         extraction = self.kept.pop(key, None)
         try:
@@ -409,6 +423,22 @@ class _Run:
                 if display not in self.facts:
                     wanted[display] = self.sources[display]
                     demand.setdefault(display, set()).add(name)
+        for qualified in sorted(index.installed_misses - self.installed_names.keys()):
+            # a class outside the tree that a region's parameter is annotated with: the
+            # installed package's file that defines it, read as text, parsed like the tree's
+            found = installed_class(qualified, self.read)
+            self.installed_names[qualified] = found[2] if found is not None else ""
+            if found is None or found[0] in self.installed:
+                continue
+            origin, module, defined = found
+            read = read_source(Path(origin), origin, self.options.max_file_size)
+            if isinstance(read, FileError):
+                self.installed_names[qualified] = ""
+                continue
+            self.installed[origin] = _Source(Path(origin), origin, read[0], read[1], module,
+                                             os.path.basename(origin) == "__init__.py", origin)
+            wanted[origin] = self.installed[origin]
+            demand.setdefault(origin, set()).add(defined.rsplit(".", 1)[-1])
         region_classes = set(CHECKPOINTING_BASES)
         for file in index.files:
             for cls in file.classes.values():
@@ -535,7 +565,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
     demand: dict[str, set[str]] = {}
     for _ in range(MAX_ROUNDS):
         run.parse(pending, demand)
-        index = Index(run.facts.values(), run.assigners)
+        index = Index(run.facts.values(), run.assigners, run.installed_facts.values(), run.installed_names)
         analysed = False
         pending = run.discover(index)
         if pending:  # wrappers found: their callers are call sites, extract them again first
@@ -544,13 +574,15 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
         regions = find_regions(index, reports, run.source_text, assumed, read)
         hits = region_hits(index, regions, walked)
         analysed = True
-        pending, demand = run.wanted(index, by_module) if regions or index.misses else ([], {})
+        pending, demand = run.wanted(index, by_module) if regions or index.misses or index.installed_misses else ([], {})
         if not pending:
             break
     if not analysed:  # the rounds ran out after parsing more: analyse what was parsed
         reports, walked, assumed, read = [], set(), [], {}
         regions = find_regions(index, reports, run.source_text, assumed, read)
         hits = region_hits(index, regions, walked)
+    hits = [hit for hit in hits if hit.path not in run.installed]  # the installed library's own code: not linted
+    read.update(run.read)
     checked = run.check_syntax([s for s in run.sources.values() if s.display not in run.facts])
     run.cache.flush()
     sites = [r for r in reports if r.kind == "site"]

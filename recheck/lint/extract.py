@@ -124,7 +124,10 @@ class FileExtraction:
         scan = StatementScan()
         for unit in self.units:
             statement_scan(unit, scan)
-        imports = import_aliases(itertools.chain(nodes, *scan.imports), module, is_package)
+        # a function's own imports first: one table per file, where a name the module imports
+        # keeps that meaning (``from transformers import X`` inside one function does not
+        # rebind the module's ``from transformers.models.x import X`` for every other)
+        imports = import_aliases(itertools.chain(*scan.imports, nodes), module, is_package)
         self.facts = facts = FileFacts(path=path, module=module, imports=imports)
         # lines as the parser counts them, for columns: str.splitlines also breaks at \f, \x85, \u2028
         lines = (source.replace("\r\n", "\n").replace("\r", "\n") if "\r" in source else source).split("\n")

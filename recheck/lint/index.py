@@ -27,7 +27,8 @@ MAX_HOLDERS = 3
 class Index:
     """Every file's facts, by module name."""
 
-    def __init__(self, files: Iterable[FileFacts], assigners: Mapping[str, set[tuple[str, str]]] | None = None) -> None:
+    def __init__(self, files: Iterable[FileFacts], assigners: Mapping[str, set[tuple[str, str]]] | None = None,
+                 installed: Iterable[FileFacts] = (), installed_names: Mapping[str, str] | None = None) -> None:
         #: Every file, sorted by path.  Two files may share a module name (scripts in
         #: separate folders): both are linted, and lookups by name find the first.
         self.files: list[FileFacts] = sorted(files, key=lambda f: f.path)
@@ -38,6 +39,13 @@ class Index:
         #: not one may come from a namespace package linted from inside (``megatron/core``
         #: without ``megatron/__init__.py`` gives modules ``core.*``)
         self.roots = {name.split(".", 1)[0] for name in self.modules}
+        for facts in installed:  # looked up by name only: never linted, never a region of their own
+            self.modules.setdefault(facts.module, facts)
+        #: a class outside the tree asked for by :meth:`installed_class` -> its qualified name
+        #: where the installed package defines it ("" where it is not installed or not defined)
+        self.installed_names: Mapping[str, str] = installed_names if installed_names is not None else {}
+        #: classes :meth:`installed_class` was asked about and the engine has not looked for
+        self.installed_misses: set[str] = set()
         self.misses: set[str] = set()
         self._found: dict[str, Symbol | None] = {}
         self._bases: dict[int, set[str]] = {}
@@ -104,6 +112,18 @@ class Index:
     def lookup_class(self, qualified: str, origin: FileFacts | None = None) -> tuple[FileFacts, ClassFacts] | None:
         found = self.lookup(qualified, origin)
         return found if found and isinstance(found[1], ClassFacts) else None  # type: ignore[return-value]
+
+    def installed_class(self, qualified: str) -> tuple[FileFacts, ClassFacts] | None:
+        """The class ``qualified`` of a package outside the tree, as the installed package's
+        source defines it (read by the engine, never imported); None until it has been read,
+        or where it is not installed.  A name of the tree's own packages is never looked for."""
+        if qualified.split(".", 1)[0] in self.roots:
+            return None
+        if qualified not in self.installed_names:
+            self.installed_misses.add(qualified)  # the engine may read the file that defines it, and retry
+            return None
+        defined = self.installed_names[qualified]
+        return self.lookup_class(defined) if defined else None
 
     def lineage(self, facts: FileFacts, cls: ClassFacts) -> list[tuple[FileFacts, ClassFacts]]:
         """The class and its bases found in the tree, depth-first (an approximate MRO)."""

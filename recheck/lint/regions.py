@@ -17,7 +17,7 @@ from recheck.lint.reachability import SPLAT, binds, empty_params, passes_on, unr
 from recheck.lint.rules import RULES
 from recheck.lint.rules.base import RegionView, TreeView
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
-from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper
+from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper, installed
 
 __all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
 
@@ -99,16 +99,22 @@ class _Resolver:
             return
         if ref.kind == "param":
             if func is not None and ref.name in func.annotations:
-                yield from self._built(func.annotations[ref.name], file, 0)
+                annotation = func.annotations[ref.name]
+                outside = self._installed(annotation, file) if as_target else None
+                yield from self._module(annotation, *outside) if outside else self._built(annotation, file, 0)
             return
         if ref.kind == "param_path":
             head, _, rest = ref.name.partition(".")
-            annotated = self.index.lookup_class(func.annotations[head], file) if func and head in func.annotations else None
+            annotation = func.annotations.get(head, "") if func else ""
+            annotated = self.index.lookup_class(annotation, file) if annotation else None
             if annotated is not None:
                 yield from self._path(annotated[0], annotated[1], rest)
-            elif as_target:  # the region is a parameter's attribute, its class not in the tree: by what holds it
-                for holder_file, holder in self.index.holders(rest.partition(".")[0]):
-                    yield from self._path(holder_file, holder, rest)
+            elif as_target:  # the region is a parameter's attribute, its class not in the tree: the
+                # installed class's, else by what holds it
+                outside = self._installed(annotation, file) if annotation else None
+                through = [item for item in self._path(*outside, rest) if item[0] is not None] if outside else []
+                yield from through or (item for holder_file, holder in self.index.holders(rest.partition(".")[0])
+                                       for item in self._path(holder_file, holder, rest))
             return
         if ref.kind == "result":
             owner = file.classes.get(func.self_class) if func is not None and func.self_class else None
@@ -176,6 +182,10 @@ class _Resolver:
                 if holder is not owner:
                     for qualified in index.attribute_classes(holder_file, holder, ref.name):
                         yield from self._built(qualified, holder_file, 0)
+
+    def _installed(self, annotation: str, file: FileFacts) -> tuple[FileFacts, ClassFacts] | None:
+        """The class an annotation names outside the tree, read from the installed package."""
+        return self.index.installed_class(annotation) if self.index.lookup(annotation, file) is None else None
 
     def _path(self, file: FileFacts, owner: ClassFacts, path: str) -> Iterator[tuple]:
         """``self.a.b``: the modules recorded under ``a.b``, or ``b`` of each module in ``a``
@@ -252,7 +262,7 @@ class _Resolver:
                 head = ref.name.partition(".")[0]
                 annotation = caller.annotations.get(head) if caller else None
                 reasons.append(f"{shown} comes from `{ref.name}`, parameter `{head}` of `{site.caller}`"
-                               + (f" (annotated `{annotation}`, not a class of the linted tree)" if annotation else
+                               + (f" ({self._annotated(annotation, ref.name)})" if annotation else
                                   ", which has no annotation"))
             elif ref.kind == "result":
                 reasons.append(f"{shown} is what `self.{ref.name}()` returns, which the linter cannot see")
@@ -262,6 +272,19 @@ class _Resolver:
                 reasons.append(f"{shown} resolves to nothing in the linted tree")
         return reasons[0] if reasons else f"{shown} resolves to nothing in the linted tree"
 
+
+    def _annotated(self, annotation: str, path: str) -> str:
+        """Why a parameter's annotation led to no region, in words."""
+        package = annotation.split(".", 1)[0]
+        if package in self.index.roots:
+            return f"annotated `{annotation}`, not a class of the linted tree"
+        outside = self.index.installed_class(annotation)
+        if outside is not None:
+            attribute = path.split(".")[1] if path.count(".") else path
+            return f"annotated `{annotation}`, which as the installed `{package}` defines it assigns no module to `{attribute}`"
+        if installed(package):
+            return f"annotated `{annotation}`, which neither the linted tree nor the installed `{package}` defines"
+        return f"annotated `{annotation}`: not a class of the linted tree, and `{package}` is not installed where recheck runs"
 
     def _opaque_factory(self, ref: Ref, file: FileFacts, caller: FunctionFacts | None) -> str | None:
         """A function of the tree that builds ``self.<attr>`` but returns nothing visible."""

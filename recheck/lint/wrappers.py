@@ -33,7 +33,8 @@ from typing import Iterable, Iterator, Mapping
 from recheck.lint.imports import import_aliases
 from recheck.lint.targets import ENTRY_ATTRIBUTES, ENTRY_POINTS, PARTIALS
 
-__all__ = ["ASSUMED", "Wrapper", "find_wrapper", "installed_source", "read_wrapper", "unchanged"]
+__all__ = ["ASSUMED", "Wrapper", "find_wrapper", "installed", "installed_class", "installed_source", "read_wrapper",
+           "unchanged"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ ASSUMED: dict[str, Wrapper] = {
 }
 
 MAX_REEXPORTS = 4
+MAX_FILES = 32
 
 
 def _dotted(node: ast.AST) -> str:
@@ -243,37 +245,67 @@ def installed_source(qualified: str, search: list[str] | None = None,
     """The class ``qualified`` as defined in the installed package's source on the import path
     (``search``, default ``sys.path``): its node, its module's imports, its qualified name
     where it is defined and the file; None when it cannot be found.  Nothing is imported.
+    Re-exports are followed (``from .x import C``, ``_import_structure["x"] = ["C"]``, ``from
+    .x import *``), at most :data:`MAX_REEXPORTS` deep and :data:`MAX_FILES` files in all.
     ``visited`` collects the files read."""
+    return _defined(qualified, search if search is not None else _search(), visited, set(), 0)
+
+
+def _defined(qualified: str, search: list[str], visited: list[str] | None, seen: set[str],
+             depth: int) -> tuple[ast.ClassDef, dict[str, str], str, str] | None:
     module, _, name = qualified.rpartition(".")
-    seen: set[str] = set()
-    for _ in range(MAX_REEXPORTS):
-        if not module or module in seen:
-            return None
-        seen.add(module)
-        found = _find(module.split("."), search if search is not None else [p or os.getcwd() for p in sys.path])
-        if found is None:
-            return None
-        origin, is_package = found
-        if visited is not None:
-            visited.append(origin)
-        try:
-            with open(origin, "rb") as handle:
-                tree = ast.parse(handle.read(), origin)
-        except (OSError, SyntaxError, ValueError, RecursionError):
-            return None
-        imports = import_aliases(ast.walk(tree), module, is_package)
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                return node, imports, f"{module}.{name}", origin
-        target = imports.get(name)
-        if target is not None:  # from .modeling_layers import GradientCheckpointingLayer
-            module, _, name = target.rpartition(".")
-            continue
-        lazy = next(_lazy_exports(tree, name), None)
-        if lazy is None or not is_package:
-            return None
-        module = f"{module}.{lazy}"
+    if not module or module in seen or depth > MAX_REEXPORTS or len(seen) >= MAX_FILES:
+        return None
+    seen.add(module)
+    found = _find(module.split("."), search)
+    if found is None:
+        return None
+    origin, is_package = found
+    if visited is not None:
+        visited.append(origin)
+    try:
+        with open(origin, "rb") as handle:
+            tree = ast.parse(handle.read(), origin)
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return None
+    imports = import_aliases(ast.walk(tree), module, is_package)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node, imports, f"{module}.{name}", origin
+    target = imports.get(name)  # from .modeling_layers import GradientCheckpointingLayer
+    lazy = next(_lazy_exports(tree, name), None) if target is None and is_package else None
+    if target is not None or lazy is not None:
+        return _defined(target or f"{module}.{lazy}.{name}", search, visited, seen, depth + 1)
+    for alias, source in imports.items():  # from .modules import *
+        if alias[:1] == "*":
+            found_there = _defined(f"{source}.{name}", search, visited, seen, depth + 1)
+            if found_there is not None:
+                return found_there
     return None
+
+
+def _search() -> list[str]:
+    """The import path of the interpreter running the lint (``""`` is the working folder)."""
+    return [p or os.getcwd() for p in sys.path]
+
+
+def installed(package: str) -> bool:
+    """Whether the top-level ``package`` is on the import path (nothing is imported)."""
+    return _find([package], _search()) is not None
+
+
+def installed_class(qualified: str, read: dict[str, list[str]]) -> tuple[str, str, str] | None:
+    """Where the installed package defines the class ``qualified`` (followed through its
+    re-exports, see :func:`installed_source`): its file, its module and its qualified name
+    there; None when it is not installed or does not define it.  ``read`` records the
+    stamps of the files read (see :func:`unchanged`)."""
+    visited: list[str] = []
+    found = installed_source(qualified, _search(), visited)
+    read[qualified] = _stamps(visited)
+    if found is None:
+        return None
+    defined, origin = found[2], found[3]
+    return origin, defined.rpartition(".")[0], defined
 
 
 def _class_node(tree: ast.Module, qualname: str) -> ast.ClassDef | None:
@@ -302,7 +334,7 @@ def find_wrapper(qualified: str, in_tree: tuple[str, str, str, str] | None,
         node = _class_node(tree, qualname)
         is_package = os.path.basename(path) == "__init__.py"
         return read_wrapper(node, import_aliases(ast.walk(tree), module, is_package), qualified, path) if node is not None else None
-    search = tuple(p or os.getcwd() for p in sys.path)
+    search = tuple(_search())
     cached = _INSTALLED.get((qualified, search))
     if cached is None or _stamps(cached[1]) != list(cached[1]):
         visited: list[str] = []
@@ -341,6 +373,6 @@ def unchanged(read: Mapping[str, list[str]]) -> bool:
         if stamps:
             if _stamps(stamps) != stamps:
                 return False
-        elif _find([qualified.split(".", 1)[0]], [p or os.getcwd() for p in sys.path]) is not None:
+        elif installed(qualified.split(".", 1)[0]):
             return False
     return True

@@ -138,7 +138,7 @@ def test_an_unresolved_site_says_why():
         19: "`self.layer` is a `transformers.LlamaDecoderLayer`, defined outside the linted tree",
         20: "`self.missing` is never assigned a module the linter can see in `Model`",
         22: "`block` comes from `model.blocks`, parameter `model` of `Model.forward` "
-            "(annotated `torch.nn.Module`, not a class of the linted tree)",
+            "(annotated `torch.nn.Module`, which as the installed `torch` defines it assigns no module to `blocks`)",
         23: "`self.dyn` is never assigned a module the linter can see in `Model`",
     }
     assert [(s.line, s.kind) for s in result.sites if s.kind == "wrapper"] == [(9, "wrapper")]

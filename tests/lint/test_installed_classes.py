@@ -1,0 +1,190 @@
+"""A region reached through a parameter annotated with an installed library's class.
+
+ColossalAI's shardformer replaces transformers' model forwards with its own functions,
+``def llama_model_forward(self: LlamaModel, ...)``, which checkpoint ``decoder_layer.__call__``
+for each ``decoder_layer`` in ``self.layers``: the layer classes are in transformers, outside
+the linted tree.  The linter reads the annotated class from the installed package's source
+on the import path (as it reads a checkpointing base class, never importing it) and
+follows its ``self.layers`` to the layer class it builds.  The imitations below are written
+here, in the style of that code; the "installed" package raises if imported.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from recheck.lint.engine import lint_sources
+from recheck.lint.statistics import run_statistics
+
+MODELING = '''
+from torch import nn
+
+
+class FakeDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.mlp = nn.Linear(config.hidden_size, config.hidden_size)
+        self.calls = 0
+
+    def forward(self, hidden_states, attention_mask=None, past_key_values=None):
+        self.calls += 1
+        return self.mlp(hidden_states)
+
+
+class FakePreTrainedModel(nn.Module):
+    supports_gradient_checkpointing = True
+
+
+class FakeModel(FakePreTrainedModel):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList([FakeDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.gradient_checkpointing = False
+'''
+
+FORWARDS = '''
+from typing import List, Optional
+
+import torch
+from fakelm.models.fake.modeling_fake import {annotation}
+
+
+class FakePipelineForwards:
+    @staticmethod
+    def fake_model_forward(
+        self: {annotation},
+        hidden_states: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        stage_index: Optional[List[int]] = None,
+    ):
+        start_idx, end_idx = stage_index[0], stage_index[1]
+        for idx, decoder_layer in enumerate(self.layers[start_idx:end_idx], start=start_idx):
+            if self.gradient_checkpointing and self.training:
+                layer_outputs = self._gradient_checkpointing_func(
+                    decoder_layer.__call__,
+                    hidden_states,
+                    attention_mask,
+                    None,
+                )
+            else:
+                layer_outputs = decoder_layer(hidden_states, attention_mask=attention_mask)
+            hidden_states = layer_outputs
+        return hidden_states
+'''
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """A package ``fakelm`` on ``sys.path`` (never importable: its ``__init__`` raises)."""
+    site = tmp_path / "site"
+    for folder, star in (("fakelm", ".models"), ("fakelm/models", ".fake.modeling_fake"), ("fakelm/models/fake", "")):
+        (site / folder).mkdir(parents=True)
+        (site / folder / "__init__.py").write_text('raise RuntimeError("imported")\n'
+                                                   + (f"from {star} import *  # noqa: F403\n" if star else ""))
+    (site / "fakelm/models/fake/modeling_fake.py").write_text(MODELING)
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def _site(result):
+    [site] = result.sites
+    return site
+
+
+def test_a_layer_of_an_installed_model_class_is_the_region(installed):
+    result = lint_sources({"fake.py": FORWARDS.format(annotation="FakeModel")})
+    site = _site(result)
+    assert site.reason == ""
+    [region] = site.regions
+    assert region.startswith("FakeDecoderLayer.forward (") and "modeling_fake.py" in region
+    assert run_statistics(result)["resolved_sites"] == 1
+    assert "fakelm" not in sys.modules
+    # the installed layer's own state write is the library's, not the linted tree's: no finding there
+    assert [f.path for f in result.findings if f.path != "fake.py"] == []
+
+
+def test_an_installed_class_is_found_through_star_reexports(installed):
+    forwards = FORWARDS.format(annotation="FakeModel").replace("fakelm.models.fake.modeling_fake", "fakelm")
+    [region] = _site(lint_sources({"fake.py": forwards})).regions
+    assert region.startswith("FakeDecoderLayer.forward (")
+
+
+def test_an_annotated_class_the_installed_package_lacks_is_said(installed):
+    result = lint_sources({"fake.py": FORWARDS.format(annotation="FakeEncoder")})
+    reason = _site(result).reason
+    assert "`fakelm.models.fake.modeling_fake.FakeEncoder`" in reason
+    assert "neither the linted tree nor the installed `fakelm` defines" in reason
+
+
+def test_an_annotated_class_of_a_package_not_installed_is_said():
+    result = lint_sources({"fake.py": FORWARDS.format(annotation="FakeModel")})
+    assert _site(result).reason.endswith("`fakelm` is not installed where recheck runs)")
+
+
+def test_an_installed_package_is_read_again_when_installed_after_a_cached_run(tmp_path, monkeypatch, lint, write):
+    write("fake.py", FORWARDS.format(annotation="FakeModel"))
+    assert "1 checkpoint call site was not resolved" in lint("fake.py", cache=True).out
+    site = tmp_path / "site"
+    (site / "fakelm/models/fake").mkdir(parents=True)
+    for folder in ("fakelm", "fakelm/models", "fakelm/models/fake"):
+        (site / folder / "__init__.py").write_text("")
+    (site / "fakelm/models/fake/modeling_fake.py").write_text(textwrap.dedent(MODELING))
+    monkeypatch.syspath_prepend(str(site))
+    assert "not resolved" not in lint("fake.py", cache=True).out
+
+
+SHADOWED = '''
+from torch.utils.checkpoint import checkpoint
+
+from blocks import Model
+
+
+def model_forward(self: Model, x):
+    for layer in self.layers:
+        x = checkpoint(layer, x, use_reentrant=False)
+    return x
+
+
+def build_forward():
+    from elsewhere import Model
+
+    def forward(self, x):
+        return Model.forward(self, x)
+
+    return forward
+'''
+
+BLOCKS = '''
+from torch import nn
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class OtherBlock(nn.Module):
+    def forward(self, x):
+        return x * 3
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(4)])
+
+
+class Other(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([OtherBlock() for _ in range(4)])
+'''
+
+
+def test_a_function_local_import_does_not_rebind_the_modules_name_elsewhere():
+    result = lint_sources({"forwards.py": SHADOWED, "blocks.py": BLOCKS})
+    [site] = result.sites
+    assert [region.split(" ")[0] for region in site.regions] == ["Block.forward"]
