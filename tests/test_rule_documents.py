@@ -34,8 +34,9 @@ AROUND_REGION_CODES = {"RC111"}
 REGION_CODES = [code for code in CODES if (code.startswith("RC1") or code == "RC002") and code not in AROUND_REGION_CODES]
 STEP_CODES = [code for code in CODES if code.startswith("RC2")]
 #: rules whose hazard exists only under the reentrant implementation: their Example passes
-#: ``use_reentrant=True`` (and ``CHECK_OPTIONS`` says so to the checker)
-REENTRANT_EXAMPLES = {"RC110"}
+#: ``use_reentrant=True``, and its ``CHECK_OPTIONS`` says so to the checker
+REENTRANT_EXAMPLES = {code for code in CODES
+                      if any('{"use_reentrant": True}' in source for source in get_rule(code).examples)}
 
 
 def _needed_function(code: str) -> str | None:
