@@ -257,6 +257,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC103", "the region logs, prints or warns; it runs again on recompute"),
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again"),
     Entry("RC107", "the region mutates one of its inputs in place"),
+    Entry("RC112", "no input of a reentrant checkpoint requires grad; make one require grad or pass use_reentrant=False"),
     Entry("RC201", "a parameter changed between forward and recompute"),
 )
 

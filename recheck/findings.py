@@ -58,12 +58,14 @@ class Kind:
 
 
 #: Every dynamic kind, the most severe first: the causes (a parameter changed, an input mutated,
-#: an RNG, the context, a global, state written, a buffer, an effect run again), then the
+#: no input requiring grad, an RNG, the context, a global, state written, a buffer, an effect run again), then the
 #: differences they cause (saved tensors, the output, a gradient).  Adding a kind is one line
 #: here, the code that observes it and its test.
 DECLARED: tuple[Kind, ...] = (
     Kind("param_version", "a parameter or input was modified in place between forward and recompute", ("RC201",)),
     Kind("input_mutation", "the region mutates one of its own inputs", ("RC107",)),
+    Kind("input_grad", "no tensor input of a reentrant checkpoint requires grad, while parameters the region uses do",
+         ("RC112",)),
     Kind("rng", "a random-number generator's state differs", ("RC003", "RC002", "RC102", "RC105")),
     Kind("context", "grad mode, autocast (enabled, dtype) or the default dtype differs between forward and recompute",
          ("RC003", "RC101")),

@@ -13,6 +13,7 @@ def test_kind_vocabulary_is_fixed():
     assert tuple(DYNAMIC_KINDS) == (
         "param_version",
         "input_mutation",
+        "input_grad",
         "rng",
         "context",
         "global",

@@ -46,7 +46,7 @@ from recheck.runtime.context import (ComputeContext, WiderContext, context_diffe
                                      wider_context, wider_differences)
 from recheck.runtime.fingerprints import same_objects, shallow
 from recheck.runtime.explaining import effect_messages, param_version_message, with_likely_causes
-from recheck.runtime.naming import buffer_subject, grad_subject
+from recheck.runtime.naming import buffer_subject, grad_subject, parameter_subject
 from recheck.runtime.trees import input_tensors, tensors
 from recheck.findings import Finding, Invocation, Subject, could_not, error_line, parts_of
 from recheck.watcher import capture
@@ -771,14 +771,19 @@ class InvocationRecord:
         if not (self.needs_input_grad and self.grad_enabled) or forward.inputs_need_grad is not False:
             return
         used = capture.with_submodules(forward.reach, [*forward.direct.values(), *forward.ran.values()])
-        for name, module in used:
-            for param_name, param in module._parameters.items():
-                if param is not None and param.requires_grad:
-                    subject = grad_subject(f"{name}.{param_name}" if name else param_name)
-                    self._add("gradient", f"{subject} is never computed: the reentrant checkpoint ran the forward "
-                              "under no_grad and no input requires grad, so the output does not require grad",
-                              subject=subject,
-                              detail="use_reentrant=False, or an input with requires_grad=True, keeps the graph")
+        lost = [f"{name}.{param_name}" if name else param_name for name, module in used
+                for param_name, param in module._parameters.items() if param is not None and param.requires_grad]
+        keeps = "use_reentrant=False, or an input with requires_grad=True, keeps the graph"
+        if lost:  # the cause, then each gradient it loses
+            self._add("input_grad", f"no tensor input of this reentrant checkpoint requires grad, so {len(lost)} "
+                      f"parameter(s) the region uses get no gradient", subject=parameter_subject(lost),
+                      detail=f"torch only warns \"None of the inputs have requires_grad=True\"; {keeps} "
+                      "(transformers' enable_input_require_grads makes the embedding's output require grad)")
+        for name in lost:
+            subject = grad_subject(name)
+            self._add("gradient", f"{subject} is never computed: the reentrant checkpoint ran the forward "
+                      "under no_grad and no input requires grad, so the output does not require grad",
+                      subject=subject, detail=keeps)
 
     def abort_forward(self) -> None:
         """The forward is not compared (it raised, or recording it failed): let go of its tensors.
