@@ -313,8 +313,9 @@ def frozen_inputs(nodes: list[ast.AST], context: FunctionContext,
     if not calls or any("enable_input_require_grads" in line for line in context.module.lines):
         return
     function = context.module.function_nodes.get(context.qualname)
-    if function is None:
-        return
+    if function is None or any(context.qualify(d.func if isinstance(d, ast.Call) else d) in NO_GRAD
+                               for d in getattr(function, "decorator_list", ())):
+        return  # a function that runs without a graph: nothing to lose
     frozen = frozen_modules(context, owner)
     flow = _Flow(function, context, frozen)
     for call, position in calls:
@@ -463,6 +464,8 @@ INVALID = [
     (_TOWER.format(between=""), [(27, 15, "(`features` is computed under `torch.no_grad()`)")]),
     (_TOWER.format(between="        features = features.detach().float()"), [(27, 15, "is detached")]),
     (_BRANCHES, [(28, 33, "`hidden_states` comes from `self.embeddings`, frozen by `requires_grad = False`")]),
+    (_BRANCHES.replace("checkpoint(layer", "self._gradient_checkpointing_func(layer"),  # transformers' default
+     [(28, 33, "`hidden_states` comes from `self.embeddings`")]),
 ]
 VALID = [
     _ADAPTED.format(freeze=_FREEZE, between="", keywords=", use_reentrant=False"),
@@ -474,5 +477,6 @@ VALID = [
     _ADAPTED.format(freeze=_HOOKED, between="", keywords=", use_reentrant=True"),  # the hook makes it require grad
     _TOWER.format(between="        features = self.proj(features)"),  # a trainable projection in between
     _TOWER.format(between="        features.requires_grad_(True)"),
+    _TOWER.format(between="").replace("    def forward", "    @torch.no_grad()\n    def forward"),  # no graph at all
     _BRANCHES.replace("position_ids, None)\n            else", "position_ids, self.bias)\n            else"),
 ]
