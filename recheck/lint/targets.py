@@ -210,9 +210,9 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
         return [Ref("self", path, span)] if "." not in path else [Ref("path", path, span)]
     if isinstance(value, ast.Name) and func.attr != DYNAMIC_ATTRIBUTE:  # blk.forward_with_tap, blk a loop variable
         held = [r for r in context.refs_of(value.id, func.lineno) or () if r.kind in _MODULE_REFS]
-        if held:
-            return [Ref("path", f"{r.name}.{func.attr}", span) if r.kind != "instance"
-                    else Ref("name", f"{r.name}.{func.attr}", span) for r in held]
+        if held:  # decoder = self.decoder; decoder.layers: a path the same way
+            return [Ref("name" if r.kind == "instance" else "param_path" if r.kind == "param_path" else "path",
+                        f"{r.name}.{func.attr}", span) for r in held]
     parts = dotted(func)
     if not parts:
         return []
@@ -228,7 +228,7 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
 
 
 #: What a local name may hold that has methods of its own: submodules of ``self``, an instance.
-_MODULE_REFS = ("self", "path", "elements", "instance")
+_MODULE_REFS = ("self", "path", "elements", "instance", "param_path")
 
 
 def target_refs(node: ast.AST, context: FunctionContext) -> list[Ref]:

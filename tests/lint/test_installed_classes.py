@@ -188,3 +188,45 @@ def test_a_function_local_import_does_not_rebind_the_modules_name_elsewhere():
     result = lint_sources({"forwards.py": SHADOWED, "blocks.py": BLOCKS})
     [site] = result.sites
     assert [region.split(" ")[0] for region in site.regions] == ["Block.forward"]
+
+
+ALIASED = '''
+from torch.utils.checkpoint import checkpoint
+
+from blocks import Model
+
+
+def model_forward(self: Model, x, stage_index):
+    decoder = self.decoder
+    for idx in range(stage_index[0], stage_index[1]):
+        decoder_layer = decoder.layers[idx]
+        x = checkpoint(decoder_layer.__call__, x, use_reentrant=False)
+    return x
+'''
+
+NESTED = '''
+from torch import nn
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(4)])
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.decoder = Decoder()
+'''
+
+
+def test_a_local_alias_of_a_parameters_attribute_is_followed():
+    # OPT's pipeline forward: decoder = self.decoder, then decoder.layers[idx]
+    [site] = lint_sources({"forwards.py": ALIASED, "blocks.py": NESTED}).sites
+    assert [region.split(" ")[0] for region in site.regions] == ["Block.forward"]
