@@ -27,9 +27,12 @@ recompute difference), both twins run again in float64 and each value finding is
 :func:`~recheck.checker.rounding.judge`: rounding is a note with its size, never a finding
 and never hidden.
 
-**Compiled steps.**  When compiled code ran in the step as written, the twin also runs with
-``torch._functorch.config.activation_memory_budget = 1.0`` and fresh compilation (the
-partitioner then recomputes nothing), so compiler-driven recomputation is compared too.
+**Compiled steps.**  The twin runs compiled code eagerly (``torch.compiler.set_stance("force_eager")``,
+torch 2.6 and later), so a recomputation the compiler chose for the step as written (under any
+``activation_memory_budget``, also one the step sets itself) is compared too, and the step's
+compiled graphs are left as they were.  Compiled kernels round otherwise than eager ones; a float64
+rerun would compile the step anew rather than run its graphs, so their differences are judged by
+size (:data:`SIZE_BOUND`).
 
 **Errors are evidence.**  When the step as written raises (torch's ``CheckpointError``, or an
 error raised while a region recomputes), what its watch saw is kept and the twin runs: where
@@ -282,10 +285,10 @@ class Twin:
                 run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
             return
         extra = watch_options.get("checkpoint_functions") or ()
-        with _full_memory_budget(compiled) as budget_notes, bypassing(extra) as bypass:
+        with _eager(compiled) as eager_notes, bypassing(extra) as bypass:
             yield
-        run.notes.extend(bypass.notes + budget_notes)
-        if not bypass.bypassed and not compiled:
+        run.notes.extend(bypass.notes + eager_notes)
+        if not bypass.bypassed:
             run.notes.append("the step made no checkpoint call recheck could bypass: its twin is the step itself")
 
 
@@ -402,31 +405,41 @@ def _dynamo_compilations() -> int:
     return 0 if counters is None else int(sum(counters["stats"].values()))
 
 
+#: the note of a compiled step, whose twin ran its compiled code eagerly
+EAGER_NOTE = ('compiled code: the uncheckpointed twin ran it eagerly (torch.compiler.set_stance("force_eager")), '
+              "so a recomputation the compiler chose for the step as written (activation_memory_budget below 1) "
+              "is compared too; watch() sees no recompute inside compiled code, the twin compares where it ends")
+
+
 @contextlib.contextmanager
-def _full_memory_budget(compiled: bool) -> Iterator[list[str]]:
-    """For a step that compiled code: the twin compiles anew with no partitioner recompute."""
+def _eager(compiled: bool) -> Iterator[list[str]]:
+    """The twin's compiled code run eagerly: no compiler recomputation, the step's graphs untouched
+    (only where something imported Dynamo, which nothing compiles without)."""
     notes: list[str] = []
-    if not compiled:
+    stance = getattr(torch.compiler, "set_stance", None)
+    if stance is None or "torch._dynamo" not in sys.modules:
+        if compiled:
+            notes.append(f"compiled code: torch {torch.__version__} has no torch.compiler.set_stance (torch 2.6 "
+                         "and later), so the uncheckpointed twin ran the compiled code as well: a recomputation "
+                         "the compiler chose is not compared")
         yield notes
         return
-    import torch._dynamo
-    import torch._functorch.config as functorch_config
-
-    budget = getattr(functorch_config, "activation_memory_budget", None)
-    torch._dynamo.reset()
-    if budget is not None:
-        functorch_config.activation_memory_budget = 1.0
-    try:
+    with stance("force_eager"):
         yield notes
-    finally:
-        if budget is not None:
-            functorch_config.activation_memory_budget = budget
-        torch._dynamo.reset()  # later calls compile again under the user's own settings
-    notes.append(
-        "compiled code: the uncheckpointed twin was compiled anew with activation_memory_budget=1.0, so "
-        "the recomputation the compiler chose for the step as written (graphs keep the budget they were "
-        f"compiled under; the setting is {budget!r} now) is compared too; torch._dynamo was reset before "
-        "and after the twin, so compiled graphs compile again on their next call")
+    if compiled:
+        notes.append(EAGER_NOTE)
+
+
+def _own_random(findings: Sequence[Finding]) -> list[str]:
+    """Why a compiled step's RNG may differ from its eager twin's without a hazard: inductor draws
+    random numbers its own way unless ``fallback_random`` (the findings stay: they may be a hazard)."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is None or getattr(config, "fallback_random", True) or not any(f.kind == "rng" for f in findings):
+        return []
+    return ["compiled code: inductor draws random numbers its own way (torch._inductor.config.fallback_random is "
+            "False), which eager does not reproduce, so a compiled step that draws them differs from its eager "
+            "twin wherever they reach; set torch._inductor.config.fallback_random = True before compiling to "
+            "check such a step"]
 
 
 # -- comparing the twins ------------------------------------------------------------------------
@@ -507,7 +520,8 @@ def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> li
 def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,
                        bypassed: StepRun, watch_options: Mapping[str, Any]) -> tuple[list[Finding], list[str]]:
     """Findings that are rounding (accumulation order) become a note with their size; the rest stay
-    (:func:`~recheck.checker.rounding.judge`).  Not rerun where a cause the check found explains the values."""
+    (:func:`~recheck.checker.rounding.judge`).  Not rerun where a cause the check found explains the values,
+    nor for compiled code (judged by size)."""
     own = _values(written, bypassed)
     values = [f for f in findings if (own.difference(f) or (0.0,))[0] > 0]
     watched = [*(written.report.findings if written.report is not None else ()), *written.probe]
@@ -515,16 +529,20 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
     if not twin.agreed(wanted):  # a rank reruns the step only with all the others
         return findings, []
     wide: Values | None = None
+    compiled = written.compiled or bool(twin.reach.compiled)
     if twin.spans_ranks and any(unwrapped(p) is not None for p in twin.parameters.values()):
         stopped: str | None = ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
                                "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not "
                                "run in float64")
+    elif compiled:
+        stopped = "compiled code: in float64 the step would be compiled anew, not run as it was compiled"
     else:
         wide, stopped = in_float64(functools.partial(_rerun64, twin, watch_options))
     if not wanted:  # rerun for another rank's differences
         return findings, []
     return judge(findings, own, wide, stopped, reference="the uncheckpointed step",
-                 why="the checkpointed step sums contributions in another order, which is not a hazard")
+                 why=("compiled kernels round otherwise than eager ones, and " if compiled else "")
+                 + "the checkpointed step sums contributions in another order, which is not a hazard")
 
 
 def _rerun64(twin: Twin, watch_options: Mapping[str, Any]) -> Values:
@@ -577,10 +595,8 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
     try:
         # first lean: the step as written keeps digests of what it changed; where any run differs
         # from it there, all run again keeping copies, which the findings need (their first
-        # difference, their size, the float64 rerun that tells rounding from a hazard).  Not for
-        # compiled code: the twin resets torch._dynamo, after which the step as written would
-        # run graphs compiled anew, not its own
-        lean = not twin.reach.compiled
+        # difference, their size, the float64 rerun that tells rounding from a hazard)
+        lean = True
         failed: Finding | None = None
         unsteady: set[tuple[str, str | None]] = set()
         while True:
@@ -606,9 +622,6 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
                     raise written.error
                 failed = _fails_only_checkpointed(name, written)
                 break
-            if lean and written.compiled:
-                lean = False
-                continue
             unsteady = set()
             for _ in range(repeats - 1):
                 again = twin.run("as written", watch_options, reference=written)
@@ -639,6 +652,8 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
+        if written.compiled or twin.reach.compiled:
+            notes += _own_random(findings)
         if unsteady:
             shown = ", ".join(sorted(str(s) for _, s in unsteady))
             notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): "

@@ -35,7 +35,8 @@ __all__ = ["COMPILE_NOTE", "REPLAY_NOTE", "Watch", "watch"]
 
 COMPILE_NOTE = (
     "torch.compile compiled code in this block: compiled regions run no Python at run time and "
-    'were not observed; run them eagerly with torch.compiler.set_stance("force_eager") to check them'
+    'were not observed; run them eagerly with torch.compiler.set_stance("force_eager") to check them, '
+    "or compare the compiled step with its eager twin: recheck.check_step"
 )
 REPLAY_NOTE = (
     "early_stop=False: non-reentrant recomputations were replayed fully to expose latent side "
