@@ -271,7 +271,6 @@ class Twin:
             watcher = watch(raise_on_finding=False, **watch_options)
             # the step's own modules (named in the step, not inside another) name what it finds
             probe = RecomputeProbe(*[m for name, m in self.reach.modules.values() if "." not in name])
-            compilations = _dynamo_compilations()
             try:
                 with watcher, probe:  # the probe sees recomputes of implementations nothing intercepts
                     yield
@@ -282,7 +281,7 @@ class Twin:
                 run.probe = list(probe.findings)
                 run.saved_compared = sum(r._saved_compared for r in watcher.records)
                 run.notes.extend(probe.notes)
-                run.compiled = bool(watcher.compiled_calls) or _dynamo_compilations() != compilations
+                run.compiled = watcher.compiled
             return
         extra = watch_options.get("checkpoint_functions") or ()
         with _eager(compiled) as eager_notes, bypassing(extra) as bypass:
@@ -397,12 +396,6 @@ def _detached(value: Any) -> Any:
 def _copied(tensor: torch.Tensor) -> torch.Tensor:
     copy = tensor.detach().clone()
     return copy.requires_grad_() if tensor.requires_grad and copy.is_leaf else copy
-
-
-def _dynamo_compilations() -> int:
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    return 0 if counters is None else int(sum(counters["stats"].values()))
 
 
 #: the note of a compiled step, whose twin ran its compiled code eagerly

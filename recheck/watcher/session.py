@@ -77,6 +77,11 @@ class Watch:
         """Deprecated name of ``options.replay_fully`` (``early_stop=False``)."""
         return self.options.replay_fully
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the block compiled code (Dynamo compiled, or traced a checkpoint call)."""
+        return bool(self.compiled_calls) or _dynamo_compilations() != self._compilations_at_entry
+
     # -- called by the dispatcher -------------------------------------------------------
 
     def add_record(self, record: InvocationRecord) -> None:
@@ -202,7 +207,7 @@ class Watch:
         if again:
             notes.append(f"{len(again)} checkpoint call(s) made during another region's recompute were compared "
                          "with the call its forward made at the same place")
-        if self.compiled_calls or _dynamo_compilations() != self._compilations_at_entry:
+        if self.compiled:
             notes.append(COMPILE_NOTE)
         if self.options.replay_fully:
             notes.append(REPLAY_NOTE)
