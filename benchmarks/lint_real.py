@@ -13,6 +13,10 @@ default rules, ``--no-cache``), run one after the other so that they see the sam
 The JSON of every run's findings is written to ``<workdir>/<tree>/recheck-findings.json``
 and its statistics to ``recheck-statistics.json`` (with each unresolved call site and its
 reason), for triage.  This is a measurement, not a test: nothing here asserts a figure.
+
+The lint runs under this interpreter and reads classes outside a tree (colossalai's
+transformers models) from its import path: run it with one where those packages are
+installed (transformers, for colossalai), else their sites stay unresolved.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the table as JSON here")
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="recheck-lint-real-"))
-    print(f"trees in {workdir}; {args.jobs} job(s); {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}")
+    print(f"trees in {workdir}; interpreter {sys.executable}; {args.jobs} job(s); {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}")
     if not shutil.which("ruff"):
         print("ruff is not on PATH (pip install ruff): its column stays empty")
     header = f"{'tree':22} {'files':>5} {'sites':>5} {'resolved':>8} {'finds':>5} {'cold s':>6} {'warm s':>6} {'ruff s':>6} {'x ruff':>6}  per rule"
