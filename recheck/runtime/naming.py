@@ -216,9 +216,9 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
     kind = type(function)
     if kind is types.MethodType:
         key: Any = (_working_directory(), function.__func__, type(function.__self__))
-    elif kind is types.FunctionType and "__wrapped__" not in function.__dict__:
-        # a plain function, made anew per call as often as not (timm's ``checkpoint_seq`` makes
-        # a closure per segment and call): its code and qualified name say all it is named by
+    elif kind is types.FunctionType and "__wrapped__" not in function.__dict__ and not function.__closure__:
+        # a plain function: its code and qualified name say all it is named by (a closure is
+        # named by the layers it holds, which differ between closures of one code)
         key = (_working_directory(), function.__code__, function.__qualname__)
     elif isinstance(function, torch.nn.Module):
         key = (_working_directory(), kind, getattr(kind, "forward", None))
@@ -260,10 +260,37 @@ def _named(function: Any) -> tuple[str, str | None]:
             pass
         code = plain.__code__
         qualname = getattr(plain, "__qualname__", code.co_name)
+        layer = _held_layer(plain) if owner is None else None
+        if layer is not None:
+            return _named(layer)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
             qualname = f"{type(owner).__qualname__}.{qualname}"
         return qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}"
     return getattr(function, "__qualname__", None) or type(function).__qualname__, None
+
+
+def _held_layer(function: Any) -> torch.nn.Module | None:
+    """The layer a closure runs, where the closure holds layers of one class and nothing else
+    that is a module: timm's ``checkpoint_seq`` and torch's ``checkpoint_sequential`` checkpoint
+    a closure over a segment of blocks, older transformers and diffusers a
+    ``create_custom_forward(module)``.  Such a region is that layer's ``forward``.  A closure
+    over ``self`` runs a part of the enclosing method and keeps its own name."""
+    cells = getattr(function, "__closure__", None)
+    if not cells or "<locals>" not in getattr(function, "__qualname__", ""):
+        return None
+    layers: list[torch.nn.Module] = []
+    for name, cell in zip(function.__code__.co_freevars, cells):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, torch.nn.Module) and not isinstance(value, (torch.nn.ModuleList, torch.nn.Sequential)):
+            if name == "self":
+                return None
+            layers.append(value)
+        elif isinstance(value, (list, tuple, torch.nn.ModuleList, torch.nn.Sequential)):
+            layers.extend(item for item in list(value)[:256] if isinstance(item, torch.nn.Module))
+    return layers[0] if layers and len({type(layer) for layer in layers}) == 1 else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -175,3 +175,50 @@ def test_a_library_file_is_named_from_its_import_root_wherever_the_program_runs(
     assert relative(library) == os.path.join("somelib", "layers.py")
     assert relative(torch.nn.modules.module.__file__) == os.path.join("torch", "nn", "modules", "module.py")
     assert relative(str(tmp_path / "model.py")) == "model.py"  # the program's own files as before
+
+
+class _Block(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _run_function(start: int, end: int, functions):
+    """timm's ``checkpoint_seq`` (and torch's ``checkpoint_sequential``): a closure per segment."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for j in range(start, end + 1):
+            x = functions[j](x)
+        return x
+    return forward
+
+
+def _create_custom_forward(module: torch.nn.Module):
+    """The pattern transformers < 4.35 and diffusers write around a layer."""
+    def custom_forward(*inputs: torch.Tensor) -> torch.Tensor:
+        return module(*inputs)
+    return custom_forward
+
+
+def test_a_closure_over_layers_of_one_class_is_named_by_that_layer() -> None:
+    blocks = tuple(_Block() for _ in range(4))
+    block_forward = f"{relative(__file__)}:{_Block.forward.__code__.co_firstlineno}"
+    for function in (_run_function(0, 1, blocks), _run_function(2, 3, torch.nn.ModuleList(blocks)),
+                     _create_custom_forward(blocks[0])):
+        key = describe(function, "train.py:1")
+        assert (key.qualname, key.defined_at) == ("_Block.forward", block_forward)
+
+
+def test_a_closure_over_the_enclosing_module_or_mixed_layers_keeps_its_own_name() -> None:
+    class Parent(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            def part(y: torch.Tensor) -> torch.Tensor:  # a part of Parent.forward, not all of it
+                return self.__class__.__name__ and y
+            return part(x)
+
+        def part(self):
+            def part(y: torch.Tensor) -> torch.Tensor:
+                return self.__class__.__name__ and y
+            return part
+
+    assert describe(Parent().part(), None).qualname.endswith("<locals>.part")
+    mixed = (_Block(), torch.nn.ReLU())
+    assert describe(_run_function(0, 1, mixed), None).qualname == "_run_function.<locals>.forward"
