@@ -283,7 +283,7 @@ def _audit(call: FunctionCall) -> Report:
 def _values(compared: dict[str, tuple[Any, Any]]) -> Values:
     """Autograd's and the backward's gradients by finding subject, and the largest of autograd's."""
     pairs = {str(grad_subject(n)): pair for n, pair in compared.items() if pair[0] is not None and pair[1] is not None}
-    return Values(lambda finding: pairs.get(str(finding.subject)), {"gradient": largest(a for a, _ in pairs.values())})
+    return Values(lambda finding: pairs.get(str(finding.subject)), lambda: {"gradient": largest(a for a, _ in pairs.values())})
 
 
 def _rerun64(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,

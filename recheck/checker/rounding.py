@@ -15,6 +15,7 @@ its size, never a finding and never hidden.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -56,10 +57,15 @@ def largest(tensors: Iterable[Any]) -> float:
 @dataclass
 class Values:
     """The values behind findings in one precision: ``pair(finding)`` gives the two runs' tensors (None
-    where the finding is not about a computed value), ``scales`` the largest magnitude of each kind."""
+    where the finding is not about a computed value), ``measure()`` the largest magnitude of each kind."""
 
     pair: Callable[[Finding], tuple[torch.Tensor, torch.Tensor] | None]
-    scales: Mapping[str, float]
+    measure: Callable[[], Mapping[str, float]]
+
+    @functools.cached_property
+    def scales(self) -> Mapping[str, float]:
+        """The largest magnitude of each kind, measured once a finding is judged."""
+        return self.measure()
 
     def difference(self, finding: Finding) -> tuple[float, torch.dtype] | None:
         """The greatest absolute difference behind ``finding`` and the dtype it was computed in."""

@@ -266,6 +266,8 @@ def unseen_optimizer_tensors(state: StepState) -> list[str]:
     wraps) that neither its ``param_groups``/``state`` nor the modules' parameters and buffers
     hold, nor share storage with: master copies or shards a mixed-precision or sharding wrapper
     keeps for itself, which a snapshot of the optimizer cannot see and so cannot put back."""
+    if not state.optimizers:
+        return []
     known = state.parameters() + state.buffers() + state.optimizer_tensors()
     seen = {id(t) for t in known}
     storages = {_storage(t) for t in known} - {None}
