@@ -426,13 +426,14 @@ def _eager(compiled: bool) -> Iterator[list[str]]:
 def _own_random(findings: Sequence[Finding]) -> list[str]:
     """Why a compiled step's RNG may differ from its eager twin's without a hazard: inductor draws
     random numbers its own way unless ``fallback_random`` (the findings stay: they may be a hazard)."""
-    config = sys.modules.get("torch._inductor.config")
-    if config is None or getattr(config, "fallback_random", True) or not any(f.kind == "rng" for f in findings):
+    config, utils = sys.modules.get("torch._inductor.config"), sys.modules.get("torch._dynamo.utils")
+    if config is None or getattr(config, "fallback_random", True) or not getattr(utils, "counters", {}).get("inductor") \
+            or not any(f.kind == "rng" for f in findings):
         return []
-    return ["compiled code: inductor draws random numbers its own way (torch._inductor.config.fallback_random is "
-            "False), which eager does not reproduce, so a compiled step that draws them differs from its eager "
-            "twin wherever they reach; set torch._inductor.config.fallback_random = True before compiling to "
-            "check such a step"]
+    return ["compiled code: inductor, which compiled code in this process, draws random numbers its own way "
+            "(torch._inductor.config.fallback_random is False) and eager does not reproduce them, so a step it "
+            "compiled that draws them differs from its eager twin wherever they reach; set "
+            "torch._inductor.config.fallback_random = True before compiling to check such a step"]
 
 
 # -- comparing the twins ------------------------------------------------------------------------
@@ -451,8 +452,8 @@ def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: lis
 def _values(a: StepRun, b: StepRun) -> Values:
     """The values behind the twins' value findings, and the largest magnitude of each kind in ``b``."""
     return Values(lambda finding: _tensors_of(finding, a, b) if finding.kind in _VALUE_KINDS else None,
-                  lambda: {"gradient": largest(b.grads.values()), "state": largest(o.value for o in b.post.values()),
-                           "output": largest(leaf for _, leaf in b.result if isinstance(leaf, torch.Tensor))})
+                  {"gradient": largest(b.grads.values()), "state": largest(o.value for o in b.post.values()),
+                   "output": largest(leaf for _, leaf in b.result if isinstance(leaf, torch.Tensor))})
 
 
 def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
