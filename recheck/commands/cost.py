@@ -157,6 +157,11 @@ def _error(message: str, details: str = "") -> int:
     return 2
 
 
+def _print(ns: argparse.Namespace, text: Callable[[], str], document: Callable[[], object]) -> None:
+    """``document()`` as JSON with ``--format json``, else ``text()``."""
+    print(dumps(document()) if ns.format == "json" else text())
+
+
 def run(ns: argparse.Namespace) -> int:
     from recheck.dependencies import require_torch
 
@@ -192,10 +197,7 @@ def run(ns: argparse.Namespace) -> int:
                 comparison = run_user_code(measure, target.factory, repeats=ns.repeats, budget=ns.budget)
     except UserCodeFailed as exc:  # the user's step failed or exited, or it is not a step: no traceback dump
         return _error(f"measuring {target.label} failed: {exc}")
-    if ns.format == "json":
-        print(dumps(comparison.to_dict()))
-    else:
-        print(comparison)
+    _print(ns, comparison.__str__, comparison.to_dict)
     if ns.plot:
         try:
             written = comparison.plot(ns.plot)
@@ -228,10 +230,7 @@ def _run_ranks(ns: argparse.Namespace) -> int:
         if isinstance(outcome, str):  # "rank R of N: what is wrong"
             return _error(outcome)
         reports += outcome
-    if ns.format == "json":
-        print(dumps(stages_to_dict(reports, spec)))
-    else:
-        print(render_stages(reports, spec))
+    _print(ns, lambda: render_stages(reports, spec), lambda: stages_to_dict(reports, spec))
     return 0
 
 
@@ -253,10 +252,8 @@ def _run_plan(ns: argparse.Namespace, step: Callable[[], object], label: str) ->
         return _error(str(exc))
     except UserCodeFailed as exc:  # the user's step failed or exited: say so, no traceback dump
         return _error(f"measuring {label} failed: {exc}")
-    if ns.format == "json":
-        print(dumps(plan_to_dict(predictions, ns.schedule, ns.microbatches, label)))
-    else:
-        print(render_plan(predictions, ns.schedule, ns.microbatches, label))
+    _print(ns, lambda: render_plan(predictions, ns.schedule, ns.microbatches, label),
+           lambda: plan_to_dict(predictions, ns.schedule, ns.microbatches, label))
     return 0
 
 
@@ -279,9 +276,7 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
                 suggestion = run_user_code(suggest, step, budget=ns.budget, objective=ns.objective or "time",
                                            repeats=ns.repeats, clock=ns.clock or "wall", progress=tell,
                                            own=(NoRepeatedUnit, NothingFits, SolverLimit, ValueError))
-    except (NoRepeatedUnit, NothingFits, SolverLimit) as exc:
-        return _error(f"{label}: {exc}")
-    except ValueError as exc:
+    except (NoRepeatedUnit, NothingFits, SolverLimit, ValueError) as exc:
         return _error(f"{label}: {exc}")
     except UserCodeFailed as exc:  # the user's step failed or exited: say so, no traceback dump
         return _error(f"planning {label} failed: {exc}")
@@ -292,10 +287,7 @@ def _run_suggest(ns: argparse.Namespace, step: Callable[..., object], label: str
                 handle.write(suggestion.plan.to_json() + "\n")
         except OSError as exc:
             return _error(f"cannot write the plan to {ns.save_plan}: {exc.strerror or exc}")
-    if ns.format == "json":
-        print(dumps(suggestion.to_dict()))
-    else:
-        print(suggestion)
+    _print(ns, suggestion.__str__, suggestion.to_dict)
     if ns.save_plan:
         print(f"recheck cost: plan written to {ns.save_plan}", file=sys.stderr)
     run = suggestion.suggested
