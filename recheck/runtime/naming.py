@@ -250,8 +250,9 @@ def describe(function: Any, callsite: str | None) -> RegionKey:
 _NAMED: dict[Any, tuple[str, str | None]] = {}
 
 
-def _named(function: Any) -> tuple[str, str | None]:
-    """The qualified name of a checkpointed callable and where it is defined."""
+def _named(function: Any, held: bool = True) -> tuple[str, str | None]:
+    """The qualified name of a checkpointed callable and where it is defined (``held``: a
+    closure over layers of one class is named by that layer, see :func:`_held_layer`)."""
     plain, owner = unwrap(function)
     if plain is not None:
         try:
@@ -260,7 +261,7 @@ def _named(function: Any) -> tuple[str, str | None]:
             pass
         code = plain.__code__
         qualname = getattr(plain, "__qualname__", code.co_name)
-        layer = _held_layer(plain) if owner is None else None
+        layer = _held_layer(plain) if owner is None and held else None
         if layer is not None:
             return _named(layer)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
@@ -308,6 +309,13 @@ def region_name(function: Any) -> str:
     ``make.<locals>.body (m.py:3)`` for a closure.
     """
     return str(describe(function, None))
+
+
+def step_name(step: Any) -> str:
+    """``Qual.name (file:line)`` of a step (what :func:`recheck.check_step` and the planner run):
+    its own function, even a closure over one model, which :func:`region_name` names by the
+    model's ``forward``; the step is the code that runs the model and steps the optimizer."""
+    return str(_key(*_named(step, held=False), None))
 
 
 # -- subjects: what a finding says differs, the same words in every face ------------------------

@@ -30,7 +30,7 @@ from recheck.cost.planner.solver import Infeasible, solve
 from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
 from recheck.cost.planner.throughput import suggest_throughput
 from recheck.cost.units import format_bytes, parse_bytes
-from recheck.runtime.naming import region_name
+from recheck.runtime.naming import step_name
 from recheck.runtime.steps import StepState, discover_state
 
 __all__ = ["suggest"]
@@ -91,7 +91,7 @@ def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective:
     state = discover_state(step, modules, optimizers)
     restore = state.snapshot()
     try:
-        return _suggest(step, state, restore, limit, repeats, anchors, solver, clock, progress, region_name(step))
+        return _suggest(step, state, restore, limit, repeats, anchors, solver, clock, progress, step_name(step))
     finally:
         restore()
 

@@ -27,7 +27,7 @@ from recheck.cost.planner.solver import Infeasible, smallest_peak, solve
 from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, candidate_figures, finish_runs, trace_plan
 from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
 from recheck.cost.units import format_bytes
-from recheck.runtime.naming import region_name
+from recheck.runtime.naming import step_name
 from recheck.runtime.steps import discover_state
 
 __all__ = ["interpolate", "suggest_throughput"]
@@ -100,7 +100,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
     if base is None or not accepts_batch_size(step):
         raise ValueError("objective \"throughput\" needs a step with a batch_size argument that has a default "
                          "(def step(batch_size=8): ...), so other microbatch sizes can be measured")
-    label = region_name(step)
+    label = step_name(step)
     state = discover_state(step, modules, optimizers)
     restore = state.snapshot()
     plans = 1 + (len(ANCHORS) if anchors else 0)
