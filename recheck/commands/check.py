@@ -1,15 +1,10 @@
 """``recheck check TARGET...``: run the dynamic checker on regions named on the command line.
 
 A target is ``file.py`` (every module-level ``region_*`` callable), ``file.py:name`` or
-``pkg.module:name``; a named callable returns ``(region, args)`` or
-``(region, args, kwargs)``.  ``recheck check --step file.py:fn`` instead runs a
-zero-argument training step once under ``recheck.watch()`` and reports every checkpoint
-call it made.  Exit status: 0 clean, 1 findings, 2 usage, configuration or input error
-(with the traceback of the user's code), 2 winning over 1; a target that cannot be checked
-(its import, builder, region or step raised, or exited with ``sys.exit``) is reported as an
-error and the others still run.  Ctrl-C stops the run: what was checked so far is printed,
-then the status is 130.  Options are validated before any region runs.  Tolerances, ``strict`` and ``store`` default to
-``[tool.recheck]``; flags override it.
+``pkg.module:name`` (:mod:`recheck.loading`); ``--step file.py:fn`` checks a zero-argument
+training step instead.  A target that cannot be checked is reported as an error and the others
+still run; Ctrl-C prints what was checked so far (exit codes: ``docs/exit-codes.md``).  Options
+are validated before any region runs; flags override ``[tool.recheck]``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""``recheck cost file.py:step``: what checkpointing saves and costs in a training step.
+"""``recheck cost FILE.py:STEP``: what checkpointing saves and costs in a training step.
 
-Three forms:
-
-* ``recheck cost FILE.py:STEP``: one process, STEP is the zero-argument step;
-* ``recheck cost --ranks N FILE.py:STEP``: a pipeline step on N local gloo ranks; STEP is
-  called once per rank after the process group is up and returns that rank's step (it
-  builds its stage from ``torch.distributed.get_rank()``); prints the per-stage table;
-* ``recheck cost --plan FILE.py:STEP --schedule gpipe|1f1b --microbatches M [--stages S]``:
-  one process, STEP runs one microbatch through the stages with each stage's forward
-  inside ``recheck.tag(stage=s)``; prints each stage's predicted retained saved-state peak
-  and observed peak (every live storage), with the terms they are made of;
-* ``recheck cost --suggest --budget SIZE FILE.py:STEP [--objective time|throughput]``: the
-  fastest checkpointing plan within the budget (``recheck.suggest``), run and verified with
-  ``check_step`` beside the folklore plans; for a model that does not checkpoint yet, over its
-  repeated blocks, with the line that keeps the plan in its code; ``--save-plan PATH`` writes
-  the plan that ``recheck.apply_plan`` reads.
-
-Exit codes: 0 measured (with ``--suggest``: a plan measured within the budget and verified),
-1 the suggested plan's ``check_step`` found a difference or its measured peak is above the
-budget, 2 usage, import or measurement error (a failing rank is named, with its traceback;
-a step that raises or calls ``sys.exit`` is such an error, whatever its exit code; with
-``--suggest`` also no repeated unit or block, or no plan fits).  torch is imported only inside
-:func:`run`.  Every JSON form is printed through :func:`recheck.output.json.dumps`, as every
-face prints its JSON.
+One process by default; ``--ranks N`` runs a pipeline step on N local gloo ranks, ``--plan``
+predicts each pipeline stage's peaks from a one-process run, ``--suggest`` finds the fastest
+plan within ``--budget`` (the forms and exit codes: ``docs/cost.md``, ``docs/exit-codes.md``).
+torch is imported only inside :func:`run`; every JSON form is printed through
+:func:`recheck.output.json.dumps`, as every face prints its JSON.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """``recheck run [options] SCRIPT.py [ARGS...]`` / ``recheck run [options] -m MODULE [ARGS...]``.
 
 Runs an unmodified program as ``python`` would (its own ``sys.argv``, ``__main__``,
-``sys.path[0]`` and exit status) inside ``recheck.watch()``, like ``coverage run`` or
-``python -m cProfile``.  A step is one ``torch.optim.Optimizer.step()`` call, or one
-``torch.autograd.backward`` call in a program that never makes an optimizer; ``--steps N``
-watches the first N steps, prints the report on stderr when they end and stops intercepting,
-so the rest of the run pays nothing.  The report is printed again at exit (stderr: the
-program's stdout stays the program's).  Everything after SCRIPT (or after ``-m MODULE``)
-belongs to the program, options included.
-
-Exit status: the program's own when it failed (``sys.exit(3)`` is 3, an uncaught exception 1
-with its traceback, as ``python`` prints it); else 1 when findings were reported
-(0 with ``--exit-zero``) and 0 when clean; 2 for a usage error (no program, a script or
-module that does not exist, a ``--report`` path that is a folder) or a bad ``[tool.recheck]``.
-Watch options (``early-stop``, ``store``, the tolerance, ``checkpoint-functions``) come from
-``[tool.recheck]``.  Under a launcher (``torchrun``) each rank reports for itself, and
-``--report PATH`` writes ``PATH`` with ``.rank<N>`` before its suffix.
-
-``--check-step`` also compares one step with its uncheckpointed twin (``check_step``): the step
-function is found in the first step (:class:`~recheck.watcher.program.StepTwin`), so the step
-compared is the first one after the watched steps (``--steps`` defaults to 1 with it); a step
-that is no function (a loop body) is not compared and the report says why.
+``sys.path[0]`` and exit status) inside ``recheck.watch()``, like ``coverage run``.  A step is
+one ``Optimizer.step()`` call (or one ``torch.autograd.backward`` call where the program makes
+no optimizer); ``--steps N`` stops intercepting after N steps, so the rest of the run pays
+nothing.  The report goes to stderr: the program's stdout stays the program's.  The program's
+own failure is its exit status; the options, exit codes and ``--check-step``: ``docs/watch.md``.
 """
 
 from __future__ import annotations
