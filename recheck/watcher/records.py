@@ -27,7 +27,9 @@ it (:mod:`recheck.runtime.reads`: a trainer's ``self._current_fx_name``, a confi
 layer names, a global only another method reads are not) and the recompute does not start from
 what its forward started from (a ``context_fn`` that puts it back); state the recompute changes
 is reported where it ends other than its forward left it (a counter bumped twice, not a value
-put back or written again alike).
+put back or written again alike) and the region's code names it: state a framework's hooks keep
+on a module (DeepSpeed ZeRO-3 counts pending backwards in ``applied_pre_backward_ref_cnt``,
+written by a Function its forward hook applies) is the framework's bookkeeping.
 """
 
 from __future__ import annotations
@@ -916,13 +918,15 @@ class InvocationRecord:
         late = self._late_keys if self.replay_fully and self.early_stop is True else _NONE
         # a buffer the forward did not write is updated by the recompute alone: once, as without
         # checkpoint (fairscale runs BatchNorm's update in the recompute only)
-        # and a recompute that leaves the state as its forward left it changed nothing the step keeps
+        # and a recompute that leaves the state as its forward left it changed nothing the step keeps;
+        # state no code of the region names was written by a framework's hook (ZeRO-3's counts)
         written, left, values = forward.written_buffers, forward.state_exit, forward.written_values
         self._compare_state(state_entry, state_exit, "updated again by the recompute", late,
                             leave_out=lambda key: key[0] == "buffer" and key[1] not in written,
                             matters=lambda key, then, now: not (
                                 key in left and now is not None and same(left[key], now, self.tolerance)
-                                or key in values and _alike(values[key], _tensor_bytes(now[1], self.store))))
+                                or key in values and _alike(values[key], _tensor_bytes(now[1], self.store)))
+                            and forward.reads(self.function, key, then, now))
         if has_output and forward.outputs is None and self._stops_early():
             self._add("recompute", f"the recompute saved fewer than the {len(forward.saved)} tensors its forward "
                       "saved for backward", subject=_SAVED,
