@@ -268,9 +268,9 @@ def _audit(call: FunctionCall) -> Report:
                               labels=("autograd through its forward", "its backward"), reference="autograd")
     rounding: list[str] = []
     if any(f.subject in {grad_subject(n) for n in compared} for f in findings):
-        findings, rounding = judge(findings, _values(compared), *in_float64(lambda: _rerun64(call, keys, rng, compared)),
-                                   reference="autograd's", why="its backward computes the same gradient by "
-                                   "another formula, which is not a hazard")
+        wide, stopped = in_float64(lambda: _rerun64(call, keys, rng, compared))
+        findings, rounding = judge(findings, _values(compared), wide, stopped, reference="autograd's",
+                                   why="its backward computes the same gradient by another formula, which is not a hazard")
         rounding = [f"{where}: {note}" for note in rounding]
     for index, finding in enumerate(findings):
         writer = next((n for n in wrote if grad_subject(n) == finding.subject), None)
@@ -283,7 +283,8 @@ def _audit(call: FunctionCall) -> Report:
 def _values(compared: dict[str, tuple[Any, Any]]) -> Values:
     """Autograd's and the backward's gradients by finding subject, and the largest of autograd's."""
     pairs = {str(grad_subject(n)): pair for n, pair in compared.items() if pair[0] is not None and pair[1] is not None}
-    return Values(lambda finding: pairs.get(str(finding.subject)), lambda: {"gradient": largest(a for a, _ in pairs.values())})
+    return Values(lambda finding: pairs.get(str(finding.subject)),
+                  lambda: {"gradient": largest(a for a, _ in pairs.values())})
 
 
 def _rerun64(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recheck.output import json as _json
+from recheck.output.text import plural
 from recheck.progress import paint
 from recheck.commands.arguments import count
 
@@ -190,10 +191,6 @@ def _text(report: Any, ns: argparse.Namespace) -> str:
     return terminal_report(report, verbose=ns.verbose, stream=sys.stdout)
 
 
-def _counted(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' if count != 1 else ''}"
-
-
 def _run_steps(ns: argparse.Namespace) -> int:
     """``--step``: each training step once under watch(); one report each, then a summary."""
     from recheck.config import load_config
@@ -228,9 +225,9 @@ def _run_steps(ns: argparse.Namespace) -> int:
             outcomes.append((target, outcome))
     broken = [t for t, o in outcomes if isinstance(o, _Broken)]
     dirty = [o for _, o in outcomes if not isinstance(o, _Broken) and not o.ok]
-    summary = f"recheck: ran {_counted(len(outcomes), 'step')}: {len(dirty)} with findings"
+    summary = f"recheck: ran {plural(len(outcomes), 'step')}: {len(dirty)} with findings"
     if broken:
-        summary += f", {_counted(len(broken), 'error')}"
+        summary += f", {plural(len(broken), 'error')}"
     return _finish(ns, outcomes, summary, "step", broken, dirty, interrupted,
                    lambda text: _json.steps_document(outcomes, with_findings=len(dirty), errors=len(broken),
                                                      interrupted=interrupted, text=text))
@@ -363,11 +360,11 @@ def run(ns: argparse.Namespace) -> int:
     reports = [(label, o) for label, o in outcomes if not isinstance(o, _Broken)]
     dirty = [r for _, r in reports if not r.ok]
     differences = sum(len(r) for r in dirty)
-    summary = (f"recheck: checked {_counted(len(reports), 'region')}: "
-               f"{len(dirty)} with findings ({_counted(differences, 'difference')}), "
+    summary = (f"recheck: checked {plural(len(reports), 'region')}: "
+               f"{len(dirty)} with findings ({plural(differences, 'difference')}), "
                f"{len(reports) - len(dirty)} clean")
     if broken:
-        summary += f"; {_counted(len(broken), 'error')} ({', '.join(broken)})"
+        summary += f"; {plural(len(broken), 'error')} ({', '.join(broken)})"
     return _finish(ns, outcomes, summary, "", broken, dirty, interrupted,
                    lambda text: _json.check_document(outcomes, regions=len(reports), with_findings=len(dirty),
                                                      differences=differences, errors=len(broken),

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recheck.output.text import plural
 from recheck.progress import paint
 from recheck.commands.arguments import count
 
@@ -99,7 +100,7 @@ def _header(label: str, watcher: Any) -> str:
         return f"recheck run {label}: not watched (see the notes)"
     if unit is None:
         return f"recheck run {label}: no optimizer step and no backward call was made"
-    counted = f"{seen} step{'s' if seen != 1 else ''}"
+    counted = plural(seen, "step")
     if asked is None:
         what = f"watched the whole program ({counted})"
     elif watcher.window_ended:
@@ -246,5 +247,5 @@ def run(ns: argparse.Namespace) -> int:
 
 def _summary(report: Any, status: int) -> str:
     findings = 0 if report.ok else len(report)
-    outcome = f"{findings} finding{'s' if findings != 1 else ''}" if findings else "no finding"
+    outcome = plural(findings, "finding") if findings else "no finding"
     return f"recheck run: {outcome}; the program exited with status {status}"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.findings import Entry, Finding, Invocation, Report
 
-__all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "ansi", "format_entry", "format_finding",
+__all__ = ["ENTRIES_SHOWN", "SCREEN_LINES", "FIRST_LINE", "ansi", "format_entry", "format_finding", "plural",
            "format_findings", "format_report", "group", "lint_statistics", "lint_summary", "printable", "span",
            "subject_text", "SUBJECTS"]
 
@@ -137,7 +137,8 @@ def span(numbers: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def _plural(count: int, noun: str) -> str:
+def plural(count: int, noun: str) -> str:
+    """``3 findings``, ``1 finding``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
@@ -325,7 +326,7 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
     static = [f for f in report.findings if f.kind == "lint"]
     lines: list[str] = []
     if dynamic:
-        lines.append(ansi(f"{FIRST_LINE} ({_plural(len(dynamic), 'difference')})", "red", colour))
+        lines.append(ansi(f"{FIRST_LINE} ({plural(len(dynamic), 'difference')})", "red", colour))
     elif not static:
         lines.append(ansi("recheck: no difference found", "green", colour))
     if report.title:
@@ -344,7 +345,7 @@ def format_report(report: Report, *, verbose: bool = False, colour: bool = False
     if len(shown) < len(listed):
         hidden = listed[len(shown):]
         noun = "entry" if len(hidden) == 1 else "entries"
-        cut = f"{len(hidden)} more {noun} ({_plural(sum(e.count for e in hidden), 'finding')}) in {more}"
+        cut = f"{len(hidden)} more {noun} ({plural(sum(e.count for e in hidden), 'finding')}) in {more}"
         lines.extend(["", "  " + ansi(cut, "bold", colour)])
     elif not detail:
         lines.extend(["", "  " + ansi(f"the detail of each difference is in {more}", "dim", colour)])
@@ -391,17 +392,17 @@ def lint_summary(findings: Sequence[Finding], errors: Sequence[Any], fixed: int 
     sites resolved to no region: their hazards were not looked for, whatever the rest says."""
     parts = []
     if fixed:
-        parts.append(f"Fixed {_plural(fixed, 'finding')}.")
+        parts.append(f"Fixed {plural(fixed, 'finding')}.")
     if findings:
         count = sum(1 for f in findings if f.code in fixable)
-        line = f"Found {_plural(len(findings), 'finding')}"
+        line = f"Found {plural(len(findings), 'finding')}"
         line += f" ({count} fixable with `--fix`)." if count else "."
         parts.append(line)
     elif not errors:
         parts.append("All checks passed!")
     kinds = Counter(getattr(error, "kind", "file") for error in errors)
     for kind in sorted(kinds, key=lambda k: (k != "file", k)):  # files, then folders
-        parts.append(f"{_plural(kinds[kind], kind)} could not be linted.")
+        parts.append(f"{plural(kinds[kind], kind)} could not be linted.")
     if unresolved:
         parts.append(unresolved_summary(unresolved))
     return "\n".join(parts)
