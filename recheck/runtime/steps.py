@@ -48,6 +48,9 @@ class StepState:
     generators: list[torch.Generator] = field(default_factory=list)
     stateful: list[Any] = field(default_factory=list)
     schedules: list[Any] = field(default_factory=list)
+    #: ``(Type.attribute, object)`` of each object a module keeps that wraps an optimizer without
+    #: being one (a training engine's: DeepSpeed ZeRO's): its own state no snapshot can see
+    wrappers: list[tuple[str, Any]] = field(default_factory=list)
 
     def parameters(self) -> list[torch.Tensor]:
         """Every distinct parameter: of the modules, the optimizers' groups, and loose leaves
@@ -265,20 +268,26 @@ def unseen_optimizer_tensors(state: StepState) -> list[str]:
     (itself, or in lists, tuples and dicts of them, or another optimizer's groups and state it
     wraps) that neither its ``param_groups``/``state`` nor the modules' parameters and buffers
     hold, nor share storage with: master copies or shards a mixed-precision or sharding wrapper
-    keeps for itself, which a snapshot of the optimizer cannot see and so cannot put back."""
+    keeps for itself, which a snapshot of the optimizer cannot see and so cannot put back; and
+    each object a module keeps that wraps an optimizer without being one (DeepSpeed's ZeRO
+    optimizers: gradient partitions, a loss scaler, ZeRO-3's parameter partitions), whose own
+    state no snapshot can see, with the attributes where it holds tensors of its own."""
     if not state.optimizers:
         return []
     known = state.parameters() + state.buffers() + state.optimizer_tensors()
     seen = {id(t) for t in known}
     storages = {_storage(t) for t in known} - {None}
     optimizers = {id(opt) for opt in state.optimizers}
-    named: list[str] = []
-    for optimizer in state.optimizers:
-        for key, value in vars(optimizer).items():
-            if key in ("state", "param_groups", "defaults"):
-                continue
-            if any(id(t) not in seen and _storage(t) not in storages for t in _held_tensors(value, optimizers, 0)):
-                named.append(f"{type(optimizer).__name__}.{key}")
+
+    def unseen(holder: Any) -> list[str]:
+        return [key for key, value in vars(holder).items() if key not in ("state", "param_groups", "defaults")
+                and any(id(t) not in seen and _storage(t) not in storages for t in _held_tensors(value, optimizers, 0))]
+
+    named = [f"{type(optimizer).__name__}.{key}" for optimizer in state.optimizers for key in unseen(optimizer)]
+    for name, wrapper in state.wrappers:  # refused whatever it holds: its state is its own
+        keys = unseen(wrapper)
+        named.append(f"{name}, a {type(wrapper).__name__} wrapping a torch optimizer"
+                     + (f" with {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}" if keys else ""))
     return named
 
 
@@ -401,6 +410,7 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):
         state.modules.append(obj)
+        _held_optimizers(obj, state, seen)
         return
     if isinstance(obj, torch.optim.Optimizer):
         state.optimizers.append(obj)
@@ -457,6 +467,25 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
         call = next((k.__dict__["__call__"] for k in type(obj).__mro__ if "__call__" in k.__dict__), None)
         if inspect.isfunction(call):
             _visit(call, state, seen, depth + 1)
+
+
+def _held_optimizers(module: torch.nn.Module, state: StepState, seen: set[int]) -> None:
+    """The optimizers a module keeps in its own attributes (a training engine that steps its
+    optimizer itself: DeepSpeed's), and the objects there that wrap one without being one."""
+    for key, value in vars(module).items():
+        if isinstance(value, torch.optim.Optimizer):
+            if id(value) not in seen:
+                seen.add(id(value))
+                state.optimizers.append(value)
+        elif not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and not inspect.ismodule(value) \
+                and hasattr(value, "__dict__"):
+            inner = [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
+            if inner and all(w is not value for _, w in state.wrappers):
+                state.wrappers.append((f"{type(module).__name__}.{key}", value))
+                for optimizer in inner:
+                    if id(optimizer) not in seen:
+                        seen.add(id(optimizer))
+                        state.optimizers.append(optimizer)
 
 
 def _is_schedule(obj: Any) -> bool:

@@ -123,3 +123,55 @@ def test_a_flat_buffer_the_parameters_are_views_of_is_not_refused():
         optimizer.zero_grad()
 
     assert recheck.check_step(step).ok
+
+
+class ZeroLikeOptimizer:
+    """What DeepSpeed's ZeRO optimizers are: no torch optimizer, but one wrapped over fp32
+    master partitions, with gradient partitions and a loss scale of its own."""
+
+    def __init__(self, params) -> None:
+        self.params = list(params)
+        self.masters = [p.detach().float().clone().requires_grad_() for p in self.params]
+        self.optimizer = torch.optim.Adam(self.masters, lr=0.1)
+        self.averaged_gradients = [torch.zeros_like(m) for m in self.masters]
+        self.loss_scale = 1.0
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for master, param, grad in zip(self.masters, self.params, self.averaged_gradients):
+            grad.copy_(param.grad.float())
+            master.grad = grad
+            param.grad = None
+        self.optimizer.step()
+        for master, param in zip(self.masters, self.params):
+            param.copy_(master.to(param.dtype))
+
+
+class Engine(torch.nn.Module):
+    """A training engine as DeepSpeed's is: the module, and the optimizer it steps itself."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.optimizer = ZeroLikeOptimizer(module.parameters())
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def test_an_engine_keeping_an_optimizer_wrapper_is_refused_naming_it_and_training_is_unchanged():
+    engine = Engine(_checkpointed())
+    data = torch.randn(4, 8, dtype=torch.bfloat16)
+
+    def step():
+        engine(data).float().pow(2).mean().backward()
+        engine.optimizer.step()
+
+    step()
+    held = [engine.optimizer.masters, engine.optimizer.averaged_gradients, list(engine.parameters()),
+            [v for st in engine.optimizer.optimizer.state.values() for v in st.values()]]
+    before = [[t.detach().clone() for t in tensors] for tensors in held]
+    with pytest.raises(RuntimeError, match=r"Engine\.optimizer, a ZeroLikeOptimizer wrapping a torch optimizer "
+                                           r"with averaged_gradients"):
+        recheck.check_step(step)
+    assert all(torch.equal(a, b) for kept, tensors in zip(before, held) for a, b in zip(kept, tensors))
