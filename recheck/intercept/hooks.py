@@ -110,22 +110,17 @@ class _Arguments:
 #: names as a set, their defaults, and those of them without one)
 _Layout = tuple[tuple[str, ...], tuple[str, ...], dict[str, Any], bool, frozenset[str], dict[str, Any],
                 frozenset[str]]
-_LAYOUTS: dict[Any, _Layout] = {}
 
 
 def _layout(function: Any) -> _Layout:
-    layout = _LAYOUTS.get(function)
-    if layout is None:
-        parameters = list(inspect.signature(function).parameters.values())
-        kinds = inspect.Parameter
-        keyword_only = tuple(p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY)
-        defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
-        layout = _LAYOUTS[function] = (
-            tuple(p.name for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)),
+    parameters = list(inspect.signature(function).parameters.values())
+    kinds = inspect.Parameter
+    keyword_only = tuple(p.name for p in parameters if p.kind is kinds.KEYWORD_ONLY)
+    defaults = {p.name: p.default for p in parameters if p.default is not kinds.empty}
+    return (tuple(p.name for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)),
             keyword_only, defaults, any(p.kind is kinds.VAR_POSITIONAL for p in parameters),
             frozenset(keyword_only), {name: defaults[name] for name in keyword_only if name in defaults},
             frozenset(name for name in keyword_only if name not in defaults))
-    return layout
 
 
 class Phase(enum.Enum):
@@ -481,12 +476,7 @@ class Interceptor:
         setup) and ``checkpoint()`` takes the options by keyword."""
         if torch_checkpoint._enable_checkpoint_early_stop is not None:
             return False
-        key = (type(self), real)
-        known = _AT_CALL.get(key)
-        if known is None:
-            known = _AT_CALL[key] = (type(self).around_machinery is Interceptor.around_machinery
-                                     and _passes_options(real))
-        return known
+        return type(self).around_machinery is Interceptor.around_machinery and _passes_options(real)
 
     def _configured(self, call: CheckpointCall, real: Callable[..., Any], wrapped: RegionFunction, rest: tuple,
                     kwargs: dict) -> Any:
@@ -609,9 +599,6 @@ class Interceptor:
 
 _DONE = object()
 _DEFAULT_DETERMINISM = getattr(torch_checkpoint, "_DEFAULT_DETERMINISM_MODE", "default")
-#: per interceptor class and ``checkpoint()`` function: :meth:`Interceptor._configures_at_call`
-#: but for a ``set_checkpoint_early_stop`` block
-_AT_CALL: dict[tuple[type, Any], bool] = {}
 
 
 def _passes_options(real: Callable[..., Any]) -> bool:

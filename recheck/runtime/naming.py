@@ -208,46 +208,9 @@ def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
 
 
 def describe(function: Any, callsite: str | None) -> RegionKey:
-    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``.
-
-    What a module, a bound method or a plain function is named is kept by its class and
-    function, or its code (every invocation of a layer names it again; a class's ``forward``
-    replaced is another key)."""
-    kind = type(function)
-    if kind is types.MethodType:
-        key: Any = (_working_directory(), function.__func__, type(function.__self__))
-    elif kind is types.FunctionType and "__wrapped__" not in function.__dict__ and not function.__closure__:
-        # a plain function: its code and qualified name say all it is named by (a closure is
-        # named by the layers it holds, which differ between closures of one code)
-        key = (_working_directory(), function.__code__, function.__qualname__)
-    elif isinstance(function, torch.nn.Module):
-        key = (_working_directory(), kind, getattr(kind, "forward", None))
-    elif kind is functools.partial and type(function.func) is types.FunctionType:
-        # transformers' layers: ``partial(forward, self, **kwargs)`` made anew per call, over the
-        # same function (a decorated one: its name is its ``__wrapped__``'s, so kept by the
-        # function itself) and a module of the same class
-        args = function.args
-        key = (_working_directory(), kind, function.func,
-               type(args[0]) if args and isinstance(args[0], torch.nn.Module) else None)
-    elif kind is functools.partial and type(function.func) is types.MethodType:
-        # transformers 5.16's layers: ``partial(super().__call__, **kwargs)`` made anew per call,
-        # over a method of a module of the same class
-        method, args = function.func, function.args
-        key = (_working_directory(), kind, method.__func__, type(method.__self__),
-               type(args[0]) if args and isinstance(args[0], torch.nn.Module) else None)
-    else:
-        return _key(*_named(function), callsite)
-    named = _NAMED.get(key)
-    if named is None:
-        if len(_NAMED) >= 4096:
-            _NAMED.clear()
-        named = _NAMED[key] = _named(function)
-    return _key(*named, callsite)
-
-
-#: ``_named`` of modules, bound methods and plain functions, by working directory, class and
-#: function (a plain function's: its code and qualified name)
-_NAMED: dict[Any, tuple[str, str | None]] = {}
+    """The :class:`RegionKey` of a checkpointed callable called from ``callsite``: what
+    :func:`_named` names it, where it was called from."""
+    return _key(*_named(function), callsite)
 
 
 def _named(function: Any, held: bool = True) -> tuple[str, str | None]:

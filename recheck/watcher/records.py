@@ -34,6 +34,7 @@ written by a Function its forward hook applies) is the framework's bookkeeping.
 
 from __future__ import annotations
 
+import sys
 import operator
 import types
 from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple
@@ -478,21 +479,6 @@ def _metadata_dict(metadata: tuple[tuple[int, ...], torch.dtype, str]) -> dict[s
 #: writes it after the release, and it holds nothing
 _RELEASED = Forward(Reach(), {}, {})
 
-
-def _shared_text(text: str) -> str:
-    """One string object per text of a finding's message or hint (a block keeps every
-    record's findings until it ends, and a BatchNorm layer's repeat at every invocation, the
-    same words each time)."""
-    shared = _TEXTS.get(text)
-    if shared is None:
-        if len(_TEXTS) >= 4096:
-            _TEXTS.clear()
-        shared = _TEXTS[text] = text
-    return shared
-
-
-#: the texts :func:`_shared_text` gave, by their own value
-_TEXTS: dict[str, str] = {}
 
 #: the tags of a record made without any (shared: nothing writes a record's tags)
 _NO_TAGS: dict[str, Any] = {}
@@ -1049,7 +1035,7 @@ class InvocationRecord:
         if self.preserve_rng_state is not None:
             context["preserve_rng_state"] = self.preserve_rng_state
         code = explain(kind, subject, **context)
-        return _Draft(kind, _shared_text(message), code, subject, detail, _shared_text(hint(code)) if code else None,
+        return _Draft(kind, sys.intern(message), code, subject, detail, sys.intern(hint(code)) if code else None,
                       latent)
 
     def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
