@@ -1,4 +1,5 @@
-"""MkDocs hook: the rule reference, one page per rule, generated at build time from ``rules/*.md``.
+"""MkDocs hook: the rule reference, one page per rule, generated at build time from ``rules/*.md``,
+and the table of dynamic finding kinds, from :data:`recheck.findings.DECLARED`.
 
 The documents stay where ``recheck explain`` and the wheel read them; this hook parses them with
 the catalogue's own parser (so a document the catalogue rejects fails the build) and lays each out
@@ -10,7 +11,10 @@ from __future__ import annotations
 from mkdocs.structure.files import File, Files
 
 from recheck.catalogue import all_rules
+from recheck.findings import DECLARED
 
+#: where a page takes the table of finding kinds
+KINDS_MARKER = "<!-- kinds: generated from recheck.findings.DECLARED -->"
 #: the catalogue's heading -> ruff's
 HEADINGS = {"Why it breaks recomputation": "Why is this bad?"}
 NAV_TITLE = "Rules"
@@ -59,3 +63,15 @@ def on_files(files: Files, config) -> Files:
     for rule in all_rules():
         files.append(File.generated(config, f"rules/{rule.code}.md", content=_page(rule)))
     return files
+
+
+def kinds_table() -> str:
+    """Every dynamic finding kind in severity order, its meaning and the rules that name its cause."""
+    lines = ["| kind | meaning | rules |", "|---|---|---|"]
+    lines += [f"| `{k.name}` | {k.meaning} | {', '.join(f'[{c}](rules/{c}.md)' for c in k.rules) or '(a consequence)'} |"
+              for k in DECLARED]
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return markdown.replace(KINDS_MARKER, kinds_table())
