@@ -174,41 +174,6 @@ _SCALARS = AS_IS | {bool}
 _PLAIN = _SCALARS | {float}
 
 
-# what :func:`shallow` does with a value, by its type (an ``issubclass`` chain is a call per
-# type tried; a state read at every invocation shallow-prints the same few types again)
-_SCALAR, _BOOL, _FLOAT, _TENSOR, _IDENTITY, _SEQUENCE, _DICT, _SET, _LOGGER, _OBJECT = range(10)
-_KINDS: dict[type, int] = {}
-_KINDS_SIZE = 4096
-
-
-def _kind(cls: type) -> int:
-    """The :func:`shallow` kind of values of type ``cls`` (what ``issubclass`` says of it)."""
-    if issubclass(cls, bool):
-        kind = _BOOL
-    elif issubclass(cls, (int, str, bytes)):
-        kind = _SCALAR
-    elif issubclass(cls, float):
-        kind = _FLOAT
-    elif issubclass(cls, torch.Tensor):
-        kind = _TENSOR
-    elif issubclass(cls, (torch.nn.Module, type, torch.Generator)):
-        kind = _IDENTITY
-    elif issubclass(cls, (list, tuple)):
-        kind = _SEQUENCE
-    elif issubclass(cls, dict):
-        kind = _DICT
-    elif issubclass(cls, (set, frozenset)):
-        kind = _SET
-    elif issubclass(cls, _LOGGERS):
-        kind = _LOGGER
-    else:
-        kind = _OBJECT
-    if len(_KINDS) >= _KINDS_SIZE:
-        _KINDS.clear()
-    _KINDS[cls] = kind
-    return kind
-
-
 _TRUE, _FALSE = ("bool", True), ("bool", False)
 
 
@@ -238,71 +203,39 @@ def shallow(value: Any, depth: int = 2) -> Any:
     their items (``depth`` levels down, up to ``_MAX_ITEMS`` each); objects of user classes
     by identity and their ``__dict__``; numbers by bits.  Types are read with ``type()``, not
     ``isinstance``, which asks a value for its ``__class__``: a class with its own
-    ``__getattribute__`` (a transformers config) answers that in Python.  What a type is (a number, a container
-    ...) is looked up once per type (:func:`_kind`).
+    ``__getattribute__`` (a transformers config) answers that in Python.
     """
     cls = type(value)
     if cls in AS_IS:
         return value
-    kind = _KINDS.get(cls)
-    if kind is None:
-        kind = _kind(cls)
-    if kind == _SCALAR:
-        return value
-    if kind == _BOOL:
+    if issubclass(cls, bool):
         return ("bool", value)
-    if kind == _FLOAT:
+    if issubclass(cls, (int, str, bytes)):
+        return value
+    if issubclass(cls, float):
         return ("float", float_bits(value))
-    if kind == _TENSOR:
+    if issubclass(cls, torch.Tensor):
         return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
-    if depth <= 0 or kind == _IDENTITY or callable(value):
+    if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
         return ("id", id(value))
     below = depth - 1
-    if kind == _SEQUENCE:
+    if issubclass(cls, (list, tuple)):
         # a list or tuple itself is read as it is; a subclass through its slicing, as ever
         items = value if (cls is list or cls is tuple) and len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
         return (cls.__name__, len(value), tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
-    if kind == _DICT:
+    if issubclass(cls, dict):
         pairs = list(dict.items(value))[:_MAX_ITEMS]
         return ("dict", len(value), tuple([(k if isinstance(k, (str, int)) else id(k),
                                             v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
-    if kind == _SET:
+    if issubclass(cls, (set, frozenset)):
         return (cls.__name__, len(value), frozenset([shallow(v, 0) for v in list(value)[:_MAX_ITEMS]]))
-    if kind == _LOGGER:
+    if issubclass(cls, _LOGGERS):
         return fingerprint(value)
-    attrs = _attributes(value)
+    attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict):
         pairs = list(attrs.items())[:_MAX_ITEMS]
         return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     return ("id", id(value))
-
-
-#: per type whose ``__getattribute__`` is its own: whether an instance's ``__dict__`` is read
-#: directly (a transformers config answers ``getattr(config, "__dict__")`` through its
-#: ``__getattribute__``, a Python call, where the slot is read in C; a state read asks it of every layer)
-_DIRECT_DICT: dict[type, bool] = {}
-_OBJECT_GETATTRIBUTE = object.__getattribute__
-
-
-def _attributes(value: Any) -> Any:
-    """``getattr(value, "__dict__", None)``, read from the instance's slot where its type was
-    seen to give the same dict that way (the first instance of each type is asked both ways: a
-    proxy that answers with another object's ``__dict__`` is always asked its own way)."""
-    cls = type(value)
-    if cls.__getattribute__ is _OBJECT_GETATTRIBUTE:
-        return getattr(value, "__dict__", None)
-    direct = _DIRECT_DICT.get(cls)
-    if direct is None:
-        attrs = getattr(value, "__dict__", None)
-        try:
-            direct = attrs is not None and _OBJECT_GETATTRIBUTE(value, "__dict__") is attrs
-        except AttributeError:
-            direct = False
-        if len(_DIRECT_DICT) >= _KINDS_SIZE:
-            _DIRECT_DICT.clear()
-        _DIRECT_DICT[cls] = direct
-        return attrs
-    return _OBJECT_GETATTRIBUTE(value, "__dict__") if direct else getattr(value, "__dict__", None)
 
 
 def alike_but_identity(a: Any, b: Any) -> bool:
