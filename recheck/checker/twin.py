@@ -153,9 +153,11 @@ class Twin:
         #: a run let the region's output through (check(): its first plain run)
         self._shown = False
         self._grads = {r.name: r for r in self.snapshot.grads()}
-        #: the step's state spans the ranks of a world (sharded parameters, a DDP module): every
-        #: rank runs it, and the runs each rank makes are agreed by all (:meth:`agreed`)
-        self.spans_ranks = bool(self.unsynced) or any(unwrapped(p) is not None for p in self.parameters.values())
+        #: the step's state spans the ranks of a world (sharded parameters, a DDP module, a pipeline
+        #: schedule or stage): every rank runs it, and the runs each rank makes are agreed by all
+        #: (:meth:`agreed`)
+        self.spans_ranks = bool(self.unsynced) or any(unwrapped(p) is not None for p in self.parameters.values()) \
+            or any(type(o).__module__.startswith("torch.distributed.") for o in self.reach.objects.values())
 
     def _wrapper_subjects(self) -> set[str]:
         """The subjects of the DDP modules' own attributes (not their submodules, parameters or
@@ -368,6 +370,11 @@ def _fails_only_checkpointed(name: str, written: StepRun) -> Finding:
     return failure.finding(name)
 
 
+#: the note of a step whose twin is not run (see :func:`_compared`)
+UNCOMPARED = ("a parameter changed in place between a forward and its backward (param_version), which torch "
+              "refuses without checkpointing: the step was not compared with its uncheckpointed twin, the findings "
+              "are its watch's")
+
 #: the note added to the error of a step that fails with every checkpoint bypassed too
 FAILS_UNCHECKPOINTED = ("recheck: the step fails without checkpointing as well (every checkpoint bypassed): "
                         "not a checkpointing hazard, so recheck has nothing to report on it")
@@ -528,6 +535,9 @@ def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], writte
         stopped: str | None = ("its parameters are sharded (FSDP2 DTensors): FSDP keeps the dtypes of its all-gather, "
                                "reduce-scatter and gradients fixed at fully_shard(), so a float64 rerun would not "
                                "run in float64")
+    elif any(type(o).__module__.startswith("torch.distributed.pipelining.") for o in twin.reach.objects.values()):
+        stopped = ("it runs a pipeline schedule, whose stages send and receive in the dtypes of their first step, "
+                   "so a float64 rerun would not run in float64")
     elif compiled:
         stopped = "compiled code: in float64 the step would be compiled anew, not run as it was compiled"
     else:
@@ -616,6 +626,13 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
                     raise written.error
                 failed = _fails_only_checkpointed(name, written)
                 break
+            if not plain_error and twin.agreed(written.report is not None and any(
+                    f.kind == "param_version" for f in written.report.findings)):
+                # uncheckpointed, torch refuses a backward whose saved parameter changed in place
+                # (perhaps on one rank only, mid-schedule: the others would wait for it)
+                notes.append(UNCOMPARED)
+                bypassed = written
+                break
             unsteady = set()
             for _ in range(repeats - 1):
                 again = twin.run("as written", watch_options, reference=written)
@@ -625,7 +642,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
             else:
                 compiled = written.compiled or bool(twin.reach.compiled)
                 bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
-                if bypassed.error is not None and (plain_error or written.report is None or written.report.ok):
+                if bypassed.error is not None:
                     raise bypassed.error
                 if not twin.agreed(lean and _digests_differ(written, bypassed)):
                     break
@@ -633,16 +650,9 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         if twin.reach.compiled:
             notes.append("the step reaches compiled code: " + ", ".join(dict.fromkeys(twin.reach.compiled)))
         try:
-            # a step that failed has no end state to compare: its failure is the finding; a twin
-            # that failed where the step as written was found at fault (an optimizer step before a
-            # backward: torch refuses it uncheckpointed) leaves the watch's findings
-            findings = [failed] if failed is not None else [] if bypassed.error is not None \
+            # a step that failed has no end state to compare: its failure is the finding
+            findings = [failed] if failed is not None else [] if bypassed is written \
                 else _twin_findings(ctx, written, bypassed, notes)
-            if bypassed.error is not None and failed is None:
-                from recheck.watcher.failure import error_line
-
-                notes.append("the step fails without checkpointing (every checkpoint bypassed: "
-                             f"{error_line(bypassed.error)}), so it was compared with nothing; the findings are the watch's")
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
@@ -654,7 +664,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
                          f"{shown} differ between its own runs, so their differences from the "
                          "uncheckpointed step are not attributed to checkpointing")
             findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
-        if tolerance is None and failed is None and bypassed.error is None:
+        if tolerance is None and failed is None and bypassed is not written:
             try:
                 findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
             except Exception as exc:  # noqa: BLE001 - recheck's own analysis: the differences stay findings
@@ -664,7 +674,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         twin.restore()
     watched = written.report if written.report is not None else Report()
     watched.findings.extend(written.probe)
-    notes += [n for n in watched.notes if n not in notes] + written.notes + bypassed.notes
+    notes += [n for n in watched.notes if n not in notes] + written.notes + (bypassed.notes if bypassed is not written else [])
     notes += twin.snapshot.notes()  # what the step reaches and the check cannot put back
     if once:  # the comparator's words, once (latent ones too: a full replay changed them again)
         said = {(f.kind, f.subject) for f in watched.findings}

@@ -138,7 +138,10 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     attrs = getattr(value, "__dict__", None)
     if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
         items = tuple((k, (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
-                      for k, v in list(attrs.items())[:_MAX_ITEMS])
+                      for k, v in list(attrs.items())[:_MAX_ITEMS]
+                      if not (k == "state" and issubclass(cls, torch.optim.Optimizer)))
+        if issubclass(cls, torch.optim.Optimizer):  # its moments are compared one by one, as optimizer state
+            items += (("state", ("parameters", len(value.state))),)
         return ("object", type(value).__qualname__, items)  # by state: an equal object is equal
     return ("id", type(value).__name__, id(value))
 

@@ -328,6 +328,14 @@ class Reach:
         elif depth > 0 and isinstance(value, dict):
             for key, item in value.items():
                 self.add_value(f"{name}[{key!r}]", item, depth - 1)
+        elif type(value).__module__.startswith("torch.distributed.pipelining."):
+            # a schedule or a stage: the step runs its stages' modules, and every rank runs the step
+            if all(o is not value for o in self.objects.values()):
+                self.objects[name] = value
+            for index, stage in enumerate(getattr(value, "_stages", None) or [getattr(value, "_stage", value)]):
+                submodule = getattr(stage, "submod", None)
+                if isinstance(submodule, torch.nn.Module) and id(submodule) not in self.modules:
+                    self.add_module(f"{name}.stage{index}", submodule)
         elif _is_plain_object(value) or instance_kind(value) is not None:
             if all(o is not value for o in self.objects.values()):
                 self.objects[name] = value

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import sys
+import weakref
 from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 
 import torch
@@ -283,6 +285,40 @@ def _parameter_key(module: str, name: str) -> tuple[str, str]:
     return "param_version", f"{module}.{name}" if module else name
 
 
+#: per module whose parameters FSDP2 shards, its parameters' names and their sharded parameters
+#: (``DTensor``), and the number of composable states they were read from and the last one's key
+_SHARDED: tuple[weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]], Any] = (weakref.WeakKeyDictionary(), 0)
+
+
+def _sharded_parameters() -> weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]]:
+    """For each module whose parameters FSDP2 (``fully_shard``) manages, a dict like its
+    ``_parameters`` holding the sharded parameters: the one an optimizer steps.  Around its
+    forward and its recompute the module holds unsharded parameters that each all-gather writes
+    anew, whose versions never move; the sharded parameter's do.  Read again when the composable
+    states (FSDP2's, ``checkpoint``'s, ``replicate``'s) changed: their number or the last one made
+    (a model made anew); empty where ``torch.distributed`` was never imported."""
+    global _SHARDED
+    states = sys.modules.get("torch.distributed._composable_state")
+    mapping = getattr(states, "_module_state_mapping", None)
+    if mapping is None:
+        return _SHARDED[0]
+    seen = (len(mapping), next(reversed(mapping.data), None))
+    if seen != _SHARDED[1]:
+        sharded: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+        for reference in list(mapping.values()):
+            group = getattr(reference(), "_fsdp_param_group", None)
+            for fsdp_param in getattr(group, "fsdp_params", ()):
+                info = fsdp_param._module_info
+                for module, name in ((info.module, info.param_name),
+                                     *zip(info.shared_modules, info.shared_param_names)):
+                    own = sharded.get(module)
+                    if own is None:
+                        own = sharded[module] = dict(module._parameters)
+                    own[name] = fsdp_param.sharded_param
+        _SHARDED = (sharded, seen)
+    return _SHARDED[0]
+
+
 def _tensor_slots(reach: Reach, stale: bool = False,
                   pairs: tuple[tuple[str, torch.nn.Module], ...] | None = None) -> tuple[_Flat, list[dict[str, Any]]]:
     """The parameter slots of every reached module: ``(dict, name, key)``, the key
@@ -295,6 +331,9 @@ def _tensor_slots(reach: Reach, stale: bool = False,
     named = list(reach.modules.values()) if pairs is None else pairs
     modules = list(map(_MODULE, named))
     dicts = list(map(_PARAMETERS, modules))
+    sharded = _sharded_parameters()
+    if sharded:
+        dicts = [sharded.get(module, own) for module, own in zip(modules, dicts)]
     if pairs is not None and not stale:
         # the very tuple of the last call (every recompute of a region asks for its scope's)
         last = reach.kept.get("parameters")
