@@ -371,8 +371,9 @@ def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:
         reach.add_module("", root.__self__)
         reach.add_value("self", root.__func__)
     elif isinstance(root, functools.partial):
-        first = root.args[0] if root.args else None
-        if isinstance(first, torch.nn.Module):  # partial(forward, self), as HF does
+        # partial(forward, self), as transformers does; partial(super().__call__), as 5.16 did
+        first = root.args[0] if root.args else getattr(root.func, "__self__", None)
+        if isinstance(first, torch.nn.Module):
             reach.add_module("", first)
         reach.add_value("partial", root)
     else:
