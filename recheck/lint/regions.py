@@ -249,6 +249,10 @@ class _Resolver:
             if factory:
                 reasons.append(f"{shown} is built by `{factory}(...)`, whose product the linter cannot see "
                                "(chosen at run time)")
+            elif ref.kind == "children":  # self.items() of a ModuleDict filled by update() at run time
+                reasons.append(f"{shown} is a child module of `{caller.self_class if caller else 'its class'}`, "
+                               "and no module of the linted tree is assigned to it (its children are added at "
+                               "run time)")
             elif outside:
                 reasons.append(f"{shown} is a `{outside[0]}`, defined outside the linted tree")
             elif ref.kind in ("name", "returned") and self.index.lookup(ref.name, file) is None:

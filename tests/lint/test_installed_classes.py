@@ -230,3 +230,37 @@ def test_a_local_alias_of_a_parameters_attribute_is_followed():
     # OPT's pipeline forward: decoder = self.decoder, then decoder.layers[idx]
     [site] = lint_sources({"forwards.py": ALIASED, "blocks.py": NESTED}).sites
     assert [region.split(" ")[0] for region in site.regions] == ["Block.forward"]
+
+
+CHILDREN = '''
+from enum import Enum
+
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Format(str, Enum):
+    NCHW = "NCHW"
+    NHWC = "NHWC"
+
+
+class FeatureDictNet(nn.ModuleDict):
+    def __init__(self, model, output_fmt="NCHW"):
+        super().__init__()
+        self.output_fmt = Format(output_fmt)
+        self.grad_checkpointing = False
+        self.update(dict(model.named_children()))
+
+    def forward(self, x):
+        for i, (name, module) in enumerate(self.items()):
+            x = checkpoint(module, x, use_reentrant=False) if self.grad_checkpointing else module(x)
+        return x
+'''
+
+
+def test_children_added_at_run_time_are_said_so_not_named_by_a_non_module_attribute():
+    # timm's FeatureDictNet: its children are the model's passed in; `output_fmt` is an Enum
+    [site] = lint_sources({"features.py": CHILDREN}).sites
+    assert site.regions == []
+    assert site.reason == ("`module` is a child module of `FeatureDictNet`, and no module of the linted tree is "
+                           "assigned to it (its children are added at run time)")
