@@ -70,7 +70,7 @@ from recheck.checker.compare import Context, compare_grads, compare_observed, co
 from recheck.checker.rounding import Values, in_float64, judge, largest
 from recheck.findings import Finding, Invocation, Report, Subject, could_not
 from recheck.intercept.bypass import Bypass, bypassing
-from recheck.distributed.world import any_rank
+from recheck.distributed.world import any_rank, collectives_made
 from recheck.runtime.bits import Tolerance, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
 from recheck.runtime.naming import attribute_subject, region_name
@@ -242,11 +242,13 @@ class Twin:
         try:
             if before is not None:
                 before(self)
+            made = collectives_made()
             with _unsynced(self.unsynced.values()), self._mode(run, watch_options, compiled):
                 try:
                     run.result = _detached(self.step())
                 except Exception as exc:  # the step's own error: the caller decides
                     run.error = exc
+            self.spans_ranks |= collectives_made() != made  # (a DeepSpeed engine's: every rank made them)
         finally:
             self._observe(run, reference, lean)
         return run

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Place", "any_rank", "current_place", "launched_place"]
+__all__ = ["Place", "any_rank", "collectives_made", "current_place", "launched_place"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,20 @@ def any_rank(flag: bool) -> bool:
     vote = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX)
     return bool(vote.item())
+
+
+def collectives_made() -> int:
+    """How many collectives this process has made in the process groups it belongs to (their
+    sequence numbers summed; 0 outside an initialised world of more than one rank).  A step that
+    made one ran together with the other ranks (DeepSpeed's engine, a user's own ``all_reduce``),
+    whatever objects it reaches, so every further run of it must be agreed by all of them."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return 0
+    made = 0
+    for group in list(dist.distributed_c10d._world.pg_map):
+        try:
+            made += group._get_sequence_number_for_group()
+        except Exception:  # noqa: BLE001 - a backend that counts none (counted by the others)
+            continue
+    return made
