@@ -253,6 +253,10 @@ class _Resolver:
                 reasons.append(f"{shown} is a child module of `{caller.self_class if caller else 'its class'}`, "
                                "and no module of the linted tree is assigned to it (its children are added at "
                                "run time)")
+            elif outside and self.index.lookup_class(outside[0].rpartition(".")[0], file) is not None:
+                holder, _, field = outside[0].rpartition(".")
+                reasons.append(f"{shown} is built from `{_short(holder)}.{field}`, a field of `{holder}` set at run "
+                               "time (the module class is chosen by configuration)")
             elif outside:
                 reasons.append(f"{shown} is a `{outside[0]}`, defined outside the linted tree")
             elif ref.kind in ("name", "returned") and self.index.lookup(ref.name, file) is None:

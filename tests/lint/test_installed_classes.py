@@ -264,3 +264,53 @@ def test_children_added_at_run_time_are_said_so_not_named_by_a_non_module_attrib
     assert site.regions == []
     assert site.reason == ("`module` is a child module of `FeatureDictNet`, and no module of the linted tree is "
                            "assigned to it (its children are added at run time)")
+
+
+SPEC = '''
+import types
+from dataclasses import dataclass, field
+from typing import Tuple, Union
+
+
+@dataclass
+class ModuleSpec:
+    module: Union[Tuple, type]
+    params: dict = field(default_factory=lambda: {})
+    submodules: object = None
+
+
+def build_module(spec_or_module: Union[ModuleSpec, type], *args, **kwargs):
+    if isinstance(spec_or_module, types.FunctionType):
+        return spec_or_module
+    if isinstance(spec_or_module, ModuleSpec) and isinstance(spec_or_module.module, types.FunctionType):
+        return spec_or_module.module  # a function given as the spec's module is used as it is
+    if isinstance(spec_or_module, type):
+        module = spec_or_module
+    else:
+        module = spec_or_module.module
+    return module(*args, **spec_or_module.params, **kwargs)
+'''
+
+SPEC_LAYER = '''
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from spec_utils import build_module
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, config, submodules):
+        super().__init__()
+        self.mlp = build_module(submodules.mlp, config=config)
+
+    def forward(self, hidden_states):
+        return checkpoint(self.mlp, hidden_states, use_reentrant=False)
+'''
+
+
+def test_a_module_built_from_a_spec_field_is_said_to_be_chosen_at_run_time():
+    # Megatron: self.mlp = build_module(submodules.mlp, ...), the class a ModuleSpec's field
+    [site] = lint_sources({"spec_utils.py": SPEC, "layer.py": SPEC_LAYER}).sites
+    assert site.regions == []
+    assert site.reason == ("`self.mlp` is built from `ModuleSpec.module`, a field of `spec_utils.ModuleSpec` set at "
+                           "run time (the module class is chosen by configuration)")
