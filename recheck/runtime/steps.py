@@ -477,9 +477,9 @@ def _held_optimizers(module: torch.nn.Module, state: StepState, seen: set[int]) 
             if id(value) not in seen:
                 seen.add(id(value))
                 state.optimizers.append(value)
-        elif not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and not inspect.ismodule(value) \
-                and hasattr(value, "__dict__"):
-            inner = [v for v in vars(value).values() if isinstance(v, torch.optim.Optimizer)]
+        elif not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and not inspect.ismodule(value):
+            held = getattr(value, "__dict__", None)  # (a proxy's may be anything)
+            inner = [v for v in held.values() if isinstance(v, torch.optim.Optimizer)] if isinstance(held, dict) else []
             if inner and all(w is not value for _, w in state.wrappers):
                 state.wrappers.append((f"{type(module).__name__}.{key}", value))
                 for optimizer in inner:

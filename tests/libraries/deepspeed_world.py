@@ -138,14 +138,14 @@ def differences(before: list[tuple[str, Any]], after: list[tuple[str, Any]]) -> 
     return differ
 
 
-def zero_world(rank: int, world_size: int, stage: int) -> dict[str, Any]:
+def zero_world(rank: int, world_size: int, stage: int, cases: tuple[str, ...] = CASES) -> dict[str, Any]:
     """Each case under ``watch()`` and ``check_step`` on this rank: the findings' kinds and
     subjects, whether check_step refused (and its message), the training state it changed,
     and the seconds of a plain step, a watched one and a check."""
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     outcome: dict[str, Any] = {}
-    for case in CASES:
+    for case in cases:
         engine = engine_for(stage, case if rank == HAZARD_RANK else "")
         data = batch(rank)
 
