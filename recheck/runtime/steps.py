@@ -23,7 +23,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from recheck.runtime.bits import bits_equal
-from recheck.runtime.reach import code_globals
+from recheck.runtime.reach import code_globals, code_module_attributes, is_library
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
 
@@ -453,6 +453,12 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
         for name in code_globals(obj.__code__)[0]:
             if name in obj.__globals__:
                 value = obj.__globals__[name]
+                if not inspect.ismodule(value) and not inspect.isclass(value):
+                    _visit(value, state, seen, depth + 1)
+        for name, attribute in code_module_attributes(obj.__code__):  # ``train_state.optimizer``
+            module = obj.__globals__.get(name)
+            if inspect.ismodule(module) and not is_library(module.__name__):
+                value = vars(module).get(attribute)
                 if not inspect.ismodule(value) and not inspect.isclass(value):
                     _visit(value, state, seen, depth + 1)
         return

@@ -160,3 +160,21 @@ def test_an_optimizer_reached_through_a_global_differs_only_in_its_own_compared_
     assert result["error"] is None and result["unchanged"], result
     assert result["findings"] == [], result["findings"]
     assert any("only by rounding" in note for note in result["notes"]), result["notes"]
+
+
+def test_an_optimizer_read_as_another_modules_attribute_is_put_back():
+    """``world_matrix.OPTIMIZER``: an optimizer the step reaches as an attribute of a module it
+    imported (a training script's ``state.optimizer``) is restored like one it names directly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Checkpointed(Region("clean"), False), Checkpointed(Region("clean"), False))
+    world_matrix.OPTIMIZER = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.randn(8, 16)
+
+    def step() -> None:
+        model(data).pow(2).mean().backward()
+        world_matrix.OPTIMIZER.step()
+        world_matrix.OPTIMIZER.zero_grad()
+
+    result = outcome("check_step", model, world_matrix.OPTIMIZER, step)
+    assert result["error"] is None and result["findings"] == [], result
+    assert result["unchanged"], result  # no momentum left behind by the runs of the check
