@@ -73,7 +73,7 @@ from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank, collectives_made
 from recheck.runtime.bits import Tolerance, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
-from recheck.runtime.naming import attribute_subject, region_name
+from recheck.runtime.naming import attribute_subject, region_name, step_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import (DefaultDtypeRecord, DigestedTensor, Observed, Snapshot, TensorRecord,
@@ -570,7 +570,7 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
                       modules: Sequence[torch.nn.Module] = (),
                       optimizers: Sequence[torch.optim.Optimizer] = ()) -> Report:
     """The report of :func:`recheck.check_step` (see there for the arguments)."""
-    name = region_name(step)
+    name = step_name(step)
     twin = Twin(step, modules, optimizers)
     ctx = Context(region=f"step {name}", invocation=None, tolerance=tolerance, use_reentrant=False,
                   preserve_rng_state=None)
