@@ -9,7 +9,6 @@ tensors by :func:`~recheck.runtime.digests.tensor_digest`, containers by content
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import operator
 from dataclasses import dataclass
@@ -157,7 +156,6 @@ def _plain_numbers(value: Any) -> bool:
 MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def is_module_state(name: str) -> bool:
     """Whether a module attribute is state a region may change (not torch's bookkeeping).
 

@@ -278,10 +278,8 @@ def _layouts_of(reach: Reach) -> _ReachLayouts:
     return layouts
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _parameter_key(module: str, name: str) -> tuple[str, str]:
-    """The key of a module's parameter (one object per name: a region of timm's
-    ``checkpoint_seq`` reaches every module of the model, and each block makes its layout)."""
+    """The key of a module's parameter: ``("param_version", "fc.weight")``."""
     return "param_version", f"{module}.{name}" if module else name
 
 
