@@ -289,3 +289,28 @@ def test_batchnorm_in_mobilevit_s_checkpointed_layers_is_found(reentrant):
     layer = _layer_forward(transformers.models.mobilevit.modeling_mobilevit.MobileViTLayer)
     assert statistics and all(f.region.startswith("MobileViTLayer.forward (") and
                               f.region.endswith(layer.split(" (")[1]) for f in statistics), str(report)
+
+
+def test_pytest_recheck_fails_only_the_head_with_the_hazard(pytester, monkeypatch):
+    """Under ``pytest --recheck`` a test training a clean head passes and one whose dropout's RNG
+    the checkpoint does not preserve fails, the finding naming the layer."""
+    import os
+
+    pytester.makepyfile(test_heads=f"""
+        import sys
+        import pytest
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_classification_heads import head_batch, head_model
+
+        @pytest.mark.parametrize("preserve", [True, False])
+        @pytest.mark.parametrize("family,head", [("Bert", "QuestionAnswering"), ("ViT", "ImageClassification")])
+        def test_train(family, head, preserve):
+            head_model(family, head, reentrant=True, preserve_rng_state=preserve)(**head_batch(head)).loss.backward()
+    """)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the plugin by -p alone, as tests/watch/test_plugin.py
+    result = pytester.runpytest_subprocess("-p", "recheck._pytest_plugin", "--recheck", "-W", "ignore::FutureWarning")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*test_train?Bert-QuestionAnswering-False?*", "*test_train?ViT-ImageClassification-False?*"])
+    output = result.stdout.str()
+    assert "in BertLayer.forward (transformers/models/bert/modeling_bert.py:" in output
+    assert "in ViTLayer.forward (transformers/models/vit/modeling_vit.py:" in output
