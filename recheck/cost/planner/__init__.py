@@ -9,33 +9,5 @@ and ``census`` (one traced run per mode: windows, holds, work; timed runs), ``me
 ``plan_runs`` (a plan traced, timed and verified with ``check_step``; the anchors),
 ``keeping`` (the line that keeps a plan in the user's code), ``suggestion`` (the outcome, and the
 census every suggestion starts from), ``throughput`` and ``suggest`` (:func:`suggest`),
-``plan_table`` (text and JSON).
+``plan_table`` (text and JSON).  The public names are exported by :mod:`recheck.cost`.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-__all__ = ["Plan", "PlanError", "Suggestion", "apply_plan", "suggest"]
-
-_LAZY = {
-    "Plan": "recheck.cost.planner.plans",
-    "PlanError": "recheck.cost.planner.plans",
-    "Suggestion": "recheck.cost.planner.suggestion",
-    "suggest": "recheck.cost.planner.suggest",
-    "apply_plan": "recheck.cost.planner.wrapping",
-}
-
-if TYPE_CHECKING:  # pragma: no cover
-    from recheck.cost.planner.plans import Plan, PlanError
-    from recheck.cost.planner.suggest import suggest
-    from recheck.cost.planner.suggestion import Suggestion
-    from recheck.cost.planner.wrapping import apply_plan
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'recheck.cost.planner' has no attribute {name!r}")
