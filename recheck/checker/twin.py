@@ -32,7 +32,7 @@ torch 2.6 and later), so a recomputation the compiler chose for the step as writ
 ``activation_memory_budget``, also one the step sets itself) is compared too, and the step's
 compiled graphs are left as they were.  Compiled kernels round otherwise than eager ones; a float64
 rerun would compile the step anew rather than run its graphs, so their differences are judged by
-size (:data:`SIZE_BOUND`).
+size (:data:`~recheck.checker.rounding.SIZE_BOUND`).
 
 **Errors are evidence.**  When the step as written raises (torch's ``CheckpointError``, or an
 error raised while a region recomputes), what its watch saw is kept and the twin runs: where
