@@ -161,9 +161,11 @@ class Watch:
         with self._lock:
             records = list(self.records)
             notes = list(self.notes)
-        ran = [r for r in records if r.forward is not None]
+        # a call whose forward recheck failed to record still happened: counted, never verified
+        counted = [r for r in records if r.forward is not None or r.failed]
+        ran = [r for r in counted if r.forward is not None]
         calls: dict[Any, int] = {}
-        for record in ran:
+        for record in counted:
             calls[record.region] = max(calls.get(record.region, 0), record.index)
         findings: list[Finding] = []
         for record in ran:
@@ -182,7 +184,7 @@ class Watch:
         never = len(intended) - len(verified)
         stats = {
             "regions": len(calls),
-            "invocations": len(ran),
+            "invocations": len(counted),
             "recomputations": sum(r.recomputes for r in ran),
             "verified": len(verified),
             "never_recomputed": never,

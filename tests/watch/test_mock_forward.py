@@ -44,3 +44,22 @@ def test_a_hazard_behind_a_mock_forward_is_found(use_reentrant):
     report = _run(layer, use_reentrant, preserve_rng_state=False)
     assert not report.ok, str(report)
     assert report.stats["verified"] == 1, str(report)
+
+
+def test_a_call_whose_forward_could_not_be_recorded_is_counted_not_verified(monkeypatch):
+    """What made the mock's calls vanish from the counts: a forward recheck failed to record is
+    an invocation of its region left unverified, never a call that did not happen."""
+    from recheck.watcher import records
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("recording broke")
+
+    monkeypatch.setattr(records.InvocationRecord, "begin_forward", broken)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8, requires_grad=True)
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(layer, x, use_reentrant=False).sum().backward()
+    stats = w.report.stats
+    assert (stats["invocations"], stats["verified"], stats["regions"]) == (1, 0, 1), str(w.report)
+    assert any("recording broke" in note for note in w.report.notes), w.report.notes
