@@ -210,7 +210,7 @@ def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
 def describe(function: Any, callsite: str | None) -> RegionKey:
     """The :class:`RegionKey` of a checkpointed callable called from ``callsite``: what
     :func:`_named` names it, where it was called from."""
-    return _key(*_named(function), callsite)
+    return RegionKey(*_named(function), callsite)
 
 
 def _named(function: Any, held: bool = True) -> tuple[str, str | None]:
@@ -257,13 +257,6 @@ def _held_layer(function: Any) -> torch.nn.Module | None:
     return layers[0] if layers and len({type(layer) for layer in layers}) == 1 else None
 
 
-@functools.lru_cache(maxsize=4096)
-def _key(qualname: str, defined_at: str | None, callsite: str | None) -> RegionKey:
-    """One :class:`RegionKey` per region (immutable, so shared: a watch() block keeps one per
-    invocation record)."""
-    return RegionKey(qualname, defined_at, callsite)
-
-
 def region_name(function: Any) -> str:
     """``Qual.name (file:line)``: how every face names the region a callable is.
 
@@ -278,19 +271,17 @@ def step_name(step: Any) -> str:
     """``Qual.name (file:line)`` of a step (what :func:`recheck.check_step` and the planner run):
     its own function, even a closure over one model, which :func:`region_name` names by the
     model's ``forward``; the step is the code that runs the model and steps the optimizer."""
-    return str(_key(*_named(step, held=False), None))
+    return str(RegionKey(*_named(step, held=False), None))
 
 
 # -- subjects: what a finding says differs, the same words in every face ------------------------
 
 
-@functools.lru_cache(maxsize=1 << 16)  # asked for every attribute at every invocation
 def attribute_subject(module: str, name: str) -> Subject:
     """``attribute `self.calls``` (the region's own module) or ``attribute `gate.load```."""
     return Subject("attribute", name, owner=module)
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def buffer_subject(module: str, name: str) -> Subject:
     """``buffer `bn.running_mean``` (``buffer `running_mean``` on the region's own module)."""
     return Subject("buffer", name, owner=module)

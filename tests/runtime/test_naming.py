@@ -82,7 +82,7 @@ def _other_segment(index: int):
 
 def test_a_plain_function_is_named_by_its_code_and_qualified_name_however_it_is_made() -> None:
     first, again = describe(_segment_of(0), "train.py:1"), describe(_segment_of(1), "train.py:1")
-    assert first is again and first.qualname == "_segment_of.<locals>.segment"
+    assert first == again and first.qualname == "_segment_of.<locals>.segment"
     assert first.defined_at == f"{relative(__file__)}:{_segment_of(0).__code__.co_firstlineno}"
 
     renamed = _segment_of(2)
