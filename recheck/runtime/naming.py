@@ -112,7 +112,18 @@ def relative(path: str) -> str:
     (``timm/models/_manipulate.py``); a path under the working directory, or in a sibling folder,
     relative; anything further away stays absolute.
     """
-    return _relative_to(path, _working_directory())
+    cwd = _working_directory()
+    real = os.path.realpath(path)
+    for root in _library_roots():
+        if real.startswith(root):
+            return real[len(root):]
+    if not cwd:  # the working directory is gone
+        return path
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:  # another drive on Windows
+        return path
+    return path if rel.startswith(".." + os.sep + "..") else rel
 
 
 def _working_directory() -> str:
@@ -159,7 +170,8 @@ def release_cwd() -> None:
 @functools.lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
     """The folders installed packages live in (this interpreter's ``purelib``/``platlib`` and
-    site-packages, the user's too), longest first."""
+    site-packages, the user's too), longest first: read once, as asking ``site`` for them costs
+    more than the rest of naming a file."""
     import site
     import sysconfig
 
@@ -171,24 +183,6 @@ def _library_roots() -> tuple[str, ...]:
             continue
         roots.update([more] if isinstance(more, str) else more)
     return tuple(sorted((os.path.join(os.path.realpath(r), "") for r in roots if r), key=len, reverse=True))
-
-
-@functools.lru_cache(maxsize=1024)
-def _relative_to(path: str, cwd: str) -> str:
-    """``path`` as shown (cached: once per call site): a file of an installed package from the
-    folder it is imported from (``torch/nn/modules/module.py``), wherever the program runs;
-    another relative to ``cwd`` when it is inside or beside it."""
-    real = os.path.realpath(path)
-    for root in _library_roots():
-        if real.startswith(root):
-            return real[len(root):]
-    if not cwd:  # the working directory is gone
-        return path
-    try:
-        rel = os.path.relpath(path, cwd)
-    except ValueError:  # another drive on Windows
-        return path
-    return path if rel.startswith(".." + os.sep + "..") else rel
 
 
 def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
