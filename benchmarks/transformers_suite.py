@@ -15,7 +15,8 @@ the tests) plus the per-model test files, which the sdist does not ship (the rep
 checkout first with ``--recheck-src`` (its root, on ``PYTHONPATH``) to compare two versions.
 
     python benchmarks/transformers_suite.py --tests /path/to/tests --python /path/to/venv/bin/python \
-        [--archs llama,bert,...] [--timeout 900] [--recheck-src DIR] [--json out.json]
+        [--archs llama,bert,...] [--timeout 900] [--recheck-src DIR] [--recheck-option=--recheck-early-stop=off]
+        [--no-plain] [--json out.json]
 
 ``--trainer`` instead runs a ``transformers.Trainer`` fine-tuning of tiny models built from configs
 (a Llama causal LM, a BERT sequence classifier; dropout on, non-reentrant checkpointing, CPU)
@@ -42,17 +43,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ARCHS = "llama,mistral,gemma,qwen2,mixtral,qwen2_moe,gpt2,opt,bert,roberta,t5,bart,vit"
+ARCHS = "llama,mistral,gemma,gemma2,qwen2,phi3,gpt_neox,gpt2,opt,mixtral,qwen2_moe,qwen3_moe,olmoe,bert,roberta,t5,bart,vit"
 SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors|skipped|subtests passed|subtests failed)\b")
 
 
-def run(python: str, tests: Path, arch: str, timeout: int, recheck: Path | None, env: dict) -> dict:
+def run(python: str, tests: Path, arch: str, timeout: int, recheck: Path | None, env: dict, options: list[str]) -> dict:
     """One pytest run of an architecture's training tests: outcome counts, seconds, the report."""
     target = tests / "models" / arch / f"test_modeling_{arch}.py"
     command = [python, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "-W", "ignore",
                str(target), "-k", "test_training_gradient_checkpointing"]
     if recheck is not None:
-        command += ["--recheck", f"--recheck-report={recheck}"]
+        command += ["--recheck", f"--recheck-report={recheck}", *options]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=tests.parent, env=env, capture_output=True, text=True, timeout=timeout)
@@ -151,6 +152,8 @@ def main() -> int:
     parser.add_argument("--archs", default=ARCHS)
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one pytest run")
     parser.add_argument("--recheck-src", type=Path, help="a recheck checkout to import instead of the installed one")
+    parser.add_argument("--recheck-option", action="append", default=[],
+                        help="another option for the --recheck run (repeat it), e.g. --recheck-early-stop=off")
     parser.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the tests without --recheck")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
@@ -168,9 +171,9 @@ def main() -> int:
         for arch in args.archs.split(","):
             row = rows[arch] = {}
             if args.plain:
-                row["plain"] = run(args.python, args.tests.resolve(), arch, args.timeout, None, env)
+                row["plain"] = run(args.python, args.tests.resolve(), arch, args.timeout, None, env, [])
             row["recheck"] = run(args.python, args.tests.resolve(), arch, args.timeout,
-                                 Path(scratch) / f"{arch}.json", env)
+                                 Path(scratch) / f"{arch}.json", env, args.recheck_option)
             plain, watched = row.get("plain"), row["recheck"]
             print(f"{arch:10} " + (f"plain: {plain['outcome']} ({plain['seconds']} s) | " if plain else "") + "--recheck: "
                   f"{watched['outcome']} ({watched['seconds']} s), {watched.get('verified', '-')} of "
