@@ -96,6 +96,8 @@ def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
                 function = owner  # ``partial(nn.Module.__call__, layer)``
                 continue
             return function, owner
+        elif type(function).__module__ == "unittest.mock" and callable(getattr(function, "side_effect", None)):
+            function = function.side_effect  # ``Mock(side_effect=forward)``, as tests count a layer's runs
         elif callable(function) and hasattr(type(function), "__call__"):
             owner = owner if owner is not None else function
             function = type(function).__call__

@@ -63,3 +63,11 @@ def test_a_call_whose_forward_could_not_be_recorded_is_counted_not_verified(monk
     stats = w.report.stats
     assert (stats["invocations"], stats["verified"], stats["regions"]) == (1, 0, 1), str(w.report)
     assert any("recording broke" in note for note in w.report.notes), w.report.notes
+
+
+def test_a_mock_forward_s_region_is_named_by_what_it_runs():
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    report = _run(layer, False, preserve_rng_state=False)
+    regions = {str(finding.region) for finding in report.findings}
+    assert regions and all(region.startswith("Sequential.forward (") for region in regions), regions
