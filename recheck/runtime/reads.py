@@ -28,7 +28,6 @@ from recheck.runtime.reach import code_module_attributes, is_library
 __all__ = ["code_names", "names_read", "root_functions"]
 
 
-@functools.lru_cache(maxsize=8192)
 def code_names(code: types.CodeType) -> frozenset[str]:
     """The attribute and global names a code object, and the code nested in it, names."""
     names = set(code.co_names)
