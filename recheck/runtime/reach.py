@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from recheck.findings import Subject
+from recheck.runtime.fingerprints import MODULE_INTERNALS
 from recheck.runtime.rng import instance_kind
 
 __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "is_library",
@@ -207,7 +208,8 @@ class Reach:
             self.kept.clear()
 
     def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
-        for attr, value in vars(module).items():
+        # torch's own bookkeeping (parameter dicts, hooks) holds no generator: the rest is asked
+        for attr, value in [(a, v) for a, v in vars(module).items() if a not in MODULE_INTERNALS]:
             if _is_generator(value):  # (a module's own dicts and flags without torch's hook)
                 self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
 
