@@ -242,3 +242,12 @@ def test_run_cuts_its_report_unless_verbose_and_is_plain_in_a_pipe(tmp_path):
     assert "more entries" in short.stderr and "[11]" not in short.stderr
     assert "[12] global" in full.stderr and "more entries" not in full.stderr
     assert not ESCAPE.search(short.stderr + full.stderr)  # stderr is a pipe here: never painted
+
+
+def test_the_layer_line_counts_a_step_s_end_state_as_such():
+    # check_step's end-state differences belong to the step, not to a layer called "step step"
+    found = [_finding("recompute", n) for n in range(2)]
+    found += [Finding("gradient", f"gradient {n} differs", region="step train_step (train.py:9)",
+                      subject=f"grad {n}") for n in range(3)]
+    line = next(t for t in format_report(Report(found)).splitlines() if "findings by layer" in t)
+    assert line.endswith("findings by layer  end of step 3, Block 2"), line

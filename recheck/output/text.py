@@ -242,19 +242,22 @@ def group(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation]]]
     return list(groups.values())
 
 
-def _layer(region: str) -> str:
-    """The layer class of a region's name: ``Block`` for ``Block.forward (m.py:8)``."""
-    return region.split(" (", 1)[0].split(".", 1)[0]
+def _layer(finding: Finding) -> str:
+    """The layer class of a finding's region: ``Block`` for ``Block.forward (m.py:8)``; a
+    difference in the end state of a checked step (no invocation) is the step's."""
+    if finding.invocation is None and str(finding.region).startswith("step "):
+        return "end of step"
+    return str(finding.region).split(" (", 1)[0].split(".", 1)[0]
 
 
 def _by_layer(findings: Sequence[Finding]) -> str:
     """``Block 12 in 2 regions, Attention 3``: findings per layer class, most first, at most
     five classes ("" when they are all in one region: the title names it)."""
-    regions = {f.region for f in findings if f.region}
+    regions = {f.region: f for f in findings if f.region}
     if len(regions) < 2:
         return ""
-    found: Counter[str] = Counter(_layer(f.region) for f in findings if f.region)
-    places: Counter[str] = Counter(_layer(r) for r in regions)
+    found: Counter[str] = Counter(_layer(f) for f in findings if f.region)
+    places: Counter[str] = Counter(_layer(f) for f in regions.values())
     ranked = sorted(found.items(), key=lambda item: (-item[1], item[0]))
     shown = [f"{layer} {count}" + (f" in {places[layer]} regions" if places[layer] > 1 else "")
              for layer, count in ranked[:_LAYERS_SHOWN]]
