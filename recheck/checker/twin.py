@@ -461,8 +461,8 @@ def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: lis
 def _values(a: StepRun, b: StepRun) -> Values:
     """The values behind the twins' value findings, and the largest magnitude of each kind in ``b``."""
     return Values(lambda finding: _tensors_of(finding, a, b) if finding.kind in _VALUE_KINDS else None,
-                  {"gradient": largest(b.grads.values()), "state": largest(o.value for o in b.post.values()),
-                   "output": largest(leaf for _, leaf in b.result if isinstance(leaf, torch.Tensor))})
+                  lambda: {"gradient": largest(b.grads.values()), "state": largest(o.value for o in b.post.values()),
+                           "output": largest(leaf for _, leaf in b.result if isinstance(leaf, torch.Tensor))})
 
 
 def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor, torch.Tensor] | None:
