@@ -11,7 +11,8 @@ without it.
 
 Models: ``block`` (``watch_instructions.py``'s four checkpointed transformer blocks, two steps
 in one ``watch()`` block), ``block-each`` (a block per step), ``mlp`` and ``llama``
-(``watch_overhead.py``'s; ``llama`` needs transformers).  Each row is a model, what was switched
+(``watch_overhead.py``'s; ``llama`` needs transformers), and ``llama-check`` (a
+``check_step`` of it, in place of the watched step).  Each row is a model, what was switched
 off (``-`` for nothing) and its instructions a step; ``plain`` is the step unwatched.
 
 ``--reaches`` asks what keeping each region's reach across blocks would be worth (the reaches
@@ -19,7 +20,10 @@ live as long as their block): ``strong`` keeps them whole (the upper bound, whic
 alive), ``copy`` gives each block a copy (what reviving a reach held weakly would give, before
 the cost of reviving), ``layouts`` a copy that carries the layouts of ``recheck.watcher.capture``.
 
-    python benchmarks/watch_caches.py [--models block,block-each] [--off digests,small] [--jobs 2]
+A ``functools.lru_cache`` function is switched off by its ``__wrapped__`` function, put in
+place of it in every ``recheck`` module that holds it (``from x import f`` copies too).
+
+    python benchmarks/watch_caches.py [--models block,block-each] [--off digests,globals] [--jobs 2]
                                       [--reaches block|strong|copy|layouts]
 
 Needs ``valgrind`` and ``cc`` on ``PATH``.  Nothing here is asserted.
@@ -39,13 +43,13 @@ import tempfile
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
-#: what can be switched off: (module, module-level dict) pairs
+#: what can be switched off: (module, module-level dict or ``functools.lru_cache`` function) pairs
 CACHES = {
     "digests": [("recheck.runtime.digests", name) for name in ("_PLANS", "_LIES_IN", "_HEADERS")],
     "shown": [("recheck.runtime.fingerprints", "_SHOWN")],
-    "small": [("recheck.runtime.fingerprints", "_KINDS"), ("recheck.runtime.fingerprints", "_DIRECT_DICT"),
-              ("recheck.intercept.hooks", "_LAYOUTS"), ("recheck.intercept.hooks", "_AT_CALL"),
-              ("recheck.watcher.records", "_TEXTS"), ("recheck.runtime.naming", "_NAMED")],
+    "roots": [("recheck.runtime.naming", "_library_roots")],
+    "globals": [("recheck.runtime.reach", "code_globals")],
+    "attributes": [("recheck.runtime.reach", "code_module_attributes")],
 }
 _HELPER = """#include <valgrind/callgrind.h>
 void start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; CALLGRIND_TOGGLE_COLLECT; }
@@ -70,7 +74,14 @@ def _child(model: str, mode: str, off: str, helper: str, reaches: str = "block")
 
     for part in filter(None, off.split(",")):
         for module, name in CACHES[part]:
-            setattr(importlib.import_module(module), name, NoStore())
+            cached = getattr(importlib.import_module(module), name)
+            if not hasattr(cached, "cache_info"):
+                setattr(importlib.import_module(module), name, NoStore())
+                continue
+            for held in [m for key, m in sys.modules.items() if key.startswith("recheck")]:
+                for attr, value in list(vars(held).items()):  # and its ``from x import f`` copies
+                    if value is cached:
+                        setattr(held, attr, cached.__wrapped__)
     if reaches != "block":
         _keep_reaches(reaches)
     sys.path.insert(0, str(CHECKOUT / "benchmarks"))
@@ -92,20 +103,22 @@ def _child(model: str, mode: str, off: str, helper: str, reaches: str = "block")
     else:
         from watch_overhead import build
 
-        _, step = build(model, "cpu")
+        _, step = build(model.removesuffix("-check"), "cpu")
     torch.set_num_threads(1)
-    each = model.endswith("-each")
+    each, check = model.endswith("-each"), model.endswith("-check")
 
     def steps(count: int) -> None:
         for _ in range(count):
-            if mode == "watch" and each:
+            if mode == "watch" and check:
+                recheck.check_step(step)
+            elif mode == "watch" and each:
                 with recheck.watch(raise_on_finding=False):
                     step()
             else:
                 step()
 
     marks = ctypes.CDLL(helper)
-    with recheck.watch(raise_on_finding=False) if mode == "watch" and not each else _nothing():
+    with recheck.watch(raise_on_finding=False) if mode == "watch" and not (each or check) else _nothing():
         steps(4)
         gc.collect()
         gc.disable()
@@ -161,7 +174,7 @@ def _count(model: str, mode: str, off: str, helper: str, folder: str, reaches: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="block,block-each", help="of block, block-each, mlp, llama")
+    parser.add_argument("--models", default="block,block-each", help="of block, block-each, mlp, llama, llama-check")
     parser.add_argument("--off", default=",".join(CACHES), help=f"caches to switch off, one run each: {', '.join(CACHES)}")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--reaches", default="block", choices=["block", "strong", "copy", "layouts"],
