@@ -109,8 +109,9 @@ def check_step(step: Callable[[], Any], /, *, repeats: int = 1, early_stop: bool
     Args:
         step: a zero-argument callable: forward, backward and optionally the optimizer step
             (the contract of ``recheck cost FILE.py:STEP``).
-        repeats: runs of the step as written; with more than one, what differs between them
-            (non-deterministic kernels) is not attributed to checkpointing.
+        repeats: runs of the step as written, its noise floor: a difference from the twin within
+            what those runs differ by (non-deterministic kernels) is a note, not a finding.  At
+            least 2 where parameters are on an accelerator and deterministic algorithms are off.
         early_stop, store: the options of the :func:`recheck.watch` around the step as written.
         atol, rtol: a tolerance for floating-point values, given together (as
             ``torch.testing.assert_close`` requires); max_ulp instead, in units in the last place.

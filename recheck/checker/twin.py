@@ -448,6 +448,45 @@ def _own_random(findings: Sequence[Finding]) -> list[str]:
 # -- comparing the twins ------------------------------------------------------------------------
 
 
+def noise_floor_reason(parameters: Mapping[str, Any]) -> str | None:
+    """Why the step's noise floor is measured before it is compared (None: it is not).
+
+    On an accelerator, kernels that accumulate with atomics (scatter-add, index-add, some
+    convolution and attention backwards) give other last bits from run to run unless
+    deterministic algorithms are on; on the CPU every kernel is deterministic."""
+    if torch.are_deterministic_algorithms_enabled():
+        return None
+    devices = sorted({str(p.device.type) for p in parameters.values()} - {"cpu", "meta"})
+    if not devices:
+        return None
+    return (f"parameters on {'/'.join(devices)} with deterministic algorithms off "
+            "(torch.use_deterministic_algorithms(False))")
+
+
+def _beyond_noise(findings: list[Finding], floor: Mapping[tuple[str, Any], float], values: Values, repeats: int,
+                  notes: list[str]) -> list[Finding]:
+    """The findings that differ from the uncheckpointed step by more than the step as written
+    differs from itself (``floor``: the greatest difference of each value between its own runs);
+    those within it are said in a note with the floor's size, never as findings."""
+    kept: list[Finding] = []
+    within = larger = 0
+    for finding in findings:
+        bound = floor.get((finding.kind, finding.subject))
+        size = values.difference(finding) if bound is not None else None
+        if bound is None or (size is not None and size[0] > bound):
+            kept.append(finding)
+            larger += bound is not None
+        else:
+            within += 1
+    sizes = [v for v in floor.values() if v != float("inf")]
+    shown = ", ".join(sorted(str(s) for _, s in floor)[:6]) + (f" and {len(floor) - 6} more" if len(floor) > 6 else "")
+    notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): {shown} differ "
+                 "between its own runs" + (f" by up to {max(sizes):.3g}" if sizes else "")
+                 + f"; {within} difference(s) from the uncheckpointed step within that are not attributed "
+                 f"to checkpointing, {larger} larger one(s) stay findings")
+    return kept
+
+
 def _twin_findings(ctx: Context, written: StepRun, bypassed: StepRun, notes: list[str] | None = None) -> list[Finding]:
     findings = compare_outputs(ctx, bypassed.result, written.result, labels=_LABELS, flat=True)
     # a digest (a lean run's) is here only where both runs share it, which compares by identity
@@ -574,13 +613,18 @@ def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: T
     twin = Twin(step, modules, optimizers)
     ctx = Context(region=f"step {name}", invocation=None, tolerance=tolerance, use_reentrant=False,
                   preserve_rng_state=None)
+    noisy = noise_floor_reason(twin.parameters)
+    if noisy is not None:
+        repeats = max(repeats, 2)
     written, bypassed, found, notes = _compared(twin, ctx, name, repeats, dict(watch_options or {}))
     watched = written.report if written.report is not None else Report()
     stats = {"runs": twin.runs, "parameters": len(twin.parameters), "watch": dict(watched.stats)}
     title = (f"step           {name}\n"
              f"compared with  its uncheckpointed twin (every checkpoint bypassed), bit for bit"
              + (f", tolerance: {tolerance}" if tolerance else "")
-             + f"\nwatched        {watched.title or 'nothing'}")
+             + f"\nwatched        {watched.title or 'nothing'}"
+             + (f"\nnoise floor    the step as written ran {repeats} times first: {noisy}; what differs "
+                "within its own runs is a note" if noisy is not None else ""))
     return Report(found, title=title, notes=notes, stats=stats)
 
 
@@ -604,7 +648,8 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         # difference, their size, the float64 rerun that tells rounding from a hazard)
         lean = True
         failed: Finding | None = None
-        unsteady: set[tuple[str, str | None]] = set()
+        # what the step as written differs by between its own runs, per value: its noise floor
+        unsteady: dict[tuple[str, Any], float] = {}
         while True:
             written = twin.run("as written", watch_options if lean else {**watch_options, **(detail or {})}, lean=lean)
             noticed = detail is not None and lean and (written.error is not None or written.report is not None
@@ -635,12 +680,16 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
                 notes.append(UNCOMPARED)
                 bypassed = written
                 break
-            unsteady = set()
+            unsteady = {}
             for _ in range(repeats - 1):
                 again = twin.run("as written", watch_options, reference=written)
                 if twin.agreed(lean and _digests_differ(written, again)):
                     break
-                unsteady |= {(f.kind, f.subject) for f in _twin_findings(ctx, again, written)}
+                own = _values(again, written)
+                for f in _twin_findings(ctx, again, written):
+                    size = own.difference(f)
+                    key = (f.kind, f.subject)
+                    unsteady[key] = max(unsteady.get(key, 0.0), size[0] if size is not None else float("inf"))
             else:
                 compiled = written.compiled or bool(twin.reach.compiled)
                 bypassed = twin.run("bypassed", {}, compiled=compiled, reference=written)
@@ -661,11 +710,7 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         if written.compiled or twin.reach.compiled:
             notes += _own_random(findings)
         if unsteady:
-            shown = ", ".join(sorted(str(s) for _, s in unsteady))
-            notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): "
-                         f"{shown} differ between its own runs, so their differences from the "
-                         "uncheckpointed step are not attributed to checkpointing")
-            findings = [f for f in findings if (f.kind, f.subject) not in unsteady]
+            findings = _beyond_noise(findings, unsteady, _values(written, bypassed), repeats, notes)
         if tolerance is None and failed is None and bypassed is not written:
             try:
                 findings, rounding = _separate_rounding(twin, ctx, findings, written, bypassed, watch_options)
