@@ -1,10 +1,10 @@
 """torchtitan's Llama3 debug model on 2 gloo ranks (CPU), checkpointed by torchtitan's own full and
-selective (per op; per layer where torchtitan has it) activation checkpointing and sharded by its own FSDP2 code (scenario and what CPU demands:
-``fixtures/distributed/world_torchtitan.py``): ``watch()`` around two steps and ``check_step`` on
-the first step report nothing on the clean model, find the planted dropout without RNG
-preservation on each rank, never crash or hang, and ``check_step`` leaves the training state
-(sharded parameters, AdamW state) as it found it.  Skips where torchtitan cannot be imported (CI
-does not install it).
+selective (per op; per layer where torchtitan has it) activation checkpointing and sharded by its
+own FSDP2 code (scenario and what CPU demands: ``fixtures/distributed/world_torchtitan.py``):
+``watch()`` around two steps and ``check_step`` on the first step report nothing on the clean
+model, find the planted dropout without RNG preservation on each rank, never crash or hang, and
+``check_step`` leaves the training state (sharded parameters, AdamW state) as it found it.  Skips
+where torchtitan cannot be imported (CI does not install it).
 """
 
 from __future__ import annotations
