@@ -433,16 +433,18 @@ def _eager(compiled: bool) -> Iterator[list[str]]:
 
 
 def _own_random(findings: Sequence[Finding]) -> list[str]:
-    """Why a compiled step's RNG may differ from its eager twin's without a hazard: inductor draws
-    random numbers its own way unless ``fallback_random`` (the findings stay: they may be a hazard)."""
+    """Why a compiled step cannot be compared with its eager twin: inductor draws random numbers its
+    own way unless ``fallback_random``, so every value they reach differs without a hazard, and a
+    hazard among them cannot be told apart; the twin's differences are then not reported (the
+    watch's own findings stand)."""
     config, utils = sys.modules.get("torch._inductor.config"), sys.modules.get("torch._dynamo.utils")
     if config is None or getattr(config, "fallback_random", True) or not getattr(utils, "counters", {}).get("inductor") \
             or not any(f.kind == "rng" for f in findings):
         return []
     return ["compiled code: inductor, which compiled code in this process, draws random numbers its own way "
-            "(torch._inductor.config.fallback_random is False) and eager does not reproduce them, so a step it "
-            "compiled that draws them differs from its eager twin wherever they reach; set "
-            "torch._inductor.config.fallback_random = True before compiling to check such a step"]
+            "(torch._inductor.config.fallback_random is False) and eager does not reproduce them, so this step "
+            "differs from its eager twin wherever they reach and was not compared with it (its differences are "
+            "not reported); set torch._inductor.config.fallback_random = True before compiling to check it"]
 
 
 # -- comparing the twins ------------------------------------------------------------------------
@@ -707,8 +709,10 @@ def _compared(twin: Twin, ctx: Context, name: str, repeats: int, watch_options: 
         except Exception as exc:  # noqa: BLE001 - recheck's own comparison: the watch's findings stand
             findings = []
             notes.append(could_not("compare the step with its uncheckpointed twin", exc))
-        if written.compiled or twin.reach.compiled:
-            notes += _own_random(findings)
+        own_random = _own_random(findings) if written.compiled or twin.reach.compiled else []
+        if own_random:  # refused rather than guessed: inductor's random numbers are not told from a hazard
+            notes += own_random
+            findings = []
         if unsteady:
             findings = _beyond_noise(findings, unsteady, _values(written, bypassed), repeats, notes)
         if tolerance is None and failed is None and bypassed is not written:

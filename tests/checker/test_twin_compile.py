@@ -172,7 +172,8 @@ def test_inductor_random_numbers_are_named_and_fallback_random_checks_them():
 
     step, _ = _compiled_step(p=0.5, backend="inductor")
     report = _check(step)
-    assert any("fallback_random = True" in n for n in report.notes), report.notes
+    assert any("fallback_random = True" in n and "not compared" in n for n in report.notes), report.notes
+    assert report.ok, str(report)  # refused, not 18 differences inductor's own random numbers make
     with inductor_config.patch(fallback_random=True):
         step, _ = _compiled_step(p=0.5, backend="inductor")
     assert _check(step).ok
