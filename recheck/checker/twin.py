@@ -73,6 +73,7 @@ from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank, collectives_made
 from recheck.runtime.bits import Tolerance, local_tensor, unwrapped
 from recheck.runtime.explaining import with_likely_causes
+from recheck.runtime.fingerprints import showing
 from recheck.runtime.naming import attribute_subject, region_name, step_name
 from recheck.runtime.reach import Reach, reach_of
 from recheck.runtime.rng import RngRecord
@@ -465,17 +466,23 @@ def noise_floor_reason(parameters: Mapping[str, Any]) -> str | None:
             "(torch.use_deterministic_algorithms(False))")
 
 
+#: A difference from the twin up to this many times what the step's own runs differ by is noise:
+#: two runs sample the noise once, and the twin's difference from them is another sample of it.
+NOISE_MARGIN = 4.0
+
+
 def _beyond_noise(findings: list[Finding], floor: Mapping[tuple[str, Any], float], values: Values, repeats: int,
                   notes: list[str]) -> list[Finding]:
-    """The findings that differ from the uncheckpointed step by more than the step as written
-    differs from itself (``floor``: the greatest difference of each value between its own runs);
-    those within it are said in a note with the floor's size, never as findings."""
+    """The findings that differ from the uncheckpointed step by more than :data:`NOISE_MARGIN`
+    times what the step as written differs by from itself (``floor``: the greatest difference of
+    each value between its own runs); those within it are said in a note with the floor's size,
+    never as findings."""
     kept: list[Finding] = []
     within = larger = 0
     for finding in findings:
         bound = floor.get((finding.kind, finding.subject))
         size = values.difference(finding) if bound is not None else None
-        if bound is None or (size is not None and size[0] > bound):
+        if bound is None or (size is not None and size[0] > NOISE_MARGIN * bound):
             kept.append(finding)
             larger += bound is not None
         else:
@@ -484,8 +491,8 @@ def _beyond_noise(findings: list[Finding], floor: Mapping[tuple[str, Any], float
     shown = ", ".join(sorted(str(s) for _, s in floor)[:6]) + (f" and {len(floor) - 6} more" if len(floor) > 6 else "")
     notes.append(f"the step as written is not deterministic from run to run ({repeats} runs): {shown} differ "
                  "between its own runs" + (f" by up to {max(sizes):.3g}" if sizes else "")
-                 + f"; {within} difference(s) from the uncheckpointed step within that are not attributed "
-                 f"to checkpointing, {larger} larger one(s) stay findings")
+                 + f"; {within} difference(s) from the uncheckpointed step within {NOISE_MARGIN:g}× that are not "
+                 f"attributed to checkpointing, {larger} larger one(s) stay findings")
     return kept
 
 
@@ -606,6 +613,7 @@ def _rerun64(twin: Twin, watch_options: Mapping[str, Any]) -> Values:
     return _values(written, bypassed)
 
 
+@showing()  # a state's printed text, made once per check
 def check_step_report(step: Callable[[], Any], *, repeats: int = 1, tolerance: Tolerance | None = None,
                       watch_options: Mapping[str, Any] | None = None,
                       modules: Sequence[torch.nn.Module] = (),
@@ -886,6 +894,7 @@ _LATENT_WHY = ("latent: early stop ended the recompute before this ran; "
                "use_reentrant=True or early_stop=False run it")
 
 
+@showing()
 def check_region_report(fn: Callable[..., Any], args: tuple, kwargs: dict, *, use_reentrant: bool,
                         preserve_rng_state: bool, early_stop: bool, grad_outputs: Any,
                         watch_options: Mapping[str, Any], tolerance: Tolerance | None) -> Report:
