@@ -9,10 +9,11 @@ tensors by :func:`~recheck.runtime.digests.tensor_digest`, containers by content
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -21,7 +22,7 @@ from recheck.runtime.bits import float_bits
 from recheck.runtime.digests import tensor_digest
 
 __all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state",
-           "same_objects", "shallow", "show", "show_printed"]
+           "same_objects", "shallow", "show", "show_printed", "showing"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -39,16 +40,34 @@ def show(value: Any, limit: int = 80) -> str:
     return one_line(text, limit)
 
 
-#: texts :func:`show_printed` made, by (id, type, fingerprint) of the value, most recent last
+#: texts :func:`show_printed` made, by (id, type, fingerprint) of the value, most recent last; kept
+#: only while a check or a ``watch()`` block is open (:func:`showing`): an ``id()`` names an object
+#: only while it lives
 _SHOWN: collections.OrderedDict[tuple[int, type, Any], str] = collections.OrderedDict()
 _SHOWN_SIZE = 1024
+_OPEN = [0]
+
+
+@contextlib.contextmanager
+def showing() -> Iterator[None]:
+    """Keep :func:`show_printed`'s texts for the extent of a check or a ``watch()`` block; the
+    outermost one lets them go when it ends."""
+    _OPEN[0] += 1
+    try:
+        yield
+    finally:
+        _OPEN[0] -= 1
+        if not _OPEN[0]:
+            _SHOWN.clear()
 
 
 def show_printed(value: Any, printed: Any) -> str:
     """:func:`show` of ``value`` whose :func:`fingerprint` is ``printed``, made once while the
-    same object keeps the same fingerprint.  A snapshot observes the same state several times
-    (at entry, after each run), and a ``repr`` can cost far more than the fingerprint (a
-    transformers config prints itself as JSON)."""
+    same object keeps the same fingerprint inside one check or ``watch()`` block.  A snapshot
+    observes the same state several times (at entry, after each run), and a ``repr`` can cost far
+    more than the fingerprint (a transformers config prints itself as JSON)."""
+    if not _OPEN[0]:
+        return show(value)
     try:
         key = (id(value), type(value), printed)
         text = _SHOWN.get(key)

@@ -27,6 +27,7 @@ from typing import Any
 
 from recheck.distributed.world import Place, current_place
 from recheck.findings import Finding, RecomputeMismatch, Report, could_not
+from recheck.runtime.fingerprints import showing
 from recheck.watcher.dispatch import DISPATCHER
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
@@ -104,6 +105,8 @@ class Watch:
             raise RuntimeError("recheck.watch: a watch() block can be entered only once")
         self._compilations_at_entry = _dynamo_compilations()
         self.place = current_place()
+        self._showing = showing()
+        self._showing.__enter__()
         DISPATCHER.enter(self)
         self._active = True
         return self
@@ -115,7 +118,10 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         self._active = False
-        DISPATCHER.exit(self)
+        try:
+            DISPATCHER.exit(self)
+        finally:
+            self._showing.__exit__(None, None, None)
         if self.place is None:  # the process group was set up inside the block
             self.place = current_place()
         if exc is not None:

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recheck.runtime.fingerprints import MISSING, fingerprint, show, show_printed
+from recheck.runtime.fingerprints import MISSING, fingerprint, show, show_printed, showing
 
 
 class Config:
@@ -30,9 +30,10 @@ class Config:
 
 def test_a_text_is_made_once_while_the_object_keeps_its_fingerprint():
     config = Config()
-    for _ in range(5):
-        printed = fingerprint(config)
-        assert show_printed(config, printed) == "Config(width=4)"
+    with showing():  # as a check or a watch() block holds it
+        for _ in range(5):
+            printed = fingerprint(config)
+            assert show_printed(config, printed) == "Config(width=4)"
     assert config.shown == 1
 
 
@@ -292,3 +293,25 @@ def test_a_short_list_of_numbers_at_the_depth_limit_prints_by_content() -> None:
     assert fingerprint([1e-3, 2e-3], 0) != fingerprint([1e-3, 3e-3], 0)
     assert fingerprint((1, "a", None, True), 0) == fingerprint((1, "a", None, True), 0)
     assert fingerprint([[1.0]], 0) != fingerprint([[1.0]], 0)
+
+
+def test_a_printed_text_is_made_once_per_check_and_let_go_when_it_ends():
+    class Printed:
+        calls = 0
+
+        def __repr__(self) -> str:
+            Printed.calls += 1
+            return "Printed()"
+
+    value = Printed()
+    printed = fingerprint(value)
+    show_printed(value, printed)  # outside any check: made each time
+    once = Printed.calls
+    with showing():
+        with showing():  # a watch() block inside a check
+            assert show_printed(value, printed) == "Printed()"
+        show_printed(value, printed)
+    assert Printed.calls == 2 * once
+    with showing():  # the next check makes it again
+        show_printed(value, printed)
+    assert Printed.calls == 3 * once
