@@ -460,8 +460,12 @@ class _Extractor:
         if not isinstance(node, ast.Lambda) and optional_params(arguments):
             facts.none_if = none_names(nodes, arguments)
         self._arguments = arguments
+        sites = len(self.facts.call_sites)
         self._scan(nodes, context, facts)
+        calls = len(self.facts.call_sites) > sites
         for rule in _FUNCTION_RULES:
+            if rule.SITES_ONLY and not calls:
+                continue
             for draft, refs in rule.visit_function(nodes, context, self_class if bound else None):
                 self.facts.hooked.append((qualname, draft, refs))
         if self_name is not None and bound:

@@ -118,6 +118,8 @@ class Rule:
     FILE_TEXT: ClassVar[str] = ""
     #: fragments of a top-level definition's text that make phase one read its body at once
     UNIT_WORDS: ClassVar[tuple[str, ...]] = ()
+    #: :meth:`visit_function` only for functions that make a checkpoint call
+    SITES_ONLY: ClassVar[bool] = False
 
     # -- phase one: one file -------------------------------------------------------------------
 

@@ -336,6 +336,7 @@ def frozen_inputs(nodes: list[ast.AST], context: FunctionContext,
 
 class FrozenInput(Rule):
     CODE = CODE
+    SITES_ONLY = True
 
     def visit_function(self, nodes: list[ast.AST], ctx: FunctionContext, owner: str | None) -> Iterator[HookedHazard]:
         """A draft per reentrant checkpoint call whose inputs are kept from requiring grad: its
