@@ -9,7 +9,12 @@ and under ``check_step``:
 * ``dropout``: on :data:`HAZARD_RANK` only, the first block drops out inside a checkpoint run
   with ``preserve_rng_state=False`` (the recompute draws another mask);
 * ``counter``: on :data:`HAZARD_RANK` only, the first block counts its calls in a module
-  attribute inside its region (the recompute counts again).
+  attribute inside its region (the recompute counts again);
+* ``batchnorm``: the first block normalises with a BatchNorm on every rank, in training mode on
+  :data:`HAZARD_RANK` only (the recompute updates its running statistics again; in eval mode
+  elsewhere, so every rank calls the same modules);
+* ``global``: the first block's region reads a module global, which :data:`HAZARD_RANK` flips
+  between its forward and its backward.
 
 Every rank builds the same modules (ZeRO-3 gathers parameters with collectives, so the ranks
 must run the same code); only the hazard's switch differs.
@@ -38,7 +43,9 @@ importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 #: the rank the planted hazards run on
 HAZARD_RANK = 1
 WIDTH = 16
-CASES = ("clean", "dropout", "counter")
+CASES = ("clean", "dropout", "counter", "batchnorm", "global")
+#: what the first block's region multiplies by: ``global`` flips it on one rank before the backward
+SCALE = 1.0
 #: watched steps per case (each a plain step before it)
 WATCHED_STEPS = 3
 
@@ -50,12 +57,17 @@ class Block(nn.Module):
         super().__init__()
         self.linear = nn.Linear(WIDTH, WIDTH)
         self.hazard, self.deepspeed_checkpoint = hazard, deepspeed_checkpoint
+        self.norm = nn.BatchNorm1d(WIDTH) if hazard == "batchnorm" else None
         self.calls = 0
 
     def region(self, x: torch.Tensor) -> torch.Tensor:
         if self.hazard == "counter":  # (before the last saved tensor: torch's early stop ends the recompute there)
             self.calls += 1
         h = torch.tanh(self.linear(x))
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.hazard == "global":
+            h = h * SCALE
         if self.hazard == "dropout":
             h = torch.nn.functional.dropout(h, p=0.5, training=True)
         return h
@@ -146,12 +158,22 @@ def zero_world(rank: int, world_size: int, stage: int, cases: tuple[str, ...] = 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     outcome: dict[str, Any] = {}
     for case in cases:
-        engine = engine_for(stage, case if rank == HAZARD_RANK else "")
+        # every rank builds the same modules (ZeRO-3 gathers each one's parameters with collectives)
+        shared = case in ("batchnorm", "global")
+        engine = engine_for(stage, case if rank == HAZARD_RANK or shared else "")
+        if case == "batchnorm" and rank != HAZARD_RANK:
+            engine.module[0].norm.eval()
         data = batch(rank)
+        flips = case == "global" and rank == HAZARD_RANK
 
         def step() -> torch.Tensor:
+            global SCALE
             loss = engine(data).pow(2).mean()
-            engine.backward(loss)
+            SCALE = 2.0 if flips else 1.0  # after the forward, before the recompute
+            try:
+                engine.backward(loss)
+            finally:
+                SCALE = 1.0
             engine.step()
             return loss.detach()
 

@@ -3,7 +3,8 @@
 Scenario code: ``deepspeed_world.py`` beside this file (run on each rank by ``run_world``, under
 a timeout: a hang is a failure).  Per stage, a model of three checkpointed blocks (torch's
 non-reentrant checkpoint twice, DeepSpeed's own reentrant one once), clean, with dropout
-checkpointed without RNG preservation, and with a module counter, the hazards on rank 1 only.
+checkpointed without RNG preservation, with a module counter, with a BatchNorm in training mode
+and with a global flipped before the backward, the hazards on rank 1 only.
 
 * ``watch()``: a clean engine gives nothing on any rank (ZeRO-3's own bookkeeping, the counts
   its hooks keep on every module, is DeepSpeed's, not the region's); a hazard is found with its
@@ -48,7 +49,9 @@ def test_a_clean_engine_gives_nothing_under_watch_on_any_rank(zero):
 
 
 @pytest.mark.parametrize("case, finding", [("dropout", ("rng", "cpu RNG")),
-                                           ("counter", ("state", "attribute `self.calls`"))])
+                                           ("counter", ("state", "attribute `self.calls`")),
+                                           ("batchnorm", ("buffer", "buffer `norm.running_mean`")),
+                                           ("global", ("global", "global `deepspeed_world.SCALE`"))])
 def test_a_hazard_is_found_under_watch_with_its_kind_on_its_rank_only(zero, case, finding):
     _, ranks = zero
     hazard = ranks[deepspeed_world.HAZARD_RANK][case]["watch"]
