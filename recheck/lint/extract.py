@@ -49,6 +49,7 @@ from recheck.lint.targets import (
     callee_refs,
     entry_point,
     lambda_name,
+    self_path,
     submodule_path,
     target_refs,
 )
@@ -576,7 +577,7 @@ class _Extractor:
                 if isinstance(value, ast.Name) and value.id in local_objects:
                     local_objects[target.id] = local_objects[value.id]
                 return
-            path = _self_path(target, context)
+            path = self_path(target, context.self_name)
             if path is not None and owner is not None:
                 if classes:
                     owner.attributes.setdefault(path, []).extend(classes)
@@ -711,22 +712,10 @@ def _self_data(nodes: list[ast.AST], context: FunctionContext) -> tuple[list[tup
             assignment = cast("ast.Assign | ast.AnnAssign", node)
             for target in assignment.targets if isinstance(assignment, ast.Assign) else [assignment.target]:
                 if isinstance(target, ast.Attribute):
-                    path = _self_path(target, context)
+                    path = self_path(target, context.self_name)
                     if path is not None:
                         writes.append(path)
     return list(reads.items()), writes
-
-
-def _self_path(node: ast.AST, context: FunctionContext) -> str | None:
-    """``self.a[i].b`` as ``"a.b"`` (subscripts dropped); None unless it starts at ``self``."""
-    parts: list[str] = []
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-        node = node.value
-    if not parts or not context.is_self(node):
-        return None
-    return ".".join(reversed(parts))
 
 
 _ITERATION_WRAPPERS = frozenset({"list", "tuple", "reversed", "sorted", "iter"})

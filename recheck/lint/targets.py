@@ -19,7 +19,7 @@ from recheck.lint.imports import dotted
 from recheck.lint.scope import FunctionContext
 
 __all__ = ["CONTAINERS", "ENTRY_POINTS", "EntryPoint", "callee_refs", "class_entries", "entry_point", "entry_points",
-           "lambda_name", "submodule_path", "target_refs"]
+           "lambda_name", "self_path", "submodule_path", "target_refs"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _checkpointer(node: ast.AST, context: FunctionContext) -> str | None:
     return next((n.rsplit(".", 1)[-1] for n in names if n.rsplit(".", 1)[-1] in CLASS_ENTRIES), None)
 
 
-def _self_path(node: ast.AST, self_name: str | None) -> str | None:
+def self_path(node: ast.AST, self_name: str | None) -> str | None:
     """``self.a[i].b`` as ``"a.b"`` (subscripts dropped); None unless it starts at ``self``."""
     parts: list[str] = []
     while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -196,7 +196,7 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
         if isinstance(func.value, ast.Name):  # blocks[i], a local list or a loop variable's container
             held = context.refs_of(func.value.id, func.lineno)
             return list(held) if held else []
-        path = _self_path(func, context.self_name)
+        path = self_path(func, context.self_name)
         if path:
             return [Ref("path", path, span)]
         return callee_refs(func.value, context) if isinstance(func.value, ast.Attribute) else []
@@ -205,7 +205,7 @@ def callee_refs(func: ast.AST, context: FunctionContext) -> list[Ref]:
     value = func.value
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super":
         return [Ref("super", func.attr, span)]
-    path = _self_path(func, context.self_name)
+    path = self_path(func, context.self_name)
     if path is not None:
         return [Ref("self", path, span)] if "." not in path else [Ref("path", path, span)]
     if isinstance(value, ast.Name) and func.attr != DYNAMIC_ATTRIBUTE:  # blk.forward_with_tap, blk a loop variable

@@ -40,7 +40,7 @@ from recheck.entry_points import TABLE
 from recheck.lint.facts import Hazard, Ref
 from recheck.lint.rules.base import HookedHazard, Rule, TreeView
 from recheck.lint.scope import FunctionContext
-from recheck.lint.targets import ENTRY_POINTS, REGION_KEYWORDS, entry_point, target_refs
+from recheck.lint.targets import ENTRY_POINTS, REGION_KEYWORDS, entry_point, self_path, target_refs
 
 CODE = "RC112"
 THEN = ("the reentrant checkpoint runs the region under no_grad and links its output to the graph only through "
@@ -67,12 +67,7 @@ ATTRIBUTE_DEFAULTS = {a: record.reentrant for record in TABLE for a in record.at
 
 def _path(node: ast.AST, context: FunctionContext) -> str | None:
     """``embed.weight`` for ``self.embed.weight`` (subscripts dropped), ``""`` for ``self``; None otherwise."""
-    parts: list[str] = []
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-        node = node.value
-    return ".".join(reversed(parts)) if context.is_self(node) else None
+    return "" if context.is_self(node) else self_path(node, context.self_name)
 
 
 def _under(path: str, frozen: dict[str, str]) -> str | None:
