@@ -19,13 +19,14 @@ A wider context explains a recompute that fails (torch's ``CheckpointError``: th
 tensors' metadata differ) where none of those three differs: :func:`wider_context` reads, at
 forward and at recompute, the torch-function and dispatch mode stacks, the forward and
 forward-pre hooks in force (global, and on the region's modules), the inference mode, the
-deterministic-algorithms and float32 matmul precision flags (and the TF32, cuDNN and
+deterministic-algorithms and float32 matmul precision flags, torch.compile's stance (and the TF32, cuDNN and
 SDPA-backend flags where torch is built with CUDA); :func:`wider_differences` words what
 differs, in that order.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -176,6 +177,12 @@ def _c(name: str, public: Callable[[], Any]) -> Callable[[], Any]:
     return getter if callable(getter) else public
 
 
+def _compile_stance() -> str:
+    """``torch.compiler.set_stance``'s stance: "default" where Dynamo was never imported."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return "default" if eval_frame is None else eval_frame._stance.stance
+
+
 _MODE_WHY = ("a {0} entered around the forward is not in force when backward recomputes{1}: enter it inside "
              "the checkpointed function, or pass it through checkpoint's context_fn")
 _POPPED = " (torch pops a torch-function mode while it handles a call, Tensor.backward included)"
@@ -189,6 +196,8 @@ _FLAGS: tuple[tuple[str, tuple[Callable[[], Any], ...], tuple[str, ...], str], .
      "torch.use_deterministic_algorithms() picks other kernels"),
     ("float32 matmul precision", (_c("_get_float32_matmul_precision", torch.get_float32_matmul_precision),), (),
      "matmuls round otherwise"),
+    ("torch.compile stance", (_compile_stance,), (),
+     "compiled code saves other tensors for backward than the same code run eagerly: keep the forward's stance"),
 )
 #: the flags that only decide what runs on a CUDA device: read where torch is built with CUDA
 _CUDA_FLAGS: tuple[tuple[str, tuple[Callable[[], Any], ...], tuple[str, ...], str], ...] = (
@@ -219,7 +228,10 @@ def _hook_name(hook: Any) -> str:
 
 
 def _mode_names(stack: list[Any]) -> tuple[str, ...]:
-    return tuple([type(mode).__qualname__ for mode in stack])
+    # selective checkpointing enters modes of torch's checkpoint, one at forward and another at
+    # recompute: they differ by design and are no cause
+    return tuple([type(mode).__qualname__ for mode in stack
+                  if not any(c.__module__ == "torch.utils.checkpoint" for c in type(mode).__mro__)])
 
 
 def _modes() -> tuple[tuple[str, ...], tuple[str, ...]]:

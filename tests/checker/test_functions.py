@@ -1,98 +1,30 @@
 """The Function audit: ``recheck.check_function`` and ``check_step``'s audit of the Functions a step runs.
 
-The Functions below are written the way projects write them (a fused RMSNorm, a linear layer that
-accumulates its weight gradient itself, a GELU with its closed-form derivative); each hazard has
-a fixed variant that must be clean.
+The Functions are written the way projects write them (a fused RMSNorm, a linear layer that
+accumulates its weight gradient itself: ``fixtures/twins/hand_functions.py``, shared with
+``benchmarks/check_step_fixtures.py``; a GELU with its closed-form derivative below); each hazard
+has a fixed variant that must be clean.
 """
 
 from __future__ import annotations
 
 import random
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 import recheck
 from recheck.checker.functions import FunctionCalls, audit_functions
+from source_modules import load_file
 
-
-class RMSNormReapplied(torch.autograd.Function):
-    """Saves the normalised input, then normalises it again in backward as if it were the input."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        normed = x * rstd
-        ctx.save_for_backward(normed, weight)
-        ctx.eps = eps
-        return normed * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        normed, weight = ctx.saved_tensors
-        rstd = torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + ctx.eps)  # the norm of the norm: ~1
-        xhat = normed * rstd
-        g = grad * weight
-        grad_x = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-        return grad_x, (grad * xhat).reshape(-1, weight.shape[0]).sum(0), None
-
-
-class RMSNorm(torch.autograd.Function):
-    """The fix: save the inverse norm of the input and use it."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        normed = x * rstd
-        ctx.save_for_backward(normed, weight, rstd)
-        return normed * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        normed, weight, rstd = ctx.saved_tensors
-        g = grad * weight
-        grad_x = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
-        return grad_x, (grad * normed).reshape(-1, weight.shape[0]).sum(0), None
-
-
-class AccumulatingLinear(torch.autograd.Function):
-    """Accumulates the weight gradient into ``weight.grad`` itself, and returns it as well."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return x @ weight.t()
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-        if weight.grad is None:
-            weight.grad = grad_weight
-        else:
-            weight.grad.add_(grad_weight)
-        return grad @ weight, weight.grad
-
-
-class Linear(torch.autograd.Function):
-    """The fix: return the weight gradient, let autograd accumulate it (new-style ``setup_context``)."""
-
-    @staticmethod
-    def forward(x, weight):
-        return x @ weight.t()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        return grad @ weight, grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+_FIXTURE = load_file(Path(__file__).resolve().parents[2] / "fixtures" / "twins" / "hand_functions.py",
+                     "hand_functions")
+RMSNormReapplied, RMSNorm = _FIXTURE.RMSNormReapplied, _FIXTURE.RMSNorm
+AccumulatingLinear, Linear = _FIXTURE.AccumulatingLinear, _FIXTURE.Linear
 
 
 class GELU(torch.autograd.Function):
@@ -164,9 +96,9 @@ def _inputs(*shapes, requires_grad=True):
 
 def _names(region: str | None, function) -> bool:
     """Whether a finding's region names ``function``: its backward and that one's ``file:line``."""
-    line = function.backward.__code__.co_firstlineno
+    code = function.backward.__code__
     return str(region).startswith(f"{function.__qualname__}.backward (") and str(region).endswith(
-        f"test_functions.py:{line})")
+        f"{Path(code.co_filename).name}:{code.co_firstlineno})")
 
 
 def test_norm_reapplied_in_backward_is_a_gradient_finding_naming_its_backward():
@@ -292,28 +224,11 @@ def test_check_function_refuses_what_is_not_a_function():
 
 
 FORWARD = vars(RMSNormReapplied)["forward"]
-rms_norm = RMSNormReapplied.apply  # bound at import, as projects do: the audit still sees the calls
-
-
-class Block(nn.Module):
-    def __init__(self, fixed: bool) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.weight = nn.Parameter(torch.ones(8))
-        self.norm = RMSNorm.apply if fixed else rms_norm
-
-    def forward(self, x):
-        return self.norm(torch.relu(self.fc(x)), self.weight, 1e-6)
 
 
 @pytest.mark.parametrize("fixed", [False, True])
 def test_check_step_audits_the_functions_the_step_runs(fixed):
-    torch.manual_seed(0)
-    block, x = Block(fixed), torch.randn(4, 8) * 3
-
-    def step():
-        checkpoint(block, x, use_reentrant=False).pow(2).sum().backward()
-
+    step, block = _FIXTURE.make_step(fixed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = recheck.check_step(step)

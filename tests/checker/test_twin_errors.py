@@ -1,9 +1,12 @@
 """Errors are evidence: a step that fails only when checkpointed is a finding, with its cause.
 
 Fixtures (fixtures/twins/): a TorchFunctionMode entered around the forward only
-(``forward_only_mode``), forward hooks a wrapper removes before the backward
-(``forward_only_hooks``), a size chosen from a flag flipped between forward and backward
-(``runtime_size``); each with a fixed variant that must be clean.
+(``forward_only_mode``), a dispatch mode likewise (``forward_only_dispatch``), forward hooks a
+wrapper removes before the backward (``forward_only_hooks``), a size chosen from a flag flipped
+between forward and backward (``runtime_size``), a compiled block run eagerly at recompute
+(``compile_fallback``), a mixed-precision cast for the wrapper's call only (``forward_only_cast``),
+selective checkpointing with autocast's weight cache (``sac_autocast_cache``, torch's own
+``RuntimeError``); each with a fixed variant that must be clean.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ CAUSES = {
     "forward_only_mode": "cause: torch-function modes were [ExactLinear] at forward and [] at recompute",
     "forward_only_hooks": "cause: forward hooks of `proj` were [group_pairs] at forward and [] at recompute",
     "runtime_size": "cause: global `runtime_size.LOW_MEMORY` was False at forward and True at recompute",
+    "forward_only_dispatch": "cause: dispatch modes were [FlopCounter] at forward and [] at recompute",
+    "compile_fallback": "cause: torch.compile stance was default at forward and force_eager at recompute",
+    "forward_only_cast": "cause: attribute `self.compute_dtype` changed between forward and recompute: "
+                         "torch.bfloat16 -> None",
+    # selective checkpointing's own caching and cached modes are no cause; autocast's cache is unreadable
+    "sac_autocast_cache": "cause: nothing recheck reads of the context",
 }
+#: the error torch raises, where it is not ``CheckpointError``
+ERRORS = {"sac_autocast_cache": RuntimeError}
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,7 +68,7 @@ def _state(model: nn.Module):
 def test_the_step_raises_as_written(name):
     """The premise: torch's checkpoint raises on each fixture, and each runs unchecked when fixed."""
     step, _ = fixture(name).make_step()
-    with pytest.raises(CheckpointError):
+    with pytest.raises(ERRORS.get(name, CheckpointError)):
         _quiet(step)
     step, _ = fixture(name).make_step(fixed=True)
     _quiet(step)
@@ -72,11 +83,11 @@ def test_a_step_failing_only_when_checkpointed_is_a_finding_naming_its_cause(nam
     assert len(failed) == 1, str(report)
     finding = failed[0]
     assert finding.kind == "recompute" and not report.ok
-    assert finding.message.startswith(f"{ONLY_WHEN_CHECKPOINTED}: CheckpointError: ")
+    assert finding.message.startswith(f"{ONLY_WHEN_CHECKPOINTED}: {ERRORS.get(name, CheckpointError).__name__}: ")
     assert finding.region is not None and finding.region.startswith("Block.forward (") and f"{name}.py:" in finding.region
     assert finding.invocation is not None and finding.invocation.index >= 1
     assert CAUSES[name] in finding.detail, finding.detail
-    assert "first differing saved tensor: saved tensor #" in finding.detail
+    assert name in ERRORS or "first differing saved tensor: saved tensor #" in finding.detail
     assert "without checkpointing (every checkpoint bypassed) the step completes" in finding.detail
     # the check leaves no trace, although the step as written raised
     after = _state(model)
@@ -90,6 +101,14 @@ def test_the_fixed_variants_are_clean(name):
     step, _ = fixture(name).make_step(fixed=True)
     report = _quiet(recheck.check_step, step)
     assert report.ok, str(report)
+
+
+def test_forward_pre_hooks_of_an_outer_call_are_named_as_the_cause():
+    step, _ = fixture("forward_only_hooks").make_step(pre=True)
+    [failed] = [f for f in _quiet(recheck.check_step, step).findings if f.subject == ONLY_WHEN_CHECKPOINTED]
+    assert "cause: forward-pre hooks of `proj` were [group_input_pairs] at forward and [] at recompute" in failed.detail
+    step, _ = fixture("forward_only_hooks").make_step(fixed=True, pre=True)
+    assert _quiet(recheck.check_step, step).ok
 
 
 def test_a_step_that_fails_without_checkpointing_too_raises_its_own_error_with_a_note():
@@ -108,7 +127,7 @@ def test_a_step_that_fails_without_checkpointing_too_raises_its_own_error_with_a
 @pytest.mark.parametrize("name", sorted(CAUSES))
 def test_watch_lets_the_checkpoint_error_propagate_with_the_explanation(name):
     step, _ = fixture(name).make_step()
-    with pytest.raises(CheckpointError) as raised:
+    with pytest.raises(ERRORS.get(name, CheckpointError)) as raised:
         with recheck.watch(raise_on_finding=True) as watched:
             _quiet(step)
     notes = getattr(raised.value, "__notes__", [])

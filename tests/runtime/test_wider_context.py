@@ -71,3 +71,20 @@ def test_flags_are_compared():
         inference = wider_context()
     assert _subjects(deterministic, plain) == ["deterministic algorithms"]
     assert _subjects(inference, plain) == ["inference mode"]
+
+
+def test_the_compiler_stance_is_compared():
+    plain = wider_context()
+    with torch.compiler.set_stance("force_eager"):
+        eager = wider_context()
+    assert wider_differences(plain, eager)[0][:3] == ("torch.compile stance", "default", "force_eager")
+
+
+def test_selective_checkpointings_own_modes_are_no_difference():
+    from torch.utils.checkpoint import _CachedTorchDispatchMode, _CachingTorchDispatchMode
+
+    with _CachingTorchDispatchMode(lambda *a, **k: False, {}):
+        forward = wider_context()
+    with _CachedTorchDispatchMode(None, {}):
+        recompute = wider_context()
+    assert wider_differences(forward, recompute) == []
