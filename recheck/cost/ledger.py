@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["CATEGORIES", "HOLD_KINDS", "Ledger", "LedgerListener", "storage_key"]
+__all__ = ["CATEGORIES", "HOLD_KINDS", "Ledger", "storage_key"]
 
 #: Categories of the observed peak breakdown, in display order.
 CATEGORIES = (
@@ -38,19 +38,6 @@ CATEGORIES = (
 HOLD_KINDS = ("saved", "input", "recomputed")
 _HOLD_CATEGORY = {"saved": "saved_activations", "input": "checkpoint_inputs", "recomputed": "saved_activations"}
 _FIXED = ("parameters", "gradients", "optimizer_state")
-
-
-class LedgerListener(Protocol):
-    """Told of a new storage, of every hold (``first``: the storage was not held before) and
-    of the last release; the totals already include a hold and still include a release.
-    A listener may also have ``read(args, kwargs)``: the tracer calls it after each operator
-    with the operator's inputs."""
-
-    def created(self, key: int) -> None: ...
-
-    def held(self, key: int, entry: Any, first: bool) -> None: ...
-
-    def released(self, key: int, entry: Any) -> None: ...
 
 
 def storage_key(storage: Any) -> int:
@@ -89,8 +76,18 @@ class Ledger:
     timeline: list[tuple[int, int]] = field(default_factory=list)
     phase: str = "forward"
     phase_peaks: dict[str, int] = field(default_factory=dict)
-    #: told of every new storage, hold and release (:class:`LedgerListener`); None by default
-    listener: LedgerListener | None = None
+    #: told of every event, in order, through whichever of these methods each has: ``created(key)``
+    #: (a new storage), ``held(key, entry, first)`` (every hold; ``first``: it was not held before),
+    #: ``released(key, entry)`` (the last release) and ``read(args, kwargs)`` (the tracer's, after each
+    #: operator, with its inputs); the totals already include a hold and still include a release
+    listeners: list[Any] = field(default_factory=list)
+
+    def tell(self, event: str, *args: Any) -> None:
+        """Call ``event(*args)`` on every listener that has that method."""
+        for listener in self.listeners:
+            method = getattr(listener, event, None)
+            if method is not None:
+                method(*args)
 
     def track(self, storage: Any, base: str = "temporary", observed: bool = True) -> int:
         """Follow ``storage`` (no-op when already followed); returns its key."""
@@ -108,8 +105,7 @@ class Ledger:
         self._categorise(entry)
         if observed:
             self._count(entry, +1)
-        if self.listener is not None:
-            self.listener.created(key)
+        self.tell("created", key)
         return key
 
     def set_base(self, storage: Any, base: str) -> None:
@@ -133,8 +129,7 @@ class Ledger:
             self.by_hold[kind] += entry.nbytes
             self._recount(entry)
             self._sample()
-        if self.listener is not None:
-            self.listener.held(key, entry, entry.holders == 1)
+        self.tell("held", key, entry, entry.holders == 1)
         return key
 
     def release(self, key: int) -> None:
@@ -144,8 +139,7 @@ class Ledger:
             return
         entry.holders -= 1
         if entry.holders == 0:
-            if self.listener is not None:
-                self.listener.released(key, entry)
+            self.tell("released", key, entry)
             self.saved_total -= entry.nbytes
             self.by_hold[entry.kind or "saved"] -= entry.nbytes
             entry.kind = None
@@ -167,8 +161,7 @@ class Ledger:
         if entry is None:
             return
         if entry.holders:  # only a recomputed set is held by lifetime, never past it
-            if self.listener is not None:
-                self.listener.released(key, entry)
+            self.tell("released", key, entry)
             self.saved_total -= entry.nbytes
             self.by_hold[entry.kind or "saved"] -= entry.nbytes
             entry.holders = 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,7 +32,7 @@ from recheck.cost.router import RegionCall, Router
 from recheck.runtime.steps import StepState
 from recheck.cost.work import Work, op_work
 
-__all__ = ["PHASES", "StepTrace", "Tracer", "tensor_storage"]
+__all__ = ["PHASES", "StepTrace", "Tracer", "label_graph", "running_label", "tensor_storage"]
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -56,6 +56,33 @@ def tensor_storage(t: Any) -> Any | None:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
         return None
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    """An autograd node's metadata dict (a property at run time; torch's stubs call it a method)."""
+    return cast("dict[str, Any]", node.metadata)
+
+
+def label_graph(tensors: Any, key: str, value: Any) -> None:
+    """Set ``key`` to ``value`` on every node of the graph behind ``tensors`` that has no ``key`` yet.
+
+    Autograd makes a node after the operator returns (above a dispatch mode), so a graph is
+    labelled from the values a frame receives (what came before it) and returns (what it
+    made); the walk stops at a labelled node, so each node is visited once.
+    """
+    todo = [leaf.grad_fn for leaf in tree_leaves(tensors) if isinstance(leaf, torch.Tensor)]
+    while todo:
+        node = todo.pop()
+        if node is None or key in _metadata(node):
+            continue
+        _metadata(node)[key] = value
+        todo.extend(next_node for next_node, _ in node.next_functions)
+
+
+def running_label(key: str) -> Any:
+    """The ``key`` label of the autograd node running now (None outside backward or unlabelled)."""
+    node = torch._C._current_autograd_node()
+    return None if node is None else _metadata(node).get(key)
 
 
 class _Packed:
@@ -220,9 +247,7 @@ class Tracer:
             ledger.track(storage, "temporary")
             if innermost is not None and innermost.recompute:
                 innermost.created.append(weakref.ref(storage))
-        reader = getattr(ledger.listener, "read", None)
-        if reader is not None:  # a listener that wants the operator's inputs (the planning run's data)
-            reader(args, kwargs)
+        ledger.tell("read", args, kwargs)
         work = op_work(func, args, kwargs, out)
         trace.work[self.phase()].add(work)
         if innermost is not None:

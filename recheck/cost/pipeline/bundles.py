@@ -131,7 +131,7 @@ class BundleTracker:
     def attach(self, tracer: Any) -> None:
         """Listen to ``tracer``'s ledger (call before entering the tracer)."""
         self.tracer, self.ledger = tracer, tracer.trace.ledger
-        self.ledger.listener = self
+        self.ledger.listeners.append(self)
 
     # -- labels -----------------------------------------------------------------------
     def _label(self) -> tuple[int, int] | None:
@@ -180,7 +180,7 @@ class BundleTracker:
         entries: dict[int, Any] = self.ledger.entries if self.ledger is not None else {}
         return sum(int(entry.nbytes) for key, entry in bundle.keys.items() if _kept_alive(entries, key, entry))
 
-    # -- the LedgerListener ----------------------------------------------------------------
+    # -- the ledger's events ----------------------------------------------------------------
     def created(self, key: int) -> None:
         if self.labels == "tags":  # where a storage was made tells data and received activations apart
             label = self._label()

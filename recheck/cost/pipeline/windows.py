@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from recheck.cost.ledger import storage_key
-from recheck.cost.trace import tensor_storage
+from recheck.cost.trace import label_graph, running_label, tensor_storage
 from recheck.runtime.tags import current_tags
 
 __all__ = ["StageWindows", "WindowFigures", "supported"]
@@ -84,11 +84,6 @@ class _Window:
     created: list[tuple[int, Any]] = field(default_factory=list)
 
 
-def _metadata(node: Any) -> dict[str, Any]:
-    """An autograd node's metadata dict (a property at run time; torch's stubs call it a method)."""
-    return cast("dict[str, Any]", node.metadata)
-
-
 class StageWindows:
     """A ledger listener cutting a planning run into stage windows (see the module docstring).
 
@@ -121,9 +116,9 @@ class StageWindows:
             self._hook = None
 
     def attach(self, tracer: Any) -> None:
-        """Listen to ``tracer``'s ledger beside the listener already there."""
+        """Listen to ``tracer``'s ledger (after the listeners already there)."""
         self.tracer, self.ledger = tracer, tracer.trace.ledger
-        self.ledger.listener = _Both(self.ledger.listener, self) if self.ledger.listener is not None else self
+        self.ledger.listeners.append(self)
 
     def finish(self) -> None:
         """Close the last window (call after the tracer has exited)."""
@@ -132,15 +127,8 @@ class StageWindows:
     @staticmethod
     def _label_nodes(_module: Any, _args: Any, output: Any) -> None:
         stage = current_tags().get("stage")
-        if not isinstance(stage, int) or torch._C._current_graph_task_id() != -1:
-            return
-        todo: list[Any] = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-        while todo:
-            node = todo.pop()
-            if node is None or _NODE_KEY in _metadata(node):
-                continue
-            _metadata(node)[_NODE_KEY] = stage
-            todo += [next_node for next_node, _ in node.next_functions]
+        if isinstance(stage, int) and torch._C._current_graph_task_id() == -1:
+            label_graph(output, _NODE_KEY, stage)
 
     # -- where an operator belongs -----------------------------------------------------------
     def _where(self) -> tuple[str, int | None]:
@@ -152,8 +140,7 @@ class StageWindows:
                 return phase, stage
             return phase, self.last_stage if self.last_stage is not None else _BEFORE_STAGES
         if phase == "backward":
-            node = torch._C._current_autograd_node()
-            stage = None if node is None else _metadata(node).get(_NODE_KEY)
+            stage = running_label(_NODE_KEY)
             if not isinstance(stage, int):  # a recompute carries the labels of its forward
                 calls = self.tracer.router.calls()
                 stage = calls[-1].labels.get("stage") if calls and calls[-1].recompute else None
@@ -168,7 +155,7 @@ class StageWindows:
             return 0
         return sum(p.numel() * p.element_size() for p in self.parameters_of(stage) if p.requires_grad and p.grad is None)
 
-    # -- the LedgerListener -------------------------------------------------------------------
+    # -- the ledger's events ----------------------------------------------------------------
     def created(self, key: int) -> None:
         entry = self.ledger.entries[key]
         grew = entry.nbytes if entry.observed else 0
@@ -181,9 +168,6 @@ class StageWindows:
         # a storage held first by the operator that opens a window (the next stage saving
         # this stage's output) is still what the closing window kept
         self._sample(self.ledger.observed_total, entry if first else None)
-
-    def released(self, key: int, entry: Any) -> None:
-        pass
 
     def read(self, args: Any, kwargs: Any) -> None:
         """An operator read ``args``: note data made before the first stage that a stage reads."""
@@ -243,27 +227,3 @@ class StageWindows:
         """The windows of ``stage`` (zeros when it ran none)."""
         return self.figures.get(stage, WindowFigures())
 
-
-class _Both:
-    """Two ledger listeners told of every event, in order."""
-
-    def __init__(self, first: Any, second: Any) -> None:
-        self.first, self.second = first, second
-
-    def created(self, key: int) -> None:
-        self.first.created(key)
-        self.second.created(key)
-
-    def held(self, key: int, entry: Any, first: bool) -> None:
-        self.first.held(key, entry, first)
-        self.second.held(key, entry, first)
-
-    def released(self, key: int, entry: Any) -> None:
-        self.first.released(key, entry)
-        self.second.released(key, entry)
-
-    def read(self, args: Any, kwargs: Any) -> None:
-        for listener in (self.first, self.second):
-            reader = getattr(listener, "read", None)
-            if reader is not None:
-                reader(args, kwargs)

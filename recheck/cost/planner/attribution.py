@@ -26,7 +26,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -35,7 +35,7 @@ from recheck.cost.ledger import storage_key
 from recheck.cost.planner.candidates import Candidates
 from recheck.cost.planner.wrapping import planned_module
 from recheck.cost.router import Router
-from recheck.cost.trace import Tracer, tensor_storage
+from recheck.cost.trace import Tracer, label_graph, running_label, tensor_storage
 from recheck.cost.work import Work, op_work
 from recheck.intercept.hooks import CheckpointCall, Phase, Run
 from recheck.runtime.naming import RegionKey, unwrap
@@ -48,11 +48,6 @@ OUTSIDE, OPTIMIZER = -1, -2
 _NODE_KEY = "recheck_candidate"
 #: A storage's name: ("op", n) for the forward's n-th new storage, ("data", i) for the step's i-th tensor.
 Name = tuple[str, int]
-
-
-def _metadata(node: Any) -> dict[str, Any]:
-    """An autograd node's metadata dict (a property at run time; torch's stubs call it a method)."""
-    return cast("dict[str, Any]", node.metadata)
 
 
 @dataclass
@@ -172,15 +167,6 @@ class CensusRouter(Router):
             del self.frames[position:]
 
 
-@dataclass
-class _Open:
-    key: tuple[str, int, int]
-    opened: int
-    peak: int
-    alive: frozenset[Name]
-    holds: frozenset[tuple[int, Name]]
-
-
 class CensusTracer(Tracer):
     """A :class:`~recheck.cost.trace.Tracer` that also keeps per-candidate windows, holds and work."""
 
@@ -200,11 +186,10 @@ class CensusTracer(Tracer):
         self.recompute_work: dict[int, Work] = {}
         self.windows: dict[tuple[str, int, int], Window] = {}
         self.order: list[tuple[str, int, int]] = []
-        self.current: _Open | None = None
+        self.current: Window | None = None
         self.last_backward = OUTSIDE
         self.previous_owner: dict[str, int] = {}
-        self.counts: Counter[tuple[str, int, int | None]] = Counter()
-        self.trace.ledger.listener = self
+        self.trace.ledger.listeners.append(self)
 
     # -- names ------------------------------------------------------------------------------
     def __enter__(self) -> CensusTracer:
@@ -227,12 +212,6 @@ class CensusTracer(Tracer):
         self.names[key] = name
         self.sizes[name] = entry.nbytes
 
-    def held(self, key: int, entry: Any, first: bool) -> None:  # noqa: D102 - LedgerListener
-        pass
-
-    def released(self, key: int, entry: Any) -> None:  # noqa: D102 - LedgerListener
-        pass
-
     # -- holds ------------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> Any:
         packed = super()._pack(tensor)
@@ -254,22 +233,8 @@ class CensusTracer(Tracer):
             del self.in_force[hold]
 
     def label(self, tensors: Any, owner: int) -> None:
-        """Label every node of the graph behind ``tensors`` not labelled yet with ``owner``.
-
-        Autograd makes a node after the operator returns (above the dispatch mode), so nodes
-        are labelled from the values a candidate receives (what came before it) and returns
-        (what it made); the walk stops at a labelled node, so each node is visited once.
-        """
-        todo = [leaf.grad_fn for leaf in tree_leaves(tensors) if isinstance(leaf, torch.Tensor)]
-        while todo:
-            node = todo.pop()
-            if node is None:
-                continue
-            metadata = _metadata(node)
-            if _NODE_KEY in metadata:
-                continue
-            metadata[_NODE_KEY] = owner
-            todo.extend(next_node for next_node, _ in node.next_functions)
+        """Label the graph behind ``tensors`` with ``owner`` where it is not labelled yet."""
+        label_graph(tensors, _NODE_KEY, owner)
 
     # -- operators ----------------------------------------------------------------------------
     def owner(self) -> tuple[str, int]:
@@ -280,8 +245,7 @@ class CensusTracer(Tracer):
         if phase == "forward":
             return phase, self.census.running()
         recomputing = self.census.recomputing()
-        node = torch._C._current_autograd_node()
-        owner = _metadata(node).get(_NODE_KEY) if node is not None else None
+        owner = running_label(_NODE_KEY)
         if recomputing is not None and (owner is None or owner == OUTSIDE):
             owner = recomputing
         if owner is None:
@@ -337,8 +301,7 @@ class CensusTracer(Tracer):
         if owner >= 0:
             self.previous_owner[phase] = owner
         if key in self.windows:  # the same window again (operators of one candidate interleaved)
-            window = self.windows.pop(key)
-            self.current = _Open(key, window.opened, window.peak, window.alive, window.holds)
+            self.current = self.windows.pop(key)
             return
         ledger = self.trace.ledger
         alive = frozenset(self.names[k] for k, e in ledger.entries.items()
@@ -347,14 +310,13 @@ class CensusTracer(Tracer):
         holds |= {hold for hold, k in self.kept_alive.items()
                   if k in ledger.entries and ledger.entries[k].ref() is not None and self.names.get(k) == hold[1]}
         total = ledger.observed_total
-        self.current = _Open(key, total, total, alive, frozenset(holds))
+        self.current = Window(key, total, total, alive, frozenset(holds))
         self.order.append(key)
 
     def _close(self) -> None:
         current, self.current = self.current, None
         if current is not None:
-            self.windows[current.key] = Window(current.key, current.opened, current.peak, current.alive,
-                                               current.holds)
+            self.windows[current.key] = current
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
