@@ -41,6 +41,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from recheck.config import TOLERANCES
+
 __all__ = ["PROPERTY"]
 
 #: the ``user_properties`` key carrying a test's watch report to the controller
@@ -125,19 +127,6 @@ def _ini_number(config: pytest.Config, name: str, kind: type) -> Any:
         raise pytest.UsageError(f"recheck: {name} must be a number, got {text!r}") from None
 
 
-def _early_stop(config: pytest.Config, table: dict[str, Any]) -> bool | None:
-    flag = config.getoption("recheck_early_stop") or config.getini("recheck_early_stop") or None
-    if flag is not None:
-        if flag not in _SWITCH:
-            raise pytest.UsageError(f"recheck: recheck_early_stop must be 'on' or 'off', got {flag!r}")
-        return _SWITCH[flag]
-    if config.getoption("recheck_strict") or config.getini("recheck_strict"):
-        return False  # the old name
-    if "early_stop" in table:
-        return table["early_stop"]
-    return False if table.get("strict") else None
-
-
 def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
     """Read and validate the options (command line > ini > ``[tool.recheck]``) once, when needed.
 
@@ -147,22 +136,19 @@ def _resolve(config: pytest.Config, settings: _Settings) -> _Settings:
     """
     if settings.options is not None:
         return settings
-    from recheck.config import ConfigError, load_config
+    from recheck.config import ConfigError, load_config, watch_options
 
     try:
         table = load_config(config.rootpath).values
     except ConfigError as exc:
         raise pytest.UsageError(f"recheck: {exc}") from None
-    tolerance = {name: _first(config.getoption(f"recheck_{name}"), _ini_number(config, f"recheck_{name}", kind))
-                 for name, kind in (("atol", float), ("rtol", float), ("max_ulp", int))}
-    if not any(v is not None for v in tolerance.values()):  # a tolerance is one setting
-        tolerance = {name: table.get(name) for name in tolerance}
-    settings.watch_options = {
-        "early_stop": _early_stop(config, table),
-        "store": _first(config.getoption("recheck_store"), config.getini("recheck_store"), table.get("store")),
-        **tolerance,
-        "checkpoint_functions": table.get("checkpoint_functions"),
-    }
+    flag = config.getoption("recheck_early_stop") or config.getini("recheck_early_stop") or None
+    if flag is not None and flag not in _SWITCH:
+        raise pytest.UsageError(f"recheck: recheck_early_stop must be 'on' or 'off', got {flag!r}")
+    settings.watch_options = watch_options(
+        table, early_stop=_SWITCH.get(flag or ""), strict=bool(config.getoption("recheck_strict") or config.getini("recheck_strict")),
+        tolerance={name: _first(config.getoption(f"recheck_{name}"), _ini_number(config, f"recheck_{name}", kind))
+                   for name, kind in zip(TOLERANCES, (float, float, int))})
     settings.options = _validated(settings.watch_options, "recheck")
     settings.report_path = _first(config.getoption("recheck_report"), config.getini("recheck_report"),
                                   table.get("report"))
@@ -230,8 +216,8 @@ def _options_for(item: pytest.Item, settings: _Settings) -> dict[str, Any] | Non
             raise pytest.UsageError(
                 f"{item.nodeid}: @pytest.mark.recheck takes only the keywords "
                 f"{', '.join(_MARKER_OPTIONS[:-1])}; got {given}")
-        if any(k in marker.kwargs for k in ("atol", "rtol", "max_ulp")):
-            for name in ("atol", "rtol", "max_ulp"):  # the marker's tolerance replaces the run's
+        if any(k in marker.kwargs for k in TOLERANCES):
+            for name in TOLERANCES:  # the marker's tolerance replaces the run's
                 options.pop(name, None)
         options.update(marker.kwargs)
         _validated(options, f"{item.nodeid}: @pytest.mark.recheck")

@@ -25,7 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
-__all__ = ["SCHEMA", "Config", "ConfigError", "config_error", "find_pyproject", "load_config"]
+__all__ = ["SCHEMA", "TOLERANCES", "Config", "ConfigError", "config_error", "find_pyproject", "load_config",
+           "watch_options"]
 
 
 #: A ``pyproject.toml`` larger than this is not read (no project's is within orders of magnitude).
@@ -215,3 +216,22 @@ def load_config(start: Path | str | None = None, *, path: Path | str | None = No
     if not isinstance(table, dict):
         raise config_error(pyproject, "tool.recheck", "must be a table")
     return Config(pyproject, validate(table, str(pyproject)))
+
+
+#: The keys of a tolerance: one setting, ``atol``/``rtol`` or ``max_ulp``.
+TOLERANCES = ("atol", "rtol", "max_ulp")
+
+
+def watch_options(table: Mapping[str, Any], *, early_stop: bool | None = None, strict: bool | None = None,
+                  store: str | None = None, tolerance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``recheck.watch()``'s options from a face's flags over the ``[tool.recheck]`` values ``table``
+    (``recheck check --step``, ``recheck run``, ``pytest --recheck``); not yet validated.
+
+    ``strict`` is the old name of ``early_stop=False``; a tolerance given by flags replaces the
+    table's as a whole (a tolerance is one setting)."""
+    given = {k: v for k, v in (tolerance or {}).items() if v is not None}
+    if early_stop is None:
+        early_stop = False if strict else table.get("early_stop", False if table.get("strict") else None)
+    return {"early_stop": early_stop, "store": store or table.get("store"),
+            **(given or {n: table[n] for n in TOLERANCES if n in table}),
+            "checkpoint_functions": table.get("checkpoint_functions")}

@@ -14,18 +14,16 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from recheck.commands.arguments import count
+from recheck.config import TOLERANCES
 from recheck.output import json as _json
 from recheck.output.text import plural
-from recheck.progress import paint
-from recheck.commands.arguments import count
+from recheck.progress import paint, terminal_report
 
 NAME = "check"
 HELP = "check that checkpointed regions recompute exactly what their forward computed"
-_TOLERANCES = ("atol", "rtol", "max_ulp")
 #: Ends the summary when Ctrl-C stopped the run (exit status 130); what ran before is reported.
 _INTERRUPTED = "; interrupted (Ctrl-C), the rest not checked"
-
-
 #: The most ``--repeats`` a ``--step`` is run with (each is a whole run of the step and its snapshot).
 _MOST_REPEATS = 1000
 
@@ -111,7 +109,7 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     from recheck.config import ConfigError, load_config
 
     config = load_config()
-    options = {n: config.values[n] for n in _TOLERANCES if n in config.values}
+    options = {n: config.values[n] for n in TOLERANCES if n in config.values}
     if "max_ulp" in options and ("atol" in options or "rtol" in options):
         raise ConfigError(f"{config.path}: [tool.recheck] sets both max-ulp and atol/rtol; "
                           "a tolerance is either a ULP distance or atol/rtol, keep one")
@@ -124,7 +122,7 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
         Tolerance.of(**options)
     except ValueError as exc:
         raise ConfigError(f"{config.path}: [tool.recheck]: {exc}") from None
-    flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
+    flags = {n: getattr(ns, n) for n in TOLERANCES if getattr(ns, n) is not None}
     if flags:
         options = flags
     names = ("use_reentrant", "preserve_rng_state", "early_stop")
@@ -135,8 +133,8 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
 def _options_for(target_options: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """A region's CHECK_OPTIONS under the command line's and the file's settings."""
     options = dict(target_options)
-    if any(n in overrides for n in _TOLERANCES):
-        for name in _TOLERANCES:
+    if any(n in overrides for n in TOLERANCES):
+        for name in TOLERANCES:
             options.pop(name, None)
     options.update(overrides)
     return options
@@ -176,19 +174,13 @@ class _Broken:
         return {"error": self.message, "traceback": self.user_traceback or None}
 
 
-def _report_error(label: str, broken: _Broken) -> None:
+def _error(message: str, user_traceback: str = "") -> int:
+    """An error on stderr (after the user's traceback, if any); the exit status 2."""
     sys.stdout.flush()  # keep stdout and stderr in the order things happened
-    if broken.user_traceback:
-        text = broken.user_traceback
-        sys.stderr.write(text if text.endswith("\n") else text + "\n")
-    print(f"{paint('recheck check: error:', 'red', sys.stderr)} {label}: {broken.message}", file=sys.stderr)
-
-
-def _text(report: Any, ns: argparse.Namespace) -> str:
-    """One report as text for stdout: the one renderer, ``--verbose``, colour and width on a terminal."""
-    from recheck.progress import terminal_report
-
-    return terminal_report(report, verbose=ns.verbose, stream=sys.stdout)
+    if user_traceback:
+        sys.stderr.write(user_traceback if user_traceback.endswith("\n") else user_traceback + "\n")
+    print(f"{paint('recheck check: error:', 'red', sys.stderr)} {message}", file=sys.stderr)
+    return 2
 
 
 def _run_steps(ns: argparse.Namespace) -> int:
@@ -197,8 +189,7 @@ def _run_steps(ns: argparse.Namespace) -> int:
     from recheck.loading import UserCodeFailed, run_user_code
     from recheck.watcher.step import StepError, load_step, run_step
 
-    config = load_config()
-    options = _watch_options(ns, config)
+    options = _watch_options(load_config(), ns)
     from recheck.progress import progress
 
     outcomes: list[tuple[str, Any]] = []
@@ -241,46 +232,31 @@ def _finish(ns: argparse.Namespace, outcomes: list[tuple[str, Any]], summary: st
         print(_json.dumps(document(summary)))
     for label, outcome in outcomes:
         if isinstance(outcome, _Broken):
-            _report_error(label, outcome)
+            _error(f"{label}: {outcome.message}", outcome.user_traceback)
         elif ns.format != "json":
             print(f"{heading} {label}\n" if heading else "", end="")
-            print(_text(outcome, ns))
+            print(terminal_report(outcome, verbose=ns.verbose, stream=sys.stdout))
             print()
     if ns.format != "json":
         print(paint(summary, "red" if broken or dirty or interrupted else "green"))
-    return _exit_status(interrupted, broken, dirty)
-
-
-def _exit_status(interrupted: bool, broken: list[Any], dirty: list[Any]) -> int:
-    """130 when Ctrl-C stopped the run, else 2 for an error (over findings), 1 for findings, 0 clean."""
+    # 130 when Ctrl-C stopped the run, else 2 for an error (over findings), 1 for findings, 0 clean
     return 130 if interrupted else 2 if broken else 1 if dirty else 0
 
 
-def _watch_options(ns: argparse.Namespace, config: Any) -> dict[str, Any]:
-    """``watch()`` options of ``--step`` from the flags over ``[tool.recheck]`` (validated)."""
-    from recheck.config import ConfigError
+def _watch_options(config: Any, ns: argparse.Namespace | None = None) -> dict[str, Any]:
+    """``watch()`` options of ``--step`` (or of ``recheck run``: no flags) over ``[tool.recheck]``, validated."""
+    from recheck.config import ConfigError, watch_options
     from recheck.watcher.options import WatchOptions
 
-    table = config.values
-    early_stop = ns.early_stop if ns.early_stop is not None else False if ns.strict else table.get(
-        "early_stop", False if table.get("strict") else None)
-    flags = {n: getattr(ns, n) for n in _TOLERANCES if getattr(ns, n) is not None}
-    tolerance = flags or {n: table[n] for n in _TOLERANCES if n in table}
-    options = {"early_stop": early_stop, "store": ns.store or table.get("store"), **tolerance,
-               "checkpoint_functions": table.get("checkpoint_functions")}
+    given = {n: getattr(ns, n) for n in ("early_stop", "strict", "store")} if ns else {}
+    flags = {n: getattr(ns, n) for n in TOLERANCES if getattr(ns, n) is not None} if ns else {}
+    options = watch_options(config.values, tolerance=flags, **given)
     try:
         WatchOptions.of(**options, where="recheck check --step")
     except (TypeError, ValueError) as exc:
         where = f"{config.path}: " if config.path and not flags else ""
         raise ConfigError(f"{where}{exc}") from None
     return options
-
-
-def _error(message: str, user_traceback: str = "") -> int:
-    if user_traceback:
-        sys.stderr.write(user_traceback if user_traceback.endswith("\n") else user_traceback + "\n")
-    print(f"recheck check: error: {message}", file=sys.stderr)
-    return 2
 
 
 def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from recheck.output.text import plural
-from recheck.progress import paint
+from recheck.progress import paint, terminal_report
 from recheck.commands.arguments import count
 
 NAME = "run"
@@ -82,15 +82,6 @@ def _usage_problem(ns: argparse.Namespace) -> str | None:
     return None
 
 
-def _watch_options() -> dict[str, Any]:
-    """``watch()`` options from ``[tool.recheck]`` (validated; ConfigError for a bad table)."""
-    from recheck.commands.check import _watch_options as check_options
-    from recheck.config import load_config
-
-    flags = argparse.Namespace(early_stop=None, strict=None, store=None, atol=None, rtol=None, max_ulp=None)
-    return check_options(flags, load_config())
-
-
 def _header(label: str, watcher: Any) -> str:
     """What was watched: the program, how many steps, and what a step was."""
     from recheck.watcher.program import UNIT_MEANING
@@ -133,14 +124,6 @@ def _with_twin(report: Any, twin: Any) -> None:
     report.stats["check_step"] = dict(twin.report.stats, step=twin.step_function)
 
 
-def _text(report: Any, verbose: bool, stream: Any = None) -> str:
-    """The report as text (the one renderer); on a terminal ``stream``, painted (unless ``NO_COLOR``)
-    and wrapped to its width."""
-    from recheck.progress import terminal_report
-
-    return terminal_report(report, verbose=verbose, stream=stream)
-
-
 #: Seconds rank 0 waits for the other ranks' reports: when the watched steps end (the ranks end
 #: them within a step of each other), and at exit (a rank may finish its program later).
 WINDOW_WAIT, EXIT_WAIT = 10.0, 60.0
@@ -175,7 +158,10 @@ def run(ns: argparse.Namespace) -> int:
     from recheck.dependencies import require_torch
 
     require_torch("recheck run")
-    options = _watch_options()  # a bad [tool.recheck] stops here, before the program starts
+    from recheck.commands.check import _watch_options
+    from recheck.config import load_config
+
+    options = _watch_options(load_config())  # a bad [tool.recheck] stops here, before the program starts
     from recheck.watcher.program import ProgramWatch, _say, run_program
 
     module = ns.module is not None
@@ -243,6 +229,11 @@ def run(ns: argparse.Namespace) -> int:
     if status or shown is None:
         return status
     return 1 if not shown.ok and not ns.exit_zero else 0
+
+
+def _text(report: Any, verbose: bool, stream: Any = None) -> str:
+    """The report as text: painted and wrapped on a terminal ``stream`` (:func:`recheck.progress.terminal_report`)."""
+    return terminal_report(report, verbose=verbose, stream=stream)
 
 
 def _summary(report: Any, status: int) -> str:
