@@ -2,7 +2,7 @@
 
 Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and bytes of one
 operator), ``ledger`` (live storages by category), ``router`` (runs each checkpoint as written or bypassed, through
-``recheck.intercept.patches``), ``trace`` (one traced run), ``peak`` (CUDA allocator peaks),
+``recheck.intercept.patches``), ``trace`` (one traced run, and CUDA allocator peaks),
 ``results``/``budget`` (figures), ``measurement`` (:func:`measure`), ``table``/``plot``
 (rendering).  The subpackage ``planner`` chooses what to checkpoint within a budget
 (:func:`suggest`, ``recheck cost --suggest``) and applies a plan (:func:`apply_plan`).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
@@ -17,7 +17,7 @@ __all__ = ["Comparison", "Plan", "Suggestion", "apply_plan", "measure", "suggest
 
 #: public name -> the module that defines it (imported on first use: they import torch)
 _LAZY = {
-    "Comparison": "recheck.cost.measurement",
+    "Comparison": "recheck.cost.results",
     "measure": "recheck.cost.measurement",
     "suggest": "recheck.cost.planner.suggest",
     "Suggestion": "recheck.cost.planner.suggestion",
@@ -26,7 +26,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from recheck.cost.measurement import Comparison, measure
+    from recheck.cost.measurement import measure
+    from recheck.cost.results import Comparison
     from recheck.cost.planner.plans import Plan
     from recheck.cost.planner.suggest import suggest
     from recheck.cost.planner.suggestion import Suggestion

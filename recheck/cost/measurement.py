@@ -11,77 +11,21 @@ state is left as it was found.
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from recheck.cost import budget as budget_fit
-from recheck.cost.peak import cuda_peak
-from recheck.cost.results import BudgetEstimate, ModeResult, RegionResult, rank_regions
+from recheck.cost.results import BudgetEstimate, Comparison, ModeResult, RegionResult, rank_regions
 from recheck.cost.router import MODES, ROUTER_MODE, RegionStats, Router, routing
 from recheck.runtime.steps import StepState, discover_state
-from recheck.cost.trace import Tracer
+from recheck.cost.trace import Tracer, cuda_peak
 from recheck.cost.units import parse_bytes
-from recheck.cost.work import Work
 
 __all__ = ["Comparison", "measure"]
-
-
-@dataclass
-class Comparison:
-    """The measured trade of checkpointing for one step; ``str()`` is the table."""
-
-    modes: dict[str, ModeResult]
-    regions: list[RegionResult]
-    repeats: int
-    notes: list[str] = field(default_factory=list)
-    budget: BudgetEstimate | None = None
-
-    @property
-    def checkpointed(self) -> ModeResult:
-        """The step as written."""
-        return self.modes["checkpointed"]
-
-    @property
-    def bypassed(self) -> ModeResult:
-        """The step with every checkpoint call replaced by a direct call of its region."""
-        return self.modes["bypassed"]
-
-    @property
-    def recompute(self) -> Work:
-        """Backward work added by checkpointing: checkpointed minus bypassed backward."""
-        return self.checkpointed.work["backward"].minus(self.bypassed.work["backward"])
-
-    @property
-    def time_ratio(self) -> float:
-        """Median step time checkpointed / bypassed."""
-        return self.checkpointed.median_seconds / self.bypassed.median_seconds
-
-    def __str__(self) -> str:
-        from recheck.cost.table import render_text
-
-        return render_text(self)
-
-    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict with every figure and the definitions of the terms."""
-        from recheck.cost.table import to_dict
-
-        return to_dict(self, timeline=timeline)
-
-    def to_json(self, timeline: bool = False) -> str:
-        """The comparison as JSON (``timeline=True`` adds the memory-over-the-step samples)."""
-        return json.dumps(self.to_dict(timeline=timeline), indent=2)
-
-    def plot(self, path: str) -> str:
-        """Write a PNG of memory over the step for both modes (needs matplotlib); returns the path."""
-        from recheck.cost.plot import plot_comparison
-
-        return plot_comparison(self, path)
 
 
 def _traced_run(step: Callable[[], Any], state: StepState, router: Router, mode: str) -> tuple[ModeResult, dict]:
@@ -125,7 +69,7 @@ def _timed_runs(
             peak.synchronize()
             seconds.append(time.perf_counter() - started)
         if index == 0 and peak.result is not None:
-            cuda = peak.result.to_dict()
+            cuda = peak.result
         region_runs.append(dict(router.regions))
     return seconds, region_runs, cuda
 

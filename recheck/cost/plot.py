@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from recheck.cost.results import ComparisonView
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.cost.results import Comparison
 
 __all__ = ["PlotError", "plot_comparison"]
 
@@ -15,7 +17,7 @@ class PlotError(RuntimeError):
     """The plot cannot be written (matplotlib missing, or the path is not writable)."""
 
 
-def plot_comparison(cmp: ComparisonView, path: str) -> str:
+def plot_comparison(cmp: Comparison, path: str) -> str:
     """Write observed and retained memory over the step, both modes, to ``path`` (PNG)."""
     try:
         import matplotlib

@@ -6,13 +6,14 @@ and :mod:`recheck.cost.plot` render it.
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from recheck.cost.work import Work
 
-__all__ = ["POOR_TRADE_FRACTION", "BudgetEstimate", "ComparisonView", "ModeResult", "RegionResult", "rank_regions"]
+__all__ = ["POOR_TRADE_FRACTION", "BudgetEstimate", "Comparison", "ModeResult", "RegionResult", "rank_regions"]
 
 #: A region whose bytes saved per recompute FLOP-equivalent fall below this fraction of the
 #: best region's is called out as a poor trade.
@@ -158,23 +159,53 @@ class BudgetEstimate:
         }
 
 
-class ComparisonView(Protocol):
-    """What the renderers read from a ``recheck.cost.measurement.Comparison``."""
+@dataclass
+class Comparison:
+    """The measured trade of checkpointing for one step; ``str()`` is the table."""
 
     modes: dict[str, ModeResult]
     regions: list[RegionResult]
     repeats: int
-    notes: list[str]
-    budget: BudgetEstimate | None
+    notes: list[str] = field(default_factory=list)
+    budget: BudgetEstimate | None = None
 
     @property
-    def checkpointed(self) -> ModeResult: ...
+    def checkpointed(self) -> ModeResult:
+        """The step as written."""
+        return self.modes["checkpointed"]
 
     @property
-    def bypassed(self) -> ModeResult: ...
+    def bypassed(self) -> ModeResult:
+        """The step with every checkpoint call replaced by a direct call of its region."""
+        return self.modes["bypassed"]
 
     @property
-    def recompute(self) -> Work: ...
+    def recompute(self) -> Work:
+        """Backward work added by checkpointing: checkpointed minus bypassed backward."""
+        return self.checkpointed.work["backward"].minus(self.bypassed.work["backward"])
 
     @property
-    def time_ratio(self) -> float: ...
+    def time_ratio(self) -> float:
+        """Median step time checkpointed / bypassed."""
+        return self.checkpointed.median_seconds / self.bypassed.median_seconds
+
+    def __str__(self) -> str:
+        from recheck.cost.table import render_text
+
+        return render_text(self)
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict with every figure and the definitions of the terms."""
+        from recheck.cost.table import to_dict
+
+        return to_dict(self, timeline=timeline)
+
+    def to_json(self, timeline: bool = False) -> str:
+        """The comparison as JSON (``timeline=True`` adds the memory-over-the-step samples)."""
+        return json.dumps(self.to_dict(timeline=timeline), indent=2)
+
+    def plot(self, path: str) -> str:
+        """Write a PNG of memory over the step for both modes (needs matplotlib); returns the path."""
+        from recheck.cost.plot import plot_comparison
+
+        return plot_comparison(self, path)

@@ -1,4 +1,4 @@
-"""Render a :class:`~recheck.cost.measurement.Comparison` as a text table or a JSON-ready dict.
+"""Render a :class:`~recheck.cost.results.Comparison` as a text table or a JSON-ready dict.
 
 Every figure is printed with its definition beside it: the terms are the contract of the
 report, and :data:`DEFINITIONS` is the one place they are written down.
@@ -6,11 +6,13 @@ report, and :data:`DEFINITIONS` is the one place they are written down.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recheck.cost.ledger import CATEGORIES
-from recheck.cost.results import ComparisonView
 from recheck.cost.units import format_bytes, format_count
+
+if TYPE_CHECKING:  # pragma: no cover
+    from recheck.cost.results import Comparison
 
 __all__ = ["BLIND_SPOTS", "DEFINITIONS", "render_text", "to_dict"]
 
@@ -65,7 +67,7 @@ def _row(label: str, values: list[str], definition: str) -> str:
     return f"  {label:<28}" + "".join(f"{v:>14}" for v in values) + f"   {definition}"
 
 
-def render_text(cmp: ComparisonView) -> str:
+def render_text(cmp: Comparison) -> str:
     """The comparison table, with the definition of every term beside its row."""
     c, b = cmp.checkpointed, cmp.bypassed
 
@@ -128,7 +130,7 @@ def render_text(cmp: ComparisonView) -> str:
     return "\n".join(lines)
 
 
-def _region_lines(cmp: ComparisonView) -> list[str]:
+def _region_lines(cmp: Comparison) -> list[str]:
     if not cmp.regions:
         return ["regions: the step made no checkpoint call"]
     lines = [
@@ -150,7 +152,7 @@ def _region_lines(cmp: ComparisonView) -> list[str]:
     return lines
 
 
-def _budget_lines(cmp: ComparisonView) -> list[str]:
+def _budget_lines(cmp: Comparison) -> list[str]:
     est = cmp.budget
     assert est is not None
     lines = [f"budget {format_bytes(est.budget)}: {est.note}"]
@@ -169,7 +171,7 @@ def _budget_lines(cmp: ComparisonView) -> list[str]:
     return lines
 
 
-def to_dict(cmp: ComparisonView, timeline: bool = False) -> dict[str, Any]:
+def to_dict(cmp: Comparison, timeline: bool = False) -> dict[str, Any]:
     """Every figure of the comparison, with :data:`DEFINITIONS` and :data:`BLIND_SPOTS`."""
     modes = {name: result.to_dict() for name, result in cmp.modes.items()}
     if timeline:

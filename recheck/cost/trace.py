@@ -32,7 +32,7 @@ from recheck.cost.router import RegionCall, Router
 from recheck.runtime.steps import StepState
 from recheck.cost.work import Work, op_work
 
-__all__ = ["PHASES", "StepTrace", "Tracer", "label_graph", "running_label", "tensor_storage"]
+__all__ = ["PHASES", "StepTrace", "Tracer", "cuda_peak", "label_graph", "running_label", "tensor_storage"]
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -257,3 +257,39 @@ class Tracer:
     def _recompute_ended(self, call: RegionCall) -> None:
         if call.packs_seen == 0 and call.created:
             self.pending.append(call)
+
+
+class cuda_peak:
+    """``with cuda_peak(state) as peak: step()``; then ``peak.result``, the allocator's peaks (None off CUDA).
+
+    On CPU there is no caching allocator to ask: the observed peak is the ledger's.  On CUDA the
+    allocator's counters are read around an untraced run: *allocated* is what tensors occupy
+    (block-rounded), *reserved* adds the blocks the caching allocator keeps (fragmentation and
+    cache), which ``out of memory`` is judged against.  Both are absolute counters.
+    """
+
+    def __init__(self, state: StepState) -> None:
+        self.device = next((p.device for p in state.parameters() if p.is_cuda), None)
+        self.active = torch.cuda.is_available() and (self.device is not None or torch.cuda.is_initialized())
+        self.result: dict[str, Any] | None = None
+
+    def __enter__(self) -> cuda_peak:
+        if self.active:
+            self.device = self.device or torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.before = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (so a wall-clock time covers it); no-op off CUDA."""
+        if self.active:
+            torch.cuda.synchronize(self.device)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            torch.cuda.synchronize(self.device)
+            self.result = {"device": str(self.device),
+                           "max_memory_allocated": torch.cuda.max_memory_allocated(self.device),
+                           "max_memory_reserved": torch.cuda.max_memory_reserved(self.device),
+                           "allocated_before_step": self.before}

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from recheck.collector import collector_paused
-from recheck.cost.peak import cuda_peak
 from recheck.cost.planner.attribution import CensusRouter, CensusTracer, Name, Window
 from recheck.cost.planner.candidates import Candidates
 from recheck.cost.planner.overlay import dropping
 from recheck.cost.planner.plans import SELECTIVE_OPS
 from recheck.cost.planner.wrapping import planned_module, selective_context, wrap_modules
 from recheck.cost.router import routing
+from recheck.cost.trace import cuda_peak
 from recheck.cost.work import Work
 from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
@@ -180,7 +180,7 @@ def time_configs(step: Callable[[], Any], state: StepState, restore: Callable[[]
                     continue
                 figures.seconds.append(elapsed)
                 if index == 0 and peak.result is not None:
-                    figures.cuda = peak.result.to_dict()
+                    figures.cuda = peak.result
                 recomputes.append(dict(router.recompute_seconds))
         restore()
     for figures, recomputes in zip(runs, per_run):
