@@ -603,13 +603,15 @@ _DEFAULT_DETERMINISM = getattr(torch_checkpoint, "_DEFAULT_DETERMINISM_MODE", "d
 
 def _passes_options(real: Callable[..., Any]) -> bool:
     """Whether ``real`` (torch's ``checkpoint()``) takes ``determinism_check`` and ``early_stop``
-    by keyword and passes them to its non-reentrant generator."""
+    by keyword and passes them to its non-reentrant generator.  Read from its code's keyword-only
+    names, not ``inspect.signature``: asked at every checkpoint call, a signature costs more than
+    the rest of the call's dispatch."""
     try:
-        parameters = inspect.signature(real).parameters
-    except (TypeError, ValueError):
+        code = inspect.unwrap(real).__code__
+    except (AttributeError, ValueError):  # not a Python function, or a ``__wrapped__`` cycle
         return False
-    return all(name in parameters and parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
-               for name in ("determinism_check", "early_stop"))
+    keyword_only = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+    return "determinism_check" in keyword_only and "early_stop" in keyword_only
 
 
 def _same_callable(a: Any, b: Any, depth: int = 0) -> bool:
