@@ -19,7 +19,6 @@ import inspect
 import os
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,24 +39,59 @@ _SKIPPED_DIRS = tuple(
 _SKIPPED_FILES = {functools.__file__, sys.modules["contextlib"].__file__}
 
 
-@dataclass(frozen=True)
+#: a place in code as a key holds it before it is worded: the file as the code names it, its line
+Place = tuple[str, int]
+
+
 class RegionKey:
-    """The identity of a region: callable and the place that checkpoints it."""
+    """The identity of a region: callable and the place that checkpoints it.
 
-    qualname: str
-    defined_at: str | None
-    callsite: str | None
+    ``defined_at`` and ``callsite`` read ``file:line`` (None: not known).  A key :func:`describe`
+    makes holds its places as :data:`Place` and words them when first read, relative to the
+    working directory of its making: every invocation makes its region's key, few keys are ever
+    shown, and wording a file (its real path, its path from the working directory) costs more
+    than the rest of the key.  Keys are equal when their qualified names and places are, an
+    unworded place by the file as the code names it (so a key :func:`describe` made is not
+    equal to one made of texts).
+    """
 
-    def __post_init__(self) -> None:
-        # the hash, made once: a key is hashed several times at every invocation
-        object.__setattr__(self, "_hash", hash((self.qualname, self.defined_at, self.callsite)))
+    __slots__ = ("qualname", "_places", "_cwd", "_worded", "_hash")
+
+    def __init__(self, qualname: str, defined_at: str | Place | None, callsite: str | Place | None,
+                 cwd: str | None = None) -> None:
+        self.qualname = qualname
+        self._places = (defined_at, callsite)
+        self._cwd = cwd
+        self._worded: tuple[str | None, str | None] | None = None
+        self._hash = hash((qualname, defined_at, callsite))  # made once: hashed several times an invocation
+
+    @property
+    def defined_at(self) -> str | None:
+        return self._texts()[0]
+
+    @property
+    def callsite(self) -> str | None:
+        return self._texts()[1]
+
+    def _texts(self) -> tuple[str | None, str | None]:
+        if self._worded is None:
+            self._worded = tuple(place if place is None or isinstance(place, str)  # type: ignore[assignment]
+                                 else f"{relative(place[0], self._cwd)}:{place[1]}" for place in self._places)
+        return self._worded  # type: ignore[return-value]
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[attr-defined, no-any-return]
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RegionKey and self._hash == other._hash and self.qualname == other.qualname \
+            and self._places == other._places
 
     def __reduce__(self) -> tuple[type[RegionKey], tuple[str, str | None, str | None]]:
-        # made again where it is unpickled: a string's hash differs from process to process
+        # worded, and made again where it is unpickled: a string's hash differs from process to process
         return RegionKey, (self.qualname, self.defined_at, self.callsite)
+
+    def __repr__(self) -> str:
+        return f"RegionKey({self.qualname!r}, {self.defined_at!r}, {self.callsite!r})"
 
     def __str__(self) -> str:
         return f"{self.qualname} ({self.defined_at})" if self.defined_at else self.qualname
@@ -106,15 +140,16 @@ def unwrap(function: Any) -> tuple[Callable[..., Any] | None, Any]:
     return (function if hasattr(function, "__code__") else None), owner
 
 
-def relative(path: str) -> str:
+def relative(path: str, cwd: str | None = None) -> str:
     """``path`` as findings show it: relative to the working directory when inside or beside it.
 
     The one rule every face uses for file names in messages (region definitions, checkpoint
     calls): a file of an installed package is shown from the folder it is imported from
     (``timm/models/_manipulate.py``); a path under the working directory, or in a sibling folder,
-    relative; anything further away stays absolute.
+    relative; anything further away stays absolute.  ``cwd``: the working directory to start
+    from (the one read now where None).
     """
-    cwd = _working_directory()
+    cwd = _working_directory() if cwd is None else cwd
     real = os.path.realpath(path)
     for root in _library_roots():
         if real.startswith(root):
@@ -187,8 +222,9 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted((os.path.join(os.path.realpath(r), "") for r in roots if r), key=len, reverse=True))
 
 
-def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
-    """``file:line`` of the nearest caller outside torch, functools, contextlib and recheck.
+def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> Place | None:
+    """The file and line of the nearest caller outside torch, functools, contextlib and recheck,
+    unworded (see :class:`RegionKey`).
 
     ``skip`` adds folders (ending in a path separator) whose frames are passed over too: a
     checkpoint library's own package, so that the call site is the user's call of it.
@@ -198,18 +234,18 @@ def call_site(depth: int = 2, skip: tuple[str, ...] = ()) -> str | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename not in _SKIPPED_FILES and not filename.startswith(skipped) and not filename.startswith("<frozen"):
-            return f"{relative(filename)}:{frame.f_lineno}"
+            return filename, frame.f_lineno
         frame = frame.f_back
     return None
 
 
-def describe(function: Any, callsite: str | None) -> RegionKey:
+def describe(function: Any, callsite: str | Place | None) -> RegionKey:
     """The :class:`RegionKey` of a checkpointed callable called from ``callsite``: what
     :func:`_named` names it, where it was called from."""
-    return RegionKey(*_named(function), callsite)
+    return RegionKey(*_named(function), callsite, _working_directory())
 
 
-def _named(function: Any, held: bool = True) -> tuple[str, str | None]:
+def _named(function: Any, held: bool = True) -> tuple[str, Place | None]:
     """The qualified name of a checkpointed callable and where it is defined (``held``: a
     closure over layers of one class is named by that layer, see :func:`_held_layer`)."""
     plain, owner = unwrap(function)
@@ -225,7 +261,7 @@ def _named(function: Any, held: bool = True) -> tuple[str, str | None]:
             return _named(layer)
         if isinstance(owner, torch.nn.Module) and "." not in qualname:
             qualname = f"{type(owner).__qualname__}.{qualname}"
-        return qualname, f"{relative(code.co_filename)}:{code.co_firstlineno}"
+        return qualname, (code.co_filename, code.co_firstlineno)
     return getattr(function, "__qualname__", None) or type(function).__qualname__, None
 
 
