@@ -18,8 +18,8 @@ from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Values
 
 import torch
 
-from recheck.findings import one_line_pair
-from recheck.runtime.naming import attribute_subject, buffer_subject
+from recheck.findings import Subject, one_line_pair
+from recheck.runtime.naming import buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values
 from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
@@ -183,7 +183,7 @@ class _Flat:
     every block of a model (timm's ``checkpoint_seq`` closes over them all) and reads their
     parameters' versions twice per invocation."""
 
-    __slots__ = ("sizes", "filled", "names", "owners", "slots", "keys", "ids", "typed", "places", "tuples")
+    __slots__ = ("sizes", "filled", "names", "owners", "slots", "parts", "_keys", "ids", "typed", "places", "tuples")
 
     def __init__(self, dicts: list[dict[str, Any]], keyed: int = 0) -> None:
         self.sizes = list(map(len, dicts))
@@ -197,7 +197,11 @@ class _Flat:
         self.names = [tuple(dicts[index]) for index in self.filled]
         self.owners: list[int] = []
         self.slots: list[str] = []
-        self.keys: list[Any] = []
+        #: the key of each slot, or of a module state's slot its parts ``(what, owner, name)``,
+        #: made a key (:attr:`keys`) only when an entry is asked for: a state is read three times
+        #: an invocation and almost always compared as it was read, by its layout
+        self.parts: list[Any] = []
+        self._keys: list[Any] | None = None
         #: the ids of the modules the dicts belong to, where the caller's key does not say
         self.ids: list[int] = []
         #: the types of the values last read in the slots, and the indices of the slots among
@@ -212,14 +216,25 @@ class _Flat:
         #: read three times an invocation makes no tuples for it)
         self.tuples: dict[int, tuple[tuple[Any, ...], tuple[int, Any]]] = {}
 
-    def extend(self, triples: list[tuple[int, str, Any]]) -> None:
-        """Add slots, each ``(index of its dict, slot, key)``: three list extensions, not a call
-        per slot (a block's first invocation lays out every module it reaches)."""
+    def extend(self, triples: list[tuple[int, str, Any]], worded: bool = True) -> None:
+        """Add slots, each ``(index of its dict, slot, key)`` (not ``worded``: the key's parts):
+        three list extensions, not a call per slot (a block's first invocation lays out every
+        module it reaches)."""
         if triples:
             owners, slots, keys = zip(*triples)
             self.owners.extend(owners)
             self.slots.extend(slots)
-            self.keys.extend(keys)
+            self.parts.extend(keys)
+        if worded:
+            self._keys = self.parts
+
+    @property
+    def keys(self) -> list[Any]:
+        """The key of each slot: ``("param_version", dotted name)``, ``(what, subject)``."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = [(what, Subject(what, name, owner=owner)) for what, owner, name in self.parts]
+        return keys
 
     def places_in(self, other: _Flat) -> tuple[int, ...] | None:
         """The index in ``other`` of each of this layout's slots, by key (None: a key it lacks);
@@ -249,6 +264,7 @@ _PARAMETERS = operator.attrgetter("_parameters")
 _BUFFERS = operator.attrgetter("_buffers")
 _NAME = operator.itemgetter(0)
 _MODULE = operator.itemgetter(1)
+_WHAT = operator.itemgetter(0)
 
 
 class _ReachLayouts:
@@ -522,11 +538,9 @@ def _kept(value: Any) -> Any:
     return type(value)(value) if type(value) in (list, dict, set) else value
 
 
-def _layout(name: str, module: torch.nn.Module) -> tuple[tuple[tuple[str, tuple[str, str]], ...],
-                                                         tuple[tuple[str, tuple[str, str]], ...]]:
-    """The state keys of ``module``'s attributes and buffers under ``name``."""
-    return (tuple((attr, ("attribute", attribute_subject(name, attr))) for attr in vars(module) if is_module_state(attr)),
-            tuple((buffer, ("buffer", buffer_subject(name, buffer))) for buffer in module._buffers))
+def _attributes(module: torch.nn.Module) -> list[str]:
+    """The names of ``module``'s compared attributes."""
+    return [attr for attr in vars(module) if is_module_state(attr)]
 
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
@@ -566,12 +580,11 @@ def _laid_out(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | Non
         flat = _Flat(dicts, keyed=keyed)
         triples: list[tuple[int, str, Any]] = []
         for index, (name, module) in enumerate(pairs):
-            attribute_keys, buffer_keys = _layout(name, module)
-            triples += [(keyed + index, buffer_name, key) for buffer_name, key in buffer_keys]
-            triples += [(index, attr, key) for attr, key in attribute_keys]
+            triples += [(keyed + index, buffer, ("buffer", name, buffer)) for buffer in module._buffers]
+            triples += [(index, attr, ("attribute", name, attr)) for attr in _attributes(module)]
         for index, (name, module) in enumerate(attributes_of, start=len(modules)):
-            triples += [(index, attr, key) for attr, key in _layout(name, module)[0]]
-        flat.extend(triples)
+            triples += [(index, attr, ("attribute", name, attr)) for attr in _attributes(module)]
+        flat.extend(triples, worded=False)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
                 states.clear()
@@ -690,6 +703,9 @@ class ModuleState(Mapping[tuple[str, str], Any]):
     def __len__(self) -> int:
         return len(self.entries())
 
+    def __bool__(self) -> bool:  # whether there are entries, without making them
+        return bool(self.printed or self.extra) or "attribute" in map(_WHAT, self.flat.parts)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ModuleState):
             return self.same(other)
@@ -749,11 +765,11 @@ def module_state(modules: Iterable[tuple[str, torch.nn.Module]], store: Store,
     if typed is None or typed[0] != types:  # a slot holds a value of another type than at the last read
         typed = flat.typed = (types, [index for index, kind in enumerate(types) if kind not in _IMMUTABLE])
     entries: list[tuple[int, Any]] = []
-    keys, tuples = flat.keys, flat.tuples
+    parts, tuples = flat.parts, flat.tuples
     for index in typed[1]:
         value = values[index]
         values[index] = None  # kept as its entry only (a buffer's tensor is not held)
-        if keys[index][0] == "attribute":
+        if parts[index][0] == "attribute":
             if type(value) is tuple:
                 known = tuples.get(index)
                 if known is not None and known[0] is value:
