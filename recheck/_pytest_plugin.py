@@ -1,33 +1,12 @@
 """recheck's pytest plugin: ``pytest --recheck`` runs each test inside ``recheck.watch()``.
 
-Registered as the ``pytest11`` entry point ``recheck`` (disable with ``-p no:recheck``).
-This module imports only pytest and the standard library; torch is imported when the
-first watched test runs, so a pytest run without ``--recheck`` never pays for it.
-
-* ``--recheck`` (ini ``recheck = true``): watch every test; a test whose recomputations
-  differ fails with the report as its message, and the report goes to a report section.
-* ``--recheck-early-stop={on,off}`` / ``--recheck-store={digest,copy}`` /
-  ``--recheck-atol X --recheck-rtol Y`` or ``--recheck-max-ulp N`` / ``--recheck-report=PATH``,
-  the same as ini keys (``recheck_early_stop``, ...) and ``[tool.recheck]`` keys
-  (``early-stop``, ``store``, ``atol``, ``rtol``, ``max-ulp``, ``report``): the options of
-  ``recheck.watch()``, with the words ``recheck.check()`` uses.  Precedence: marker > command
-  line > ini > ``[tool.recheck]``.  ``--recheck-strict`` (``strict``) is the old name of
-  ``--recheck-early-stop=off``.
-* ``@pytest.mark.recheck(early_stop=..., store=..., atol=..., rtol=..., max_ulp=...)`` watches
-  one test with its own options (also without ``--recheck``); ``@pytest.mark.no_recheck(reason=...)``
-  opts a test out.
-* The terminal summary and the JSON report are built on the controller from the test
-  reports, so they are complete under pytest-xdist.
-* In a torch.distributed process (a process group initialised by the tests, or ``RANK`` and
-  ``WORLD_SIZE`` set by the launcher) each rank verifies its own invocations: the summary
-  says which rank it is, and ``--recheck-report PATH`` writes ``PATH`` with the rank in its
-  name (``report.json`` -> ``report.rank1.json``), one file per rank.
-* A watched test that starts its own processes (``torch.multiprocessing.spawn``,
-  ``start_processes`` with any start method, ``multiprocessing.Process``) has each child's
-  target run inside a ``watch()`` of its own; the children's reports come back to the test,
-  whose one verdict covers them all (a finding names its rank), and a child that wrote no
-  report is named in a note.  Pool, executor and DataLoader workers are left alone.
-"""
+Registered as the ``pytest11`` entry point ``recheck`` (disable with ``-p no:recheck``); the
+options, ini keys, markers and precedence are in docs/pytest.md.  This module imports only pytest,
+the standard library and recheck's configuration: torch is imported when the first watched test
+runs.  The summary and the JSON report are built on the controller from the test reports, so they
+are complete under pytest-xdist.  A watched test's child processes (``torch.multiprocessing.spawn``,
+``multiprocessing.Process``) each run their target inside a ``watch()`` of their own, whose
+reports join the test's; under torch.distributed each rank reports for itself."""
 
 from __future__ import annotations
 

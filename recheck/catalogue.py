@@ -1,27 +1,11 @@
 """The rule catalogue: one Markdown document per rule in ``rules/``, and the rule registry.
 
-The **registry** (:data:`REGISTRY`) is the one place that knows, for every rule code, its
-one-line advice, which subjects of the kinds it explains (declared with each kind in
-:data:`recheck.findings.DECLARED`) it names, and whether ``recheck lint --fix`` can fix it.  Every face asks it: the checker and
-``watch()`` through :func:`explain` (kind + subject -> rule) and :func:`hint` (the text a
-finding's ``hint:`` line shows), the linter for :data:`FIXABLE`, ``recheck rules`` for the
-listing.  A document in ``rules/`` gives each code its name, summary and examples; a test holds
-documents and registry to one set of codes.
-
-Every document is named ``<CODE>-<kebab-name>.md`` and laid out in the ruff style::
-
-    # <kebab-name> (<CODE>)
-
-    ## What it does
-    ## Why it breaks recomputation
-    ## Example            (a ```python block the linter flags)
-    ## Use instead        (a ```python block the linter leaves clean)
-    ## Found at run time as
-    ## References
-
-In a checkout the documents are read from ``rules/`` beside the package; an installed
-wheel carries them as ``recheck/_rules/``.  Nothing here imports torch or libcst.
-"""
+:data:`REGISTRY` is the one place that knows, for each rule code, its one-line advice and whether
+``recheck lint --fix`` fixes it; which finding kinds a rule explains is declared with each kind
+(:data:`recheck.findings.DECLARED`), narrowed by the finding's subject (:func:`explain`).  A document,
+``rules/<CODE>-<kebab-name>.md`` (``# <kebab-name> (<CODE>)``, then :data:`REQUIRED_SECTIONS` in
+the ruff style), gives each code its name, summary and examples.  An installed wheel carries the
+documents as ``recheck/_rules/``.  Nothing here imports torch or libcst."""
 
 from __future__ import annotations
 
@@ -33,19 +17,8 @@ from typing import Mapping
 
 from recheck.findings import DECLARED, Subject, parts_of
 
-__all__ = [
-    "FIXABLE",
-    "REGISTRY",
-    "Entry",
-    "Rule",
-    "RuleDocumentError",
-    "all_rules",
-    "entry",
-    "explain",
-    "get_rule",
-    "hint",
-    "rules_dir",
-]
+__all__ = ["FIXABLE", "REGISTRY", "Entry", "Rule", "RuleDocumentError", "all_rules", "entry", "explain", "get_rule",
+           "hint", "rules_dir"]
 
 REQUIRED_SECTIONS = (
     "What it does",

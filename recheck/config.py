@@ -1,17 +1,10 @@
 """``[tool.recheck]`` configuration from the nearest ``pyproject.toml``.
 
-The table is looked up from a start path upwards; the first ``pyproject.toml`` that has a
-``[tool.recheck]`` table wins (as Fixit does).  Keys may be written kebab-case (ruff's
-style) or snake_case (pytest ini style); they are normalized to snake_case.  An unknown
-key or a value of the wrong type is a :class:`ConfigError` that names the file and the
-key.  Command-line flags override the file: see :meth:`Config.merged`.
-
-The file may be a stranger's (it is searched upwards from the linted path), so reading it
-is bounded (:data:`MAX_PYPROJECT_BYTES`) and every way it can fail to read, decode or parse
-(not UTF-8, not TOML, nested too deeply) becomes a :class:`ConfigError` in one place,
-:func:`_read_tool_tables`: the message is ``<file>: <key>: <reason>`` (``<file>: <reason>``
-when no key is at fault), and the command line prints it after ``recheck: `` and exits 2.
-"""
+The first ``pyproject.toml`` at or above a start path with a ``[tool.recheck]`` table wins (as
+Fixit does).  Keys may be kebab-case or snake_case (normalized to snake_case).  The file may be a
+stranger's, so reading it is bounded (:data:`MAX_PYPROJECT_BYTES`), and every way it can fail
+(unknown key, wrong type, not UTF-8, not TOML) is a :class:`ConfigError`,
+``<file>: <key>: <reason>``, which the command line prints and exits 2 on."""
 
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """The checkpoint entry points recheck knows, each stated once.
 
-One :class:`EntryPoint` record per implementation of activation checkpointing (torch's own,
-FSDP's wrapper, the composable API, timm, transformers, DeepSpeed, Megatron-core, fairscale,
-Transformer Engine, xformers, colossalai) says what both halves of recheck need to know about it:
-
-* how the linter recognises a call of it: the qualified ``names`` it matches through imports,
-  the ``attributes`` that are one wherever they are looked up, the ``classes`` whose
-  ``checkpoint`` method is one, the ``bases`` whose subclasses' ``forward`` is checkpointed,
-  and the call argument (``position``) that is the region;
-* its semantics: whether a call that does not choose runs the ``reentrant`` implementation
-  (forward under ``no_grad``) and which keyword chooses (``reentrant_keyword``; None when the
-  implementation is fixed), whether it restores the RNG state by default (``restores_rng``) and
-  which keyword turns that off (``rng_keyword``; None when it always does);
-* how a run bypasses it (:class:`Intercept`): through torch's own patches
-  (:data:`TORCH_CHECKPOINT`, :data:`TORCH_GENERATOR`) or an adapter of
-  ``recheck.intercept.implementations`` patched at ``module``/``target``; None when recheck
-  does not intercept it.
-
-``recheck.lint.targets`` derives the linter's table from :data:`TABLE` and
-``recheck.intercept.implementations`` its adapters; both derivations take the table as an
-argument, so a record added here reaches both.  Standard library only: the linter runs
-without torch.
-"""
+One :class:`EntryPoint` per implementation (torch's own, FSDP's wrapper, the composable API, timm,
+transformers, DeepSpeed, Megatron-core, fairscale, Transformer Engine, xformers, colossalai) says
+how the linter recognises a call of it (``names``, ``attributes``, ``classes``, ``bases``, the
+region's ``position``), its semantics (``reentrant`` by default and the keyword that chooses,
+whether it restores RNG state and the keyword that turns it off) and how a run bypasses it
+(:class:`Intercept`).  ``recheck.lint.targets`` and ``recheck.intercept.implementations`` both
+derive their tables from :data:`TABLE`.  Standard library only: the linter runs without torch."""
 
 from __future__ import annotations
 

@@ -11,33 +11,17 @@ wants to pass on (for instance "compiled regions were not observed").
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from recheck.output.text import FIRST_LINE, SUBJECTS, format_finding, format_report, subject_text
+from recheck.output.text import FIRST_LINE, SUBJECTS, format_finding, format_report, plural, subject_text
 from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
 
-__all__ = [
-    "DECLARED",
-    "DYNAMIC_KINDS",
-    "Entry",
-    "FIRST_LINE",
-    "KINDS",
-    "Kind",
-    "LINT",
-    "Finding",
-    "Invocation",
-    "RecomputeMismatch",
-    "Report",
-    "SUBJECTS",
-    "Subject",
-    "could_not",
-    "error_line",
-    "one_line",
-    "one_line_pair",
-    "parts_of",
-    "report_entries",
-]
+__all__ = ["DECLARED", "DYNAMIC_KINDS", "Entry", "FIRST_LINE", "KINDS", "Kind", "LINT", "Finding", "Invocation",
+           "RecomputeMismatch", "Report", "SUBJECTS", "Subject", "could_not", "error_line", "one_line", "one_line_pair",
+           "parts_of", "report_entries"]
 
 @dataclass(frozen=True)
 class Kind:
@@ -162,11 +146,7 @@ class Invocation:
     @classmethod
     def from_dict(cls, data: Any) -> Invocation:
         """An invocation from its record, checked like :meth:`Finding.from_dict`."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"an invocation must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"index", "of", "tags", "callsite"})
-        if unknown:
-            raise ValueError(f"an invocation has unknown field(s): {', '.join(map(str, unknown))}")
+        _known(data, "an invocation", ("index", "of", "tags", "callsite"))
         index, of = data.get("index", 1), data.get("of")
         tags, callsite = data.get("tags", {}), data.get("callsite")
         if not _is_int(index) or (of is not None and not _is_int(of)):
@@ -232,11 +212,7 @@ class Subject(str):
     @classmethod
     def from_parts(cls, data: Any) -> Subject:
         """A subject from its :meth:`parts`, every part checked (``ValueError`` naming it)."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a subject_data must be an object, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"what", "name", "owner", "path", "more"})
-        if unknown:
-            raise ValueError(f"a subject_data has unknown field(s): {', '.join(map(str, unknown))}")
+        _known(data, "a subject_data", ("what", "name", "owner", "path", "more"))
         text = {k: data.get(k, "") for k in ("what", "name", "owner", "path")}
         more = data.get("more", [])
         if not all(isinstance(v, str) for v in text.values()) or not isinstance(more, list) \
@@ -295,10 +271,6 @@ class Finding:
             raise ValueError("Finding.message is one line; put the rest in detail")
 
     @property
-    def is_static(self) -> bool:
-        return self.kind == LINT
-
-    @property
     def location(self) -> str | None:
         """``path:line:col`` for static findings, else None."""
         if self.path is None:
@@ -329,17 +301,12 @@ class Finding:
         files, merged rank reports), so nothing is trusted: an unknown key, a field of the
         wrong type or an unknown kind is a ``ValueError`` naming it.
         """
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a finding must be an object, got {type(data).__name__}")
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(data) - set(known) - {"subject_data"})
-        if unknown:
-            raise ValueError(f"a finding has unknown field(s): {', '.join(map(str, unknown))}")
+        _known(data, "a finding", [*(f.name for f in fields(cls)), "subject_data"])
         values = dict(data)
-        for name, expected in _FIELD_TYPES.items():
-            check, description = expected
-            if values.get(name) is not None and not check(values[name]):
-                raise ValueError(f"finding field {name!r} must be {description}, got {values[name]!r}")
+        for name, (kind, description) in _FIELD_TYPES.items():
+            value = values.get(name)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool)):
+                raise ValueError(f"finding field {name!r} must be {description}, got {value!r}")
         for name in ("kind", "message"):
             if not isinstance(values.get(name), str):
                 raise ValueError(f"a finding needs a string {name!r}")
@@ -470,14 +437,8 @@ _CONSEQUENCE_NOUNS = {"parameter": "parameter", "gradient": "gradient", "optimiz
 def _consequence_message(findings: Sequence[Finding]) -> str:
     """``12 parameters, 12 gradients, 24 optimizer tensors and 1 other value differ from the
     uncheckpointed step as a consequence``."""
-    counts: dict[str, int] = {}
-    for finding in findings:
-        noun = _CONSEQUENCE_NOUNS.get(parts_of(finding.subject).what, "other value")
-        counts[noun] = counts.get(noun, 0) + 1
-    parts = [f"{n} {noun}{'' if n == 1 else 's'}" for noun, n in counts.items() if noun != "other value"]
-    if "other value" in counts:
-        n = counts["other value"]
-        parts.append(f"{n} other value{'' if n == 1 else 's'}")
+    counts = Counter(_CONSEQUENCE_NOUNS.get(parts_of(f.subject).what, "other value") for f in findings)
+    parts = [plural(counts[noun], noun) for noun in sorted(counts, key=lambda noun: noun == "other value")]
     listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     verb = "differs" if len(findings) == 1 else "differ"
     return f"{listed} {verb} from the uncheckpointed step as a consequence"
@@ -566,14 +527,9 @@ def _value_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
 
 def _common_prefix(messages: Sequence[str]) -> str:
     """The messages' common beginning, up to the last ``": "`` in it (the value follows)."""
-    first = messages[0]
-    end = min(len(m) for m in messages)
-    for i in range(end):
-        if any(m[i] != first[i] for m in messages):
-            end = i
-            break
-    cut = first[:end].rfind(": ")
-    return first[: cut + 2] if cut >= 0 else ""
+    common = os.path.commonprefix(list(messages))
+    cut = common.rfind(": ")
+    return common[: cut + 2] if cut >= 0 else ""
 
 
 class Report:
@@ -721,19 +677,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
+def _known(data: Any, what: str, known: Iterable[str]) -> None:
+    """Refuse a record that is not an object, or has a field outside ``known`` (``ValueError`` naming it)."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what} must be an object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{what} has unknown field(s): {', '.join(map(str, unknown))}")
 
 
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-#: What each optional field of a finding record must hold (None is always allowed).
-_FIELD_TYPES: dict[str, tuple[Any, str]] = {
-    **{name: (_is_str, "a string") for name in ("code", "path", "region", "subject", "detail", "hint")},
-    **{name: (_is_int, "an integer") for name in ("line", "column", "end_line", "end_column")},
-    "latent": (_is_bool, "true or false"),
+#: What each optional field of a finding record must hold (None is always allowed; a bool is no integer).
+_FIELD_TYPES: dict[str, tuple[type, str]] = {
+    **{name: (str, "a string") for name in ("code", "path", "region", "subject", "detail", "hint")},
+    **{name: (int, "an integer") for name in ("line", "column", "end_line", "end_column")},
+    "latent": (bool, "true or false"),
 }
 
 

@@ -1,23 +1,14 @@
 """Loading the regions named on the command line.
 
-A target is ``file.py`` (every module-level callable whose name starts with
-``region_``), ``file.py:name`` or ``pkg.module:name``.  A named callable takes no
-argument and returns ``(region, args)`` or ``(region, args, kwargs)``.  A module may
-define ``CHECK_OPTIONS = {name: {option: value}}`` with the ``check()`` options an
-example needs (for instance ``preserve_rng_state=False``).
+A target is ``file.py`` (every module-level callable named ``region_*``), ``file.py:name`` or
+``pkg.module:name``; a named callable takes no argument and returns ``(region, args)`` or
+``(region, args, kwargs)``, and ``CHECK_OPTIONS = {name: {option: value}}`` gives an example's
+``check()`` options.  A file inside a package is imported by its dotted name with the first folder
+above it without an ``__init__.py`` on ``sys.path``, as pytest's rootdir logic does; the current
+folder is importable, as with ``python -m``.
 
-A file is imported the way pytest's rootdir logic imports a test file: inside a package (its
-folder has an ``__init__.py``) by its dotted name, with the first folder above it that has
-none put on ``sys.path`` (``mymodel/train.py`` is ``mymodel.train``, so its ``from mymodel
-import ...`` and relative imports work); outside one under its own name.  As with
-``python -m``, the current folder is importable too.
-
-Errors raised by the user's code (importing the file, building the region, running it)
-become a :class:`TargetError` whose ``user_traceback`` shows the user's frames only: every
-face runs user code through :func:`run_user_code`, so an exit (``sys.exit(0)`` included) is
-that target's error like any exception, never recheck's exit status.  Only
-``KeyboardInterrupt`` passes through: Ctrl-C stops the run.
-"""
+Every face runs user code through :func:`run_user_code`: what it raises or an exit (``sys.exit(0)``
+included) becomes that target's error, with the user's frames only; ``KeyboardInterrupt`` passes."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """Progress on long runs: a tqdm bar on stderr when stderr is a terminal, nothing otherwise.
 
-::
-
-    with progress("linting", unit="file", quiet=ns.quiet) as bar:
-        result = lint_paths(paths, options, progress=bar.count)   # bar.count(done, total)
-
-    with progress("checking", total=len(targets), unit="region") as bar:
-        for target in targets:
-            bar.describe(target.label)
-            ...
-            bar.advance()
-
-Nothing is drawn, and tqdm is not even imported, when stderr is not a terminal (a pipe, a
-file, CI), when ``TERM=dumb``, or with ``quiet=True``; output meant for a program (JSON on
-stdout) is never touched.  Without a ``total`` the bar shows what runs and for how long,
-redrawn twice a second.  The bar is coloured unless ``NO_COLOR`` is set
-(https://no-color.org); :func:`paint` colours other terminal text the same way, and
-:func:`fit_width` wraps a report's lines to the terminal's width.  Text the
-checked code prints while the bar is up goes through :attr:`Progress.out`, which keeps the
-bar whole.  Nothing here imports torch.
-"""
+Nothing is drawn (tqdm not even imported) off a terminal, with ``TERM=dumb`` or ``quiet=True``, so
+output meant for a program is never touched.  Colour follows ``NO_COLOR`` (https://no-color.org),
+for the bar and for :func:`paint`; :func:`fit_width` wraps a report to the terminal's width.  Text
+the checked code prints while a bar is up goes through :attr:`Progress.out`, which keeps the bar
+whole.  Nothing here imports torch."""
 
 from __future__ import annotations
 

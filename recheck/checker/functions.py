@@ -1,27 +1,16 @@
 """The Function audit: a custom ``torch.autograd.Function``'s hand-written backward against autograd.
 
-A Function whose ``backward`` re-runs part of its forward by hand (a norm applied again to
-tensors it saved already normalised) or writes into a leaf's ``.grad`` and returns it too makes
-no checkpoint call: no twin can bypass it.  What it must compute is known, though: autograd's
-gradient of the same forward.  :func:`check_function` runs ``Fn.apply`` on copies of the
-arguments and backward from a seeded upstream gradient (the gradient each copy holds after it:
-what a training step would accumulate), then runs ``Fn.forward`` again under autograd (grad on,
-a stand-in ``ctx``, fresh copies that require grad) and compares the two gradients bit for bit.
-Where they differ, :func:`~recheck.checker.rounding.judge` tells rounding (another formula for the
-same gradient: a note with its size) from a hazard, as for ``check_step``: both run again in float64,
-or, where the forward cannot (it casts to float32 on purpose), by the size of the difference.
+A Function whose ``backward`` recomputes part of its forward by hand, or writes into a leaf's
+``.grad`` and returns it too, makes no checkpoint call: no twin can bypass it.  But what it must
+compute is known: autograd's gradient of the same forward.  :func:`check_function` runs
+``Fn.apply`` and backward from a seeded upstream gradient, then ``Fn.forward`` under autograd (a
+stand-in ``ctx``), both on fresh copies, and compares the gradients bit for bit; where they differ,
+:func:`~recheck.checker.rounding.judge` tells rounding from a hazard.  A forward autograd cannot
+differentiate is "not audited", with the reason, never guessed.
 
-A forward autograd cannot differentiate (no output with a grad path, an input written in place,
-a forward that fails with a stand-in ``ctx``, values that differ when it runs again) is "not
-audited", with the reason, never guessed.  A gradient meant to differ from the forward's
-(straight-through estimators, gradient reversal) is reported too: the audit cannot know intent.
-
-:class:`FunctionCalls` observes a step: while it is active, every Function subclass outside
-torch has its ``forward`` wrapped to keep a copy of its first call's arguments (``Fn.apply``
-looks ``forward`` up at each call, so a module-level ``gelu = GeLU.apply`` is seen too);
-:func:`audit_functions` audits them.  The check leaves no trace: RNG streams and the default
-dtype are put back, the caller's tensors are never handed to the Function.
-"""
+:class:`FunctionCalls` keeps a copy of the first call's arguments of every Function outside torch
+while a step runs; :func:`audit_functions` audits them.  RNG streams and the default dtype are put
+back; the caller's tensors are never handed to the Function."""
 
 from __future__ import annotations
 

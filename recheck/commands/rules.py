@@ -12,33 +12,16 @@ HELP = "list the rules: code, name and what each finds"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
-    )
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
 
 
 def run(ns: argparse.Namespace) -> int:
     rules = all_rules()
     if ns.format == "json":
-        print(
-            json.dumps(
-                [
-                    {
-                        "code": r.code,
-                        "name": r.name,
-                        "summary": r.summary,
-                        "static": r.static,
-                        "runtime_kinds": r.runtime_kinds,
-                        "explains": list(entry(r.code).kinds),
-                        "advice": entry(r.code).advice,
-                        "fixable": entry(r.code).fixable,
-                        "doc": r.doc_ref,
-                    }
-                    for r in rules
-                ],
-                indent=2,
-            )
-        )
+        print(json.dumps([{"code": r.code, "name": r.name, "summary": r.summary, "static": r.static,
+                           "runtime_kinds": r.runtime_kinds, "explains": list(entry(r.code).kinds),
+                           "advice": entry(r.code).advice, "fixable": entry(r.code).fixable, "doc": r.doc_ref}
+                          for r in rules], indent=2))
         return 0
     width = max(len(r.name) for r in rules)
     for rule in rules:

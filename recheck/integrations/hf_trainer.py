@@ -2,21 +2,13 @@
 
 ::
 
-    from recheck.integrations.hf_trainer import RecheckCallback
-
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = Trainer(model=model, args=args, train_dataset=data,
                       callbacks=[RecheckCallback(steps=2, fail_fast=True)])
-    trainer.train()
 
-A step is one optimizer step (``on_step_begin`` to ``on_step_end``), so it holds all of its
-gradient-accumulation micro-batches.  Each watched step is reported through transformers'
-logger (``transformers.trainer.recheck``: a warning with the report when something
-differs, an info line when it is clean); ``fail_fast=True`` raises
-:class:`recheck.RecomputeMismatch` from the first step with findings, which stops
-``trainer.train()``.  ``callback.report`` merges the watched steps' reports.  Any other
-keyword argument goes to ``recheck.watch()``.
-"""
+A step is one optimizer step, with all its gradient-accumulation micro-batches.  Each watched step
+is reported through transformers' logger (``transformers.trainer.recheck``); ``fail_fast=True``
+raises :class:`recheck.RecomputeMismatch` from the first step with findings.  Other keyword
+arguments go to ``recheck.watch()``."""
 
 from __future__ import annotations
 

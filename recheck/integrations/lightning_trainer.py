@@ -2,21 +2,13 @@
 
 ::
 
-    from recheck.integrations.lightning_trainer import RecheckCallback
-
     trainer = lightning.pytorch.Trainer(max_steps=100, callbacks=[RecheckCallback(steps=2, fail_fast=True)])
-    trainer.fit(module, data)
 
-A step is one training batch (``on_train_batch_start`` to ``on_train_batch_end``: its
-forward, backward and, with automatic optimization, the optimizer step).  Each watched
-step is reported through Lightning's logger (``lightning.pytorch.callbacks.recheck``: a
-warning with the report when something differs, an info line when it is clean) and as the
-metrics ``recheck/findings`` and ``recheck/verified`` of that step, given to each of the
-trainer's loggers (TensorBoard, CSV, ...).  ``fail_fast=True`` raises
-:class:`recheck.RecomputeMismatch` from the first step with findings, which stops
-``trainer.fit()``.  A run that raises closes its watch (``on_exception``).  Any other keyword
-argument goes to ``recheck.watch()``.  ``lightning`` is used, else ``pytorch_lightning``.
-"""
+A step is one training batch.  Each watched step is reported through Lightning's logger
+(``lightning.pytorch.callbacks.recheck``) and as the metrics ``recheck/findings`` and
+``recheck/verified`` given to the trainer's loggers; ``fail_fast=True`` raises
+:class:`recheck.RecomputeMismatch` from the first step with findings.  Other keyword arguments go
+to ``recheck.watch()``.  ``lightning`` is used, else ``pytorch_lightning``."""
 
 from __future__ import annotations
 

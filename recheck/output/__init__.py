@@ -1,18 +1,9 @@
-"""Rendering findings: one renderer per output format, over any list of findings.
+"""Rendering findings: one renderer per output format (:mod:`.text`, :mod:`.json`, :mod:`.sarif`,
+:mod:`.github`), over any list of findings.
 
-* :mod:`.text` — the human form: ``path:line:col: CODE message`` for static findings, the
-  ``torch.testing.assert_close``-style report for dynamic ones (a finding repeated over
-  invocations is shown once, ``calls 1–6 of 6``);
-* :mod:`.json` — the one JSON schema of a finding (:meth:`recheck.findings.Finding.to_dict`)
-  in a list, and the report document;
-* :mod:`.sarif` — SARIF 2.1.0 with the rule catalogue as descriptors;
-* :mod:`.github` — GitHub Actions workflow commands (``::warning file=...``).
-
-Static findings are placed at their ``path:line:col``; dynamic findings at the checkpoint
-call that made the invocation (``invocation.callsite``), so a CI annotation lands on the
-line that checkpoints the region.  Every face (``recheck lint``, ``recheck check``,
-``watch()``'s report, the pytest plugin) renders through here.  Nothing here imports torch.
-"""
+Static findings are placed at their ``path:line:col``, dynamic ones at the checkpoint call of
+their invocation (``invocation.callsite``), so a CI annotation lands on the line that checkpoints
+the region.  Nothing here imports torch."""
 
 from __future__ import annotations
 

@@ -1,25 +1,11 @@
-"""The text form of findings and reports.
+"""The text form of findings and reports, the one text renderer of every face.
 
-Static findings are one line each, ruff's ``path:line:col: CODE message``.  Dynamic findings
-read like ``torch.testing.assert_close``: a numbered headline, where it happened (region,
-invocation, the checkpoint call), the indented detail and the hint.  A report that holds the
-same difference for several invocations of a region (a BatchNorm in a block called six
-times) shows it once, with the invocations it happened in (``calls 1–6 of 6``), its count
-(``×6``) and the first one's detail.  The entries themselves are computed from the findings by
-:func:`recheck.findings.report_entries` (one hazard over many modules, a counter's values per
-call, a step's consequences of a reported cause); this module only renders them.
-
-:func:`format_report` is the one text renderer of a report, for every face (``recheck check``,
-``check --step``, ``recheck run``, ``pytest --recheck``, the framework callbacks, ``str(report)``):
-a report is read in a minute, so by default it shows at most :data:`ENTRIES_SHOWN` entries,
-causes before the differences they cause (:data:`recheck.findings.DECLARED`), and says how many more
-``verbose=True`` (or the JSON report) lists; the detail of each difference (the first
-differing element among it) is shown while the report so written fits :data:`SCREEN_LINES`.  Colour is the caller's choice (``colour=True``
-when the text goes to a terminal that shows it, :func:`recheck.progress.colour_enabled`).
-
-This module imports nothing from recheck at run time (the findings are read by attribute),
-so :class:`recheck.findings.Report` can render itself through it.
-"""
+Static findings are ruff's ``path:line:col: CODE message``.  Dynamic ones read like
+``torch.testing.assert_close``: a numbered headline, where it happened, the indented detail and the
+hint.  :func:`format_report` renders the entries :func:`recheck.findings.report_entries` computes,
+at most :data:`ENTRIES_SHOWN` unless ``verbose``, with their detail while the report fits
+:data:`SCREEN_LINES`.  Nothing from recheck is imported at run time (findings are read by
+attribute), so :class:`recheck.findings.Report` can render itself through it."""
 
 from __future__ import annotations
 
