@@ -13,35 +13,21 @@ still visible: it is a module forward that runs **while autograd executes a back
     probe.stats      # what was seen and matched
 
 Process-wide module hooks (a forward pre-hook and an ``always_call=True`` forward hook, so that
-a recompute that torch's early stop ends still closes) see every module call:
+a recompute torch's early stop ends still closes) see every module call.  In the forward, the
+outermost calls made where a reentrant-style implementation runs its region (under ``no_grad``,
+or inside saved-tensor hooks) are recorded: the module, its tensor inputs' data pointers, the
+context, the default RNG streams, its buffers and attributes at entry and exit, a digest of its
+outputs.  In backward, each recomputation's outermost module call is matched to a recorded
+forward of the same module instance (same input storage, else the latest unmatched one) and,
+when it ends, compared with it: outputs, the RNG streams the forward drew from, autocast and the
+default dtype, buffers and attributes.  A finding names the module and the custom function (its
+class and ``file:line`` from the enclosing ``ctx`` frame, else the first Python frame the
+autograd engine called).
 
-* **forward**: the outermost module calls made where a reentrant-style implementation runs
-  its region, under ``no_grad`` (an ``autograd.Function``'s forward always runs so) or inside
-  saved-tensor hooks, are recorded: the module (by identity, while it is alive), the data
-  pointers of its tensor inputs, the context (autocast per device type, default dtype), every
-  default RNG stream at entry and exit, its buffers and attributes at entry and exit, and a
-  digest of its outputs;
-* **backward**: the outermost module call of each recomputation is matched, as it starts, to
-  a recorded forward of the *same module instance*: the one whose inputs have the same data
-  pointers (saved inputs are detached views of the same storage), else the latest unmatched
-  one (backward runs last-first).  When it ends, it is compared with that forward: outputs
-  (``recompute``), the RNG streams the forward drew from (``rng``), autocast and the default
-  dtype (``context``; not grad mode, which a Function's forward never has on), buffers and
-  attributes (``buffer``, ``state``: changed between forward and recompute, or updated
-  again by it).
-
-A finding names the module (``blocks.0.out_layers``) and the custom function: its class and
-``file:line``, from the ``ctx`` argument of the ``forward``/``backward`` frame that encloses
-the recompute, or, without one, the first Python frame the autograd engine called (torch's
-unpack hook, DeepSpeed's ``checkpoint_unpack``, Megatron's ``_recompute``).
-
-Limits (docs/research/checkpoint-implementations.md tries each): a module called through ``.forward()`` or
-``type(m).forward(m, ...)`` fires no hooks (its children do); tensor operations between module
-calls inside a region are not compared; a recompute whose inputs were made inside the region
-matches by order; module calls made by a user's own backward hooks are taken for recomputes;
-a non-reentrant-style implementation inside outer saved-tensor hooks (activation offloading
-around the whole model) is seen only at the outermost hooked call.  Nothing is registered
-until the probe is entered: outside the block it costs nothing.
+Limits (docs/research/checkpoint-implementations.md tries each): a module called through
+``.forward()`` fires no hooks (its children do); tensor operations between module calls are not
+compared; module calls made by a user's own backward hooks are taken for recomputes.  Nothing is
+registered until the probe is entered.
 """
 
 from __future__ import annotations
@@ -52,7 +38,8 @@ import sys
 import threading
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -85,8 +72,6 @@ class ModuleRun:
     """One recorded module call: a forward candidate, or a recomputation in backward."""
 
     module: weakref.ref
-    key: int
-    kind: str  # "forward" or "recompute"
     inputs: tuple[int, ...]
     context: ComputeContext
     rng_entry: dict[str, Any]
@@ -99,7 +84,6 @@ class ModuleRun:
     implementation: str = ""
     site: str | None = None
     matched: ModuleRun | None = None
-    matched_by: str = ""
     finished: bool = False
 
 
@@ -133,16 +117,6 @@ def _outputs(value: Any) -> list[tuple[str, TensorPrint]]:
     return [(path, print_tensor(tensor, "digest")) for path, tensor in tensors(value, "output")]
 
 
-@dataclass
-class _Stats:
-    forwards: int = 0
-    recomputes: int = 0
-    matched: int = 0
-    unmatched: int = 0
-    early_stopped: int = 0
-    by: dict[str, int] = field(default_factory=dict)
-
-
 class RecomputeProbe:
     """See the module docstring.  ``roots`` (optional) name modules by their path in a model;
     without them, the outermost modules called in the forward are the roots."""
@@ -154,7 +128,8 @@ class RecomputeProbe:
         self._lock = threading.Lock()
         self._candidates: dict[int, list[ModuleRun]] = {}
         self._recomputes: list[ModuleRun] = []
-        self._stats = _Stats()
+        self._stats: Counter[str] = Counter()
+        self._by: Counter[str] = Counter()  # recomputes per driver
         self._handles: list[Any] = []
         self._names: dict[int, str] | None = None
         self._sites: dict[type, str | None] = {}
@@ -182,10 +157,8 @@ class RecomputeProbe:
     def stats(self) -> dict[str, Any]:
         """``module_forwards`` recorded, ``recomputes`` seen, ``matched``/``unmatched``,
         ``early_stopped`` (ended by torch's early stop), ``by`` (recomputes per driver), ``findings``."""
-        s = self._stats
-        return {"module_forwards": s.forwards, "recomputes": s.recomputes, "matched": s.matched,
-                "unmatched": s.unmatched, "early_stopped": s.early_stopped, "by": dict(s.by),
-                "findings": len(self.findings)}
+        return {**{k: self._stats[k] for k in ("module_forwards", "recomputes", "matched", "unmatched",
+                                               "early_stopped")}, "by": dict(self._by), "findings": len(self.findings)}
 
     # -- hooks -------------------------------------------------------------------------------
     def _stack(self) -> list[_Frame]:
@@ -242,10 +215,10 @@ class RecomputeProbe:
         stack.append(self._candidate(module, args))
 
     def _candidate(self, module: torch.nn.Module, args: Any) -> _Frame:
-        run = self._record(module, args, "forward")
+        run = self._record(module, args)
         with self._lock:
             self._candidates.setdefault(id(module), []).append(run)
-            self._stats.forwards += 1
+            self._stats["module_forwards"] += 1
         return _Frame(run, candidate=True)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -266,19 +239,18 @@ class RecomputeProbe:
         except Exception:  # noqa: BLE001
             run.finished = False
 
-    def _record(self, module: torch.nn.Module, args: Any, kind: str) -> ModuleRun:
+    def _record(self, module: torch.nn.Module, args: Any) -> ModuleRun:
         inputs = tuple(a.data_ptr() for a in (args if isinstance(args, tuple) else (args,))
                        if isinstance(a, torch.Tensor))
-        return ModuleRun(weakref.ref(module), id(module), kind, inputs, current_context(), _streams(),
-                         _module_state(module))
+        return ModuleRun(weakref.ref(module), inputs, current_context(), _streams(), _module_state(module))
 
     def _start_recompute(self, module: torch.nn.Module, args: Any) -> _Frame:
-        run = self._record(module, args, "recompute")
+        run = self._record(module, args)
         frame = sys._getframe(1)
         run.implementation, run.site, run.driver = self._driver(frame)
         with self._lock:
-            self._stats.recomputes += 1
-            self._stats.by[run.driver] = self._stats.by.get(run.driver, 0) + 1
+            self._stats["recomputes"] += 1
+            self._by[run.driver] += 1
             self._match(run, module)
             self._recomputes.append(run)
         return _Frame(run, recompute=True, grad=torch.is_grad_enabled())
@@ -289,11 +261,11 @@ class RecomputeProbe:
         by_storage = [c for c in candidates if c.inputs and c.inputs == run.inputs]
         chosen = by_storage[-1] if by_storage else (candidates[-1] if candidates else None)
         if chosen is None:
-            self._stats.unmatched += 1
+            self._stats["unmatched"] += 1
             return
         self._candidates[id(module)].remove(chosen)
-        run.matched, run.matched_by = chosen, "input storage" if by_storage else "order"
-        self._stats.matched += 1
+        run.matched = chosen
+        self._stats["matched"] += 1
 
     # -- who recomputes ------------------------------------------------------------------------
     def _driver(self, frame: FrameType | None) -> tuple[str, str | None, str]:
@@ -353,7 +325,7 @@ class RecomputeProbe:
         made: list[tuple[str, int, list[Finding]]] = []
         for run in self._recomputes:
             if not run.finished and run.outputs is None:
-                self._stats.early_stopped += 1
+                self._stats["early_stopped"] += 1
             forward = run.matched
             if forward is None:
                 continue
