@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from recheck.findings import DECLARED, Subject, parts_of
 
@@ -145,50 +145,23 @@ def _default_stream(subject: Subject) -> bool:
     return subject.what == "device RNG"
 
 
-def _rng_not_preserved(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
-    return _default_stream(subject) and context.get("preserve_rng_state") is False
-
-
-def _device_stream(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+#: How a rule narrows the kinds it explains, from ``(kind, subject, context)``.
+_NARROWING: Mapping[str, Callable[[str, Subject, Mapping[str, object]], bool]] = {
+    "RC002": lambda kind, subject, context: _default_stream(subject) and context.get("preserve_rng_state") is False,
     # checkpoint preserves the default generators of the inputs' device type only: a stream of
     # another device that differs, with preserve_rng_state on, comes from a move in the region
-    return (_default_stream(subject) and subject.owner != "cpu"
-            and context.get("preserve_rng_state") is not False)
-
-
-def _host_stream(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
-    return not _default_stream(subject)
-
-
-def _batchnorm_buffer(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
-    return subject.what == "buffer" and subject.name in _BATCHNORM_BUFFERS
-
-
-def _handwritten(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
-    # another implementation than torch's (DeepSpeed, fairscale, a project's own Function):
-    # what torch's checkpoint restores and this one did not; absent means torch's
-    if context.get("implementation", "torch") == "torch":
-        return False
-    return kind == "context" or _default_stream(subject)
-
-
-def _global_or_default_dtype(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
+    "RC102": lambda kind, subject, context: (_default_stream(subject) and subject.owner != "cpu"
+                                             and context.get("preserve_rng_state") is not False),
+    "RC105": lambda kind, subject, context: not _default_stream(subject),
+    # another implementation than torch's (DeepSpeed, fairscale, a project's own Function): what
+    # torch's checkpoint restores and this one did not; absent means torch's
+    "RC003": lambda kind, subject, context: (context.get("implementation", "torch") != "torch"
+                                             and (kind == "context" or _default_stream(subject))),
+    "RC106": lambda kind, subject, context: subject.what == "buffer" and subject.name in _BATCHNORM_BUFFERS,
     # torch's default dtype is a global every factory call reads; no checkpoint restores it
-    return kind == "global" or (subject.what == "context" and subject.name == "default dtype")
-
-
-def _written_state(kind: str, subject: Subject, context: Mapping[str, object]) -> bool:
-    return subject.what not in TRAINING_STATE
-
-
-_NARROWING = {
-    "RC002": _rng_not_preserved,
-    "RC102": _device_stream,
-    "RC105": _host_stream,
-    "RC003": _handwritten,
-    "RC106": _batchnorm_buffer,
-    "RC101": _global_or_default_dtype,
-    "RC104": _written_state,
+    "RC101": lambda kind, subject, context: kind == "global" or (subject.what == "context"
+                                                                 and subject.name == "default dtype"),
+    "RC104": lambda kind, subject, context: subject.what not in TRAINING_STATE,
 }
 
 @dataclass(frozen=True)

@@ -37,38 +37,17 @@ def config_error(source: object, key: str | None, reason: str) -> ConfigError:
     return ConfigError(f"{source}: {key}: {reason}" if key else f"{source}: {reason}")
 
 
-def _str(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _bool(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
 def _str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _positive_int(value: Any) -> bool:
+def _whole(value: Any) -> bool:
+    """A positive integer (a bool is none)."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _file_size(value: Any) -> bool:
-    return _positive_int(value) and value <= MAX_FILE_SIZE_LIMIT
-
-
-def _per_file_ignores(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and _str_list(v) for k, v in value.items()
-    )
-
-
-def _store(value: Any) -> bool:
-    return value in ("digest", "copy")
+def _is(kind: type | tuple[type, ...]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
 
 
 #: key -> (validator, description of the expected value, what it configures)
@@ -77,29 +56,22 @@ SCHEMA: Mapping[str, tuple[Callable[[Any], bool], str, str]] = {
     "select": (_str_list, "a list of rule codes or prefixes", "rules the linter reports"),
     "ignore": (_str_list, "a list of rule codes or prefixes", "rules the linter skips"),
     "extend_select": (_str_list, "a list of rule codes or prefixes", "rules added to select"),
-    "per_file_ignores": (
-        _per_file_ignores,
-        "a table of glob = [codes]",
-        "rules skipped in matching files",
-    ),
+    "per_file_ignores": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _str_list(x) for k, x in v.items()),
+                         "a table of glob = [codes]", "rules skipped in matching files"),
     "exclude": (_str_list, "a list of glob patterns", "paths the linter skips"),
-    "checkpoint_functions": (
-        _str_list,
-        "a list of dotted names",
-        "extra functions that checkpoint their first argument",
-    ),
-    "cache_dir": (_str, "a path", "where the linter keeps its cache"),
-    "max_file_size": (_file_size, f"a positive number of bytes, at most {MAX_FILE_SIZE_LIMIT}",
-                      "larger files are skipped"),
+    "checkpoint_functions": (_str_list, "a list of dotted names", "extra functions that checkpoint their first argument"),
+    "cache_dir": (_is(str), "a path", "where the linter keeps its cache"),
+    "max_file_size": (lambda v: _whole(v) and v <= MAX_FILE_SIZE_LIMIT,
+                      f"a positive number of bytes, at most {MAX_FILE_SIZE_LIMIT}", "larger files are skipped"),
     # dynamic checker, watch and the pytest plugin
-    "early_stop": (_bool, "true or false",
+    "early_stop": (_is(bool), "true or false",
                    "watch: false replays every recomputation fully, true forces early stop (default: as called)"),
-    "strict": (_bool, "true or false", "the old name of early-stop = false"),
-    "store": (_store, '"digest" or "copy"', "what watch() keeps of each forward"),
-    "report": (_str, "a path", "where pytest --recheck writes its JSON report"),
-    "atol": (_number, "a number", "absolute tolerance (default: exact)"),
-    "rtol": (_number, "a number", "relative tolerance (default: exact)"),
-    "max_ulp": (_positive_int, "a positive integer", "tolerance in units in the last place"),
+    "strict": (_is(bool), "true or false", "the old name of early-stop = false"),
+    "store": (lambda v: v in ("digest", "copy"), '"digest" or "copy"', "what watch() keeps of each forward"),
+    "report": (_is(str), "a path", "where pytest --recheck writes its JSON report"),
+    "atol": (_is((int, float)), "a number", "absolute tolerance (default: exact)"),
+    "rtol": (_is((int, float)), "a number", "relative tolerance (default: exact)"),
+    "max_ulp": (_whole, "a positive integer", "tolerance in units in the last place"),
 }
 
 
