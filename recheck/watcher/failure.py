@@ -135,6 +135,8 @@ def explain_failure(records: Sequence[InvocationRecord], exc: BaseException) -> 
                   if f.kind == "recompute" and f.subject == "saved tensors" and f.detail), None)
     invocation = Invocation(record.index, calls[record.region], dict(record.tags), record.region.callsite)
     causes = [(one_line(s, 80), one_line(a, 120), one_line(b, 120), w) for s, a, b, w in record.context_changes]
+    if _autocast_cache_miss(record, exc):
+        causes.append(_AUTOCAST_CACHE)
     # then what else the watch found differing at this recompute's start (a global the region
     # reads, a parameter changed in place, an RNG stream ...), most specific kind first
     found = sorted((f for f in drafts[id(record)] if f.kind in CAUSES and f.kind != "context"),
@@ -142,6 +144,20 @@ def explain_failure(records: Sequence[InvocationRecord], exc: BaseException) -> 
     code = found[0].code if found and not causes else None
     causes += [(str(f.subject), one_line(f.message, 160), "", _advice(f)) for f in found]
     return FailureExplanation(error, str(record.region), invocation, saved, tuple(causes), code)
+
+
+#: the cause of a selective checkpoint that meets a cast at recompute its forward never dispatched
+_AUTOCAST_CACHE = ("autocast's weight cache", "autocast's weight cache served a cast at forward that the recompute "
+                   "dispatches again (the cache is emptied when the autocast block ends)", "",
+                   "selective checkpointing replays the ops its forward dispatched: turn the cache off "
+                   "(torch.autocast(..., cache_enabled=False))")
+
+
+def _autocast_cache_miss(record: InvocationRecord, exc: BaseException) -> bool:
+    """Whether ``exc`` is selective checkpointing's storage miss of a cast, with autocast on at the forward."""
+    context = record.forward.context if record.forward is not None else None
+    return ("aten._to_copy" in str(exc) and "not found in storage" in str(exc) and context is not None
+            and any(enabled for _, enabled, _ in context.autocast))
 
 
 def _advice(finding: Finding) -> str:

@@ -38,8 +38,8 @@ CAUSES = {
     "compile_fallback": "cause: torch.compile stance was default at forward and force_eager at recompute",
     "forward_only_cast": "cause: attribute `self.compute_dtype` changed between forward and recompute: "
                          "torch.bfloat16 -> None",
-    # selective checkpointing's own caching and cached modes are no cause; autocast's cache is unreadable
-    "sac_autocast_cache": "cause: nothing recheck reads of the context",
+    # selective checkpointing's own caching and cached modes are no cause
+    "sac_autocast_cache": "cause: autocast's weight cache served a cast at forward that the recompute dispatches",
 }
 #: the error torch raises, where it is not ``CheckpointError``
 ERRORS = {"sac_autocast_cache": RuntimeError}
