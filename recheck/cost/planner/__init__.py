@@ -7,7 +7,7 @@ interception), ``candidates`` (the units and regions found by running the step),
 and ``census`` (one traced run per mode: windows, holds, work; timed runs), ``memory_model``
 (peak and time of any plan, as a 0-1 program), ``solver`` (milp or an exact branch and bound),
 ``plan_runs`` (a plan traced, timed and verified with ``check_step``; the anchors),
-``keeping`` (the line that keeps a plan in the user's code), ``suggestion`` (the outcome, and the
-census every suggestion starts from), ``throughput`` and ``suggest`` (:func:`suggest`),
-``plan_table`` (text and JSON).  The public names are exported by :mod:`recheck.cost`.
+``keeping`` (the line that keeps a plan in the user's code), ``suggestion`` (the outcome, its
+report in text and JSON, and the census every suggestion starts from), ``throughput`` and
+``suggest`` (:func:`suggest`).  The public names are exported by :mod:`recheck.cost`.
 """

@@ -23,11 +23,10 @@ from typing import Any
 import torch
 
 from recheck.cost.planner.census import CLOCKS
-from recheck.cost.planner.keeping import change_for
-from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, candidate_figures, finish_runs, trace_plan
-from recheck.cost.planner.plans import SELECTIVE_OPS, Plan
+from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, finish_runs, trace_plan
+from recheck.cost.planner.plans import SELECTIVE_OPS
 from recheck.cost.planner.solver import Infeasible, solve
-from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
+from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, Tell, census, nothing_fits, outcome
 from recheck.cost.planner.throughput import suggest_throughput
 from recheck.cost.units import format_bytes, parse_bytes
 from recheck.runtime.naming import step_name
@@ -99,16 +98,10 @@ def suggest(step: Callable[..., Any], /, *, budget: int | str | None, objective:
 def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], None], budget: int, repeats: int,
              anchors: bool, solver: str | None, clock: str, progress: Progress | None, label: str) -> Suggestion:
     plans = 1 + (len(ANCHORS) + 1 if anchors else 0)
-    total = 6 + 2 * plans  # finding, three modes, timing them; each plan traced and checked; timing the plans
-    done = [0]
-
-    def tell(what: str) -> None:
-        if progress is not None:
-            progress(what, done[0], max(total, done[0] + 1))
-        done[0] += 1
-
+    # finding, three modes, timing them; each plan traced and checked; timing the plans
+    tell = Tell(progress, 6 + 2 * plans)
     candidates, runs, model = census(step, state, restore, repeats, tell, clock)
-    total += len(runs) - 3
+    tell.total += len(runs) - 3
     problem = model.problem()
     notes = candidates.notes + model.notes
     attempts: list[dict[str, Any]] = []
@@ -142,8 +135,4 @@ def _suggest(step: Callable[[], Any], state: StepState, restore: Callable[[], No
             tell("tracing the step as written")
             pending.append(trace_plan(step, state, restore, candidates, model, "as written", None, SELECTIVE_OPS))
     finish_runs(step, state, restore, candidates, pending, repeats, label, SELECTIVE_OPS, tell, clock)
-    method = solver_name(solver, notes)
-    plan = suggested.run.plan or Plan()
-    return Suggestion(label, budget, "time", plan, suggested.run, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes, clock=clock,
-                      change=change_for(candidates, plan))
+    return outcome(label, budget, "time", pending, candidates, runs, solver, repeats, attempts, notes, clock)

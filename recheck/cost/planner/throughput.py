@@ -20,12 +20,11 @@ from typing import Any
 import torch
 
 from recheck.cost.budget import accepts_batch_size, default_batch_size
-from recheck.cost.planner.keeping import change_for
 from recheck.cost.planner.memory_model import Problem, Row
-from recheck.cost.planner.plans import SELECTIVE_OPS, Plan
+from recheck.cost.planner.plans import SELECTIVE_OPS
 from recheck.cost.planner.solver import Infeasible, smallest_peak, solve
-from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, candidate_figures, finish_runs, trace_plan
-from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, census, nothing_fits, solver_name
+from recheck.cost.planner.plan_runs import ANCHORS, PendingRun, anchor_variants, finish_runs, trace_plan
+from recheck.cost.planner.suggestion import NothingFits, Progress, Suggestion, Tell, census, nothing_fits, outcome
 from recheck.cost.units import format_bytes
 from recheck.runtime.naming import step_name
 from recheck.runtime.steps import discover_state
@@ -88,10 +87,6 @@ def _largest(fits: Callable[[int], bool], start: int) -> int:
     return low
 
 
-def _at_size(tell: Callable[[str], None], size: int, what: str) -> None:
-    tell(f"{what} (batch {size})")
-
-
 def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, anchors: bool,
                        modules: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer],
                        solver: str | None, clock: str, progress: Progress | None) -> Suggestion:
@@ -103,20 +98,13 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
     label = step_name(step)
     state = discover_state(step, modules, optimizers)
     restore = state.snapshot()
-    plans = 1 + (len(ANCHORS) if anchors else 0)
-    done, total = [0], 2 * 6 + 2 * plans
-
-    def tell(what: str) -> None:
-        if progress is not None:
-            progress(what, done[0], max(total, done[0] + 1))
-        done[0] += 1
-
+    tell = Tell(progress, 2 * 6 + 2 * (1 + (len(ANCHORS) if anchors else 0)))
     try:
         sizes = (base, 2 * base)
         models = []
-        for size in sizes:
-            sized = functools.partial(step, batch_size=size)
-            models.append(census(sized, state, restore, repeats, functools.partial(_at_size, tell, size), clock))
+        for size in sizes:  # the census tells its runs at this size
+            models.append(census(functools.partial(step, batch_size=size), state, restore, repeats,
+                                 lambda what: tell(f"{what} (batch {size})"), clock))
         (candidates, runs, model0), (_, _, model1) = models
         p0, p1 = model0.problem(), model1.problem()
         base0, base1 = model0.base_seconds, model1.base_seconds
@@ -126,6 +114,16 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
 
         def seconds_at(b: int, extra: float) -> float:
             return max(1e-12, _line(base0, base1, sizes[0], sizes[1], b)) + extra
+
+        def traced(name: str, variants: dict[int, str], b: int) -> PendingRun:
+            """The plan ``variants`` traced at batch size ``b``, with the model's prediction there."""
+            item = trace_plan(functools.partial(step, batch_size=b), state, restore, candidates, None, name, variants,
+                              SELECTIVE_OPS)
+            at, choice = problem_at(b), [c.variants.index(variants.get(c.index, "none")) for c in candidates.items]
+            item.run.predicted_peak = max(at.memory(choice))
+            item.run.predicted_seconds = seconds_at(b, at.time(choice))
+            item.run.batch_size = b
+            return item
 
         largest = _largest(lambda b: smallest_peak(problem_at(b), method=solver) <= budget, sizes[1])
         if largest == 0:
@@ -143,18 +141,11 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
         assert best is not None
         rate, batch, solution = best
         variants = {c.index: c.variants[v] for c, v in zip(candidates.items, solution.choice)}
-        pending: list[PendingRun] = []
         notes = candidates.notes + model0.notes
         attempts = []
         for attempt in range(3):
-            sized = functools.partial(step, batch_size=batch)
             tell(f"tracing the suggested plan at batch size {batch}")
-            item = trace_plan(sized, state, restore, candidates, None, "suggested", variants, SELECTIVE_OPS)
-            prediction = problem_at(batch)
-            choice = [c.variants.index(variants.get(c.index, "none")) for c in candidates.items]
-            item.run.predicted_peak = max(prediction.memory(choice))
-            item.run.predicted_seconds = seconds_at(batch, prediction.time(choice))
-            item.run.batch_size = batch
+            item = traced("suggested", variants, batch)
             attempts.append({"batch_size": batch, "predicted_peak": item.run.predicted_peak,
                              "measured_peak": item.run.measured_peak})
             if item.run.fits(budget) or attempt == 2 or batch == 1:
@@ -165,23 +156,16 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                 variants = {c.index: c.variants[v] for c, v in zip(candidates.items, solution.choice)}
             except Infeasible:
                 pass
-        pending.append(item)
-        if anchors:
-            for name in ANCHORS:
-                chosen = anchor_variants(candidates, name)
-                choice = [c.variants.index(chosen.get(c.index, "none")) for c in candidates.items]
-                fits = _largest(lambda b: max(problem_at(b).memory(choice)) <= budget, sizes[1])
-                if fits == 0:
-                    notes.append(f"the anchor {name!r} fits no batch size within the budget")
-                    continue
-                tell(f"tracing the anchor plan: {name} at batch size {fits}")
-                anchor = trace_plan(functools.partial(step, batch_size=fits), state, restore, candidates, None,
-                                     name, chosen, SELECTIVE_OPS)
-                at = problem_at(fits)
-                anchor.run.predicted_peak = max(at.memory(choice))
-                anchor.run.predicted_seconds = seconds_at(fits, at.time(choice))
-                anchor.run.batch_size = fits
-                pending.append(anchor)
+        pending = [item]
+        for name in ANCHORS if anchors else ():
+            chosen = anchor_variants(candidates, name)
+            choice = [c.variants.index(chosen.get(c.index, "none")) for c in candidates.items]
+            fits = _largest(lambda b: max(problem_at(b).memory(choice)) <= budget, sizes[1])
+            if fits == 0:
+                notes.append(f"the anchor {name!r} fits no batch size within the budget")
+                continue
+            tell(f"tracing the anchor plan: {name} at batch size {fits}")
+            pending.append(traced(name, chosen, fits))
         for item in pending:
             sized = functools.partial(step, batch_size=item.run.batch_size)
             finish_runs(sized, state, restore, candidates, [item], repeats, label, SELECTIVE_OPS, tell, clock)
@@ -195,8 +179,5 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                   "measured_at": list(sizes), "budget": format_bytes(budget),
                   "note": f"every term fitted as a straight line in the batch size from batch sizes {sizes[0]} and "
                           f"{sizes[1]}; the plans were then run at the batch size shown"}
-    method = solver_name(solver, notes)
-    plan = suggested.plan or Plan()
-    return Suggestion(label, budget, "throughput", plan, suggested, [p.run for p in pending[1:]],
-                      candidate_figures(candidates, runs), method, repeats, attempts, notes, throughput, clock,
-                      change_for(candidates, plan))
+    return outcome(label, budget, "throughput", pending, candidates, runs, solver, repeats, attempts, notes, clock,
+                   throughput)
