@@ -11,10 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 from recheck.commands.arguments import count
+from recheck.output import FORMATS
 
 NAME = "lint"
 HELP = "lint checkpointed regions for recomputation hazards (static, never imports torch)"
-FORMATS = ("text", "json", "sarif", "github")
 
 
 def _codes(value: str) -> list[str]:

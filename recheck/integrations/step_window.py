@@ -65,8 +65,7 @@ class StepWindow:
         try:
             watcher.__enter__()
         except Exception as exc:  # noqa: BLE001
-            self.log(logging.WARNING, "recheck: " + could_not(f"watch training step {len(self.reports) + 1}", exc))
-            return
+            return self._failed(f"watch training step {len(self.reports) + 1}", exc)
         self._watch = watcher
 
     def end(self) -> Report | None:
@@ -79,14 +78,13 @@ class StepWindow:
             watcher.__exit__(None, None, None)
             report = watcher.report
         except Exception as exc:  # noqa: BLE001 - recheck's own failure: the training goes on
-            self.log(logging.WARNING, "recheck: " + could_not(f"report training step {len(self.reports) + 1}", exc))
+            self._failed(f"report training step {len(self.reports) + 1}", exc)
             return None
         self.reports.append(report)
         try:
             self._log(report)
         except Exception as exc:  # noqa: BLE001
-            self.log(logging.WARNING, "recheck: " + could_not(f"word the report of training step {len(self.reports)}",
-                                                              exc))
+            self._failed(f"word the report of training step {len(self.reports)}", exc)
         if self.fail_fast and not report.ok:
             raise RecomputeMismatch(report)
         return report
@@ -116,4 +114,8 @@ class StepWindow:
             try:
                 watcher.__exit__(None, None, None)
             except Exception as exc:  # noqa: BLE001
-                self.log(logging.WARNING, "recheck: " + could_not("close the watch of an unfinished step", exc))
+                self._failed("close the watch of an unfinished step", exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """recheck's own failure to ``what``: a warning in the framework's log, never raised."""
+        self.log(logging.WARNING, "recheck: " + could_not(what, exc))

@@ -14,10 +14,10 @@ goes through :meth:`recheck.findings.Report.from_dict`, which validates every fi
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any, Mapping, Sequence
 
 from recheck.findings import Finding
+from recheck.output.text import rule_counts
 
 __all__ = ["check_document", "dumps", "finding_list", "run_document", "statistics_list", "steps_document"]
 
@@ -35,10 +35,8 @@ def finding_list(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 def statistics_list(findings: Sequence[Finding], names: Mapping[str, str],
                     fixable: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """``--statistics`` as JSON: ``{"code", "name", "count", "fixable"}`` per rule (ruff's keys)."""
-    counts = Counter(f.code for f in findings)
-    rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
-    return [{"code": code, "name": names.get(str(code), ""), "count": count,
-             "fixable": code in fixable} for code, count in rows]
+    return [{"code": code, "name": names.get(str(code), ""), "count": count, "fixable": code in fixable}
+            for code, count in rule_counts(findings)]
 
 
 def _outcomes(outcomes: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:

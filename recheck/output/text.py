@@ -172,10 +172,8 @@ def format_finding(finding: Finding, number: int | None = None,
                    detail: bool = True, colour: bool = False) -> str:
     """One finding: a headline, then the indented location, detail and hint.
 
-    ``invocations`` lists every invocation a grouped finding happened in (its own when None);
-    ``count`` is how many findings the entry stands for (shown as ``×6`` when more than one).
-    ``detail=False`` leaves the detail out (headline, location and hint stay).  A finding with
-    a rule code always ends with its ``recheck explain CODE`` pointer.
+    ``invocations``: every invocation a grouped finding happened in (its own when None); ``count``:
+    how many findings it stands for (``×6``); ``detail=False`` leaves the detail out.
     """
     if finding.kind == "lint":
         return f"{printable(finding.location or '')}: {finding.code} {finding.message}"
@@ -212,11 +210,8 @@ def _group_key(finding: Finding) -> tuple:
 
 
 def group(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation]]]:
-    """Dynamic findings that differ only by invocation, as (first finding, its invocations).
-
-    The order is that of each group's first finding; the first one's detail is the one shown
-    (the bytes of another invocation's difference usually differ too).  Findings whose
-    headline differs (another value, another subject) are not folded.
+    """Dynamic findings that differ only by invocation, as (first finding, its invocations), in
+    the order of each group's first finding (whose detail is the one shown).
     """
     groups: dict[tuple, tuple[Finding, list[Invocation]]] = {}
     for finding in findings:
@@ -300,16 +295,12 @@ def _with_message(finding: Finding, message: str) -> Finding:
 
 def format_report(report: Report, *, verbose: bool = False, colour: bool = False,
                   more: str = "--verbose / JSON") -> str:
-    """The whole report, the one text form of every face: first line, title (what was
-    checked or watched), findings per layer class, the entries most severe first, static
-    lines, notes.
+    """The whole report, the one text form of every face: first line, title, findings per layer
+    class, the entries most severe first, static lines, notes.
 
-    Unless ``verbose``, at most :data:`ENTRIES_SHOWN` entries are shown, then one line says how
-    many more there are and where they are (``more``: ``--verbose / JSON`` on the command line);
-    a report whose entries would take more than :data:`SCREEN_LINES` lines with their detail
-    leaves each one's detail out.  ``colour``
-    paints the first line, each entry's headline and the cut line with ANSI codes (only for a
-    terminal that shows colour: the caller decides).
+    Unless ``verbose``, at most :data:`ENTRIES_SHOWN` entries, then a line saying how many more are in
+    ``more``; past :data:`SCREEN_LINES` lines the entries lose their detail.  ``colour``: ANSI codes
+    (the caller decides whether the terminal shows them).
     """
     dynamic = [f for f in report.findings if f.kind != "lint"]
     static = [f for f in report.findings if f.kind == "lint"]
@@ -400,8 +391,10 @@ def lint_summary(findings: Sequence[Finding], errors: Sequence[Any], fixed: int 
 def lint_statistics(findings: Sequence[Finding], names: Mapping[str, str],
                     fixable: frozenset[str] = frozenset()) -> str:
     """``count  CODE  [*]  rule-name`` per rule, most frequent first (ruff's ``--statistics``)."""
-    counts = Counter(f.code for f in findings)
-    rows = sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
-    return "\n".join(
-        f"{count:>5}\t{code}\t{'[*]' if code in fixable else '   '}\t{names.get(str(code), '')}"
-        for code, count in rows)
+    return "\n".join(f"{count:>5}\t{code}\t{'[*]' if code in fixable else '   '}\t{names.get(str(code), '')}"
+                     for code, count in rule_counts(findings))
+
+
+def rule_counts(findings: Sequence[Finding]) -> list[tuple[Any, int]]:
+    """``(code, count)`` per rule, the most frequent first (then by code): ``--statistics`` in every format."""
+    return sorted(Counter(f.code for f in findings).items(), key=lambda item: (-item[1], str(item[0])))

@@ -97,6 +97,15 @@ class _Frame:
     grad: bool = True  # grad mode when the recompute started
 
 
+def _site(cls: type) -> str | None:
+    """``file:line`` of a class (a custom Function), None where its source cannot be found."""
+    try:
+        path = inspect.getsourcefile(cls)
+        return f"{relative(path)}:{inspect.getsourcelines(cls)[1]}" if path else None
+    except (OSError, TypeError):
+        return None
+
+
 def _hooks_active() -> bool:
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     try:
@@ -276,7 +285,9 @@ class RecomputeProbe:
                 ctx = frame.f_locals.get("ctx")
                 if isinstance(ctx, BackwardCFunction):
                     cls = getattr(ctx, "_forward_cls", type(ctx))
-                    site = self._site(cls)
+                    if cls not in self._sites:
+                        self._sites[cls] = _site(cls)
+                    site = self._sites[cls]
                     return cls.__qualname__, site, f"{cls.__qualname__} ({site})" if site else cls.__qualname__
             frame = frame.f_back
         frame = start
@@ -288,16 +299,6 @@ class RecomputeProbe:
                 return name, site, f"{name} ({site})"
             frame = frame.f_back
         return "unknown", None, "an unknown caller"
-
-    def _site(self, cls: type) -> str | None:
-        if cls not in self._sites:
-            try:
-                path = inspect.getsourcefile(cls)
-                line = inspect.getsourcelines(cls)[1]
-                self._sites[cls] = f"{relative(path)}:{line}" if path else None
-            except (OSError, TypeError):
-                self._sites[cls] = None
-        return self._sites[cls]
 
     # -- naming --------------------------------------------------------------------------------
     def _note_root(self, module: torch.nn.Module) -> None:
