@@ -199,8 +199,7 @@ ROWS: list[tuple[str, list[Row]]] = [
             made("forward_only_cast"), [made("forward_only_cast", fixed=True)]),
         Row("selective checkpointing with autocast's weight cache", (T + "sac_autocast_cache.py", "make_step"),
             made("sac_autocast_cache"), [made("sac_autocast_cache", fixed=True)],
-            note="fails on CPU torch 2.13 too (torch's RuntimeError, not CheckpointError); autocast's cache is not "
-                 "readable, so no cause is named"),
+            note="fails on CPU with torch 2.13 (selective checkpointing's RuntimeError, not CheckpointError)"),
     ]),
     ("Hand-written recomputation (issue 42, 2)", [
         Row("Function re-normalises a tensor it saved normalised", (T + "hand_functions.py", "RMSNormReapplied"),
@@ -288,7 +287,7 @@ def _cause(text: str) -> str:
     return ""
 
 
-def _short(text: str, limit: int = 90) -> str:
+def _short(text: str, limit: int = 120) -> str:
     text = text.replace("|", "\\|")
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
