@@ -1063,11 +1063,14 @@ class InvocationRecord:
     def findings_of(self, calls_of_region: int) -> list[Finding]:
         """The findings, ``call i of n`` of the region, symptoms pointed at their likely cause
         (each made once, here: a block of BatchNorm layers has many)."""
+        drafts = (*self.findings, *self._saved_finding())
+        if not drafts:  # (the region is worded only for a finding)
+            return []
         region, callsite, tags = str(self.region), self.region.callsite, self.tags
         return with_likely_causes([
             Finding(kind, message, code=code, region=region, subject=subject, detail=detail, hint=hinted,
                     latent=latent, invocation=Invocation(self.index, calls_of_region, dict(tags), callsite))
-            for kind, message, code, subject, detail, hinted, latent in (*self.findings, *self._saved_finding())])
+            for kind, message, code, subject, detail, hinted, latent in drafts])
 
 
 class _Draft(NamedTuple):
