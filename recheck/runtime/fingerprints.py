@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import operator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from recheck.findings import one_line
 from recheck.runtime.bits import float_bits
 from recheck.runtime.digests import tensor_digest
 
-__all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state",
+__all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "module_state_names",
            "same_objects", "shallow", "show", "show_printed", "showing"]
 
 _MAX_ITEMS = 4096
@@ -183,6 +184,13 @@ def is_module_state(name: str) -> bool:
     ``__composable_api_state_key_<uuid>``).
     """
     return name not in MODULE_INTERNALS and not name.startswith("__")
+
+
+def module_state_names(module: torch.nn.Module) -> list[str]:
+    """The names of ``module``'s attributes that :func:`is_module_state` accepts, in order: its
+    ``__dict__`` passed over in C, as most of its names are torch's bookkeeping."""
+    return [name for name in itertools.filterfalse(MODULE_INTERNALS.__contains__, vars(module))
+            if not name.startswith("__")]
 
 
 #: types :func:`shallow` returns as they are (a container's items of these skip the call)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import itertools
 import sys
 import types
 import weakref
@@ -209,7 +210,9 @@ class Reach:
 
     def _scan_attributes(self, name: str, module: torch.nn.Module) -> None:
         # torch's own bookkeeping (parameter dicts, hooks) holds no generator: the rest is asked
-        for attr, value in [(a, v) for a, v in vars(module).items() if a not in MODULE_INTERNALS]:
+        state = vars(module)
+        for attr in list(itertools.filterfalse(MODULE_INTERNALS.__contains__, state)):
+            value = state[attr]
             if _is_generator(value):  # (a module's own dicts and flags without torch's hook)
                 self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
 

@@ -21,7 +21,7 @@ import torch
 from recheck.findings import Subject, one_line_pair
 from recheck.runtime.naming import buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values
-from recheck.runtime.fingerprints import AS_IS, MISSING, is_module_state, shallow, show, show_printed
+from recheck.runtime.fingerprints import AS_IS, MISSING, module_state_names, shallow, show, show_printed
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
@@ -538,11 +538,6 @@ def _kept(value: Any) -> Any:
     return type(value)(value) if type(value) in (list, dict, set) else value
 
 
-def _attributes(module: torch.nn.Module) -> list[str]:
-    """The names of ``module``'s compared attributes."""
-    return [attr for attr in vars(module) if is_module_state(attr)]
-
-
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,
                   stale: bool = False, attributes_of: tuple[tuple[str, torch.nn.Module], ...] = (),
                   memo: list[Any] | None = None) -> tuple[_Flat, list[dict[str, Any]]]:
@@ -581,9 +576,9 @@ def _laid_out(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | Non
         triples: list[tuple[int, str, Any]] = []
         for index, (name, module) in enumerate(pairs):
             triples += [(keyed + index, buffer, ("buffer", name, buffer)) for buffer in module._buffers]
-            triples += [(index, attr, ("attribute", name, attr)) for attr in _attributes(module)]
+            triples += [(index, attr, ("attribute", name, attr)) for attr in module_state_names(module)]
         for index, (name, module) in enumerate(attributes_of, start=len(modules)):
-            triples += [(index, attr, ("attribute", name, attr)) for attr in _attributes(module)]
+            triples += [(index, attr, ("attribute", name, attr)) for attr in module_state_names(module)]
         flat.extend(triples, worded=False)
         if states is not None:
             if len(states) >= 64:  # sets of modules of one reach: one per distinct set that ran
