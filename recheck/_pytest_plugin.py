@@ -41,8 +41,6 @@ class _Settings:
     #: their validated form (``recheck.watcher.options.WatchOptions``), once read
     options: Any = None
     results: list[dict[str, Any]] = field(default_factory=list)
-    #: whether the options have been read (see ``_resolve``)
-    resolved: bool = False
     #: ``recheck.distributed.world.Place`` of this process, once a watched test has seen one
     place: Any = None
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from recheck.output.text import FIRST_LINE, SUBJECTS, format_finding, format_report, plural, subject_text
 from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
+from recheck.output.text import _location
 
 __all__ = ["DECLARED", "DYNAMIC_KINDS", "Entry", "FIRST_LINE", "KINDS", "Kind", "LINT", "Finding", "Invocation",
            "RecomputeMismatch", "Report", "SUBJECTS", "Subject", "could_not", "error_line", "one_line", "one_line_pair",
@@ -27,12 +28,9 @@ __all__ = ["DECLARED", "DYNAMIC_KINDS", "Entry", "FIRST_LINE", "KINDS", "Kind", 
 class Kind:
     """One dynamic finding kind, declared once in :data:`DECLARED`, which every face reads.
 
-    ``meaning`` is the one line every face uses for it; ``rules`` the codes of the rules that
-    may name its cause, tried in order (:func:`recheck.catalogue.explain` narrows each by the
-    finding's subject); ``cause`` says whether it is a cause (a hazard a ``gradient`` or an
-    ``output`` difference may follow from) or a consequence (a value that came out different).
-    Its place in :data:`DECLARED` is its order: the most severe first, which is also the order
-    a consequence is pointed at its likeliest cause in (:func:`recheck.runtime.explaining.with_likely_causes`).
+    ``meaning`` is its one line; ``rules`` the codes that may name its cause, tried in order
+    (:func:`recheck.catalogue.explain`); ``cause`` whether it is a cause or a consequence (a value that
+    came out different).  Its place in :data:`DECLARED` is its severity, the most severe first.
     """
 
     name: str
@@ -157,30 +155,19 @@ class Invocation:
             raise ValueError(f"invocation callsite must be a string, got {callsite!r}")
         return cls(index=index, of=of, tags=dict(tags), callsite=callsite)
 
-    def __str__(self) -> str:
-        text = f"call {self.index}" + (f" of {self.of}" if self.of else "")
-        if self.tags:
-            text += " (" + ", ".join(f"{k}={v}" for k, v in self.tags.items()) + ")"
-        if self.callsite:
-            text += f", checkpointed at {self.callsite}"
-        return text
+    def __str__(self) -> str:  # as a report's location line says it (the only call of a region too)
+        return _location([self], None) or f"call {self.index} of {self.of}"
 
 
 class Subject(str):
-    """What a dynamic finding is about, as data: ``what`` kind of thing, its ``owner``, its ``name``
-    and the ``path`` of an element in a structure.
+    """What a dynamic finding is about, as data: ``what`` kind of thing (one of :data:`SUBJECTS`), its
+    ``owner`` (a module path, a class, a Python module, a device; ``""``: the region's own module),
+    its ``name``, the ``path`` of an element in a call's inputs or outputs, and ``more`` further names.
 
-    ``what`` is one of :data:`SUBJECTS`.  ``owner`` is the module path of a buffer, an attribute or
-    a parameter (``""``: the region's own module), a class's name for a class attribute, the
-    Python module of a global, the device of an autocast or of a default RNG stream, the label
-    of an optimizer; ``name`` the attribute, tensor, global, stream or channel; ``path`` where a
-    value lies in a call's inputs or outputs (``args[0]``, ``output[1]``); ``more`` the further
-    names of a subject that names several (the parameters one in-place update changed).
-
-    Rules are attributed (:func:`recheck.catalogue.explain`) and report entries grouped
-    (:func:`report_entries`) from these parts, never from wording.  A subject is also its text,
-    as :func:`recheck.output.text.subject_text` renders it (``buffer `bn.running_mean```): so it
-    keys recorded state, reads in a message and is a JSON string as it always was.  Immutable.
+    Rules are attributed (:func:`recheck.catalogue.explain`) and entries grouped (:func:`report_entries`)
+    from these parts, never from wording.  A subject is also its text (``buffer `bn.running_mean```,
+    :func:`recheck.output.text.subject_text`), so it keys recorded state and is a JSON string as it
+    always was.  Immutable.
     """
 
     what: str
@@ -237,12 +224,9 @@ def parts_of(subject: str | None) -> Subject:
 class Finding:
     """One difference found at run time, or one hazard found in source code.
 
-    Dynamic findings set ``region`` (qualified name of the checkpointed callable,
-    optionally followed by its ``file:line``), ``invocation`` and ``subject`` (what
-    differs, a :class:`Subject`: ``output[0]``, ``grad of `layer1.weight```, ``cpu RNG``, ...).  Static
-    findings use ``kind="lint"`` with a rule ``code`` and ``path``/``line``/``column``
-    (1-based).  ``latent`` marks a difference that the given configuration did not
-    execute but a full replay did; ``hint`` points at the rule document.
+    A dynamic finding has a ``region`` (the checkpointed callable, with its ``file:line``), an
+    ``invocation`` and a ``subject``; a static one ``kind="lint"``, a rule ``code`` and its 1-based
+    ``path``/``line``/``column``.  ``latent`` marks a difference only a full replay executed.
     """
 
     kind: str
@@ -326,19 +310,10 @@ class Finding:
 class Entry:
     """One entry of a report: the findings that read as one hazard (:func:`report_entries`).
 
-    ``form`` says how the findings were joined:
-
-    * ``"finding"``: one finding, or the same finding in several invocations of its region;
-    * ``"values"``: one subject of one region whose message differs only by a value, one per
-      call (a counter: ``self.calls: 1 -> 2``, ``3 -> 4``, ``5 -> 6``), listed in ``values``;
-    * ``"modules"``: one hazard in several modules (``modules``: each ``region: path``) or on
-      several attributes of each (``family``: the buffers of a BatchNorm one recompute
-      changed, ``running_mean``, ``running_var``, ``num_batches_tracked``), over ``regions``;
-    * ``"consequences"``: end-of-step differences from the uncheckpointed twin (parameters,
-      gradients, optimizer state) that follow from a cause the watched run reported.
-
-    ``message`` is the entry's headline (the first finding's for ``"finding"``); ``findings``
-    is every finding the entry stands for, in the order found.
+    ``form`` is how they were joined (``"finding"``, ``"values"``, ``"modules"``, ``"consequences"``,
+    the steps of :func:`report_entries`); ``message`` is the entry's headline, ``findings`` every
+    finding it stands for in the order found; ``values``, ``modules`` (each ``region: path``) and
+    ``family`` (the attributes one recompute changed) what a joined entry lists.
     """
 
     form: str
@@ -369,23 +344,17 @@ class Entry:
 
 
 def report_entries(findings: Iterable[Finding]) -> list[Entry]:
-    """The entries of a report, the most severe first: the one grouping of findings every face
-    renders (``recheck.output.text``), computed from the findings alone.
+    """The entries of a report, the most severe first: the one grouping of findings every face renders.
 
-    1. In a ``check_step`` report, the end-of-step differences from the uncheckpointed twin
-       (no invocation) that follow from a cause the watched run reported (pointed at it by a
-       ``likely cause`` hint, or a stream with no rule of its own) are one ``consequences``
-       entry, last.
-    2. One hazard in several modules is one ``modules`` entry: findings whose message names
-       their subject ``a.b.attr`` and reads the same with the name left out are joined; the
-       attributes one recompute changed in one module (``bn.running_mean``, ``bn.running_var``,
-       ``bn.num_batches_tracked``) are the family, and modules of the same family join.
-    3. One subject of one region whose message differs only by a value per call (a counter)
-       is one ``values`` entry.
-    4. The rest: one finding, or the same finding over several invocations.
+    1. ``consequences`` (last): a ``check_step``'s end-of-step differences from the twin (no
+       invocation) that follow from a cause the watched run reported.
+    2. ``modules``: one hazard in several modules, or on several attributes that one recompute
+       changed in one module (a BatchNorm's buffers), found by the message read with the name left out.
+    3. ``values``: one subject of one region whose message differs only by a value per call.
+    4. ``finding``: one finding, or the same finding over several invocations.
 
-    Entries of one severity (:data:`DECLARED`'s order; a latent one after an executed one) keep the
-    order they were found in.  Static (``lint``) findings are not entries.
+    Entries of one severity (:data:`DECLARED`'s order, a latent one after an executed one) keep the
+    order found.  Static (``lint``) findings are not entries.
     """
     dynamic = [f for f in findings if f.kind != LINT]
     watched_cause = any(f.invocation is not None for f in dynamic)

@@ -1,11 +1,8 @@
-"""``recheck check TARGET...``: run the dynamic checker on regions named on the command line.
+"""``recheck check TARGET...``: run the dynamic checker on regions named on the command line
+(:mod:`recheck.loading`), or ``--step file.py:fn`` on a zero-argument training step.
 
-A target is ``file.py`` (every module-level ``region_*`` callable), ``file.py:name`` or
-``pkg.module:name`` (:mod:`recheck.loading`); ``--step file.py:fn`` checks a zero-argument
-training step instead.  A target that cannot be checked is reported as an error and the others
-still run; Ctrl-C prints what was checked so far (exit codes: ``docs/exit-codes.md``).  Options
-are validated before any region runs; flags override ``[tool.recheck]``.
-"""
+A target that cannot be checked is an error and the others still run; Ctrl-C prints what was
+checked so far.  Options are validated before any region runs; flags override ``[tool.recheck]``."""
 
 from __future__ import annotations
 

@@ -133,14 +133,10 @@ def interact(lab: WorkingSetLab, stdin: TextIO, stdout: TextIO) -> int:
             if command == "reset":
                 lab.reset()
                 say("reset: cache emptied and the first 16 requests replayed")
-            elif command == "capacity":
-                lab.capacity = parse_capacity(args[0])
+            elif command in ("capacity", "stride"):
+                setattr(lab, command, (parse_capacity if command == "capacity" else parse_stride)(args[0]))
                 lab.reset()
-                say(f"capacity set; reset. {lab.describe_setup()}")
-            elif command == "stride":
-                lab.stride = parse_stride(args[0])
-                lab.reset()
-                say(f"stride set; reset. {lab.describe_setup()}")
+                say(f"{command} set; reset. {lab.describe_setup()}")
             elif command == "predict":
                 prediction = parse_count(args[0], "prediction")
                 say(f"prediction noted: the next step's requests score {prediction} hits")

@@ -1,12 +1,8 @@
-"""``recheck run [options] SCRIPT.py [ARGS...]`` / ``recheck run [options] -m MODULE [ARGS...]``.
+"""``recheck run [options] (SCRIPT.py | -m MODULE) [ARGS...]``: a program inside ``recheck.watch()``.
 
-Runs an unmodified program as ``python`` would (its own ``sys.argv``, ``__main__``,
-``sys.path[0]`` and exit status) inside ``recheck.watch()``, like ``coverage run``.  A step is
-one ``Optimizer.step()`` call (or one ``torch.autograd.backward`` call where the program makes
-no optimizer); ``--steps N`` stops intercepting after N steps, so the rest of the run pays
-nothing.  The report goes to stderr: the program's stdout stays the program's.  The program's
-own failure is its exit status; the options, exit codes and ``--check-step``: ``docs/watch.md``.
-"""
+The program runs as ``python`` would run it (its ``sys.argv``, ``__main__``, ``sys.path[0]`` and
+exit status), like ``coverage run``; ``--steps N`` stops intercepting after N steps, so the rest
+of the run pays nothing.  The report goes to stderr: the program's stdout stays the program's."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The JSON forms: one schema for a finding, used by every face.
-
-A finding is :meth:`recheck.findings.Finding.to_dict` (``kind``, ``message``, ``code``,
-``path``, ``line``, ``column``, ``end_line``, ``end_column``, ``region``, ``invocation``,
-``subject``, ``detail``, ``hint``, ``latent``); ``recheck lint --format json`` prints a list of
-them (ruff's layout), a report (``recheck check``, ``watch()``, the pytest plugin) is
-:meth:`recheck.findings.Report.to_dict`, whose ``findings`` are the same records.  Loading
-goes through :meth:`recheck.findings.Report.from_dict`, which validates every field.
-``recheck check`` prints :func:`check_document` (or :func:`steps_document` with ``--step``),
-``recheck run`` :func:`run_document`, ``recheck cost`` its reports' own documents, all through
-:func:`dumps`.
-"""
+"""The JSON forms: one schema for a finding (:meth:`recheck.findings.Finding.to_dict`), used by
+every face: ``recheck lint --format json`` prints a list of them (ruff's layout), a report is
+:meth:`recheck.findings.Report.to_dict`, and the documents of ``recheck check`` and ``recheck run``
+hold reports; all go through :func:`dumps`, and back through the validating
+:meth:`recheck.findings.Report.from_dict`."""
 
 from __future__ import annotations
 
