@@ -124,11 +124,6 @@ def _package_name(path: Path) -> tuple[Path, str] | None:
     return folder, ".".join(parts)
 
 
-def _make_importable(folder: str) -> None:
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-
-
 def _not_found_hint(path: Path, exc: BaseException) -> str:
     """For ``No module named 'mymodel'`` where mymodel is a folder above the file: what to do."""
     if not isinstance(exc, ModuleNotFoundError) or not exc.name:
@@ -148,10 +143,7 @@ def _import_file(path: Path) -> ModuleType:
     resolved = str(resolved_path)
     if resolved in _LOADED:
         return _LOADED[resolved]
-    # Like `python -m`: the current folder is importable, so a file in a folder of the
-    # project can import its siblings as `mymodel.layers` from the project root.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _cwd_importable()
     package = _package_name(resolved_path)
     if package is not None:
         module = _import_in_package(path, resolved_path, *package)
@@ -163,7 +155,8 @@ def _import_file(path: Path) -> ModuleType:
 
 def _import_in_package(path: Path, resolved: Path, root: Path, dotted: str) -> ModuleType:
     """Import a file inside a package by its dotted name, its root kept on sys.path (as pytest does)."""
-    _make_importable(str(root))
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     try:
         module = run_user_code(importlib.import_module, dotted)
     except UserCodeFailed as exc:
@@ -205,9 +198,15 @@ def _import_loose_file(path: Path, resolved: Path) -> ModuleType:
     return module
 
 
-def _import_module(dotted: str) -> ModuleType:
+def _cwd_importable() -> None:
+    """Like ``python -m``: the current folder is importable, so a file in a folder of the project
+    imports its siblings as ``mymodel.layers`` from the project root."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _import_module(dotted: str) -> ModuleType:
+    _cwd_importable()
     try:
         return run_user_code(importlib.import_module, dotted)
     except UserCodeFailed as exc:

@@ -202,19 +202,10 @@ def _both(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,
     if float64:
         torch.set_default_dtype(torch.float64)  # tensors forward makes itself are float64 too
     try:
-        try:
-            outputs, upstream, hand = _run(call, keys, rng, True, float64, None, [] if wrote is None else wrote)
-        except NotAudited:
-            raise
-        except Exception as exc:  # noqa: BLE001 - its own failure: reported, never raised
-            raise NotAudited(f"{call.function.__qualname__}.apply raised {error_line(exc)}") from exc
-        try:
-            again, _, auto = _run(call, keys, rng, False, float64, upstream, [])
-        except NotAudited:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise NotAudited(f"its forward fails when run under autograd with a stand-in ctx "
-                             f"({error_line(exc)})") from exc
+        outputs, upstream, hand = _attempt(f"{call.function.__qualname__}.apply raised {{}}", _run, call, keys, rng,
+                                           True, float64, None, [] if wrote is None else wrote)
+        again, _, auto = _attempt("its forward fails when run under autograd with a stand-in ctx ({})", _run, call,
+                                  keys, rng, False, float64, upstream, [])
     finally:
         torch.set_default_dtype(default)
     for index, (a, b) in enumerate(zip(outputs, again)):
@@ -224,6 +215,16 @@ def _both(call: FunctionCall, keys: list[tuple[str, Any]], rng: RngRecord,
                        for o in outputs):
         raise NotFloat64("its forward computes in another dtype than float64 when its inputs are float64")
     return hand, auto
+
+
+def _attempt(failure: str, run: Any, *args: Any) -> Any:
+    """``run(*args)``; its own failure is :class:`NotAudited`, ``failure`` naming the error."""
+    try:
+        return run(*args)
+    except NotAudited:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the Function's own failure: reported, never raised
+        raise NotAudited(failure.format(error_line(exc))) from exc
 
 
 def _audit(call: FunctionCall) -> Report:

@@ -30,10 +30,9 @@ def render(fmt: str, findings: Sequence[Finding], errors: Iterable[Any] = (), *,
            root: Path | None = None, version: str = "0", unresolved: Sequence[Any] = ()) -> str:
     """``findings`` (and the ``errors`` of inputs that could not be read) in format ``fmt``.
 
-    ``unresolved``: checkpoint call sites resolved to no region (``path``, ``line``,
-    ``column``, ``reason``): SARIF gives each a ``note`` notification, GitHub a ``::notice``.
-    Text and JSON leave them out, as the errors (faces print the count after the summary
-    line, :func:`recheck.output.text.lint_summary`, or on stderr: JSON stays a list).
+    ``unresolved``: checkpoint call sites resolved to no region (``path``, ``line``, ``column``,
+    ``reason``), a ``note`` notification in SARIF, a ``::notice`` in GitHub; text and JSON leave
+    them (and the errors) to the face.
     """
     errors = list(errors)
     if fmt == "json":

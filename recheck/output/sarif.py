@@ -31,19 +31,22 @@ def _relative_uri(path: str, root: Path) -> str:
     return urllib.parse.quote(relative, safe="/")
 
 
+def _physical(path: str, root: Path, **region: Any) -> dict[str, Any]:
+    """A SARIF location of ``path`` with the ``region`` fields that are known."""
+    physical: dict[str, Any] = {"artifactLocation": {"uri": _relative_uri(path, root), "uriBaseId": "%SRCROOT%"}}
+    if region:
+        physical["region"] = {k: v for k, v in region.items() if v is not None}
+    return {"physicalLocation": physical}
+
+
 def _location(finding: Finding, root: Path) -> list[dict[str, Any]]:
     path, line = place(finding)
     if path is None:
         return []
-    region: dict[str, Any] = {}
-    if line is not None:
-        region["startLine"] = line
+    region: dict[str, Any] = {} if line is None else {"startLine": line}
     if finding.kind == "lint":
         region.update(startColumn=finding.column, endLine=finding.end_line, endColumn=finding.end_column)
-    physical: dict[str, Any] = {"artifactLocation": {"uri": _relative_uri(path, root), "uriBaseId": "%SRCROOT%"}}
-    if region:
-        physical["region"] = {k: v for k, v in region.items() if v is not None}
-    return [{"physicalLocation": physical}]
+    return [_physical(path, root, **region)]
 
 
 def sarif_log(findings: Sequence[Finding], errors: Iterable[Any], root: Path, version: str,
@@ -75,15 +78,11 @@ def sarif_log(findings: Sequence[Finding], errors: Iterable[Any], root: Path, ve
         if f.code in index:
             result["ruleIndex"] = index[f.code]
         results.append(result)
-    notifications = [{"level": "error", "message": {"text": e.reason},
-                      "locations": [{"physicalLocation": {"artifactLocation": {
-                          "uri": _relative_uri(e.path, root), "uriBaseId": "%SRCROOT%"}}}]}
+    notifications = [{"level": "error", "message": {"text": e.reason}, "locations": [_physical(e.path, root)]}
                      for e in errors]
     notifications += [{"level": "note",
                        "message": {"text": f"checkpoint call site not resolved to a region: {site.reason}"},
-                       "locations": [{"physicalLocation": {
-                           "artifactLocation": {"uri": _relative_uri(site.path, root), "uriBaseId": "%SRCROOT%"},
-                           "region": {"startLine": site.line, "startColumn": site.column}}}]}
+                       "locations": [_physical(site.path, root, startLine=site.line, startColumn=site.column)]}
                       for site in unresolved]
     return {
         "$schema": SARIF_SCHEMA, "version": "2.1.0",
