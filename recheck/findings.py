@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from recheck.output.text import FIRST_LINE, SUBJECTS, format_finding, format_report, plural, subject_text
-from recheck.output.text import _group_key as _fold_key  # the key findings differing only by call fold on
-from recheck.output.text import _location
+from recheck.output.text import _location, fold
 
 __all__ = ["DECLARED", "DYNAMIC_KINDS", "Entry", "FIRST_LINE", "KINDS", "Kind", "LINT", "Finding", "Invocation",
            "RecomputeMismatch", "Report", "SUBJECTS", "Subject", "could_not", "error_line", "one_line", "one_line_pair",
@@ -365,10 +364,7 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
     rest = [f for f in rest if id(f) not in taken]
     entries += _value_entries(rest, taken)
     rest = [f for f in rest if id(f) not in taken]
-    folded: dict[tuple, list[Finding]] = {}
-    for finding in rest:
-        folded.setdefault(_fold_key(finding), []).append(finding)
-    entries += [Entry("finding", group[0].message, tuple(group), _regions(group)) for group in folded.values()]
+    entries += [Entry("finding", same[0].message, tuple(same), _regions(same)) for same in fold(rest)]
     order = {id(f): n for n, f in enumerate(dynamic)}
     entries.sort(key=lambda e: (*_severity(e.first), order[id(e.first)]))
     if consequences:

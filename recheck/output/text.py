@@ -137,7 +137,7 @@ def _location(invocations: Sequence[Invocation], region: str | None) -> str | No
         of = first.of
         if len(invocations) > 1:
             calls = f"calls {span(indices)}" + (f" of {of}" if of else "")
-        elif of == 1 and not first.tags and not first.callsite:
+        elif not _says_more(first):
             calls = ""  # a single call of a single-call region (recheck.check): nothing to say
         else:
             calls = f"call {first.index}" + (f" of {of}" if of else "")
@@ -213,14 +213,15 @@ def group(findings: Iterable[Finding]) -> list[tuple[Finding, list[Invocation]]]
     """Dynamic findings that differ only by invocation, as (first finding, its invocations), in
     the order of each group's first finding (whose detail is the one shown).
     """
-    groups: dict[tuple, tuple[Finding, list[Invocation]]] = {}
+    return [(same[0], [f.invocation for f in same if f.invocation is not None]) for same in fold(findings)]
+
+
+def fold(findings: Iterable[Finding]) -> list[list[Finding]]:
+    """The findings that differ only by invocation, together, in the order of each one's first."""
+    folded: dict[tuple, list[Finding]] = {}
     for finding in findings:
-        key = _group_key(finding)
-        if key not in groups:
-            groups[key] = (finding, [])
-        if finding.invocation is not None:
-            groups[key][1].append(finding.invocation)
-    return list(groups.values())
+        folded.setdefault(_group_key(finding), []).append(finding)
+    return list(folded.values())
 
 
 def _layer(finding: Finding) -> str:
