@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from recheck.cost.ledger import CATEGORIES
-from recheck.cost.units import format_bytes, format_count
+from recheck.cost.units import format_bytes, format_count, format_ms
 
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.cost.results import Comparison
@@ -117,7 +117,7 @@ def render_text(cmp: Comparison) -> str:
     lines.append(
         _row(
             "step time (median)",
-            [f"{c.median_seconds * 1e3:.1f} ms", f"{b.median_seconds * 1e3:.1f} ms", f"{cmp.time_ratio:.2f}x"],
+            [format_ms(c.median_seconds), format_ms(b.median_seconds), f"{cmp.time_ratio:.2f}x"],
             DEFINITIONS["median_seconds"] + f" ({cmp.repeats} per mode)",
         )
     )
@@ -140,12 +140,11 @@ def _region_lines(cmp: Comparison) -> list[str]:
         f"  {'#':>2} {'region':<34}{'calls':>6}{'saved':>12}{'kept':>12}{'net':>12}{'replay FLOPs':>14}{'replay bytes':>14}{'replay time':>12}  verdict",
     ]
     for index, r in enumerate(cmp.regions, 1):
-        replay_time = "-" if r.recompute_seconds is None else f"{r.recompute_seconds * 1e3:.1f} ms"
         name = r.name if len(r.name) <= 33 else r.name[:30] + "..."
         lines.append(
             f"  {index:>2} {name:<34}{r.invocations:>6}{format_bytes(r.saved_bytes):>12}{format_bytes(r.inputs_kept_bytes):>12}"
             f"{format_bytes(r.net_bytes):>12}{format_count(r.recompute.flops, 'FLOP'):>14}"
-            f"{format_count(r.recompute.bytes_moved, 'B'):>14}{replay_time:>12}  {r.verdict}"
+            f"{format_count(r.recompute.bytes_moved, 'B'):>14}{format_ms(r.recompute_seconds):>12}  {r.verdict}"
         )
         if r.callsite:
             lines.append(f"     checkpointed at {r.callsite}")

@@ -27,7 +27,7 @@ the end of the microbatch's backward).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -82,18 +82,8 @@ class StageBundles:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (microbatch keys as strings)."""
-        return {
-            "stage": self.stage,
-            "bundle_bytes": {str(m): b for m, b in sorted(self.bundle_bytes.items())},
-            "backward_extra": self.backward_extra,
-            "shared_bytes": self.shared_bytes,
-            "second_holder_bytes": {str(m): b for m, b in sorted(self.second_holder_bytes.items())},
-            "alive_at_peak": list(self.alive_at_peak),
-            "retained_peak": self.retained_peak,
-            "input_bytes": self.input_bytes,
-            "received_bytes": self.received_bytes,
-            "order": list(self.order),
-        }
+        return {f.name: {str(m): b for m, b in sorted(v.items())} if isinstance(v, dict) else v
+                for f in fields(self) for v in [getattr(self, f.name)]}
 
 
 def _kept_alive(entries: dict[int, Any], key: int, entry: Any) -> bool:

@@ -1,29 +1,14 @@
-"""``recheck cost --plan``: predict each pipeline stage's peak from a one-process run.
+"""``recheck cost --plan``: predict each pipeline stage's peaks from a one-process run.
 
-The contract: ``STEP`` is a zero-argument step that runs **one microbatch** (of the size
-the schedule will split the batch into) forward and backward through the stages in order,
-each stage's forward inside ``recheck.tag(stage=s)`` (0-based), the loss after the last
-stage's block.  It is traced once with its checkpoints as written
-and once bypassed (state restored before each).  Per stage and mode the
-:class:`~recheck.cost.pipeline.bundles.BundleTracker` measures
-
-* the bundle: bytes autograd holds for the microbatch when backward starts, split into
-  the part made before any stage (the step's data: on a real pipeline each microbatch is
-  a view of one input batch, held once for all microbatches), the part received from
-  the previous stage (a real pipeline receives it into a per-microbatch recv buffer) and
-  the rest;
-* the backward extra: the most bytes held for the stage above its bundle while its
-  backward runs (what a checkpoint rebuilds);
-* the stage's parameters (of the modules whose forward ran inside its tag), their
-  gradients and optimizer state;
-* the stage's windows (:mod:`recheck.cost.pipeline.windows`): the rise of every live storage above
-  what was alive when its forward / backward began, what its forward leaves kept, the
-  data it reads.
-
-:func:`predict` lays the bundles out along the schedule's order for each stage
-(:mod:`recheck.cost.pipeline.schedules`): ``bundles alive x bundle + shared input + backward extra``
-for the retained state; for the observed peak, the fixed state plus the bundles and the
-schedule's caches alive before each action, plus the action's rise, at the worst action.
+``STEP`` runs **one microbatch** forward and backward through the stages in order, each stage's
+forward inside ``recheck.tag(stage=s)`` (0-based), the loss after the last stage's block
+(docs/cost.md).  It is traced with its checkpoints as written and bypassed; per stage and mode
+the :class:`~recheck.cost.pipeline.bundles.BundleTracker` measures the bundle (split into the
+step's data, made before any stage, which a real pipeline holds once for all microbatches; what
+was received from the previous stage, which a real pipeline receives into a recv buffer; and
+the rest) and the backward extra (what a checkpoint rebuilds), beside the stage's parameters,
+gradients and optimizer state and its windows (:mod:`~recheck.cost.pipeline.windows`).
+:func:`predict` lays them out along the schedule's order (:mod:`~recheck.cost.pipeline.schedules`).
 """
 
 from __future__ import annotations
@@ -47,7 +32,6 @@ from recheck.cost.pipeline.windows import StageWindows, WindowFigures, supported
 __all__ = ["NoStageTags", "PlanMeasurement", "PlanStage", "StagePrediction", "measure_plan", "predict"]
 
 
-
 class NoStageTags(Exception):
     """The planning step saved nothing inside ``recheck.tag(stage=...)``."""
 
@@ -68,17 +52,6 @@ class PlanStage:
         """Bytes held for the one microbatch when backward starts."""
         return sum(self.bundles[mode].bundle_bytes.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "stage": self.stage,
-            "modes": {mode: figures.to_dict() for mode, figures in self.bundles.items()},
-            "parameter_bytes": self.parameter_bytes,
-            "gradient_bytes": self.gradient_bytes,
-            "optimizer_bytes": self.optimizer_bytes,
-            "windows": {mode: figures.to_dict() for mode, figures in self.windows.items()},
-            "optimizer_rise": dict(self.optimizer_rise),
-        }
 
 
 @dataclass
@@ -256,20 +229,7 @@ def predict(measurement: PlanMeasurement, kind: str, microbatches: int, num_stag
             )
             observed[mode], action = predict_observed_peak(kind, order, model, stages, s)
             terms[mode] = {**model.to_dict(), "data_per_microbatch": windows.data, "peak_action": action}
-        predictions.append(
-            StagePrediction(
-                stage=s,
-                theoretical_bundles=theoretical_bundles(order),
-                bundle_bytes=bundle,
-                shared_bytes=shared,
-                backward_extra=extra,
-                retained_peak=peak,
-                comm_buffer_bytes=comm,
-                parameter_bytes=plan_stage.parameter_bytes,
-                gradient_bytes=plan_stage.gradient_bytes,
-                optimizer_bytes=plan_stage.optimizer_bytes,
-                observed_peak=observed,
-                observed_terms=terms,
-            )
-        )
+        predictions.append(StagePrediction(
+            s, theoretical_bundles(order), bundle, shared, extra, peak, comm, plan_stage.parameter_bytes,
+            plan_stage.gradient_bytes, plan_stage.optimizer_bytes, observed, terms))
     return predictions

@@ -18,7 +18,7 @@ Every rank runs the same sequence of steps, so the schedules' sends and receives
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from recheck.cost.pipeline.bundles import BundleTracker, StageBundles
@@ -33,7 +33,6 @@ from recheck.cost.pipeline.schedules import (
 )
 
 __all__ = ["NotAPipeline", "StageMode", "StageReport", "measure_rank", "rank_entry"]
-
 
 
 class NotAPipeline(Exception):
@@ -84,22 +83,13 @@ class StageReport:
     schedule: str
     theoretical_bundles: int | None
     comm_buffer_bytes: int
-    modes: dict[str, StageMode] = field(default_factory=dict)
     stages_on_rank: int = 1
+    modes: dict[str, StageMode] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "rank": self.rank,
-            "stage": self.stage,
-            "num_stages": self.num_stages,
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "theoretical_bundles": self.theoretical_bundles,
-            "comm_buffer_bytes": self.comm_buffer_bytes,
-            "stages_on_rank": self.stages_on_rank,
-            "modes": {name: mode.to_dict() for name, mode in self.modes.items()},
-        }
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "modes": {name: mode.to_dict() for name, mode in self.modes.items()}}
 
 
 def _stages_of(schedule: Any) -> list[Any]:
@@ -186,20 +176,11 @@ def measure_rank(step: Callable[[], Any], rank: int) -> list[StageReport]:
 def _report(schedule: Any, stage: Any, rank: int, stages_on_rank: int,
             comm_bytes: int) -> tuple[StageReport, list[Any] | None]:
     """The stage's report (figures per mode still to come) and its order of actions."""
-    num_stages = int(getattr(stage, "num_stages", 1))
-    microbatches = int(getattr(schedule, "_n_microbatches", 0))
+    num_stages, microbatches = int(getattr(stage, "num_stages", 1)), int(getattr(schedule, "_n_microbatches", 0))
     order = order_of_schedule(schedule, stage.stage_index, num_stages, microbatches)
-    report = StageReport(
-        rank=rank,
-        stage=stage.stage_index,
-        num_stages=num_stages,
-        microbatches=microbatches,
-        schedule=schedule_kind(schedule) or type(schedule).__name__,
-        theoretical_bundles=theoretical_bundles(order) if order else None,
-        comm_buffer_bytes=comm_bytes,
-        stages_on_rank=stages_on_rank,
-    )
-    return report, order
+    return StageReport(rank, stage.stage_index, num_stages, microbatches,
+                       schedule_kind(schedule) or type(schedule).__name__,
+                       theoretical_bundles(order) if order else None, comm_bytes, stages_on_rank), order
 
 
 def _stage_mode(order: list[Any] | None, bundles: StageBundles, ledger: Any) -> StageMode:

@@ -68,10 +68,6 @@ class WindowFigures:
     kept: int = 0
     data: int = 0
 
-    def to_dict(self) -> dict[str, int]:
-        """A JSON-ready dict."""
-        return dict(self.__dict__)
-
 
 @dataclass
 class _Window:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from recheck.cost.planner.memory_model import Problem
 
-__all__ = ["NODE_LIMIT", "Infeasible", "Solution", "SolverLimit", "have_scipy", "smallest_peak", "solve"]
+__all__ = ["NODE_LIMIT", "Infeasible", "Solution", "SolverLimit", "have_scipy", "method_of", "smallest_peak", "solve"]
 
 #: Nodes the branch and bound visits before it gives up (a few seconds of Python).
 NODE_LIMIT = 2_000_000
@@ -52,15 +52,6 @@ class Solution:
     method: str
 
 
-def _require_scipy() -> None:
-    if not have_scipy():
-        from recheck.dependencies import MissingDependency
-
-        raise MissingDependency("the milp solver needs scipy (scipy.optimize.milp), which is not installed: "
-                                "pip install 'recheck[plan]', or use the exact branch and bound "
-                                "(solver=\"branch-and-bound\")", name="scipy")
-
-
 def have_scipy() -> bool:
     try:
         import scipy.optimize  # noqa: F401
@@ -69,14 +60,24 @@ def have_scipy() -> bool:
     return True
 
 
+def method_of(method: str | None) -> str:
+    """The solver ``method`` names (None: milp when scipy is installed); MissingDependency for milp without scipy."""
+    if method == "milp" and not have_scipy():
+        from recheck.dependencies import MissingDependency
+
+        raise MissingDependency("the milp solver needs scipy (scipy.optimize.milp), which is not installed: "
+                                "pip install 'recheck[plan]', or use the exact branch and bound "
+                                "(solver=\"branch-and-bound\")", name="scipy")
+    return method or ("milp" if have_scipy() else "branch-and-bound")
+
+
 def solve(problem: Problem, budget: int, *, method: str | None = None) -> Solution:
     """The fastest plan with every window within ``budget``; :class:`Infeasible` when none is.
 
     ``method`` is ``"milp"``, ``"branch-and-bound"`` or None (milp when scipy is there).
     """
-    method = method or ("milp" if have_scipy() else "branch-and-bound")
+    method = method_of(method)
     if method == "milp":
-        _require_scipy()
         choice = _milp(problem, budget, peak=False)
         if choice is _KNIFE_EDGE:  # HiGHS' tolerance let a row exceed the budget by a hair
             choice, method = _branch_and_bound(problem, budget, peak=False), "branch-and-bound"
@@ -91,9 +92,7 @@ def solve(problem: Problem, budget: int, *, method: str | None = None) -> Soluti
 
 def smallest_peak(problem: Problem, *, method: str | None = None) -> int:
     """The least peak any plan reaches."""
-    method = method or ("milp" if have_scipy() else "branch-and-bound")
-    if method == "milp":
-        _require_scipy()
+    method = method_of(method)
     choice = _milp(problem, 0, peak=True) if method == "milp" else _branch_and_bound(problem, math.inf, peak=True)
     assert choice is not None
     return max(problem.memory(choice), default=0)

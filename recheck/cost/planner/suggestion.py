@@ -20,8 +20,8 @@ from recheck.cost.planner.keeping import Change, change_for
 from recheck.cost.planner.memory_model import Model
 from recheck.cost.planner.plan_runs import ANCHORS, CandidateFigures, PendingRun, PlanRun, candidate_figures, kept_bytes
 from recheck.cost.planner.plans import Plan
-from recheck.cost.planner.solver import have_scipy
-from recheck.cost.units import format_bytes, format_count
+from recheck.cost.planner.solver import method_of
+from recheck.cost.units import format_bytes, format_count, format_ms
 from recheck.runtime.steps import StepState
 
 __all__ = ["DEFINITIONS", "NothingFits", "Progress", "Suggestion", "Tell", "census", "nothing_fits", "outcome",
@@ -112,7 +112,7 @@ def census(step: Callable[[], Any], state: StepState, restore: Callable[[], None
 
 def solver_name(solver: str | None, notes: list[str]) -> str:
     """The solver used (a note says when the fallback ran because scipy is missing)."""
-    method = solver or ("milp" if have_scipy() else "branch-and-bound")
+    method = method_of(solver)
     if method == "branch-and-bound" and solver is None:
         notes.append("solved exactly by branch and bound (scipy is not installed; pip install 'recheck[plan]' "
                      "for scipy.optimize.milp)")
@@ -145,12 +145,6 @@ DEFINITIONS = {
 }
 
 
-def _ms(seconds: float | None) -> str:
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "-"
-    return f"{seconds * 1e3:.1f} ms"
-
-
 def _verdict(run: PlanRun) -> str:
     if run.verdict_error is not None:
         return f"not checked ({run.verdict_error})"
@@ -170,7 +164,7 @@ def _row(run: PlanRun, budget: int) -> list[str]:
         measured += f" (cuda {format_bytes(run.cuda['max_memory_allocated'])})"
     return [run.name + (f" @ batch {run.batch_size}" if run.batch_size else ""), predicted, measured,
             f"{error:+.1%}" if error is not None else "-",
-            f"{_ms(run.predicted_seconds)} / {_ms(run.measured_seconds)}",
+            f"{format_ms(run.predicted_seconds)} / {format_ms(run.measured_seconds)}",
             "yes" if run.fits(budget) else "no", _verdict(run)]
 
 
@@ -221,7 +215,7 @@ def render_suggestion(s: Suggestion) -> str:
     elif s.suggested.fits(s.budget):
         ratio = best.measured_seconds / s.suggested.measured_seconds if s.suggested.measured_seconds else math.nan
         lines += ["", f"suggested against the fastest anchor within the budget ({best.name}): "
-                      f"{_ms(s.suggested.measured_seconds)} against {_ms(best.measured_seconds)} ({ratio:.2f}x)"]
+                      f"{format_ms(s.suggested.measured_seconds)} against {format_ms(best.measured_seconds)} ({ratio:.2f}x)"]
     if s.throughput:
         lines += [f"throughput: {s.throughput['samples_per_second']:.1f} samples/s predicted at batch size "
                   f"{s.throughput['batch_size']}, {s.suggested.samples_per_second:.1f} measured; "
@@ -230,7 +224,7 @@ def render_suggestion(s: Suggestion) -> str:
     lines += ["", f"candidates (one traced run per mode, {s.repeats} timed run(s) each, {clock}):"]
     rows = []
     for c in s.candidates:
-        recompute = " / ".join(f"{_ms(c.recompute_seconds.get(m))}, {format_count(c.recompute_flops.get(m, 0), 'FLOP')}"
+        recompute = " / ".join(f"{format_ms(c.recompute_seconds.get(m))}, {format_count(c.recompute_flops.get(m, 0), 'FLOP')}"
                                for m in ("full", "selective", "written") if m in c.recompute_seconds)
         rows.append([c.name, c.kind, "yes" if c.written else "no", format_bytes(c.kept_alive),
                      format_bytes(c.inputs_kept) if c.inputs_kept is not None else "-",
