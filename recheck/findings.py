@@ -430,32 +430,24 @@ def _named(finding: Finding) -> tuple[str, str, str] | None:
 
 def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
     """``modules`` entries (step 2 of :func:`report_entries`); the findings they take go in ``taken``."""
-    named = {id(f): n for f in findings if (n := _named(f)) is not None}
-    recompute = {i: _changed_by_one_recompute(f, n[0], n[2]) for f in findings if (n := named.get(i := id(f)))}
-    families: dict[tuple, list[str]] = {}
-    for finding in findings:
-        if id(finding) in named:
-            attribute = named[id(finding)][1]
-            if attribute not in families.setdefault(recompute[id(finding)], []):
-                families[recompute[id(finding)]].append(attribute)
-    groups: dict[tuple, list[Finding]] = {}
-    for finding in findings:
-        if id(finding) in named:
-            template = named[id(finding)][2]
-            family = tuple(families[recompute[id(finding)]])
-            key = (finding.kind, finding.code, template, finding.hint, finding.latent, family)
-            groups.setdefault(key, []).append(finding)
+    named = [(f, n, _changed_by_one_recompute(f, n[0], n[2])) for f in findings if (n := _named(f)) is not None]
+    families: dict[tuple, dict[str, None]] = {}  # the attributes one recompute changed, in order
+    for _, (_, attribute, _), recompute in named:
+        families.setdefault(recompute, {})[attribute] = None
+    groups: dict[tuple, list[tuple[Finding, str]]] = {}
+    for f, (module, _, template), recompute in named:
+        key = (f.kind, f.code, template, f.hint, f.latent, tuple(families[recompute]))
+        groups.setdefault(key, []).append((f, module))
     entries = []
-    for (_, _, template, _, _, family), group in groups.items():
-        modules = tuple(dict.fromkeys(f"{f.region}: {named[id(f)][0]}" for f in group))
+    for (_, _, template, _, _, family), pairs in groups.items():
+        group = tuple(f for f, _ in pairs)
+        modules = tuple(dict.fromkeys(f"{f.region}: {module}" for f, module in pairs))
         if len(modules) < 2 and len(family) < 2:
             continue
-        names = ", ".join(f"`{a}`" for a in family)
         regions = _regions(group)
-        where = f" in {len(modules)} module{'s' if len(modules) > 1 else ''}"
-        where += f" of {len(regions)} region{'s' if len(regions) > 1 else ''}" if regions else ""
-        entries.append(Entry("modules", template.replace("{}", names) + where, tuple(group), regions, modules,
-                             family))
+        where = f" in {plural(len(modules), 'module')}" + (f" of {plural(len(regions), 'region')}" if regions else "")
+        message = template.replace("{}", ", ".join(f"`{a}`" for a in family)) + where
+        entries.append(Entry("modules", message, group, regions, modules, family))
         taken.update(id(f) for f in group)
     return entries
 
@@ -600,11 +592,8 @@ class Report:
         """A report from its :meth:`to_dict` document, every field checked (``ValueError``)."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a report must be a JSON object, got {type(data).__name__}")
-        findings = data.get("findings", [])
-        notes = data.get("notes", [])
-        stats = data.get("stats")
+        findings, notes, stats, title = data.get("findings", []), data.get("notes", []), data.get("stats"), data.get("title")
         stats = {} if stats is None else stats
-        title = data.get("title")
         if not isinstance(findings, list):
             raise ValueError("a report's findings must be a list")
         if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
@@ -613,8 +602,7 @@ class Report:
             raise ValueError("a report's stats must be an object with string keys")
         if title is not None and not isinstance(title, str):
             raise ValueError("a report's title must be a string")
-        return cls((Finding.from_dict(f) for f in findings), title=title, notes=notes,
-                   stats=dict(stats))
+        return cls((Finding.from_dict(f) for f in findings), title=title, notes=notes, stats=dict(stats))
 
     @classmethod
     def from_json(cls, text: str) -> Report:
