@@ -477,8 +477,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     """RNG streams and globals read as comparable values; globals also as text (parameter
     versions: :func:`parameter_versions`).
 
-    The texts and the keys of globals and RNG streams are those of
-    ``recheck.checker.observe.Probe.read``; RNG states are
+    Keyed ``("rng", stream)`` and ``("global", subject)``; RNG states are
     compared in the one exact encoding of :func:`recheck.runtime.rng.rng_fingerprint` (every
     invocation reads them four times).  ``rng_only`` skips globals, and ``with_text=False`` skips the
     texts (a recompute only needs the text of what differs: :func:`global_text`).
@@ -490,31 +489,19 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     else:
         values = {}
         for name, fingerprint in rng_fingerprints(generators, host).items():
-            values[_RNG_KEYS.get(name) or _key_of(_RNG_KEYS, "rng", name)] = fingerprint
+            values["rng", name] = fingerprint
     if rng_only:
         return values, shown
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name, MISSING)
-        key = _GLOBAL_KEYS.get(ref.subject) or _key_of(_GLOBAL_KEYS, "global", ref.subject)
+        key = "global", ref.subject
         values[key] = shallow(value)  # identity, version, length, numbers by bits: read 4 times a call
         if with_text:
             shown[key] = show_printed(value, values[key])  # made once while the value stays
     return values, shown
 
 
-def _key_of(keys: dict[str, tuple[str, str]], kind: str, subject: str) -> tuple[str, str]:
-    """``(kind, subject)``, made once per subject: an entry state is read three or four times an
-    invocation, and the forward keeps its entry's keys until its backward."""
-    if len(keys) >= 4096:
-        keys.clear()
-    key = keys[subject] = (kind, subject)
-    return key
-
-
-#: the keys of RNG streams and of globals read, by subject (see :func:`_key_of`)
-_RNG_KEYS: dict[str, tuple[str, str]] = {}
-_CPU_RNG_KEY = _key_of(_RNG_KEYS, "rng", CPU_STREAM)
-_GLOBAL_KEYS: dict[str, tuple[str, str]] = {}
+_CPU_RNG_KEY = ("rng", CPU_STREAM)
 
 
 def global_text(reach: Reach, key: tuple[str, str]) -> str:
