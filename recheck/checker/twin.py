@@ -153,7 +153,7 @@ class Twin:
         self.runs = 0
         #: a run let the region's output through (check(): its first plain run)
         self._shown = False
-        self._grads = {r.name: r for r in self.snapshot.grads()}
+        self._grads = {r.name: r for r in self.snapshot.grads}
         #: the step's state spans the ranks of a world (sharded parameters, a DDP module, a pipeline
         #: schedule or stage): every rank runs it, and the runs each rank makes are agreed by all
         #: (:meth:`agreed`)
@@ -210,6 +210,8 @@ class Twin:
         run.grads = grads
         seen = None if reference is None else reference.post
         run.post = self.snapshot.observe(seen, lean)
+        if run.inert and isinstance(self.step, RegionStep):  # (what the observe found as captured is not read again)
+            run.inert = self.snapshot.unchanged(self.step.reset_streams)
         wrapper = self._wrapper_subjects() if self.unsynced else set()
         for key in [key for key in run.post if key[0] == "state" and key[1] in wrapper]:
             del run.post[key]  # DDP's own bookkeeping, put back and not compared (:func:`_unsynced`)
@@ -264,8 +266,7 @@ class Twin:
         self._shown |= plain
         with quiet or contextlib.nullcontext(), self._watched(run, watch_options, compiled):
             yield
-        if quiet is not None and region is not None and plain:
-            run.inert = not quiet.effects and self.snapshot.unchanged(region.reset_streams)
+        run.inert = quiet is not None and plain and not quiet.effects  # and the state as found: see _observe
 
     @contextlib.contextmanager
     def _watched(self, run: StepRun, watch_options: Mapping[str, Any], compiled: bool) -> Iterator[None]:

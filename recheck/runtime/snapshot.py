@@ -52,8 +52,8 @@ import torch
 from recheck.findings import Subject, error_line
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.digests import tensor_digest
-from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, fingerprint,
-                                          is_module_state, show, show_printed)
+from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, MODULE_INTERNALS,
+                                          fingerprint, is_module_state, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject, parameter_subject
 from recheck.runtime.reach import code_globals, is_library
 from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_fingerprint, rng_states, rng_summary,
@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from recheck.runtime.reach import Reach
 
 __all__ = [
-    "BindingsRecord",
     "ClassKeysRecord",
     "ClassValueRecord",
     "DefaultDtypeRecord",
@@ -72,6 +71,7 @@ __all__ = [
     "HeldKeysRecord",
     "HeldValueRecord",
     "InstanceRngRecord",
+    "ModuleRecord",
     "NewKeysRecord",
     "Observed",
     "RngRecord",
@@ -123,17 +123,9 @@ class TensorRecord:
         return bits_equal(self.tensor, self.copy)
 
     def unchanged(self) -> bool:
-        """True when the tensor's version and bytes are those captured."""
-        return self.tensor._version == self.version and self.same_bytes()
-
-    def changed(self) -> bool:
-        """True when the tensor's version, shape or bytes differ from the capture."""
-        return not self.unchanged()
-
-    def recaptured(self) -> TensorRecord:
-        """A record of the tensor as it is now, sharing the copy when nothing changed."""
-        same = self.unchanged()
-        return TensorRecord(self.kind, self.subject, self.tensor, self.copy if same else None)
+        """True when the tensor's version and bytes are those captured (as the last observe found
+        them, where it did: nothing ran since)."""
+        return self._verified or self.tensor._version == self.version and self.same_bytes()
 
     def restore(self, trust_observed: bool = False) -> None:
         """Put the bytes and version back; ``trust_observed``: the last observe is current."""
@@ -154,8 +146,8 @@ class TensorRecord:
     def observe(self, reference: Observed | None = None, lean: bool = False) -> tuple[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
-        Also remembers the finding for :meth:`Snapshot.observe_and_restore`, whose
-        restore follows at once and so need not compare the bytes again.  A tensor whose
+        Also remembers the finding for :meth:`unchanged` and for :meth:`Snapshot.restore`
+        with ``trust_observed``, which follow at once and so need not compare the bytes again.  A tensor whose
         version moved is copied without comparing its bytes first (an optimizer step moves
         every parameter's): the copy holds the same bytes either way.  ``reference`` (the
         same tensor as another run left it) is returned itself when the bytes are its bytes;
@@ -234,22 +226,12 @@ class GradRecord:
         self.grad = parameter.grad
         self.version = None if self.grad is None else self.grad._version
 
-    def clear(self) -> None:
-        self.parameter.grad = None
-
     def fresh(self) -> None:
         """A copy of the gradient as captured (a step accumulates into it; the original stays)."""
         self.parameter.grad = None if self.grad is None else self.grad.detach().clone()
 
-    def unchanged(self) -> bool:
-        """Always True: gradients are compared as gradients, not as state."""
-        return True
-
     def restore(self) -> None:
         self.parameter.grad = self.grad
-
-    def observe(self) -> Iterator[Observed]:
-        return iter(())
 
 
 # -- Python values ------------------------------------------------------------------------------
@@ -484,28 +466,26 @@ class NewKeysRecord:
         for key in self._new():
             del self.namespace[key]
 
-    def observe(self) -> Iterator[Observed]:
-        for key in self._new():
-            value = self.namespace[key]
-            seen = _printed(value)
-            yield Observed("state", attribute_subject(self.module, key), seen, show_printed(value, seen))
+    def observe(self) -> list[Observed]:
+        return [Observed("state", attribute_subject(self.module, key), seen, show_printed(value, seen))
+                for key in self._new() for value in (self.namespace[key],) for seen in (_printed(value),)]
 
 
-class BindingsRecord:
-    """Which objects a dict maps its keys to (a module's ``_parameters`` or ``_buffers``)."""
+class ModuleRecord(NewKeysRecord):
+    """A module's attributes created after capture (:class:`NewKeysRecord`), and which objects its
+    ``_parameters``, ``_buffers`` and ``_modules`` map their names to (put back, not compared)."""
 
-    def __init__(self, namespace: dict) -> None:
-        self.content = _Content(namespace, 0)
+    def __init__(self, module: torch.nn.Module, prefix: str) -> None:
+        super().__init__(module.__dict__, prefix)
+        self.bindings = [_Content(names, 0) for names in (module._parameters, module._buffers, module._modules)]
 
     def unchanged(self) -> bool:
-        """True when the dict maps the same keys to the same objects."""
-        return same_mapping(self.content.obj, self.content.items)
+        return super().unchanged() and all(same_mapping(c.obj, c.items) for c in self.bindings)
 
     def restore(self) -> None:
-        self.content.restore()
-
-    def observe(self) -> Iterator[Observed]:
-        return iter(())
+        super().restore()
+        for content in self.bindings:
+            content.restore()
 
 
 class HeldValueRecord(ValueRecord):
@@ -520,8 +500,8 @@ class HeldValueRecord(ValueRecord):
 class HeldKeysRecord(NewKeysRecord):
     """Attributes created on a held plain object: removed by restore, observed through its holder."""
 
-    def observe(self) -> Iterator[Observed]:
-        return iter(())
+    def observe(self) -> list[Observed]:
+        return []
 
 
 class SlotRecord:
@@ -728,7 +708,8 @@ class Snapshot:
         self.rng = rng
         self.records: list[Any] = []
         self.keys: set[Any] = set()
-        self._makers: list[tuple[Any, Any]] = []
+        #: the gradient records, apart: cleared before each run, put back last
+        self.grads: list[GradRecord] = []
         #: what was found and cannot be put back, by its name in backticks: why (see :meth:`notes`)
         self.unrestorable: dict[str, str] = {}
         self._held_left = _MAX_HELD  # values a held search may still look into
@@ -752,22 +733,9 @@ class Snapshot:
         if key in self.keys:
             return False
         self.keys.add(key)
-        self.records.append(make())
-        self._makers.append((key, make))
+        record = make()
+        (self.grads if type(record) is GradRecord else self.records).append(record)
         return True
-
-    def recapture(self) -> Snapshot:
-        """A new snapshot of the same pieces of state, as they are now.
-
-        Tensors found unchanged (version and bytes) share the existing copy.
-        """
-        again = Snapshot(RngRecord(self.rng.generators))
-        again.unrestorable, again._deeper = self.unrestorable, self._deeper  # (one account of what is not put back)
-        again.iterators = self.iterators
-        for (key, make), record in zip(self._makers, self.records):
-            again.add(key, record.recaptured if isinstance(record, TensorRecord) else make)
-            again._makers[-1] = (key, make)
-        return again
 
     def track(self, reach: Reach, param_kind: str = "param_version") -> dict[str, torch.Tensor]:
         """Add records for everything ``reach`` knows that the snapshot does not hold yet.
@@ -797,11 +765,8 @@ class Snapshot:
 
         self._rank = 1  # (see :meth:`hold`)
         for prefix, module in list(reach.modules.values()):
-            if not add(("module", id(module)), functools.partial(BindingsRecord, module._parameters)):
+            if not add(("module", id(module)), functools.partial(ModuleRecord, module, prefix)):
                 continue
-            add(("buffers", id(module)), functools.partial(BindingsRecord, module._buffers))
-            add(("modules", id(module)), functools.partial(BindingsRecord, module._modules))
-            add(("new-attrs", id(module)), functools.partial(NewKeysRecord, module.__dict__, prefix))
             dotted = (prefix + ".") if prefix else ""
             for name, param in module._parameters.items():
                 if param is not None:
@@ -811,7 +776,7 @@ class Snapshot:
                     add(("buffer", id(buffer)), functools.partial(
                         TensorRecord, "buffer", buffer_subject(prefix, name), buffer))
             attributes = module.__dict__
-            for key in list(attributes):
+            for key in itertools.filterfalse(MODULE_INTERNALS.__contains__, list(attributes)):  # (most: in C)
                 if is_module_state(key) and add(("attr", id(module), key), functools.partial(
                         ValueRecord, "state", attribute_subject(prefix, key), attributes, key)):
                     self.hold(f"{prefix or 'self'}.{key}", attributes.get(key))
@@ -907,6 +872,8 @@ class Snapshot:
         model's modules hold: what the search's bound (:data:`_MAX_HELD` values) leaves out is
         the deepest, never a metrics object's list because a model's attributes hold many values.
         """
+        if type(value) in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
+            return
         with self._breadth_first():
             first = self._rank if depth < _MAX_DEPTH else 0  # (what is held directly: in the order given)
             heapq.heappush(self._pending, (-depth, first, next(self._order), self._rank, name, value, depth, held))
@@ -930,8 +897,6 @@ class Snapshot:
 
     def _hold(self, name: str, value: Any, depth: int, held: bool) -> None:
         cls = type(value)
-        if cls in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
-            return
         if depth <= 0:
             if id(value) not in self._deeper and (instance_kind(value) is not None or not is_library(cls.__module__)
                                                   and isinstance(getattr(value, "__dict__", None), dict)):
@@ -1041,27 +1006,17 @@ class Snapshot:
                 return False
         return True
 
-    def observe_and_restore(self) -> dict[tuple[str, str], Observed]:
-        """:meth:`observe`, then :meth:`restore`, comparing each tensor's bytes only once."""
-        seen = self.observe()
-        self.restore(trust_observed=True)
-        return seen
-
-    def grads(self) -> list[GradRecord]:
-        """The gradient records (cleared before each run)."""
-        return [r for r in self.records if isinstance(r, GradRecord)]
-
     def restore(self, trust_observed: bool = False) -> None:
         """Put everything back; a record that fails is named in :meth:`notes` and the rest still
         put back (recheck's own failure is never raised into the user's run).
 
-        ``trust_observed`` (only for :meth:`observe_and_restore`): tensors the last
-        :meth:`observe` found unchanged are not compared again.
+        ``trust_observed`` (right after :meth:`observe`, nothing run since): tensors it found
+        unchanged are not compared again.
         """
         # gradients last: a parameter's dtype goes back first (check_step's float64 rerun)
-        for record in sorted(reversed(self.records), key=lambda r: isinstance(r, GradRecord)):
+        for record in [*reversed(self.records), *reversed(self.grads)]:
             try:
-                if isinstance(record, TensorRecord):
+                if type(record) is TensorRecord:
                     record.restore(trust_observed)
                 else:
                     record.restore()

@@ -45,7 +45,7 @@ def test_tensor_record_restores_bytes_and_version():
     record = TensorRecord("buffer", "buffer `b`", t)
     t.add_(1)
     t.data.mul_(3)  # bypasses the version counter
-    assert record.changed()
+    assert not record.unchanged()
     record.restore()
     assert torch.equal(t, torch.arange(4.0)) and t._version == record.version
     u = torch.arange(3.0)
@@ -150,6 +150,21 @@ def test_snapshot_restores_module_state():
     assert ("buffer", "running_mean") in observed
     snapshot.restore()
     assert model[1].num_batches_tracked.item() == 0 and model.extra == [1]
+
+
+def test_a_tracked_module_s_bindings_and_new_attributes_are_put_back_and_the_new_ones_observed():
+    model = nn.Sequential(nn.Linear(2, 2))
+    weight, buffers, layer = model[0].weight, dict(model[0]._buffers), model[0]
+    snapshot = Snapshot(RngRecord({}))
+    snapshot.track(static_reach(model, (), {}), param_kind="state")
+    model[0].weight = nn.Parameter(torch.zeros(2, 2))
+    model[0].register_buffer("scale", torch.ones(1))
+    model.add_module("extra", nn.ReLU())
+    model[0].calls = 1
+    assert ("state", "attribute `0.calls`") in snapshot.observe()
+    snapshot.restore()
+    assert model[0].weight is weight and model[0]._buffers == buffers and list(model) == [layer]
+    assert "calls" not in vars(model[0])
 
 
 def _reads_and_writes(x):
