@@ -346,7 +346,8 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
     """The entries of a report, the most severe first: the one grouping of findings every face renders.
 
     1. ``consequences`` (last): a ``check_step``'s end-of-step differences from the twin (no
-       invocation) that follow from a cause the watched run reported.
+       invocation) that follow from a cause the watched run reported (a ``likely cause`` hint, a
+       stream with no rule of its own, or the kind and rule of a watched finding).
     2. ``modules``: one hazard in several modules, or on several attributes that one recompute
        changed in one module (a BatchNorm's buffers), found by the message read with the name left out.
     3. ``values``: one subject of one region whose message differs only by a value per call.
@@ -356,8 +357,8 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
     order found.  Static (``lint``) findings are not entries.
     """
     dynamic = [f for f in findings if f.kind != LINT]
-    watched_cause = any(f.invocation is not None for f in dynamic)
-    consequences = [f for f in dynamic if watched_cause and _is_consequence(f)]
+    watched = {(f.kind, f.code) for f in dynamic if f.invocation is not None}
+    consequences = [f for f in dynamic if watched and _is_consequence(f, watched)]
     taken = {id(f) for f in consequences}
     rest = [f for f in dynamic if id(f) not in taken]
     entries = _module_entries(rest, taken)
@@ -385,11 +386,15 @@ def _regions(findings: Iterable[Finding]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(f.region for f in findings if f.region))
 
 
-def _is_consequence(finding: Finding) -> bool:
+def _is_consequence(finding: Finding, watched: set[tuple[str, str | None]]) -> bool:
     """An end-of-step difference from the twin explained by a watched cause: pointed at it
-    (``likely cause``), or without a rule of its own (the RNG stream the recompute drew from)."""
+    (``likely cause``), without a rule of its own (the RNG stream the recompute drew from), or
+    of the kind and rule of a hazard the watched run reported (a BatchNorm buffer whose
+    statistics the recompute updated again, ``watched``: those findings' kind and rule)."""
     if finding.invocation is not None:
         return False
+    if finding.code is not None and (finding.kind, finding.code) in watched:
+        return True
     return (finding.hint or "").startswith("likely cause") or (finding.code is None and finding.hint is None)
 
 

@@ -94,6 +94,28 @@ def test_batchnorm_statistics_of_eight_modules_in_two_regions_are_one_entry():
     assert verbose.count("- BatchNorm statistics `blocks.") == 24
 
 
+
+def test_batchnorm_under_check_step_is_the_cause_then_one_entry_of_its_end_state_buffers():
+    """The twin's end state differs in every BatchNorm buffer the recompute updated again: those
+    differences carry the watched hazard's rule, and are one consequences entry after it."""
+    torch.manual_seed(0)
+    model = TinyResNet().train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 8, 8)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+
+    report = recheck.check_step(step, modules=[model], optimizers=[optimizer])
+    end_state = [f for f in report.findings if f.invocation is None]
+    assert len(end_state) == 24 and {f.kind for f in end_state} == {"buffer"}
+    assert [(e.form, e.count) for e in report.entries()] == [("modules", 24), ("consequences", 24)]
+    shown = _entries(report.format())
+    assert len(shown) == 2 and "24 buffers differ from the uncheckpointed step as a consequence" in shown[1]
+
+
 class DropoutBlock(nn.Module):
     def __init__(self, width: int = 8) -> None:
         super().__init__()
