@@ -18,15 +18,7 @@ from typing import Any
 
 from recheck.cost.results import BudgetEstimate
 
-__all__ = ["accepts_batch_size", "default_batch_size", "estimate", "fit_line"]
-
-
-def accepts_batch_size(step: Callable[..., Any]) -> bool:
-    """Whether ``step`` takes a ``batch_size`` argument."""
-    try:
-        return "batch_size" in inspect.signature(step).parameters
-    except (TypeError, ValueError):
-        return False
+__all__ = ["default_batch_size", "estimate"]
 
 
 def default_batch_size(step: Callable[..., Any]) -> int | None:
@@ -38,15 +30,6 @@ def default_batch_size(step: Callable[..., Any]) -> int | None:
     if parameter is None or not isinstance(parameter.default, int) or isinstance(parameter.default, bool):
         return None
     return parameter.default
-
-
-def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """``(intercept, slope)`` of the straight line through two points (x, y)."""
-    (x1, y1), (x2, y2) = points[0], points[-1]
-    if x1 == x2:
-        raise ValueError("two different batch sizes are needed for a fit")
-    slope = (y2 - y1) / (x2 - x1)
-    return y1 - slope * x1, slope
 
 
 #: One measurement: (batch size or None, observed peak per phase in bytes, seconds per step).
@@ -64,7 +47,8 @@ def _solve(budget: int, points: list[Point]) -> dict[str, Any]:
     limits: dict[str, int | None] = {}
     fits: dict[str, dict[str, float]] = {}
     for phase in sorted(set(peaks1) & set(peaks2)):
-        intercept, slope = fit_line([(b1, peaks1[phase]), (b2, peaks2[phase])])
+        slope = (peaks2[phase] - peaks1[phase]) / (b2 - b1)
+        intercept = peaks1[phase] - slope * b1
         fits[phase] = {"fixed_bytes": intercept, "bytes_per_sample": slope}
         if slope > 0:
             limits[phase] = math.floor((budget - intercept) / slope)

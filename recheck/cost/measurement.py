@@ -1,11 +1,8 @@
 """``recheck.measure(step)``: the same training step with checkpointing as written and bypassed.
 
-Each mode runs once traced (storage ledger, saved-tensor hooks, operator counts: see
-:mod:`recheck.cost.trace`) and ``repeats`` times untraced for wall time (and, on CUDA,
-the allocator's peaks).  Before every run all state the step touches is put back
-(parameters, gradients, buffers, optimizer state, CPU/CUDA/Python/NumPy RNG), so both
-modes see the same model, data, precision and random numbers; after the measurement the
-state is left as it was found.
+Each mode runs once traced (:mod:`recheck.cost.trace`) and ``repeats`` times untraced for time
+(and, on CUDA, the allocator's peaks).  All state the step touches is put back before every run
+(:mod:`recheck.runtime.steps`), so both modes see the same model, data and random numbers.
 """
 
 from __future__ import annotations
@@ -36,21 +33,10 @@ def _traced_run(step: Callable[[], Any], state: StepState, router: Router, mode:
     traced_seconds = time.perf_counter() - started
     trace, ledger = tracer.trace, tracer.trace.ledger
     result = ModeResult(
-        name=mode,
-        retained_peak=ledger.saved_peak,
-        retained_peak_split=dict(ledger.saved_peak_split),
-        retained_end_of_forward=trace.saved_at_end_of_forward,
-        observed_peak=ledger.observed_peak,
-        peak_breakdown=dict(ledger.peak_breakdown),
-        observed_end_of_forward=trace.observed_at_end_of_forward,
-        work=trace.work,
-        seconds=[],
-        timeline=list(ledger.timeline),
-        end_of_forward_index=trace.end_of_forward_index,
-        phase_peaks=dict(ledger.phase_peaks),
-        observed_at_start=ledger.timeline[0][0] if ledger.timeline else 0,
-        traced_seconds=traced_seconds,
-    )
+        mode, ledger.saved_peak, dict(ledger.saved_peak_split), trace.saved_at_end_of_forward, ledger.observed_peak,
+        dict(ledger.peak_breakdown), trace.observed_at_end_of_forward, trace.work, [], list(ledger.timeline),
+        trace.end_of_forward_index, phase_peaks=dict(ledger.phase_peaks),
+        observed_at_start=ledger.timeline[0][0] if ledger.timeline else 0, traced_seconds=traced_seconds)
     return result, dict(router.regions)
 
 
@@ -79,19 +65,9 @@ def _regions(checkpointed: dict, bypassed: dict, timed: list[dict]) -> list[Regi
     for key, stats in checkpointed.items():
         plain: RegionStats | None = bypassed.get(key)
         per_run = [run[key].recompute_seconds for run in timed if key in run]
-        results.append(
-            RegionResult(
-                name=key.qualname,
-                defined_at=key.defined_at,
-                callsite=key.callsite,
-                invocations=stats.invocations,
-                saved_bytes=plain.saved_bytes if plain is not None else 0,
-                inputs_kept_bytes=stats.inputs_kept_bytes,
-                recompute=stats.recompute,
-                recompute_seconds=statistics.median(per_run) if per_run else None,
-                recomputes=stats.recomputes,
-            )
-        )
+        results.append(RegionResult(key.qualname, key.defined_at, key.callsite, stats.invocations,
+                                    plain.saved_bytes if plain is not None else 0, stats.inputs_kept_bytes,
+                                    stats.recompute, statistics.median(per_run) if per_run else None, stats.recomputes))
     return rank_regions(results)
 
 
@@ -183,7 +159,7 @@ def _estimate_budget(
     base = budget_fit.default_batch_size(step)
     reserve = {m: _allocator_reserve(r) for m, r in modes.items()}
     points = {m: [(base, _budget_peaks(r, reserve[m]), r.median_seconds)] for m, r in modes.items()}
-    if base is not None and budget_fit.accepts_batch_size(step):
+    if base is not None:
         larger = functools.partial(step, batch_size=2 * base)
         more, _, _ = _measure_modes(larger, state, restore, repeats)
         for mode, result in more.items():

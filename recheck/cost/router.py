@@ -1,13 +1,10 @@
 """Route every checkpoint call of a step: run it as written, or bypass it (call the region).
 
-The :class:`Router` is the cost report's :class:`~recheck.intercept.hooks.Interceptor`.  In
-``"checkpoint"`` mode the real checkpoint runs with the region function wrapped, so the cost
-tracer can tell a region's forward from its recompute; in ``"bypass"`` mode the region
-function is called directly, exactly as if the checkpoint call were not there.
-
-The router keeps a stack of what is running: a *machinery* frame while torch's
-checkpoint code runs outside the region (tensors it saves then are the checkpoint's kept
-inputs) and a *call* frame while the region function runs.
+The :class:`Router` is the cost report's interceptor.  In ``"checkpoint"`` mode the real
+checkpoint runs with the region function wrapped, so the tracer can tell a region's forward
+from its recompute; in ``"bypass"`` mode the region function is called directly.  Its stack
+holds a *machinery* frame while torch's checkpoint code runs outside the region (what it saves
+then are the kept inputs) and a *call* frame while the region function runs.
 """
 
 from __future__ import annotations
@@ -83,12 +80,6 @@ class Router(Interceptor):
             raise ValueError(f"unknown mode {mode!r}")
         self.mode, self.stack, self.regions = mode, [], {}
 
-    def region(self, key: RegionKey) -> RegionStats:
-        """The per-region figures of the region ``key`` (a callable checkpointed at a call site)."""
-        if key not in self.regions:
-            self.regions[key] = RegionStats(key)
-        return self.regions[key]
-
     def calls(self) -> list[RegionCall]:
         """The region calls running now, outermost first."""
         return [frame for frame in self.stack if isinstance(frame, RegionCall)]
@@ -97,29 +88,11 @@ class Router(Interceptor):
         """The checkpoint code running now outside any region function, if any."""
         return self.stack[-1] if self.stack and isinstance(self.stack[-1], _Machinery) else None
 
-    def enter_call(self, stats: RegionStats, recompute: bool, labels: dict[str, Any] | None = None) -> RegionCall:
-        """Push a region call; the tracer attributes operators and saved tensors to it."""
-        call = RegionCall(stats, recompute, started=time.perf_counter(), labels=dict(labels or {}))
-        if not recompute:
-            stats.invocations += 1
-        self.stack.append(call)
-        return call
-
-    def exit_call(self, call: RegionCall) -> None:
-        """Pop ``call`` (it may end by an exception: early stop ends a recompute that way)."""
-        if call in self.stack:
-            del self.stack[self.stack.index(call) :]
-        if call.recompute:
-            call.stats.recompute_seconds += time.perf_counter() - call.started
-            call.stats.recomputes += 1
-            if self.on_recompute_end is not None:
-                self.on_recompute_end(call)
-        else:
-            call.stats.saved_bytes += sum(call.saved.values())
-
     # -- the interceptor's decisions ---------------------------------------------------------
     def started(self, call: CheckpointCall) -> None:
-        call.state = self.region(call.region)
+        if call.region not in self.regions:
+            self.regions[call.region] = RegionStats(call.region)
+        call.state = self.regions[call.region]
 
     def bypass(self, call: CheckpointCall) -> bool:
         return self.mode == "bypass"
@@ -127,15 +100,28 @@ class Router(Interceptor):
     @contextlib.contextmanager
     def region_run(self, call: CheckpointCall, phase: Phase, args: tuple | None = None,
                    kwargs: dict | None = None) -> Iterator[Run]:
+        """A region call frame for the block: the tracer attributes operators and saved tensors to it."""
         # a region's first run during a backward is work of the recompute that made it (a
         # checkpoint nested inside a recomputed region), like the recompute itself
         recompute = phase is Phase.RECOMPUTE or (
             phase is Phase.FORWARD and torch._C._current_graph_task_id() != -1)
-        frame = self.enter_call(call.state, recompute, dict(call.tags))
+        stats: RegionStats = call.state
+        frame = RegionCall(stats, recompute, started=time.perf_counter(), labels=dict(call.tags))
+        if not recompute:
+            stats.invocations += 1
+        self.stack.append(frame)
         try:
             yield Run()
-        finally:
-            self.exit_call(frame)
+        finally:  # it may end by an exception: early stop ends a recompute that way
+            if frame in self.stack:
+                del self.stack[self.stack.index(frame) :]
+            if recompute:
+                stats.recompute_seconds += time.perf_counter() - frame.started
+                stats.recomputes += 1
+                if self.on_recompute_end is not None:
+                    self.on_recompute_end(frame)
+            else:
+                stats.saved_bytes += sum(frame.saved.values())
 
     def around_machinery(self, call: CheckpointCall, run: Callable[[], Any]) -> Any:
         stats: RegionStats = call.state

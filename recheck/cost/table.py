@@ -14,7 +14,7 @@ from recheck.cost.units import format_bytes, format_count, format_ms
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.cost.results import Comparison
 
-__all__ = ["BLIND_SPOTS", "DEFINITIONS", "render_text", "to_dict"]
+__all__ = ["BLIND_SPOTS", "DEFINITIONS", "render_text", "row", "to_dict"]
 
 DEFINITIONS: dict[str, str] = {
     "retained_peak": "most bytes autograd held for backward at once: saved tensors + checkpoint inputs kept "
@@ -63,8 +63,9 @@ BLIND_SPOTS = (
 )
 
 
-def _row(label: str, values: list[str], definition: str) -> str:
-    return f"  {label:<28}" + "".join(f"{v:>14}" for v in values) + f"   {definition}"
+def row(label: str, values: list[str], definition: str, width: int = 28) -> str:
+    """A table row: the label, each value right-aligned, and the definition of the term."""
+    return f"  {label:<{width}}" + "".join(f"{v:>14}" for v in values) + f"   {definition}"
 
 
 def render_text(cmp: Comparison) -> str:
@@ -82,27 +83,27 @@ def render_text(cmp: Comparison) -> str:
         ("observed peak", c.observed_peak, b.observed_peak, "observed_peak"),
     ]
     for label, x, y, term in mem:
-        lines.append(_row(label, [format_bytes(x), format_bytes(y), ratio(x, y)], DEFINITIONS[term]))
+        lines.append(row(label, [format_bytes(x), format_bytes(y), ratio(x, y)], DEFINITIONS[term]))
     for phase in ("forward", "backward", "optimizer"):
         in_phase = (c.phase_peaks.get(phase), b.phase_peaks.get(phase))
         if in_phase != (None, None):
             values = [format_bytes(v) if v is not None else "-" for v in in_phase]
             both = ratio(*in_phase) if in_phase[0] and in_phase[1] else ""
-            lines.append(_row(f"  ... during {phase}", [*values, both], DEFINITIONS[f"phase_{phase}"]))
+            lines.append(row(f"  ... during {phase}", [*values, both], DEFINITIONS[f"phase_{phase}"]))
     if c.cuda and b.cuda:
         for label, key, term in (
             ("cuda max allocated", "max_memory_allocated", "cuda_allocated"),
             ("cuda max reserved", "max_memory_reserved", "cuda_reserved"),
         ):
             x, y = c.cuda[key], b.cuda[key]
-            lines.append(_row(label, [format_bytes(x), format_bytes(y), ratio(x, y)], DEFINITIONS[term]))
+            lines.append(row(label, [format_bytes(x), format_bytes(y), ratio(x, y)], DEFINITIONS[term]))
     lines.append("  breakdown at the observed peak:")
     for category in CATEGORIES:
         x, y = c.peak_breakdown.get(category, 0), b.peak_breakdown.get(category, 0)
-        lines.append(_row("  " + category.replace("_", " "), [format_bytes(x), format_bytes(y), ""], DEFINITIONS[category]))
+        lines.append(row("  " + category.replace("_", " "), [format_bytes(x), format_bytes(y), ""], DEFINITIONS[category]))
     if c.cuda and b.cuda:
         reserve = [cuda["max_memory_reserved"] - cuda["max_memory_allocated"] for cuda in (c.cuda, b.cuda)]
-        lines.append(_row("  allocator reserve", [format_bytes(v) for v in reserve] + [""], "reserved minus allocated at their peaks"))
+        lines.append(row("  allocator reserve", [format_bytes(v) for v in reserve] + [""], "reserved minus allocated at their peaks"))
     work = [
         ("forward FLOPs", c.work["forward"].flops, b.work["forward"].flops, "forward_flops", "FLOP"),
         ("backward FLOPs", c.work["backward"].flops, b.work["backward"].flops, "backward_flops", "FLOP"),
@@ -110,12 +111,12 @@ def render_text(cmp: Comparison) -> str:
         ("backward bytes moved", c.work["backward"].bytes_moved, b.work["backward"].bytes_moved, "bytes_moved", "B"),
     ]
     for label, x, y, term, unit in work:
-        lines.append(_row(label, [format_count(x, unit), format_count(y, unit), ratio(x, y)], DEFINITIONS[term]))
+        lines.append(row(label, [format_count(x, unit), format_count(y, unit), ratio(x, y)], DEFINITIONS[term]))
     extra = cmp.recompute
-    lines.append(_row("recompute FLOPs", [format_count(extra.flops, "FLOP"), "", ""], DEFINITIONS["recompute_flops"]))
-    lines.append(_row("recompute bytes moved", [format_count(extra.bytes_moved, "B"), "", ""], DEFINITIONS["recompute_bytes"]))
+    lines.append(row("recompute FLOPs", [format_count(extra.flops, "FLOP"), "", ""], DEFINITIONS["recompute_flops"]))
+    lines.append(row("recompute bytes moved", [format_count(extra.bytes_moved, "B"), "", ""], DEFINITIONS["recompute_bytes"]))
     lines.append(
-        _row(
+        row(
             "step time (median)",
             [format_ms(c.median_seconds), format_ms(b.median_seconds), f"{cmp.time_ratio:.2f}x"],
             DEFINITIONS["median_seconds"] + f" ({cmp.repeats} per mode)",
@@ -180,14 +181,7 @@ def to_dict(cmp: Comparison, timeline: bool = False) -> dict[str, Any]:
                 "retained_bytes": [s for _, s in result.timeline],
                 "end_of_forward_index": result.end_of_forward_index,
             }
-    return {
-        "repeats": cmp.repeats,
-        "modes": modes,
-        "recompute": cmp.recompute.to_dict(),
-        "time_ratio": cmp.time_ratio,
-        "regions": [r.to_dict() for r in cmp.regions],
-        "budget": None if cmp.budget is None else cmp.budget.to_dict(),
-        "notes": cmp.notes,
-        "definitions": DEFINITIONS,
-        "blind_spots": list(BLIND_SPOTS),
-    }
+    return {"repeats": cmp.repeats, "modes": modes, "recompute": cmp.recompute.to_dict(), "time_ratio": cmp.time_ratio,
+            "regions": [r.to_dict() for r in cmp.regions],
+            "budget": None if cmp.budget is None else cmp.budget.to_dict(), "notes": cmp.notes,
+            "definitions": DEFINITIONS, "blind_spots": list(BLIND_SPOTS)}

@@ -11,6 +11,7 @@ from typing import Any
 from recheck.cost.pipeline.plan import StagePrediction
 from recheck.cost.router import MODES
 from recheck.cost.pipeline.stages import StageReport
+from recheck.cost.table import row
 from recheck.cost.units import format_bytes
 
 __all__ = ["STAGE_DEFINITIONS", "plan_error", "plan_to_dict", "render_comparison", "render_plan", "render_stages", "stages_to_dict"]
@@ -68,11 +69,6 @@ STAGE_DEFINITIONS: dict[str, str] = {
 }
 
 
-
-def _row(label: str, values: list[str], definition: str) -> str:
-    return f"  {label:<40}" + "".join(f"{v:>14}" for v in values) + f"   {definition}"
-
-
 def _microbatches(ids: list[int]) -> str:
     if not ids:
         return "0"
@@ -117,7 +113,7 @@ def render_stages(reports: list[StageReport], label: str) -> str:
              "predicted_retained_peak"),
             ("observed peak", [format_bytes(m.observed_peak) for m in (c, b)], "observed_peak"),
         ]
-        lines += [_row(text, values, STAGE_DEFINITIONS[term]) for text, values, term in rows]
+        lines += [row(text, values, STAGE_DEFINITIONS[term], 40) for text, values, term in rows]
         order = " ".join(c.bundles.order)
         if order:
             lines.append(f"  order run: {order}")
@@ -172,7 +168,7 @@ def render_plan(predictions: list[StagePrediction], kind: str, microbatches: int
                  "predicted_observed_peak"),
                 ("  ... at action", [t["peak_action"] for t in terms], "peak_action"),
             ]
-        lines += [_row(text, values, STAGE_DEFINITIONS[term]) for text, values, term in rows]
+        lines += [row(text, values, STAGE_DEFINITIONS[term], 40) for text, values, term in rows]
     if not all(p.observed_terms for p in predictions):
         unpredicted = ("  not predicted: the observed peak (this torch cannot name the autograd node running "
                        "an operator: torch 2.1 or later needed)")

@@ -1,14 +1,11 @@
 """Runs of a step under a checkpointing configuration: traced once (windows, holds, work), timed N times.
 
-A :class:`Config` says how one run checkpoints: which units the plan wraps (``full`` or
-``selective``) and which of the step's own checkpoint calls stay (the others run directly,
-through :mod:`recheck.cost.planner.overlay`), or ``written``: the step exactly as written.
-Every run goes through the same path: the candidates' module wrappers, the overlay, the
-census :class:`~recheck.cost.planner.attribution.CensusRouter` installed as the interception.
-The census measures the four *modes* a plan mixes: ``none`` (nothing checkpointed),
-``full`` and ``selective`` (every unit so, the step's other regions as written) and, when a
-region of the step runs units, ``written``; a suggested plan and the anchors' plans are
-measured the same way.
+A :class:`Config` says which units the plan wraps (``full`` or ``selective``) and which of the
+step's own checkpoint calls stay (the others run directly, through
+:mod:`~recheck.cost.planner.overlay`), or ``written``: the step as written.  Every run goes
+through the same path (module wrappers, overlay, the census router).  The census measures the
+*modes* a plan mixes: ``none``, ``full`` and ``selective`` (every unit so, the step's other
+regions as written) and, when a region of the step runs units, ``written``.
 """
 
 from __future__ import annotations
@@ -28,14 +25,14 @@ from recheck.cost.planner.attribution import CensusRouter, CensusTracer, Name, W
 from recheck.cost.planner.candidates import Candidates
 from recheck.cost.planner.overlay import dropping
 from recheck.cost.planner.plans import SELECTIVE_OPS
-from recheck.cost.planner.wrapping import planned_module, selective_context, wrap_modules
+from recheck.cost.planner.wrapping import SelectiveContext, planned_module, wrap_modules
 from recheck.cost.router import routing
 from recheck.cost.trace import cuda_peak
 from recheck.cost.work import Work
 from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
 
-__all__ = ["CLOCKS", "MODES", "Config", "RunFigures", "configured", "measure_config", "mode_config", "time_configs",
+__all__ = ["CLOCKS", "MODES", "Config", "RunFigures", "config_of", "configured", "drop_unkept", "measure_config", "mode_config", "time_configs",
            "trace_config"]
 
 #: The modes a plan mixes, in the order they are measured.
@@ -58,14 +55,25 @@ class Config:
         return self.kept is None
 
 
+def config_of(candidates: Candidates, variants: dict[int, str], name: str) -> Config:
+    """The configuration of ``{candidate index: variant}``: its units wrapped, its regions named ``full`` kept."""
+    wraps = tuple((c.index, variants[c.index]) for c in candidates.units
+                  if variants.get(c.index, "none") in ("full", "selective"))
+    kept = frozenset(c.key for c in candidates.regions if variants.get(c.index) == "full" and c.key is not None)
+    return Config(name, wraps, kept)
+
+
 def mode_config(mode: str, candidates: Candidates) -> Config:
-    """The configuration that measures ``mode`` for every candidate at once."""
+    """The configuration that measures ``mode`` for every candidate at once (inner regions kept as written)."""
     if mode == "written":
         return Config("written", kept=None)
-    inner = frozenset(c.key for c in candidates.regions if c.kind == "region" and c.key is not None)
-    if mode == "none":
-        return Config("none")
-    return Config(mode, tuple((u.index, mode) for u in candidates.units), inner)
+    return config_of(candidates, {} if mode == "none" else {c.index: mode if c.kind == "unit" else "full"
+                                                          for c in candidates.items if c.kind != "outer"}, mode)
+
+
+def drop_unkept(kept: frozenset[RegionKey]) -> Callable[[Any, RegionKey], bool]:
+    """The overlay's ``drop`` for a plan: the step's own calls not in ``kept`` (never a call the plan adds)."""
+    return lambda function, key: planned_module(function) is None and key not in kept
 
 
 @dataclass
@@ -105,17 +113,10 @@ def configured(config: Config, candidates: Candidates, router: CensusRouter | No
         if config.kept is None:
             yield None
             return
-        kept = config.kept
-
-        def drop(function: Any, key: RegionKey) -> bool:
-            return planned_module(function) is None and key not in kept
-
-        with dropping(drop, router.dropped if router is not None else None) as record:
+        with dropping(drop_unkept(config.kept), router.dropped if router is not None else None) as record:
             yield record
     finally:
         handle.remove()
-
-
 
 
 def _module_hooks(router: CensusRouter) -> list[Any]:
@@ -129,7 +130,7 @@ def trace_config(step: Callable[[], Any], state: StepState, restore: Callable[[]
     """One traced run of ``step`` under ``config``: windows, holds, work, the observed peak."""
     router = CensusRouter(candidates)
     figures = RunFigures(config)
-    selective = selective_context(ops).packets if any(v == "selective" for _, v in config.wraps) else frozenset()
+    selective = SelectiveContext(ops).packets if any(v == "selective" for _, v in config.wraps) else frozenset()
     with routing(router):
         restore()
         handles = _module_hooks(router)

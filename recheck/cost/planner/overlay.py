@@ -1,23 +1,13 @@
 """The step's own checkpoint calls that a plan drops, run as direct calls under any interception.
 
-A plan run is the step with *exactly* the plan's checkpoints: the ones the plan adds
-(:mod:`recheck.cost.planner.wrapping`) and the step's own calls the plan keeps; every other
-call the step makes (``checkpoint(block, h)`` in its loop, transformers'
-``_gradient_checkpointing_func``) runs its region directly, as if the call were not there.
-The same run must be measured (under the cost :class:`~recheck.cost.router.Router`) and
-verified (under ``check_step``'s ``watch()`` and its bypassed twin), so the dropping sits in
-front of whichever :class:`~recheck.intercept.hooks.Interceptor` is installed: inside
-``with dropping(drop):`` its entry points ``checkpoint`` and ``generator`` first ask
-``drop(function, key)`` and call a dropped region directly; every other call reaches the
-interceptor unchanged.  Another implementation's calls (DeepSpeed, Megatron, fairscale, the
-declared ``checkpoint-functions``; the interceptor's ``foreign`` entry point) are dropped the same
-way, through the implementation's own direct call.  When nothing is installed, a pass-through
-interceptor is installed for the block.
-
-A direct ``CheckpointFunction.apply`` cannot be dropped (it is torch's own autograd
-Function); it is counted in :attr:`Dropped.undroppable`.  The block affects every thread's
-calls.  (This belongs in the interception layer as a filter every interceptor honours; it is
-kept here, on the interceptor's public entry points, until that exists.)
+A plan run is the step with *exactly* the plan's checkpoints: those the plan adds
+(:mod:`~recheck.cost.planner.wrapping`) and the step's own calls it keeps; every other call
+runs its region directly.  The same run is measured (under the cost router) and verified (under
+``check_step``), so the dropping sits in front of whichever interceptor is installed (a
+pass-through one when none is): inside ``with dropping(drop):`` its entry points ``checkpoint``,
+``generator`` and ``foreign`` (another implementation's calls, through its own direct call)
+first ask ``drop(function, key)``.  A direct ``CheckpointFunction.apply`` cannot be dropped; it
+is counted in :attr:`Dropped.undroppable`.  The block affects every thread's calls.
 """
 
 from __future__ import annotations
@@ -41,7 +31,6 @@ Drop = Callable[[Any, RegionKey], bool]
 Around = Callable[[Any, RegionKey, tuple], contextlib.AbstractContextManager[list]]
 
 _ENTRY_POINTS = ("checkpoint", "generator", "reentrant_forward", "foreign")
-_SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
 @dataclass
@@ -91,10 +80,7 @@ def dropping(drop: Drop, around: Around | None = None) -> Iterator[Dropped]:
         return originals["checkpoint"](real, args, kwargs)
 
     def generator(original: Callable[..., Iterator[None]], args: tuple, kwargs: dict) -> Iterator[None]:
-        signature = _SIGNATURES.get(original)
-        if signature is None:
-            signature = _SIGNATURES[original] = inspect.signature(original)
-        function = signature.bind(*args, **kwargs).arguments.get("fn")
+        function = inspect.signature(original).bind(*args, **kwargs).arguments.get("fn")
         if function is not None and not isinstance(function, RegionFunction):
             key = describe(function, call_site(2))
             if drop(function, key):

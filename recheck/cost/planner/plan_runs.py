@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recheck.cost.planner.candidates import Candidate, Candidates
-from recheck.cost.planner.census import Config, RunFigures, time_configs, trace_config
+from recheck.cost.planner.census import Config, RunFigures, config_of, drop_unkept, time_configs, trace_config
 from recheck.cost.planner.memory_model import Model
 from recheck.cost.planner.overlay import dropping
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan, RegionChoice
-from recheck.cost.planner.wrapping import planned_module, wrap_modules
+from recheck.cost.planner.wrapping import wrap_modules
 from recheck.findings import Report
 from recheck.runtime.naming import RegionKey
 from recheck.runtime.steps import StepState
@@ -104,13 +104,6 @@ def plan_of(candidates: Candidates, variants: dict[int, str], ops: tuple[str, ..
     return Plan(modules, regions, candidates.root_name, ops)
 
 
-def config_of(candidates: Candidates, variants: dict[int, str], name: str) -> Config:
-    wraps = tuple((c.index, variants[c.index]) for c in candidates.units
-                  if variants.get(c.index, "none") in ("full", "selective"))
-    kept = frozenset(c.key for c in candidates.regions if variants.get(c.index) == "full" and c.key is not None)
-    return Config(name, wraps, kept)
-
-
 def anchor_variants(candidates: Candidates, name: str) -> dict[int, str]:
     """The variants of one of :data:`ANCHORS` (units only: the step's other regions dropped)."""
     units = candidates.units
@@ -142,15 +135,9 @@ class PlannedStep:
     def __init__(self, step: Callable[[], Any], kept: frozenset[RegionKey]) -> None:
         self.step, self.kept = step, kept
 
-    def _drop(self, function: Any, key: RegionKey) -> bool:
-        return planned_module(function) is None and key not in self.kept
-
     def __call__(self) -> Any:
-        with dropping(self._drop):
+        with dropping(drop_unkept(self.kept)):
             return self.step()
-
-
-# -- runs ------------------------------------------------------------------------------------------
 
 
 def _verdict(step: Callable[[], Any], candidates: Candidates, config: Config, state: StepState,

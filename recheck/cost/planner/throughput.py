@@ -1,14 +1,11 @@
 """``--objective throughput``: the plan and microbatch size with the most samples per second.
 
-A memory saving can buy a larger microbatch that pays for the extra arithmetic.  The step
-must take a ``batch_size`` argument with a default *b*: every mode is measured at *b* and at
-*2b*, and every term of the model (each window's fixed part and rises, each storage, each
-recompute time, the time of the step without checkpoints) is fitted as a straight line in the
-batch size, the way ``recheck cost --budget`` fits each phase's peak.  For every batch size
-the budget allows (some plan's predicted peak within it), the solver finds the fastest plan;
-the batch size with the most samples per second wins.  That plan is then *run at that batch
-size* (traced, timed, ``check_step``), and so is each anchor at the largest batch size the
-model gives it: what is said to fit was measured at the size it is said to fit at.
+The step takes a ``batch_size`` argument with a default *b*: every mode is measured at *b* and
+*2b* and every term of the model is fitted as a straight line in the batch size (as
+``recheck cost --budget`` fits each phase's peak).  For every batch size some plan fits, the
+solver finds the fastest plan; the most samples per second wins.  That plan, and each anchor at
+the largest batch size the model gives it, is then run at that size: what is said to fit was
+measured at the size it is said to fit at.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any
 
 import torch
 
-from recheck.cost.budget import accepts_batch_size, default_batch_size
+from recheck.cost.budget import default_batch_size
 from recheck.cost.planner.memory_model import Problem, Row
 from recheck.cost.planner.plans import SELECTIVE_OPS
 from recheck.cost.planner.solver import Infeasible, smallest_peak, solve
@@ -92,7 +89,7 @@ def suggest_throughput(step: Callable[..., Any], budget: int, *, repeats: int, a
                        solver: str | None, clock: str, progress: Progress | None) -> Suggestion:
     """:func:`recheck.suggest` with ``objective="throughput"`` (see the module docstring)."""
     base = default_batch_size(step)
-    if base is None or not accepts_batch_size(step):
+    if base is None:
         raise ValueError("objective \"throughput\" needs a step with a batch_size argument that has a default "
                          "(def step(batch_size=8): ...), so other microbatch sizes can be measured")
     label = step_name(step)

@@ -1,20 +1,11 @@
 """``recheck.apply_plan(model, plan)``: checkpoint exactly the modules a plan names, and undo it.
 
 Each module of the plan gets an instance attribute ``forward`` (a :class:`PlannedForward`)
-that calls ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` on the module's
-own forward, with, for the ``selective`` variant, a ``context_fn`` made by
-``torch.utils.checkpoint.create_selective_checkpoint_contexts`` whose policy saves the
-outputs of the plan's ``selective_ops`` and recomputes the rest.  The module stays where it
-is: its path, its ``state_dict`` keys and its hooks do not change (the module's forward
-hooks run outside the checkpoint, as with transformers' checkpointed layers).  Under
-``torch.no_grad()`` (evaluation) the forward runs as it was.
-
-:meth:`PlanHandle.remove` (or leaving ``with recheck.apply_plan(...)``) puts every
-``forward`` back as it was, an instance attribute the module had before included.
-
-The region a plan checkpoints is a :class:`PlannedRegion`: ``partial(Type.forward, module)``,
-so reports name it as they name the module's forward (``Block.forward (model.py:40)``), and
-the planner tells a call the plan added from the step's own calls.
+that checkpoints the module's own forward (``use_reentrant=False``; for ``selective``, with a
+``context_fn`` saving the outputs of the plan's ``selective_ops``), so its path, ``state_dict``
+keys and hooks stay as they are; under ``torch.no_grad()`` it runs as it was.  The region is a
+:class:`PlannedRegion`, ``partial(Type.forward, module)``: reports name it as the module's
+forward, and the planner tells a call the plan added from the step's own calls.
 """
 
 from __future__ import annotations
@@ -30,7 +21,6 @@ import torch
 from recheck.cost.planner.plans import SELECTIVE_OPS, Plan, PlanError, load_plan
 
 __all__ = ["PlanHandle", "PlannedForward", "PlannedRegion", "SelectiveContext", "apply_plan", "planned_module",
-           "selective_context",
            "wrap_modules"]
 
 _MISSING = object()
@@ -80,11 +70,6 @@ class SelectiveContext:
         return create_selective_checkpoint_contexts(self.policy)
 
 
-def selective_context(ops: Iterable[str] = SELECTIVE_OPS) -> SelectiveContext:
-    """The ``context_fn`` of the selective variant for ``ops``."""
-    return SelectiveContext(ops)
-
-
 class PlannedForward:
     """The ``forward`` a plan gives a module: its previous forward, checkpointed."""
 
@@ -94,7 +79,7 @@ class PlannedForward:
         function = previous if previous is not _MISSING else type(module).forward
         self.region = PlannedRegion(function) if previous is not _MISSING else PlannedRegion(function, module)
         self.region.module = module  # type: ignore[attr-defined]
-        self.context_fn = selective_context(ops) if variant == "selective" else None
+        self.context_fn = SelectiveContext(ops) if variant == "selective" else None
         # signature and name of the bound forward, as ``module.forward`` showed them before
         functools.update_wrapper(self, previous if previous is not _MISSING else module.forward, updated=())
 
