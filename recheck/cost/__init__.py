@@ -1,12 +1,8 @@
 """``recheck.measure`` and ``recheck cost``: what checkpointing saves and what it costs, measured.
 
-Modules, bottom to top: ``units`` (byte sizes; no torch), ``work`` (FLOPs and bytes of one
-operator), ``ledger`` (live storages by category), ``router`` (runs each checkpoint as written or bypassed, through
-``recheck.intercept.patches``), ``trace`` (one traced run, and CUDA allocator peaks),
-``results``/``budget`` (figures), ``measurement`` (:func:`measure`), ``table``/``plot``
-(rendering).  The subpackage ``planner`` chooses what to checkpoint within a budget
-(:func:`suggest`, ``recheck cost --suggest``) and applies a plan (:func:`apply_plan`).  The step's state is found and restored by :mod:`recheck.runtime.steps`.  Pipelines (``torch.distributed.pipelining``) are the subpackage ``pipeline``:
-the schedule model, per-stage bundles, ``recheck cost --ranks`` and ``--plan``.  Importing this package does not import torch; ``measure`` loads it.
+The subpackage ``planner`` chooses what to checkpoint within a budget (``recheck cost --suggest``)
+and ``pipeline`` models pipeline schedules (``--ranks``, ``--plan``).  Importing this package
+does not import torch: the public names below are loaded on first use.
 """
 
 from __future__ import annotations

@@ -25,15 +25,8 @@ from typing import Any
 __all__ = ["CATEGORIES", "HOLD_KINDS", "Ledger", "storage_key"]
 
 #: Categories of the observed peak breakdown, in display order.
-CATEGORIES = (
-    "parameters",
-    "gradients",
-    "optimizer_state",
-    "saved_activations",
-    "checkpoint_inputs",
-    "temporary",
-    "other",
-)
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "saved_activations", "checkpoint_inputs", "temporary",
+              "other")
 #: Why autograd holds a storage: saved by an operator, kept by a checkpoint, rebuilt by a recompute.
 HOLD_KINDS = ("saved", "input", "recomputed")
 _HOLD_CATEGORY = {"saved": "saved_activations", "input": "checkpoint_inputs", "recomputed": "saved_activations"}

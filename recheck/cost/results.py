@@ -51,21 +51,13 @@ class ModeResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the timeline is left out; see ``Comparison.to_dict``)."""
         return {
-            "retained_saved_state": {
-                "peak": self.retained_peak,
-                "peak_split": self.retained_peak_split,
-                "end_of_forward": self.retained_end_of_forward,
-            },
-            "observed_peak": self.observed_peak,
-            "observed_peak_by_phase": self.phase_peaks,
-            "observed_at_start": self.observed_at_start,
-            "observed_end_of_forward": self.observed_end_of_forward,
-            "peak_breakdown": self.peak_breakdown,
-            "cuda": self.cuda,
-            "work": {phase: w.to_dict() for phase, w in self.work.items()},
-            "seconds": self.seconds,
-            "median_seconds": self.median_seconds,
-            "traced_run_seconds": self.traced_seconds,
+            "retained_saved_state": {"peak": self.retained_peak, "peak_split": self.retained_peak_split,
+                                     "end_of_forward": self.retained_end_of_forward},
+            "observed_peak": self.observed_peak, "observed_peak_by_phase": self.phase_peaks,
+            "observed_at_start": self.observed_at_start, "observed_end_of_forward": self.observed_end_of_forward,
+            "peak_breakdown": self.peak_breakdown, "cuda": self.cuda,
+            "work": {phase: w.to_dict() for phase, w in self.work.items()}, "seconds": self.seconds,
+            "median_seconds": self.median_seconds, "traced_run_seconds": self.traced_seconds,
         }
 
 
@@ -101,19 +93,12 @@ class RegionResult:
         return float("inf") if cost <= 0 else self.net_bytes / cost
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return {
-            "region": self.name,
-            "defined_at": self.defined_at,
-            "callsite": self.callsite,
-            "invocations": self.invocations,
-            "saved_bytes_without_checkpoint": self.saved_bytes,
-            "inputs_kept_bytes": self.inputs_kept_bytes,
-            "net_bytes_saved": self.net_bytes,
-            "recompute_flops": self.recompute.flops,
-            "recompute_bytes_moved": self.recompute.bytes_moved,
-            "recomputes": self.recomputes,
-            "recompute_seconds_median": self.recompute_seconds,
+            "region": self.name, "defined_at": self.defined_at, "callsite": self.callsite,
+            "invocations": self.invocations, "saved_bytes_without_checkpoint": self.saved_bytes,
+            "inputs_kept_bytes": self.inputs_kept_bytes, "net_bytes_saved": self.net_bytes,
+            "recompute_flops": self.recompute.flops, "recompute_bytes_moved": self.recompute.bytes_moved,
+            "recomputes": self.recomputes, "recompute_seconds_median": self.recompute_seconds,
             "net_bytes_per_recompute_flop_equivalent": None if self.recompute_cost <= 0 else self.bytes_per_cost,
             "verdict": self.verdict,
         }
@@ -149,14 +134,8 @@ class BudgetEstimate:
     note: str
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "budget_bytes": self.budget,
-            "extrapolated": self.extrapolated,
-            "measured_batch_sizes": list(self.batch_sizes),
-            "per_mode": self.per_mode,
-            "note": self.note,
-        }
+        return {"budget_bytes": self.budget, "extrapolated": self.extrapolated,
+                "measured_batch_sizes": list(self.batch_sizes), "per_mode": self.per_mode, "note": self.note}
 
 
 @dataclass

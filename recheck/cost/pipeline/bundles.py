@@ -1,28 +1,18 @@
 """Saved state by microbatch bundle: which stage and microbatch each retained storage belongs to.
 
-A :class:`BundleTracker` listens to the storage :class:`~recheck.cost.ledger.Ledger` of a
-traced run (every hold and release of a storage autograd keeps for backward) and labels
-each held storage with a *bundle*: the ``(stage, microbatch)`` it was saved for.
+A :class:`BundleTracker` listens to the ledger of a traced run and labels each held storage with
+the ``(stage, microbatch)`` it was saved for: on a real pipeline (``labels="chunks"``) the chunk
+the schedule runs (told by :mod:`recheck.intercept.pipelining`; the last stage's loss, run after
+its chunk returns, belongs to the microbatch forwarded last); in a one-process planning run
+(``labels="tags"``) the ``recheck.tag(stage=s)`` around each stage's forward, microbatch 0 (a
+recompute carries its forward's tags; the loss belongs to the last stage tagged).
 
-* On a real pipeline (``labels="chunks"``) the label is the chunk the schedule is running,
-  told by :mod:`recheck.intercept.pipelining` (the tracker is a ``ChunkListener``).  The last
-  stage's loss runs after ``forward_one_chunk`` returns: state held between chunks in
-  forward belongs to the microbatch forwarded last.
-* In a one-process planning run (``labels="tags"``) the label is the ``stage`` of
-  ``recheck.tag(stage=s)`` around each stage's forward; a checkpoint's recompute carries
-  the labels of its forward; the loss, computed after the last stage's block, belongs to
-  the last stage tagged.  There is one microbatch (0).
-
-Within a stage, a storage held for several microbatches (each microbatch a view of the
-step's input batch) is *shared*: it leaves the bundles and is counted once for the stage.
-Across stages it counts for each stage (on a real pipeline each stage holds its own copy).
-A bundle's size is taken when its backward begins (for a planning run: when backward
-starts).  Its *second-holder* bytes are what is still allocated when its backward has
-ended though autograd is done with it: storages autograd released that something else
-holds (a stage's recv buffer, a list the user's code appends activations to), and a
-recompute's rebuilt set still alive then (the ledger holds a rebuilt set for as long as it
-lives, since torch's checkpoint frame is out of its sight; that frame has let go of it by
-the end of the microbatch's backward).
+Within a stage, a storage held for several microbatches (each a view of the input batch) is
+*shared*: counted once for the stage, not in the bundles.  A bundle's size is taken when its
+backward begins.  Its *second-holder* bytes are what is still allocated when its backward has
+ended though autograd is done with it (a recv buffer, a list the user's code appends to, a
+recompute's rebuilt set still alive: torch's checkpoint frame, out of the ledger's sight, has
+let go of it by then).
 """
 
 from __future__ import annotations
@@ -239,15 +229,7 @@ class BundleTracker:
         mine = {m: b for (s, m), b in sorted(self.bundles.items()) if s == stage}
         sizes = {m: (b.at_backward if b.at_backward is not None else b.live) for m, b in mine.items()}
         extra = max((b.backward_peak - sizes[m] for m, b in mine.items() if b.at_backward is not None), default=0)
-        return StageBundles(
-            stage=stage,
-            bundle_bytes=sizes,
-            backward_extra=max(0, extra),
-            shared_bytes=self.shared_peak.get(stage, 0),
-            second_holder_bytes={m: b.second_holders for m, b in mine.items()},
-            alive_at_peak=list(self.alive_at_peak.get(stage, [])),
-            retained_peak=self.stage_peak.get(stage, 0),
-            input_bytes=sum(b.inputs for b in mine.values()),
-            received_bytes=sum(b.received for b in mine.values()),
-            order=list(self.order.get(stage, [])),
-        )
+        return StageBundles(stage, sizes, max(0, extra), self.shared_peak.get(stage, 0),
+                            {m: b.second_holders for m, b in mine.items()}, list(self.alive_at_peak.get(stage, [])),
+                            self.stage_peak.get(stage, 0), sum(b.inputs for b in mine.values()),
+                            sum(b.received for b in mine.values()), list(self.order.get(stage, [])))

@@ -53,7 +53,6 @@ class PlanStage:
         return sum(self.bundles[mode].bundle_bytes.values())
 
 
-
 @dataclass
 class PlanMeasurement:
     """What one-process planning run measured, per stage."""
@@ -83,7 +82,6 @@ class StagePrediction:
     observed_terms: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 

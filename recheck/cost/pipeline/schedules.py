@@ -26,20 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "KINDS",
-    "Action",
-    "ObservedModel",
-    "PeakModel",
-    "cached_outputs",
-    "order_for",
-    "order_of_schedule",
-    "predict_observed_peak",
-    "predict_retained_peak",
-    "schedule_kind",
-    "sent_gradients",
-    "theoretical_bundles",
-]
+__all__ = ["KINDS", "Action", "ObservedModel", "PeakModel", "cached_outputs", "order_for", "order_of_schedule",
+           "predict_observed_peak", "predict_retained_peak", "schedule_kind", "sent_gradients", "theoretical_bundles"]
 
 #: The schedules ``recheck cost --plan`` can lay out from a stage count and a microbatch count.
 KINDS = ("gpipe", "1f1b")
@@ -164,7 +152,6 @@ def predict_retained_peak(order: list[Action], model: PeakModel) -> int:
     return peak
 
 
-
 @dataclass(frozen=True)
 class ObservedModel:
     """What the observed-peak prediction of a stage is made of (bytes).
@@ -193,7 +180,6 @@ class ObservedModel:
     optimizer_rise: int
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return dict(self.__dict__)
 
 

@@ -1,18 +1,12 @@
-"""Per-stage cost of a real pipeline step: every rank traces one ``schedule.step`` per mode.
+"""Per-stage cost of a real pipeline step (``recheck cost --ranks N``): every rank traces one
+``schedule.step`` per mode.
 
-``recheck cost --ranks N FILE.py:STEP``: on each of N ranks (one gloo process group,
-launched by the caller) ``STEP()`` is called once, after the process group is up; it
-builds this rank's stage from ``torch.distributed.get_rank()`` and returns the
-zero-argument step that runs one ``schedule.step(...)``.  Each rank then
-
-1. runs the step once untraced (the first step of a ``PipelineStage`` infers shapes and
-   allocates its recv buffers), and finds the step's state and its schedule;
-2. runs it traced with its checkpoints as written, then bypassed (state restored before
-   each), with a :class:`~recheck.cost.pipeline.bundles.BundleTracker` told of every chunk by
-   :mod:`recheck.intercept.pipelining`;
-3. returns a :class:`StageReport` per stage it holds (plain data, picklable).
-
-Every rank runs the same sequence of steps, so the schedules' sends and receives pair up.
+On each rank ``STEP()`` builds the rank's stage and returns its step (docs/cost.md).  The step
+runs once untraced (a ``PipelineStage``'s first step infers shapes and allocates its recv
+buffers), then traced as written and bypassed, with a
+:class:`~recheck.cost.pipeline.bundles.BundleTracker` told of every chunk by
+:mod:`recheck.intercept.pipelining`.  Every rank runs the same sequence of steps, so the
+schedules' sends and receives pair up.
 """
 
 from __future__ import annotations
@@ -61,7 +55,6 @@ class StageMode:
         return max(self.bundles.bundle_bytes.values(), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return {
             **self.bundles.to_dict(),
             "rank_retained_peak": self.rank_retained_peak,
@@ -87,7 +80,6 @@ class StageReport:
     modes: dict[str, StageMode] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
         return {**{f.name: getattr(self, f.name) for f in fields(self)},
                 "modes": {name: mode.to_dict() for name, mode in self.modes.items()}}
 

@@ -1,36 +1,18 @@
 """Observed memory of a planning run by stage window: what each stage's forward and backward add.
 
-``recheck cost --plan`` predicts a stage's *observed* peak (every live storage) on a real
-pipeline from one microbatch run through all stages in one process.  A
-:class:`StageWindows` listens to that run's :class:`~recheck.cost.ledger.Ledger` and cuts
-it into *windows*: the operators of one stage in one phase.
+A :class:`StageWindows` listens to the ledger of ``recheck cost --plan``'s one-process run and
+cuts it into *windows*, the operators of one stage in one phase: in forward, those inside
+``recheck.tag(stage=s)`` (operators outside every tag belong to the stage tagged last); in
+backward, those of an autograd node made in stage ``s``'s forward (nodes are labelled when the
+module that made them returns) or of a recompute of a region checkpointed there (a node made
+outside every stage takes the stage of the operator before it); ``optimizer.step`` is one window.
 
-* forward: the operators run inside ``recheck.tag(stage=s)``; operators after a stage and
-  outside any tag (the loss, glue code) belong to the stage tagged last;
-* backward: the operators run by an autograd node made in stage ``s``'s forward (each
-  node is labelled when the module that made it returns: a module forward hook walks
-  the new part of the graph), or by a recompute of a region checkpointed in stage ``s``
-  (a reentrant checkpoint's node is made outside any module); a node made outside any
-  stage (the loss) or inside a backward (a reentrant checkpoint's inner graph) takes the
-  stage of the operator run before it, the last stage when none ran yet;
-* optimizer: ``optimizer.step`` (all stages at once).
-
-Per window it keeps the *rise*: the most bytes alive at once during the window above the
-bytes alive when it opened.  A real pipeline's backward of a microbatch other than the
-stage's first adds its weight gradient to a ``.grad`` that already exists, where the
-planning run (gradients set to None before it) allocates the ``.grad`` itself; so the
-backward rise is also kept *with the gradients present*: the stage's gradients not yet
-allocated at a moment are counted as if they were.  A forward window also tells
-
-* ``kept``: bytes created in the window, still allocated when it closes and not held by
-  autograd (the stage's output; on the last stage also the loss): what a pipeline
-  schedule keeps per microbatch (``fwd_cache`` until the backward, the last stage's
-  ``output_chunks`` and losses until the step ends);
-* ``data``: bytes of storages the step created before the first stage and that the
-  window's operators read (the microbatch's inputs for stage 0, its target for the loss).
-
-Needs ``torch._C._current_autograd_node`` and ``Node.metadata`` (torch 2.1 and later);
-:func:`supported` says whether they are there.
+Per window it keeps the *rise*: the most bytes alive during it above those alive when it opened.
+A real pipeline's later backwards add to a ``.grad`` that exists already, where the planning run
+allocates it, so the backward rise is also kept *with the gradients present*.  A forward window
+also tells ``kept`` (bytes it created, still allocated at its close and not held by autograd:
+what a schedule keeps per microbatch) and ``data`` (bytes made before the first stage that it
+reads).  Needs torch 2.1's ``_current_autograd_node`` and ``Node.metadata`` (:func:`supported`).
 """
 
 from __future__ import annotations

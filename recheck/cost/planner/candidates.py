@@ -1,29 +1,15 @@
 """What a plan can checkpoint, found by running the step once: its regions and its repeated units.
 
-One untraced run with every checkpoint bypassed records every module call of the forward
-and the checkpoint region it runs in.  From it:
-
-* a **unit** is a module of a ``ModuleList`` or ``Sequential`` that a checkpointed loop goes
-  over: a container at least two of whose modules are the first module a checkpoint region
-  calls (``checkpoint(block, h)`` in a loop, transformers' layers, a region that loops over the
-  layers itself, ``checkpoint_sequential``'s segments).  Every module of such a container the
-  forward calls is a unit, checkpointed as written or not (a step that checkpoints every other
-  layer still has all its layers as units).  A module behind a one-child wrapper
-  (``CheckpointWrapper``) is the unit, not the wrapper.  Variants: none, full, selective.
-* a **region** is one of the step's own checkpoint calls (its qualified name and call site)
-  that is not a unit's: a function such as ``torch.tanh``, a closure.  One that runs units
-  (a segment over several layers) is an *outer* region: keeping it as written puts its units
-  *inside* it.  Variants: none (the call dropped) and full (kept as written).
-
-When no checkpoint region goes over such a container (the model does not checkpoint yet), the
-units are the forward's **repeated blocks**: modules with submodules, not containers themselves,
-that one ``ModuleList`` or ``Sequential`` holds and the forward calls, two of one class at least
-(the outermost: a block inside another block is left to it).  The line each block is called
-from is kept (:class:`Site`), for the change that keeps a plan in the user's code
-(:mod:`~recheck.cost.planner.keeping`).
-
-Units are found by what runs, not by name; a unit called more than once in a step (a shared
-layer) cannot be planned apart from its other calls and is left out, with a note.
+One untraced run with every checkpoint bypassed records every module call of the forward and
+the checkpoint region it runs in.  A **unit** is a module of a ``ModuleList`` or ``Sequential``
+at least two of whose modules are the first module a checkpoint region calls (through a
+one-child wrapper such as ``CheckpointWrapper``, the wrapped module); every module of that
+container the forward calls is a unit, checkpointed as written or not.  A **region** is one of
+the step's own checkpoint calls that is not a unit's; one that runs units is *outer*: kept as
+written, its units are inside it.  Without such a container the units are the forward's
+outermost **repeated blocks** (docs/cost.md), and the line each is called from is kept
+(:class:`Site`) for :mod:`~recheck.cost.planner.keeping`.  Units are found by what runs, not by
+name; a unit called more than once in a step cannot be planned apart and is left out, with a note.
 """
 
 from __future__ import annotations

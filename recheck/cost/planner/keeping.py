@@ -1,17 +1,10 @@
 """The change that keeps a suggested plan in the user's code, for a model that does not checkpoint yet.
 
-The first shape the code allows:
-
-* the plan checkpoints selectively: no one-line torch call spells its policy, so the plan is
-  kept with ``recheck.apply_plan(model, "plan.json")`` (``--save-plan plan.json`` writes it);
-* every planned block is called from one line of the user's code (a loop over ``self.layers``):
-  that call becomes ``checkpoint(block, x, use_reentrant=False)``, under a condition naming the
-  planned blocks when the plan checkpoints only some of that line's blocks;
-* otherwise (the blocks run inside ``Sequential.forward``, or from several lines): torch's
-  ``apply_activation_checkpointing`` once the model is built, with a ``check_fn`` naming the
-  blocks by class when the plan checkpoints every module of those classes, else one by one.
-
-A model that checkpoints already gets no change (the plan names which of its calls to keep).
+The first shape the code allows, in the order of docs/cost.md: ``recheck.apply_plan`` for a
+selective plan (no one-line torch call spells its policy); the one line of the user's code that
+calls the blocks, its call wrapped in ``checkpoint(...)`` (under a condition naming the planned
+blocks when only some are); else torch's ``apply_activation_checkpointing`` once the model is
+built.  A model that checkpoints already gets no change (the plan names which calls to keep).
 """
 
 from __future__ import annotations

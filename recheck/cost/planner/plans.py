@@ -1,25 +1,10 @@
 """A checkpointing plan: which modules to checkpoint and how, as data a user can keep and apply.
 
-Plain data (no torch).  A :class:`Plan` is what ``recheck cost --suggest`` prints and
-:func:`recheck.apply_plan` applies::
-
-    {
-      "recheck_plan": 1,
-      "root": "ModuleDict",
-      "modules": [{"path": "blocks.0", "variant": "full"},
-                  {"path": "blocks.2", "variant": "selective"}],
-      "regions": [{"region": "tanh (cost_demo.py:104)", "keep": false}],
-      "selective_ops": ["aten.mm", "aten.addmm", ...]
-    }
-
-* ``modules``: the modules (dotted paths under the root module, as ``named_modules()`` spells
-  them) whose forward is checkpointed, each with its variant: ``full`` (save only the inputs,
-  recompute everything) or ``selective`` (also save the outputs of ``selective_ops``, the
-  matrix products and attention, recompute the rest).  A module not listed is not checkpointed.
-* ``regions``: the step's own checkpoint calls that are not a module of the plan (a function
-  such as ``torch.tanh``, a closure over several layers), with whether the plan keeps each as
-  written.  :func:`recheck.apply_plan` cannot edit code: remove the calls marked
-  ``"keep": false`` yourself.
+Plain data (no torch); the JSON form is in docs/cost.md.  ``modules``: dotted paths under the
+root module (as ``named_modules()`` spells them) whose forward is checkpointed, ``full`` (save
+the inputs, recompute everything) or ``selective`` (also save the outputs of ``selective_ops``).
+``regions``: the step's own checkpoint calls that are not a module of the plan, each kept as
+written or not; :func:`recheck.apply_plan` cannot edit code, so the user removes the others.
 """
 
 from __future__ import annotations
@@ -37,16 +22,9 @@ FORMAT_VERSION = 1
 PLAN_VARIANTS = ("full", "selective")
 #: The operators whose outputs the selective variant saves (torchtitan's choice): matrix
 #: products and attention; everything else in the module is recomputed in backward.
-SELECTIVE_OPS = (
-    "aten.mm",
-    "aten.addmm",
-    "aten.bmm",
-    "aten.baddbmm",
-    "aten._scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_flash_attention_for_cpu",
-    "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention",
-)
+SELECTIVE_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._scaled_dot_product_flash_attention",
+                 "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
+                 "aten._scaled_dot_product_cudnn_attention")
 
 
 class PlanError(ValueError):
@@ -104,13 +82,9 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (see the module docstring)."""
-        return {
-            "recheck_plan": FORMAT_VERSION,
-            "root": self.root,
-            "modules": [{"path": p, "variant": v} for p, v in self.modules],
-            "regions": [r.to_dict() for r in self.regions],
-            "selective_ops": list(self.selective_ops),
-        }
+        return {"recheck_plan": FORMAT_VERSION, "root": self.root,
+                "modules": [{"path": p, "variant": v} for p, v in self.modules],
+                "regions": [r.to_dict() for r in self.regions], "selective_ops": list(self.selective_ops)}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -1,18 +1,10 @@
 """``recheck.suggest(step, budget=...)``: the fastest checkpointing plan within a memory budget, verified.
 
-1. The candidates are found by running the step (:mod:`~recheck.cost.planner.candidates`).
-2. Each mode a plan mixes is measured in one traced run and timed
-   (:mod:`~recheck.cost.planner.census`), and the model of memory and time is built from the
-   runs (:mod:`~recheck.cost.planner.memory_model`).
-3. The solver (:mod:`~recheck.cost.planner.solver`) picks one variant per candidate.
-4. The plan is run exactly (traced for its peak, timed, and through ``recheck.check_step``
-   against the uncheckpointed step), beside the folklore plans on the same step: nothing
-   checkpointed, every layer, every other layer, the selective policy on every layer, and the
-   step as written (when it checkpoints).  When the plan's measured peak exceeds the budget, the budget the solver
-   sees is lowered by the difference and the plan run again (twice at most): a plan that is
-   said to fit was measured to fit.
-
-The step's state is restored after every run; the step leaves as it was found.
+The steps are those of docs/cost.md: candidates found by running the step, one traced run per
+mode (the census), an exact solver, and the plan run exactly beside the folklore plans.  When
+the plan's measured peak exceeds the budget, the solver's budget is lowered by the difference
+and the plan run again (twice at most): a plan said to fit was measured to fit.  The step's
+state is restored after every run.
 """
 
 from __future__ import annotations
@@ -35,9 +27,6 @@ from recheck.runtime.steps import StepState, discover_state
 __all__ = ["suggest"]
 
 _RETRIES = 2
-
-
-# -- the entry point --------------------------------------------------------------------------------
 
 
 def _budget(budget: int | str | None) -> int:

@@ -248,20 +248,13 @@ def render_suggestion(s: Suggestion) -> str:
 
 def _run_dict(run: PlanRun, budget: int) -> dict[str, Any]:
     return {
-        "name": run.name,
-        "plan": run.plan.to_dict() if run.plan is not None else None,
-        "batch_size": run.batch_size,
-        "predicted_peak_bytes": run.predicted_peak,
-        "measured_peak_bytes": run.measured_peak,
-        "peak_error": run.peak_error,
-        "predicted_seconds": run.predicted_seconds,
+        "name": run.name, "plan": run.plan.to_dict() if run.plan is not None else None, "batch_size": run.batch_size,
+        "predicted_peak_bytes": run.predicted_peak, "measured_peak_bytes": run.measured_peak,
+        "peak_error": run.peak_error, "predicted_seconds": run.predicted_seconds,
         "measured_seconds": None if math.isnan(run.measured_seconds) else run.measured_seconds,
-        "timed_seconds": run.samples,
-        "samples_per_second": run.samples_per_second or None,
-        "cuda": run.cuda,
+        "timed_seconds": run.samples, "samples_per_second": run.samples_per_second or None, "cuda": run.cuda,
         "fits": run.fits(budget),
-        "check_step": (None if run.verdict is None else
-                       {"ok": run.verdict.ok, "report": run.verdict.to_dict()}),
+        "check_step": None if run.verdict is None else {"ok": run.verdict.ok, "report": run.verdict.to_dict()},
         "check_step_error": run.verdict_error,
     }
 
@@ -270,25 +263,16 @@ def suggestion_to_dict(s: Suggestion) -> dict[str, Any]:
     """The JSON document: the plan (``recheck.apply_plan`` reads it), every run, every candidate."""
     best = s.best_anchor()
     return {
-        "step": s.step,
-        "budget_bytes": s.budget,
-        "objective": s.objective,
-        "solver": s.solver,
-        "repeats": s.repeats,
-        "clock": s.clock,
-        "plan": s.plan.to_dict(),
-        "suggested": _run_dict(s.suggested, s.budget),
-        "anchors": [_run_dict(a, s.budget) for a in s.anchors],
-        "fastest_anchor_within_budget": best.name if best is not None else None,
-        "attempts": s.attempts,
-        "throughput": s.throughput,
-        "change": s.change.to_dict() if s.change is not None else None,
+        "step": s.step, "budget_bytes": s.budget, "objective": s.objective, "solver": s.solver,
+        "repeats": s.repeats, "clock": s.clock, "plan": s.plan.to_dict(),
+        "suggested": _run_dict(s.suggested, s.budget), "anchors": [_run_dict(a, s.budget) for a in s.anchors],
+        "fastest_anchor_within_budget": best.name if best is not None else None, "attempts": s.attempts,
+        "throughput": s.throughput, "change": s.change.to_dict() if s.change is not None else None,
         "candidates": [{
             "name": c.name, "kind": c.kind, "checkpointed_as_written": c.written,
             "kept_if_not_checkpointed_bytes": c.kept_alive, "inputs_kept_if_checkpointed_bytes": c.inputs_kept,
             "selective_keeps_bytes": c.selective_kept, "shared_bytes": c.shared,
             "recompute_seconds": c.recompute_seconds, "recompute_flops": c.recompute_flops,
         } for c in s.candidates],
-        "notes": s.notes,
-        "definitions": DEFINITIONS,
+        "notes": s.notes, "definitions": DEFINITIONS,
     }
