@@ -23,6 +23,7 @@ No torch import: the schedule object, when given, is only read through attribute
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,17 +106,20 @@ def _compute_actions(action: Any, stage: int) -> list[Action]:
     return [Action("B", int(microbatch))] if name in _FREES_BUNDLE else []
 
 
+def _walk(order: list[Action]) -> Iterator[tuple[int, Action, set[int], set[int], int]]:
+    """Each action of ``order`` with the microbatches whose bundles are alive before and after it, and
+    the backwards done before it: the one walk every count and peak of a schedule is read from."""
+    alive: set[int] = set()
+    backwarded = 0
+    for done, action in enumerate(order):
+        after = alive | {action.microbatch} if action.phase == "F" else alive - {action.microbatch}
+        yield done, action, alive, after, backwarded
+        alive, backwarded = after, backwarded + (action.phase != "F")
+
+
 def theoretical_bundles(order: list[Action]) -> int:
     """Most microbatches forwarded and not yet backpropagated at once under ``order``."""
-    alive: set[int] = set()
-    most = 0
-    for action in order:
-        if action.phase == "F":
-            alive.add(action.microbatch)
-            most = max(most, len(alive))
-        else:
-            alive.discard(action.microbatch)
-    return most
+    return max((len(after) for _, action, _, after, _ in _walk(order) if action.phase == "F"), default=0)
 
 
 @dataclass(frozen=True)
@@ -136,20 +140,11 @@ class PeakModel:
 def predict_retained_peak(order: list[Action], model: PeakModel) -> int:
     """The retained-state peak ``order`` implies: bundles alive x bundle bytes, plus the rebuilt
     set of the microbatch in backward, plus the shared bytes while any bundle is alive."""
-    alive: set[int] = set()
-    peak = 0
-
-    def held() -> int:
+    def held(alive: set[int]) -> int:
         return len(alive) * model.bundle + (model.shared if alive else 0)
 
-    for action in order:
-        if action.phase == "F":
-            alive.add(action.microbatch)
-            peak = max(peak, held())
-        else:
-            peak = max(peak, held() + model.backward_extra)
-            alive.discard(action.microbatch)
-    return peak
+    return max((held(after) if action.phase == "F" else held(before) + model.backward_extra
+                for _, action, before, after, _ in _walk(order)), default=0)
 
 
 @dataclass(frozen=True)
@@ -216,27 +211,24 @@ def predict_observed_peak(kind: str, order: list[Action], model: ObservedModel, 
     ``optimizer``): before each action, the fixed state, the gradients allocated so far,
     the bundles alive, the outputs and input gradients the schedule still holds; plus the
     action's rise."""
-    alive: set[int] = set()
-    backwarded = 0
     peak, where = 0, ""
 
-    def before(done: int) -> int:
+    def before(done: int, alive: set[int], backwarded: int) -> int:
         gradients = model.gradients - (model.gradients_absent if backwarded == 0 else 0)
         cached = cached_outputs(kind, order, done, num_stages, stage) * model.kept
         return (model.fixed + gradients + len(alive) * model.bundle + cached
                 + sent_gradients(kind, backwarded) * model.sent_gradient)
 
-    for done, action in enumerate(order):
-        if action.phase == "F":
-            value = before(done) + model.forward_rise
-            alive.add(action.microbatch)
-        else:
-            value = before(done) + (model.first_backward_rise if backwarded == 0 else model.backward_rise)
-            alive.discard(action.microbatch)
-            backwarded += 1
+    alive: set[int] = set()
+    backwarded = 0
+    for done, action, alive, after, backwarded in _walk(order):
+        rise = (model.forward_rise if action.phase == "F" else
+                model.first_backward_rise if backwarded == 0 else model.backward_rise)
+        value = before(done, alive, backwarded) + rise
         if value > peak:
             peak, where = value, str(action)
-    value = before(len(order)) + model.optimizer_rise
+        alive, backwarded = after, backwarded + (action.phase != "F")
+    value = before(len(order), alive, backwarded) + model.optimizer_rise
     if value > peak:
         peak, where = value, "optimizer"
     return peak, where
