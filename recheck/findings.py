@@ -478,20 +478,14 @@ def _value_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
         messages = list(dict.fromkeys(f.message for f in group))
         if len(messages) < 2:
             continue
-        prefix = _common_prefix(messages)
+        common = os.path.commonprefix(messages)  # up to its last ": " (the value follows)
+        prefix = common[: common.rfind(": ") + 2] if ": " in common else ""
         values = tuple(f.message[len(prefix):] for f in group)
         if not prefix or not all(values):
             continue
         entries.append(Entry("values", prefix + ", ".join(values), tuple(group), _regions(group), values=values))
         taken.update(id(f) for f in group)
     return entries
-
-
-def _common_prefix(messages: Sequence[str]) -> str:
-    """The messages' common beginning, up to the last ``": "`` in it (the value follows)."""
-    common = os.path.commonprefix(list(messages))
-    cut = common.rfind(": ")
-    return common[: cut + 2] if cut >= 0 else ""
 
 
 class Report:

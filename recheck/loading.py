@@ -86,13 +86,9 @@ def run_user_code(fn: Callable[..., Any], /, *args: Any, own: tuple[type[BaseExc
                   **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, which runs the user's code: what it raises becomes :class:`UserCodeFailed`.
 
-    The one gate between a face and the user's code (importing a target, building a region,
-    checking it, running a step, measuring it): ``SystemExit`` and any other ``BaseException``
-    are the user code's error, so ``sys.exit(0)`` in a region is reported, never a silent exit
-    0 that drops the other targets.  ``KeyboardInterrupt`` passes through (Ctrl-C stops the
-    run), and so do the exception types in ``own``: recheck's own errors, which the caller
-    reports in its own words.  The caller's ``finally`` blocks and context managers have run
-    by then, so every patch is undone whatever the user's code raised.
+    The one gate between a face and the user's code: ``SystemExit`` is the user code's error too,
+    so ``sys.exit(0)`` in a region is reported, never a silent exit 0 that drops the other targets.
+    ``KeyboardInterrupt`` and the types in ``own`` (recheck's own errors) pass through.
     """
     try:
         return fn(*args, **kwargs)

@@ -282,12 +282,8 @@ def _check_one(target: Any, overrides: dict[str, Any], bar: Any) -> Any:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Check every region the targets name; 0 clean, 1 findings, 2 usage or import error.
-
-    A target that cannot be loaded, a region that cannot be built and a region that
-    raises or exits are each reported as an error while the others are still checked; the
-    exit status is then 2.  Ctrl-C reports what was checked so far and returns 130.
-    """
+    """Check every region the targets name: 0 clean, 1 findings, 2 an error (any target's,
+    the others still checked), 130 Ctrl-C (what was checked so far is reported)."""
     from recheck.dependencies import require_torch
 
     problem = _usage_problem(ns)

@@ -323,7 +323,7 @@ class RecomputeProbe:
     # -- comparing -----------------------------------------------------------------------------
     def _compare(self) -> list[Finding]:
         counts: dict[str, int] = {}
-        made: list[tuple[str, int, list[Finding]]] = []
+        made: list[tuple[str, list[Finding]]] = []
         for run in self._recomputes:
             if not run.finished and run.outputs is None:
                 self._stats["early_stopped"] += 1
@@ -333,13 +333,13 @@ class RecomputeProbe:
             region = f"{self._name(run)} recomputed by {run.driver}"
             counts[region] = counts.get(region, 0) + 1
             try:
-                made.append((region, counts[region], self._differences(run, forward, region, counts[region])))
+                made.append((region, self._differences(run, forward, region, counts[region])))
             except Exception as exc:  # noqa: BLE001 - recheck's own: that recompute is not compared
                 note = could_not(f"compare the recompute of {region}, call {counts[region]}", exc)
                 if note not in self.notes:
                     self.notes.append(note)
         findings: list[Finding] = []
-        for region, _, found in made:
+        for region, found in made:
             findings.extend(dataclasses.replace(f, invocation=dataclasses.replace(f.invocation, of=counts[region]))
                             if f.invocation else f for f in with_likely_causes(found))
         return findings
