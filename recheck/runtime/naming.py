@@ -47,12 +47,10 @@ class RegionKey:
     """The identity of a region: callable and the place that checkpoints it.
 
     ``defined_at`` and ``callsite`` read ``file:line`` (None: not known).  A key :func:`describe`
-    makes holds its places as :data:`Place` and words them when first read, relative to the
-    working directory of its making: every invocation makes its region's key, few keys are ever
-    shown, and wording a file (its real path, its path from the working directory) costs more
-    than the rest of the key.  Keys are equal when their qualified names and places are, an
-    unworded place by the file as the code names it (so a key :func:`describe` made is not
-    equal to one made of texts).
+    makes holds :data:`Place` s and words them when first read, from the working directory of its
+    making: every invocation makes its region's key, few are shown, and wording a file costs more
+    than the rest of the key.  Keys are equal by qualified name and places, an unworded place by
+    the file as the code names it (a key :func:`describe` made equals none made of texts).
     """
 
     __slots__ = ("qualname", "_places", "_cwd", "_worded", "_hash")
@@ -65,13 +63,8 @@ class RegionKey:
         self._worded: tuple[str | None, str | None] | None = None
         self._hash = hash((qualname, defined_at, callsite))  # made once: hashed several times an invocation
 
-    @property
-    def defined_at(self) -> str | None:
-        return self._texts()[0]
-
-    @property
-    def callsite(self) -> str | None:
-        return self._texts()[1]
+    defined_at = property(lambda self: self._texts()[0])
+    callsite = property(lambda self: self._texts()[1])
 
     def _texts(self) -> tuple[str | None, str | None]:
         if self._worded is None:

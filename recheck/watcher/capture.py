@@ -25,14 +25,9 @@ from recheck.runtime.fingerprints import AS_IS, MISSING, module_state_names, sha
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
-__all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "add_module", "buffer_versions", "changed_buffers",
+__all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "buffer_versions", "changed_buffers",
            "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
            "shown_change", "subtree", "with_submodules"]
-
-
-def add_module(reach: Reach, module: torch.nn.Module) -> None:
-    """A module ran in the region without being reachable statically: name and add it."""
-    reach.add_found(module)
 
 
 def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
@@ -83,7 +78,7 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     ids, named = list(map(id, subs)), reach.modules
     if not all(map(named.__contains__, ids)):  # one ran without being reachable statically
         for sub in subs:
-            add_module(reach, sub)
+            reach.add_found(sub)  # it ran without being reachable statically
     return list(map(named.__getitem__, ids))
 
 

@@ -190,11 +190,11 @@ class Forward:
         attributes: list[tuple[str, torch.nn.Module]] = []
         for module in self.direct.values():
             if id(module) not in covered:
-                capture.add_module(reach, module)
+                reach.add_found(module)
                 attributes.append(reach.modules[id(module)])
         touched, self.written_buffers = [], {}
         for module, name in capture.changed_buffers(self.buffers_seen):
-            capture.add_module(reach, module)
+            reach.add_found(module)
             prefix = reach.modules[id(module)][0]
             self.written_buffers[buffer_subject(prefix, name)] = None
             if id(module) not in covered:
@@ -637,7 +637,7 @@ class InvocationRecord:
         if forward is not None and key not in forward.ran and not self.forward_done:
             forward.ran[key] = module
             if key not in forward.reach.modules:
-                capture.add_module(forward.reach, module)
+                forward.reach.add_found(module)
             if key not in forward.walked:  # else its subtree's buffers were seen with its parent's
                 capture.buffer_versions((module,), forward.buffers_seen, forward.walked, forward.subtrees)
             if module._modules:  # its subtree as walked in this forward, or found now
