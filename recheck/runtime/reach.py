@@ -135,10 +135,10 @@ class Reach:
         self.objects: dict[str, Any] = {}
         #: callables and modules made by ``torch.compile`` that the region or step reaches
         self.compiled: list[str] = []
-        #: the host RNG streams the code refers to (``"Python random"``, ``"numpy global RNG"``),
-        #: following functions into other modules too
-        self.host_rng: set[str] = set()
+        self._host_rng: set[str] = set()
         self._rng_scanned: set[int] = set()
+        #: functions walked whose use of the host streams :attr:`host_rng` has not looked at yet
+        self._rng_unscanned: list[types.FunctionType] = []
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -155,8 +155,8 @@ class Reach:
         """A reach that can grow without changing this one (which a cache may share)."""
         other = Reach()
         other.modules, other.generators, other.tensors = dict(self.modules), dict(self.generators), dict(self.tensors)
-        other.objects, other.compiled, other.host_rng = dict(self.objects), list(self.compiled), set(self.host_rng)
-        other._rng_scanned = set(self._rng_scanned)
+        other.objects, other.compiled, other._host_rng = dict(self.objects), list(self.compiled), set(self._host_rng)
+        other._rng_scanned, other._rng_unscanned = set(self._rng_scanned), list(self._rng_unscanned)
         other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
         other._anonymous = self._anonymous
         return other
@@ -248,7 +248,7 @@ class Reach:
             module = namespace.get(name)
             if isinstance(module, types.ModuleType) and not is_library(module.__name__):
                 self._add_module_attribute(module, attr)
-        self._scan_host_rng(function)
+        self._rng_unscanned.append(function)
         for name in reads:
             if name not in namespace:
                 continue  # a builtin
@@ -266,10 +266,20 @@ class Reach:
             if contents is not _EMPTY_CELL:
                 self.add_value(cell_name, contents)
 
+    @property
+    def host_rng(self) -> set[str]:
+        """The host RNG streams the code walked refers to (``"Python random"``, ``"numpy global
+        RNG"``), following the functions it names into other modules too.  Looked for when asked,
+        not while walking: ``watch()`` asks for a region's, ``check_step``'s snapshot keeps both
+        streams whatever the step's code names, and never asks."""
+        while self._rng_unscanned:
+            self._scan_host_rng(self._rng_unscanned.pop())
+        return self._host_rng
+
     def _scan_host_rng(self, function: types.FunctionType) -> None:
         """Note whether ``function`` (or a function it names, in any module) uses Python's or
         numpy's global RNG: the ``random`` or ``numpy`` module, or a function taken from them."""
-        if id(function.__code__) in self._rng_scanned or len(self.host_rng) == 2:
+        if id(function.__code__) in self._rng_scanned or len(self._host_rng) == 2:
             return
         self._rng_scanned.add(id(function.__code__))
         namespace = function.__globals__
@@ -277,13 +287,13 @@ class Reach:
             value = namespace.get(name)
             stream = _host_stream(value)
             if stream is not None:
-                self.host_rng.add(stream)
+                self._host_rng.add(stream)
             elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
                 self._scan_host_rng(value)
         for value in cell_values(function):
             stream = _host_stream(value)
             if stream is not None:
-                self.host_rng.add(stream)
+                self._host_rng.add(stream)
             elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
                 self._scan_host_rng(value)
 

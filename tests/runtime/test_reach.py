@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -133,3 +136,27 @@ def test_cell_values_leave_out_an_empty_cell_and_keep_the_order():
     assert cell_values(segment) == [cell.cell_contents for cell in segment.__closure__]  # all filled: as they are
     assert cell_values(len) == [] and cell_values(block) == [] and cell_values(lambda: 1) == []
     assert reach_of(region, {}).modules  # a region with an empty cell is reached all the same
+
+
+def _noisy(x):
+    return x * random.random()
+
+
+class _NoisyBlock(nn.Module):
+    def forward(self, x):
+        return _helper_of_noisy(x)
+
+
+def _helper_of_noisy(x):
+    return x * float(np.random.rand())
+
+
+def test_the_host_streams_named_by_code_walked_after_the_first_question_are_found_too():
+    """Which of Python's and numpy's global streams a region reaches follows every function walked,
+    one helper deep into the code it names, whenever it is asked: after its module grew too."""
+    reach = static_reach(_noisy, (), {})
+    assert reach.host_rng == {"Python random"}
+    reach.add_module("block", _NoisyBlock())  # (a module found by running the region)
+    assert reach.host_rng == {"Python random", "numpy global RNG"}
+    assert reach.copy().host_rng == reach.host_rng
+    assert static_reach(_region, (), {}).host_rng == set()
