@@ -178,8 +178,7 @@ class Subject(str):
     def __new__(cls, what: str, name: str = "", *, owner: str = "", path: str = "",
                 more: tuple[str, ...] = ()) -> Subject:
         self = super().__new__(cls, subject_text(what, name, owner, path, more))
-        for key, value in (("what", what), ("name", name), ("owner", owner), ("path", path), ("more", tuple(more))):
-            object.__setattr__(self, key, value)
+        vars(self).update(what=what, name=name, owner=owner, path=path, more=tuple(more))  # (not __setattr__)
         return self
 
     def __setattr__(self, key: str, value: Any) -> None:

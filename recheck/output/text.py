@@ -62,6 +62,8 @@ def subject_text(what: str, name: str = "", owner: str = "", path: str = "", mor
         form = "{name} `{owner}`"
     elif what == "parameter" and more:
         form = "parameters {names}"
+    if what not in ("parameter", "gradient"):  # (the only forms with ``{names}``)
+        return form.format(owner=owner, name=name, path=path)
     names = ", ".join(f"`{n}`" for n in (name, *more)) if name else path
     if what == "parameter" and name and owner:
         names = ", ".join(f"`{n}`" for n in (f"{owner}.{name}", *more))
