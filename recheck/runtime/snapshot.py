@@ -113,25 +113,25 @@ class TensorRecord:
         self.tensor = tensor
         self.version = tensor._version
         self.copy = tensor.detach().clone() if copy is None else copy
-        self._verified = False  # set by observe when the tensor was found as captured
+        #: the copy's digest, where its bytes are read in place: each observe reads the tensor only
+        self.digest = DigestedTensor.of(self.copy) if DigestedTensor.fits(self.copy) else None
+        self._verified = False  # whether the last observe found the tensor as captured
 
     def same_bytes(self) -> bool:
         """True when the tensor's shape, dtype and bytes are those captured.
 
         Exact even for writes through ``.data``, which bypass the version counter.
         """
-        return bits_equal(self.tensor, self.copy)
+        return self.digest.matches(self.tensor) if self.digest is not None else bits_equal(self.tensor, self.copy)
 
     def unchanged(self) -> bool:
-        """True when the tensor's version and bytes are those captured (as the last observe found
-        them, where it did: nothing ran since)."""
-        return self._verified or self.tensor._version == self.version and self.same_bytes()
+        """True when the tensor's version and bytes are those captured."""
+        return self.tensor._version == self.version and self.same_bytes()
 
-    def restore(self, trust_observed: bool = False) -> None:
-        """Put the bytes and version back; ``trust_observed``: the last observe is current."""
+    def restore(self) -> None:
+        """Put the bytes and version back."""
         t = self.tensor
-        verified, self._verified = self._verified and trust_observed, False
-        if t._version == self.version and (verified or self.same_bytes()):
+        if self.unchanged():
             return
         with torch.no_grad():
             # (a copy may be kept in host memory: an optimizer's state, see ``runtime.steps``)
@@ -146,9 +146,7 @@ class TensorRecord:
     def observe(self, reference: Observed | None = None, lean: bool = False) -> tuple[Observed]:
         """The tensor's value: the captured copy itself when the bytes are unchanged.
 
-        Also remembers the finding for :meth:`unchanged` and for :meth:`Snapshot.restore`
-        with ``trust_observed``, which follow at once and so need not compare the bytes again.  A tensor whose
-        version moved is copied without comparing its bytes first (an optimizer step moves
+        A tensor whose version moved is copied without comparing its bytes first (an optimizer step moves
         every parameter's): the copy holds the same bytes either way.  ``reference`` (the
         same tensor as another run left it) is returned itself when the bytes are its bytes;
         ``lean`` keeps a changed tensor as its digest (see :func:`shared_or_copied`).
@@ -710,6 +708,8 @@ class Snapshot:
         self.keys: set[Any] = set()
         #: the gradient records, apart: cleared before each run, put back last
         self.grads: list[GradRecord] = []
+        #: the records the last observe did not find as captured, until the next restore
+        self._changed: list[Any] | None = None
         #: what was found and cannot be put back, by its name in backticks: why (see :meth:`notes`)
         self.unrestorable: dict[str, str] = {}
         self._held_left = _MAX_HELD  # values a held search may still look into
@@ -998,10 +998,11 @@ class Snapshot:
         return notes
 
     def unchanged(self, except_rng: frozenset[str] = frozenset()) -> bool:
-        """True when every piece of state is as captured, RNG streams in ``except_rng`` aside."""
+        """True when every piece of state is as captured, RNG streams in ``except_rng`` aside (right
+        after :meth:`observe`, only what it did not find as captured is read again)."""
         if self.rng.changed_streams() - except_rng:
             return False
-        for record in self.records:  # a loop, not all() over a generator: hundreds of records
+        for record in self.records if self._changed is None else self._changed:  # a loop, not all() over a generator: hundreds of records
             if not record.unchanged():
                 return False
         return True
@@ -1010,16 +1011,15 @@ class Snapshot:
         """Put everything back; a record that fails is named in :meth:`notes` and the rest still
         put back (recheck's own failure is never raised into the user's run).
 
-        ``trust_observed`` (right after :meth:`observe`, nothing run since): tensors it found
-        unchanged are not compared again.
+        ``trust_observed`` (right after :meth:`observe`, nothing run since): what it found as
+        captured is left as it is.
         """
+        records = self.records if self._changed is None or not trust_observed else self._changed
+        self._changed = None
         # gradients last: a parameter's dtype goes back first (check_step's float64 rerun)
-        for record in [*reversed(self.records), *reversed(self.grads)]:
+        for record in [*reversed(records), *reversed(self.grads)]:
             try:
-                if type(record) is TensorRecord:
-                    record.restore(trust_observed)
-                else:
-                    record.restore()
+                record.restore()
             except Exception as exc:  # noqa: BLE001 - named in the notes; the rest is still put back
                 self.unrestorable.setdefault(_record_name(record),
                                              f"putting it back raised {error_line(exc)}")
@@ -1036,6 +1036,7 @@ class Snapshot:
         updated again by a recompute), which a digest would only tell by running again.
         """
         seen: dict[tuple[str, str], Observed] = {}
+        changed: list[Any] = []  # what the observe did not find as captured (see :meth:`restore`)
         for item in self.rng.observe():
             seen[(item.kind, item.subject)] = item
         with _one_pass():
@@ -1048,4 +1049,8 @@ class Snapshot:
                     items = record.observe()
                 for item in items:
                     seen[(item.kind, item.subject)] = item
+                if not (record._verified if type(record) is TensorRecord
+                        else type(record) is ValueRecord and items[0] is record._seen):
+                    changed.append(record)
+        self._changed = changed
         return seen
