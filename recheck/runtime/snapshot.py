@@ -874,9 +874,11 @@ class Snapshot:
         """
         if type(value) in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
             return
-        with self._breadth_first():
-            first = self._rank if depth < _MAX_DEPTH else 0  # (what is held directly: in the order given)
-            heapq.heappush(self._pending, (-depth, first, next(self._order), self._rank, name, value, depth, held))
+        first = self._rank if depth < _MAX_DEPTH else 0  # (what is held directly: in the order given)
+        heapq.heappush(self._pending, (-depth, first, next(self._order), self._rank, name, value, depth, held))
+        if not self._searching:  # (inside a search, the search looks into it in its turn)
+            with self._breadth_first():
+                pass
 
     @contextlib.contextmanager
     def _breadth_first(self) -> Iterator[None]:
