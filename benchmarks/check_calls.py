@@ -6,7 +6,8 @@ they are meant to show.  This prints, for ``check()`` on the small stack of ``ch
 of ``watch_overhead.py`` (against one plain step), after a warm-up of each:
 
 * the Python and C calls added (``sys.setprofile``; the same every run), with the Python
-  functions that add the most;
+  functions that add the most; for ``check()`` also against the watched floor (its checkpointed
+  step inside ``watch()``): what the check adds beyond what ``watch()`` adds;
 * the minor page faults of one call (fresh memory the kernel had to map: memory kept alive
   longer than the step keeps it shows here) and the growth of the resident set over
   ``--repeats`` calls with the garbage collector left as the program has it.
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.row == "stack":
         blocks, x = build_stack(**SIZES["small"])
         _row("check() small", lambda: floor_step(blocks, x), lambda: recheck.check(blocks, x), ns.repeats, ns.top)
+        _row("  over watch()", lambda: floor_step(blocks, x, watched=True), lambda: recheck.check(blocks, x),
+             ns.repeats, ns.top)
         return 0
     try:
         _, step = build(ns.row, "cpu")
