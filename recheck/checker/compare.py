@@ -109,9 +109,9 @@ def compare_grads(ctx: Context, original: Mapping[str, torch.Tensor | None],
     findings: list[Finding] = []
     for name, a in original.items():
         b = other.get(name)
-        subject = Subject("gradient", path=name)  # the name as the caller quotes it: `w`, args[0]
         if a is b:  # both None, or one value both runs left (check_step's twin shares what is alike)
             continue
+        subject = Subject("gradient", path=name)  # the name as the caller quotes it: `w`, args[0]
         if a is None or b is None:
             detail = value_detail("None" if a is None else describe_tensor(a),
                                   "None" if b is None else describe_tensor(b),
