@@ -277,11 +277,8 @@ class Twin:
             watcher = watch(raise_on_finding=False, **watch_options)
             # the step's own modules (named in the step, not inside another) name what it finds
             probe = RecomputeProbe(*[m for name, m in self.reach.modules.values() if "." not in name])
-            # the probe sees recomputes of implementations nothing intercepts; check()'s region is
-            # checkpointed by torch, which the watch intercepts: it runs exactly the watched step
-            probed = contextlib.nullcontext() if isinstance(self.step, RegionStep) else probe
             try:
-                with watcher, probed:
+                with watcher, probe:  # the probe sees recomputes of implementations nothing intercepts
                     yield
             finally:
                 run.report = watcher.report
