@@ -255,6 +255,8 @@ class _Run:
         self.assigners: dict[str, set[tuple[str, str]]] = {}
         #: files parsed again here to analyse outlined units, by (path, salt)
         self.kept: OrderedDict[tuple[str, str], FileExtraction] = OrderedDict()
+        #: every file's facts this run has deferred bodies of (see :meth:`close`)
+        self.adopted: list[FileFacts] = []
         self.analysed_here = 0  # outlined units analysed in this process
         #: files of installed packages read for classes outside the tree (never linted: their
         #: facts are looked up by name, their hazards reported nowhere), by path
@@ -307,6 +309,7 @@ class _Run:
     def adopt(self, facts: FileFacts) -> FileFacts:
         """Defer the outlined units' classes and functions: the first read of a body has the
         unit analysed (:meth:`analyse_outlined`)."""
+        self.adopted.append(facts)
         for name, qualnames in facts.outlined.items():
             load = functools.partial(self.analyse_outlined, facts, name)
             for qualname in qualnames:
@@ -315,6 +318,14 @@ class _Run:
                     if record is not None and not record.deferred:
                         record.defer(load)
         return facts
+
+    def close(self) -> None:
+        """The run is over and no body is read after it: drop the deferred records' loaders,
+        which hold the run (a cycle that would keep every fact alive until the cyclic
+        collector, paused meanwhile, walks them all), so that the facts go with the run."""
+        for facts in self.adopted:
+            for record in (*facts.classes.values(), *facts.functions.values()):
+                record.__dict__.pop("_load", None)
 
     def analyse_outlined(self, facts: FileFacts, name: str) -> None:
         """Analyse outlined unit ``name`` of ``facts`` (and what it reaches in its file) from
@@ -464,11 +475,15 @@ class _Run:
         return any(base in text for base in CHECKPOINTING_BASES) or any(p.search(text) for p in self.patterns)
 
 
-def _read(paths: list[Path], run: _Run) -> None:
+def _read(named: Iterable[Path], run: _Run) -> _Run:
+    """Find and read the Python files under ``named`` into ``run``."""
+    def unreadable(folder: Path, reason: str) -> None:
+        run.report(FileError(_display(folder), reason, "folder"))
+
     packages: dict[Path, str] = {}  # folder -> its dotted package ("" outside packages)
     seen: set[str] = set()
     root = resolve(run.options.root)
-    for path in paths:
+    for path in list(discover([Path(p) for p in named], run.options.root, run.options.exclude, unreadable)):
         display = _display(path)
         if display in seen:  # named twice, or named and found in a folder named too
             continue
@@ -490,22 +505,18 @@ def _read(paths: list[Path], run: _Run) -> None:
         is_package = path.name == "__init__.py"
         module = packages[folder] if is_package else ".".join(p for p in (packages[folder], path.stem) if p)
         run.sources[display] = _Source(path, display, text, data, module or path.stem, is_package, relative)
+    return run
 
 
 def lint_paths(paths: Iterable[Path], options: LintOptions | None = None,
                progress: ProgressCallback | None = None) -> LintResult:
     """Lint every Python file under ``paths``; ``progress`` hears of each file parsed."""
-    options = options or LintOptions()
-    run = _Run(options, progress)
-    # syntax trees and facts hold no cycles, and every collection of the oldest generation would
-    # walk every fact built (a third of a cold run's time on transformers); the few cycles a run
-    # makes (a deferred record's loader holds the run) are collected after it
+    # syntax trees and facts hold no cycles (the run drops the one its loaders make when it
+    # ends), and every collection of the oldest generation would walk every fact built (a third
+    # of a cold run's time on transformers): the run is freed as _lint returns, before the
+    # collector runs again, which then walks none of it
     with collector_paused():
-        def unreadable(folder: Path, reason: str) -> None:
-            run.report(FileError(_display(folder), reason, "folder"))
-
-        _read(list(discover([Path(p) for p in paths], options.root, options.exclude, unreadable)), run)
-        return _lint(run)
+        return _lint(_read(paths, _Run(options or LintOptions(), progress)))
 
 
 def lint_sources(sources: dict[str, str], options: LintOptions | None = None) -> LintResult:
@@ -544,6 +555,7 @@ def _lint(run: _Run) -> LintResult:
     result.sources = {d: s.text for d, s in run.sources.items()}
     unread = sum(error.kind == "file" and error.path not in run.sources for error in run.errors.values())  # parse failures are sources
     result.stats = {"files": len(run.sources) + unread, **stats}
+    run.close()
     return result
 
 

@@ -571,35 +571,36 @@ class _Extractor:
         local_lists: dict[str, list[str]] = {}
         local_objects: dict[str, dict[str, list[str]]] = {}
 
-        def store(target: ast.AST, classes: list[str], value: ast.AST | None) -> None:
-            if isinstance(target, ast.Name):
-                local_lists.setdefault(target.id, []).extend(classes)
-                if isinstance(value, ast.Name) and value.id in local_objects:
-                    local_objects[target.id] = local_objects[value.id]
-                return
-            path = self_path(target, context.self_name)
-            if path is not None and owner is not None:
-                if classes:
-                    owner.attributes.setdefault(path, []).extend(classes)
-                if isinstance(value, ast.Name):  # self.act = act_fn, a nested or module function
-                    held = context.refs_of(value.id, value.lineno) or []
-                    named = [r.name for r in held if r.kind == "local"]
-                    if not held and value.id in context.module.defined:
-                        named = [value.id]
-                    owner.function_attributes.setdefault(path, []).extend(named)
-                if isinstance(value, ast.Name) and value.id in local_objects:
-                    for attribute, classes_held in local_objects[value.id].items():
-                        owner.attributes.setdefault(f"{path}.{attribute}", []).extend(classes_held)
-                return
-            if isinstance(target, (ast.Tuple, ast.List)):  # self.stages, info = create_stages(cfg): either
-                for element in target.elts:
-                    store(element, classes, None)
-                return
-            base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
-            if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
-                local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
-            elif isinstance(target, ast.Subscript) and isinstance(base, ast.Name):  # blocks[name] = Block()
-                local_lists.setdefault(base.id, []).extend(classes)
+        def store(whole: ast.AST, classes: list[str], value: ast.AST | None) -> None:
+            # no recursion: a closure that calls itself is a reference cycle, which keeps the
+            # file's syntax tree (that ``context`` holds) alive until the collector runs
+            for target in _leaves(whole):  # self.stages, info = create_stages(cfg): either
+                if target is not whole:
+                    value = None
+                if isinstance(target, ast.Name):
+                    local_lists.setdefault(target.id, []).extend(classes)
+                    if isinstance(value, ast.Name) and value.id in local_objects:
+                        local_objects[target.id] = local_objects[value.id]
+                    continue
+                path = self_path(target, context.self_name)
+                if path is not None and owner is not None:
+                    if classes:
+                        owner.attributes.setdefault(path, []).extend(classes)
+                    if isinstance(value, ast.Name):  # self.act = act_fn, a nested or module function
+                        held = context.refs_of(value.id, value.lineno) or []
+                        named = [r.name for r in held if r.kind == "local"]
+                        if not held and value.id in context.module.defined:
+                            named = [value.id]
+                        owner.function_attributes.setdefault(path, []).extend(named)
+                    if isinstance(value, ast.Name) and value.id in local_objects:
+                        for attribute, classes_held in local_objects[value.id].items():
+                            owner.attributes.setdefault(f"{path}.{attribute}", []).extend(classes_held)
+                    continue
+                base = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
+                if isinstance(target, ast.Attribute) and isinstance(base, ast.Name):
+                    local_objects.setdefault(base.id, {}).setdefault(target.attr, []).extend(classes)
+                elif isinstance(target, ast.Subscript) and isinstance(base, ast.Name):  # blocks[name] = Block()
+                    local_lists.setdefault(base.id, []).extend(classes)
 
         sources: dict[str, ast.AST] = {}  # a loop variable's iterable, an unpacked name's value
         for node in nodes:
@@ -612,12 +613,14 @@ class _Extractor:
                         if isinstance(name, ast.Name):
                             sources.setdefault(name.id, origin)
 
-        def traced(value: ast.AST, depth: int = 0) -> list[str]:
+        def traced(value: ast.AST) -> list[str]:
             """What ``value`` builds, through the loops and unpackings that bound its names."""
-            classes = _module_classes(value, context, local_lists)
-            inner = value.value if isinstance(value, ast.Starred) else value
-            if not classes and isinstance(inner, ast.Name) and inner.id in sources and depth < 3:
-                return traced(sources[inner.id], depth + 1)
+            for depth in range(4):
+                classes = _module_classes(value, context, local_lists)
+                inner = value.value if isinstance(value, ast.Starred) else value
+                if classes or depth == 3 or not (isinstance(inner, ast.Name) and inner.id in sources):
+                    break
+                value = sources[inner.id]
             return classes
 
         for node in nodes:
@@ -648,6 +651,14 @@ class _Extractor:
                 if isinstance(node.value, ast.Name):  # return block_fn: the class a factory picks
                     facts.returns_built.extend(_class_references(node.value, context))
 
+
+def _leaves(target: ast.AST) -> Iterator[ast.AST]:
+    """The targets inside a tuple or list target (at any depth), in order; else ``target``."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            yield from _leaves(element)
+    else:
+        yield target
 
 _ADDING_METHODS = frozenset({"add_module", "register_module"})
 
