@@ -529,24 +529,28 @@ class _Extractor:
 
     def _scan(self, nodes: list[ast.AST], context: FunctionContext, facts: FunctionFacts) -> None:
         seen_once: set[tuple[str, str]] = set()
-        for node in nodes:
-            for rule in _DISPATCH.get(type(node), ()):
+        dispatch, call, returned = _DISPATCH, ast.Call, ast.Return
+        for node in nodes:  # by exact type: a parsed tree holds no subclass of a node class
+            kind = type(node)
+            for rule in dispatch.get(kind, ()):
                 for hazard in rule.visit(node, context):
                     if rule.ONCE_PER_FUNCTION:
                         if (hazard.code, hazard.what) in seen_once:
                             continue
                         seen_once.add((hazard.code, hazard.what))
                     facts.hazards.append(hazard)
-            if isinstance(node, ast.Call):
-                self._call(node, context, facts)
-            elif isinstance(node, ast.Return) and isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript)):
-                held = callee_refs(node.value, context)
+            if kind is call:
+                self._call(cast(ast.Call, node), context, facts)
+            elif kind is not returned:
+                continue
+            elif isinstance(value := cast(ast.Return, node).value, (ast.Name, ast.Attribute, ast.Subscript)):
+                held = callee_refs(value, context)
                 facts.returns_local += [r.name for r in held if r.kind == "local"]
                 facts.returns_refs += [r for r in held if r.kind != "local"]
-            elif isinstance(node, ast.Return) and node.value is not None:
-                built = _container(node.value, context)
+            elif value is not None:
+                built = _container(value, context)
                 if built:
-                    facts.returned.append((context.span(node.value), built))
+                    facts.returned.append((context.span(value), built))
 
     def _call(self, node: ast.Call, context: FunctionContext, facts: FunctionFacts) -> None:
         entry = entry_point(node, context, self.extra_entries)
@@ -604,10 +608,11 @@ class _Extractor:
 
         sources: dict[str, ast.AST] = {}  # a loop variable's iterable, an unpacked name's value
         for node in nodes:
-            if isinstance(node, (ast.For, ast.comprehension)) or (
-                    isinstance(node, ast.Assign) and any(isinstance(t, ast.Tuple) for t in node.targets)):
-                targets = [node.target] if not isinstance(node, ast.Assign) else node.targets
-                origin = node.value if isinstance(node, ast.Assign) else node.iter
+            kind = type(node)
+            if kind is ast.For or kind is ast.comprehension or (
+                    kind is ast.Assign and any(isinstance(t, ast.Tuple) for t in node.targets)):  # type: ignore[attr-defined]
+                targets = [node.target] if kind is not ast.Assign else node.targets  # type: ignore[attr-defined]
+                origin = node.value if kind is ast.Assign else node.iter  # type: ignore[attr-defined]
                 for target in targets:
                     for name in ast.walk(target):
                         if isinstance(name, ast.Name):

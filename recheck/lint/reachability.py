@@ -156,6 +156,10 @@ def _none_sources(node: ast.AST, sources: dict[str, set[str]], states: dict[str,
     return None
 
 
+_NAMED = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler})
+_DECLARING = frozenset({ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal})
+
+
 def none_names(nodes: list[ast.AST], arguments: ast.arguments) -> dict[str, list[str]]:
     """Each name of a function's scope that is None (or empty) whenever none of the listed
     parameters is given: an optional parameter (itself, unless the body may rebind it to
@@ -164,19 +168,22 @@ def none_names(nodes: list[ast.AST], arguments: ast.arguments) -> dict[str, list
     loop, ``with``, ``+=``, unpacking) are never known None."""
     values: dict[str, list[ast.AST | None]] = {}
     simple: set[int] = set()
-    for node in nodes:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for node in nodes:  # by exact type: a parsed tree holds no subclass of a node class
+        kind = type(node)
+        if (kind is ast.Assign or kind is ast.AnnAssign) and node.value is not None:  # type: ignore[attr-defined]
+            targets = node.targets if kind is ast.Assign else [node.target]  # type: ignore[attr-defined]
             if len(targets) == 1 and isinstance(targets[0], ast.Name):
-                values.setdefault(targets[0].id, []).append(node.value)
+                values.setdefault(targets[0].id, []).append(node.value)  # type: ignore[attr-defined]
                 simple.add(id(targets[0]))
     for node in nodes:
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load) and id(node) not in simple:
-            values.setdefault(node.id, []).append(None)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)) and node.name:
-            values.setdefault(node.name, []).append(None)
-        elif isinstance(node, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
-            for alias in node.names:
+        kind = type(node)
+        if kind is ast.Name:
+            if type(node.ctx) is not ast.Load and id(node) not in simple:  # type: ignore[attr-defined]
+                values.setdefault(node.id, []).append(None)  # type: ignore[attr-defined]
+        elif kind in _NAMED and node.name:  # type: ignore[attr-defined]
+            values.setdefault(node.name, []).append(None)  # type: ignore[attr-defined]
+        elif kind in _DECLARING:
+            for alias in node.names:  # type: ignore[attr-defined]
                 values.setdefault(alias if isinstance(alias, str) else (alias.asname or alias.name), []).append(None)
     own = optional_params(arguments)
     sources = {name: {name} if name in own else set() for name in set(own) | set(values)}

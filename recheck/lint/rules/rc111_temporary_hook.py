@@ -108,7 +108,7 @@ def temporary_hooks(nodes: list[ast.AST], context: FunctionContext,
     ``owner``, the qualname of the class ``self`` is, for hooks that are methods."""
     registers: dict[int, tuple[ast.Call, str]] = {}
     for node in nodes:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+        if type(node) is ast.Call and isinstance(node.func, ast.Attribute | ast.Name):  # type: ignore[attr-defined]
             method = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
             if method in MODULE_HOOKS or method in GLOBAL_HOOKS:
                 registers[id(node)] = (node, method)
