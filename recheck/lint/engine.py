@@ -380,12 +380,13 @@ class _Run:
             return []
         self.extra.update(new)
         self.salt = hashlib.sha256(repr(sorted(self.extra.items())).encode()).hexdigest()[:16]
-        defined = {f"{facts.module}.{qualname}": (facts, qualname) for facts in index.files
-                   for qualname in facts.functions}
         again: dict[str, _Source] = {}
         names = set()
         for name in new:
-            facts, qualname = defined.get(name, (None, ""))
+            facts, qualname = None, ""
+            for candidate in index.files:  # the last file that defines it (a few names, no table of every function)
+                if name.startswith(candidate.module + ".") and name[len(candidate.module) + 1:] in candidate.functions:
+                    facts, qualname = candidate, name[len(candidate.module) + 1:]
             if facts is not None and qualname.rpartition(".")[0] in facts.functions:
                 again[facts.path] = self.sources[facts.path]  # a nested function: called in its own file only
             elif name.rsplit(".", 1)[-1] not in ENTRY_ATTRIBUTES:

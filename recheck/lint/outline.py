@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
@@ -178,7 +179,7 @@ def used_as_value(source: str, start: int, end: int) -> bool:
     return source[at] in _OPENERS or (source[at - 3:at + 1] == "else" and (at < 4 or not _identifier_char(source[at - 4])))
 
 
-_MUTATING = sorted(MUTATING_METHODS)
+_MUTATING = [(name, re.compile(r"\.[ \t\f]*(" + name + ")")) for name in sorted(MUTATING_METHODS)]
 
 
 def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str]) -> set[int]:
@@ -188,17 +189,13 @@ def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str
     if not candidates:
         return set()
     source, lines = text.text, []
-    for method in _MUTATING:
-        for found in text.occurrences(method):
+    for method, after_dot in _MUTATING:
+        for match in after_dot.finditer(source):  # the method's name after a dot, in C
+            found = match.start(1)
             end = found + len(method)
             if end < len(source) and _identifier_char(source[end]):
                 continue
-            at = found - 1
-            while at >= 0 and source[at] in " \t\f":
-                at -= 1
-            if at < 0 or source[at] != ".":
-                continue
-            at -= 1
+            at = match.start() - 1
             while at >= 0 and source[at] in " \t\f":
                 at -= 1
             if at < 0:
