@@ -271,8 +271,9 @@ class _Run:
         """Phase one for ``sources``; ``demand``: for some, names of top-level definitions a
         region reaches (analysed there and then rather than outlined)."""
         jobs = []
+        keys: dict[str, str] = {}  # each file's bytes hashed once, for the lookup and the store
         for source in sources:
-            key = self.cache.key(source.data, source.module, self.salt)
+            key = keys[source.display] = self.cache.key(source.data, source.module, self.salt)
             cached = self.cache.get(key)
             wanted = sorted((demand or {}).get(source.display, ()))
             if cached is not None:
@@ -295,7 +296,7 @@ class _Run:
                     self.report(result)
                 table[display] = FileFacts(display, source.module)
             else:
-                self.cache.put(self.cache.key(source.data, source.module, self.salt), result)
+                self.cache.put(keys[display], result)
                 table[display] = self.adopt(result)
 
     def source(self, display: str) -> _Source:
@@ -400,8 +401,9 @@ class _Run:
     def check_syntax(self, sources: list[_Source]) -> int:
         """Parse-check files phase one never read, so a broken file is never silently passed."""
         jobs = []
+        keys: dict[str, str] = {}  # each file's bytes hashed once, for the lookup and the store
         for source in sources:
-            verdict = self.cache.get_checked(self.cache.key(source.data, source.module))
+            verdict = self.cache.get_checked(keys.setdefault(source.display, self.cache.key(source.data, source.module)))
             if verdict is None:
                 jobs.append((source.display, source.text))
             elif verdict:
@@ -409,8 +411,7 @@ class _Run:
         for display, error in _pooled(_syntax_check, jobs, self.workers):
             if error is not None:
                 self.report(error)
-            source = self.sources[display]
-            self.cache.put_checked(self.cache.key(source.data, source.module), error.reason if error else "")
+            self.cache.put_checked(keys[display], error.reason if error else "")
         return len(jobs)
 
     def wanted(self, index: Index, by_module: dict[str, _Source]) -> tuple[list[_Source], dict[str, set[str]]]:
