@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 
 from recheck.lint.facts import FunctionFacts
+from recheck.lint.scope import subtree
 
 __all__ = ["argument_value", "binds", "empty_params", "guards", "none_names", "optional_params", "passes_on", "unreachable"]
 
@@ -100,7 +101,7 @@ def _false(test: ast.AST, known: dict[str, str]) -> bool:
 
 
 def _names(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return {n.id for n in subtree(node) if type(n) is ast.Name}  # type: ignore[attr-defined]
 
 
 def guards(nodes: list[ast.AST], arguments: ast.arguments) -> list[tuple[int, int, tuple[str, ...]]]:

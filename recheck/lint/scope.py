@@ -108,6 +108,27 @@ def _node_fields(kind: type[ast.AST]) -> tuple[str, ...]:
     return tuple(f for f in kind._fields if f not in _NEVER_NODES or f in keep)
 
 
+def subtree(node: ast.AST) -> list[ast.AST]:
+    """``node`` and every node inside it, in no set order: what ``ast.walk`` yields (for the
+    sets made of it), without its generator per node."""
+    out: list[ast.AST] = []
+    stack, fields = [node], _CHILD_FIELDS
+    while stack:
+        current = stack.pop()
+        out.append(current)
+        kind = type(current)
+        names = fields.get(kind)
+        if names is None:
+            names = fields[kind] = _node_fields(kind)
+        for name in names:
+            value = getattr(current, name, None)
+            if type(value) is list:
+                stack += [v for v in value if isinstance(v, ast.AST)]
+            elif isinstance(value, ast.AST):
+                stack.append(value)
+    return out
+
+
 _SCOPE_TYPES = frozenset(SCOPE_NODES)
 _HEADER_FIELDS: dict[type, tuple[str, ...]] = {}
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
@@ -158,7 +179,7 @@ def tested_attributes(nodes: list[ast.AST], self_name: str | None) -> frozenset[
 
 def _self_attributes(node: ast.AST, self_name: str | None) -> set[str]:
     return {
-        n.attr for n in ast.walk(node)
+        n.attr for n in subtree(node)
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == self_name
     }
 
