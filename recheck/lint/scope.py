@@ -308,6 +308,8 @@ class ModuleContext:
     set_once: set[str] = field(default_factory=set)  # module variables initialised to None or False
     #: the value last assigned to each module variable (``_block_registry = dict(basic=BasicBlock)``)
     values: dict[str, ast.AST] = field(default_factory=dict)
+    #: does a line set an ``always`` warnings filter (RC103's question, answered once per file)
+    always_filter: bool | None = None
 
     @classmethod
     def build(cls, tree: ast.Module, top_level: list[ast.AST], module: str, lines: list[str],

@@ -113,7 +113,10 @@ class SideEffect(Rule):
         """A warning the recompute shows again: the file sets an ``always`` filter, or a constant
         ``stacklevel`` above 1 may name the checkpoint's own line (judged by :meth:`settle`)."""
         what = f"`{ctx.source(node.func)}(...)` warns"
-        if any(ALWAYS_FILTER.search(line) for line in ctx.module.lines):
+        module = ctx.module
+        if module.always_filter is None:
+            module.always_filter = any(ALWAYS_FILTER.search(line) for line in module.lines)
+        if module.always_filter:
             yield Hazard(CODE, ctx.span(node), what, "this file sets an `always` warning filter, so the recompute "
                          "shows the warning a second time")
             return
