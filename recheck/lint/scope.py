@@ -69,27 +69,25 @@ class Scopes:
         nested: list[ast.AST] = []
         self._nested[id(scope)] = nested
         stack: list[ast.AST] = list(reversed(body)) if type(body) is list else [body]
-        node_type, scope_types, fields = ast.AST, _SCOPE_TYPES, _CHILD_FIELDS
+        node_type, scope_types, order = ast.AST, _SCOPE_TYPES, _PARTITION_FIELDS
         while stack:
             node = stack.pop()
             out.append(node)
             kind = type(node)
-            names = fields.get(kind)
+            names = order.get(kind)
             if names is None:
-                names = fields[kind] = _node_fields(kind)
-            if not names:
-                continue
+                names = order[kind] = _partition_fields(kind)
             if kind in scope_types:  # its body is its own scope, partitioned when asked for
                 nested.append(node)
-                names = _HEADER_FIELDS.get(kind) or _HEADER_FIELDS.setdefault(kind, tuple(f for f in names if f != "body"))
-            children: list[ast.AST] = []
-            for name in names:
+            for name in names:  # pushed last field first, each list backwards: popped in source order
                 value = getattr(node, name, None)
                 if type(value) is list:
-                    children += [v for v in value if isinstance(v, node_type)]
+                    if None in value:  # a dict's ``**`` key, a keyword-only parameter with no default
+                        stack += [v for v in reversed(value) if v is not None]
+                    else:
+                        stack += reversed(value)
                 elif isinstance(value, node_type):
-                    children.append(value)
-            stack.extend(reversed(children))
+                    stack.append(value)
         return out
 
 
@@ -106,6 +104,21 @@ def _node_fields(kind: type[ast.AST]) -> tuple[str, ...]:
         return ()
     keep = {"name"} if kind.__name__ == "TypeAlias" else set()
     return tuple(f for f in kind._fields if f not in _NEVER_NODES or f in keep)
+
+
+#: list fields of identifiers (``global a, b``, ``case C(x=..)``'s attribute names): no nodes
+_NAME_LISTS = frozenset({"names", "kwd_attrs"})
+
+
+def _partition_fields(kind: type[ast.AST]) -> tuple[str, ...]:
+    """:meth:`Scopes._partition`'s fields of node class ``kind``, last first: a nested scope's
+    body left out (its own scope), no list of identifiers."""
+    names = _node_fields(kind)
+    if kind in _SCOPE_TYPES:
+        names = tuple(f for f in names if f != "body")
+    if kind in (ast.Global, ast.Nonlocal, ast.MatchClass):
+        names = tuple(f for f in names if f not in _NAME_LISTS)
+    return names[::-1]
 
 
 def subtree(node: ast.AST) -> list[ast.AST]:
@@ -130,7 +143,7 @@ def subtree(node: ast.AST) -> list[ast.AST]:
 
 
 _SCOPE_TYPES = frozenset(SCOPE_NODES)
-_HEADER_FIELDS: dict[type, tuple[str, ...]] = {}
+_PARTITION_FIELDS: dict[type, tuple[str, ...]] = {}
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 

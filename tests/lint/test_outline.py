@@ -156,6 +156,30 @@ def test_scopes_partition_every_node_once(path):
         pending += scopes.nested(scope)
 
 
+def test_scopes_partition_skips_name_lists_and_none_holes():
+    """``global``/``nonlocal`` names and a class pattern's attribute names are no nodes; a
+    ``**`` dict key and a keyword-only parameter with no default are None in their lists."""
+    tree = ast.parse(textwrap.dedent("""
+        def f(p, /, q=1, *r, s, t=2, **u):
+            global x, y
+            def g():
+                nonlocal p
+                return {**u, "k": 1, **{}}
+            match p:
+                case C(1, k=2, j=[3, *rest]) if q: pass
+                case {"a": 1, **rest2}: pass
+                case None | True: pass
+                case [a, b, *_] as z: pass
+            return lambda w, *, v, z=3: w + v
+    """))
+    scopes = Scopes(tree)
+    pending: list[ast.AST] = [tree]
+    while pending:
+        scope = pending.pop()
+        assert [id(n) for n in scopes.of(scope)] == [id(n) for n in _reference(scope)]
+        pending += scopes.nested(scope)
+
+
 def test_scopes_keep_nodes_in_constants_positions_and_names_out():
     tree = ast.parse(textwrap.dedent("""
         import os as o
