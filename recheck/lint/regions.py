@@ -489,6 +489,9 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
     the optional parameters none of its calls gave it (bounded: a few rounds settle it)."""
     root = (region.file.path, region.function.qualname)
     passes: Passes = {}
+    # each round asks mostly what the last one did (the last round all of it): answered once
+    emptied: dict[tuple, set[str]] = {}
+    passed_on: dict[tuple, tuple[int, tuple[str, ...]] | None] = {}
     for _ in range(4):
         empty: dict[Key, set[str] | None] = {}
         for key, function in reached.items():
@@ -496,7 +499,8 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
             if not incoming or any(p is None for p in incoming):
                 empty[key] = None
             else:
-                sets = [empty_params(function, p) for p in incoming]
+                sets = [emptied[key, p] if (key, p) in emptied else emptied.setdefault((key, p), empty_params(function, p))
+                        for p in incoming]
                 empty[key] = set.intersection(*sets)
         updated: Passes = {root: [_root_passed(region)]}
         for caller, record, callee in edges:
@@ -508,8 +512,11 @@ def _passes(region: Region, reached: dict[Key, FunctionFacts], edges: list[Edge]
                 continue  # the caller is itself only called from branches that cannot run
             if unreachable(reached[caller], given or [], record[5]):  # type: ignore[index]
                 continue  # a call in a branch none of the caller's calls takes
-            updated.setdefault(callee, []).append(passes_on(reached[caller], record, empty.get(caller),  # type: ignore[arg-type]
-                                                             reached.get(callee)))
+            none_given = empty.get(caller)
+            asked = (caller, record, callee, None if none_given is None else frozenset(none_given))
+            if asked not in passed_on:
+                passed_on[asked] = passes_on(reached[caller], record, none_given, reached.get(callee))  # type: ignore[arg-type]
+            updated.setdefault(callee, []).append(passed_on[asked])
         if updated == passes:
             break
         passes = updated
