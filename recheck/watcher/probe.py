@@ -15,14 +15,15 @@ still visible: it is a module forward that runs **while autograd executes a back
 Process-wide module hooks (a forward pre-hook and an ``always_call=True`` forward hook, so that
 a recompute torch's early stop ends still closes) see every module call.  In the forward, the
 outermost calls made where a reentrant-style implementation runs its region (under ``no_grad``,
-or inside saved-tensor hooks) are recorded: the module, its tensor inputs' data pointers, the
-context, the default RNG streams, its buffers and attributes at entry and exit, a digest of its
-outputs.  In backward, each recomputation's outermost module call is matched to a recorded
-forward of the same module instance (same input storage, else the latest unmatched one) and,
-when it ends, compared with it: outputs, the RNG streams the forward drew from, autocast and the
-default dtype, buffers and attributes.  A finding names the module and the custom function (its
-class and ``file:line`` from the enclosing ``ctx`` frame, else the first Python frame the
-autograd engine called).
+or inside saved-tensor hooks) each get an invocation record
+(:class:`recheck.watcher.records.InvocationRecord`, the one comparator ``watch()`` uses too), and
+their tensor inputs' data pointers are kept.  In backward, each recomputation's outermost module
+call is matched to a recorded forward of the same module instance (same input storage, else the
+latest unmatched one), and the record compares the recompute with its forward as it does for a
+checkpoint ``watch()`` intercepts: RNG streams, context, parameters, globals, buffers and
+attributes, outputs.  A finding names the module and the custom function (its class and
+``file:line`` from the enclosing ``ctx`` frame, else the first Python frame the autograd engine
+called).
 
 Limits (docs/research/checkpoint-implementations.md tries each): a module called through
 ``.forward()`` fires no hooks (its children do); tensor operations between module calls are not
@@ -37,7 +38,6 @@ import inspect
 import sys
 import threading
 import weakref
-from collections.abc import Mapping
 from collections import Counter
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -46,18 +46,11 @@ from typing import Any
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from recheck.catalogue import explain, hint
 from recheck.findings import Finding, Invocation, could_not
 from recheck.intercept.hooks import Phase, active_runs
-from recheck.runtime.context import ComputeContext, context_differences, current_context
-from recheck.runtime.bits import same
-from recheck.runtime.digests import TensorPrint, print_tensor
-from recheck.runtime.explaining import with_likely_causes
-from recheck.runtime.naming import relative
-from recheck.runtime.rng import rng_fingerprint, rng_states
-from recheck.runtime.trees import tensors
-from recheck.watcher import capture
-from recheck.watcher.records import state_changes
+from recheck.runtime.naming import RegionKey, relative
+from recheck.runtime.reach import Reach, reach_of
+from recheck.watcher.records import InvocationRecord
 
 __all__ = ["ModuleRun", "RecomputeProbe"]
 
@@ -69,22 +62,19 @@ except ImportError:  # pragma: no cover - every supported torch has it
 
 @dataclass
 class ModuleRun:
-    """One recorded module call: a forward candidate, or a recomputation in backward."""
+    """One recorded module call: a forward candidate with its record, or a recomputation in
+    backward with the record of the forward it was matched to (None: unmatched)."""
 
     module: weakref.ref
     inputs: tuple[int, ...]
-    context: ComputeContext
-    rng_entry: dict[str, Any]
-    state_entry: capture.ModuleState
-    rng_exit: dict[str, Any] | None = None
-    state_exit: Mapping[tuple[str, str], Any] | None = None  # {} where the module was gone
-    outputs: list[tuple[str, TensorPrint]] | None = None
+    record: InvocationRecord | None = None
     #: recompute only: who ran it (the Function's class and file:line, or the engine's callback)
     driver: str = ""
-    implementation: str = ""
     site: str | None = None
-    matched: ModuleRun | None = None
+    #: recompute only: what the record's ``begin_recompute`` returned (None: not compared)
+    started: tuple[dict[tuple[str, str], Any], Any] | None = None
     finished: bool = False
+    failure: BaseException | None = None
 
 
 @dataclass
@@ -114,18 +104,6 @@ def _hooks_active() -> bool:
         return False
 
 
-def _streams() -> dict[str, Any]:
-    return {name: rng_fingerprint(state) for name, state in rng_states().items()}
-
-
-def _module_state(module: torch.nn.Module) -> capture.ModuleState:
-    return capture.module_state(list(module.named_modules()), "digest")
-
-
-def _outputs(value: Any) -> list[tuple[str, TensorPrint]]:
-    return [(path, print_tensor(tensor, "digest")) for path, tensor in tensors(value, "output")]
-
-
 class RecomputeProbe:
     """See the module docstring.  ``roots`` (optional) name modules by their path in a model;
     without them, the outermost modules called in the forward are the roots."""
@@ -142,6 +120,8 @@ class RecomputeProbe:
         self._handles: list[Any] = []
         self._names: dict[int, str] | None = None
         self._sites: dict[type, str | None] = {}
+        #: the reach of each module recorded (``watch()``'s own, kept while the probe is entered)
+        self._reaches: dict[Any, tuple[Reach, tuple]] = {}
         self.findings: list[Finding] = []
         #: the comparisons that failed in recheck itself (``could not compare ...``), skipped
         self.notes: list[str] = []
@@ -160,7 +140,7 @@ class RecomputeProbe:
             handle.remove()
         self._handles = []
         self.findings = self._compare()
-        self._candidates, self._recomputes = {}, []
+        self._candidates, self._recomputes, self._reaches = {}, [], {}
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -224,7 +204,11 @@ class RecomputeProbe:
         stack.append(self._candidate(module, args))
 
     def _candidate(self, module: torch.nn.Module, args: Any) -> _Frame:
-        run = self._record(module, args)
+        record = InvocationRecord(RegionKey(type(module).__qualname__, None, None), 1, {}, entry="probe",
+                                  function=module, needs_input_grad=False)
+        record.begin_forward(reach_of(module, self._reaches))
+        record.add_module(module)
+        run = ModuleRun(weakref.ref(module), _pointers(args), record)
         with self._lock:
             self._candidates.setdefault(id(module), []).append(run)
             self._stats["module_forwards"] += 1
@@ -238,30 +222,35 @@ class RecomputeProbe:
         run = frame.run
         if run is None:
             return
+        run.finished, record = output is not None, run.record
+        if record is None:
+            return
         try:
-            run.rng_exit = _streams()
-            live = run.module()
-            run.state_exit = _module_state(live) if live is not None else {}
-            if output is not None:
-                run.outputs = _outputs(output)
-            run.finished = True
-        except Exception:  # noqa: BLE001
-            run.finished = False
-
-    def _record(self, module: torch.nn.Module, args: Any) -> ModuleRun:
-        inputs = tuple(a.data_ptr() for a in (args if isinstance(args, tuple) else (args,))
-                       if isinstance(a, torch.Tensor))
-        return ModuleRun(weakref.ref(module), inputs, current_context(), _streams(), _module_state(module))
+            if not frame.recompute:
+                record.end_forward(output, output is not None)
+            elif run.started is not None:
+                record.end_recompute(*run.started, output, output is not None, [])
+                record.release()  # its findings stay; what only a recompute reads goes
+        except Exception as exc:  # noqa: BLE001 - the probe never breaks the user's program
+            run.failure = exc
+            if not frame.recompute:
+                record.abort_forward()
 
     def _start_recompute(self, module: torch.nn.Module, args: Any) -> _Frame:
-        run = self._record(module, args)
-        frame = sys._getframe(1)
-        run.implementation, run.site, run.driver = self._driver(frame)
+        run = ModuleRun(weakref.ref(module), _pointers(args))
+        implementation, run.site, run.driver = self._driver(sys._getframe(1))
         with self._lock:
             self._stats["recomputes"] += 1
             self._by[run.driver] += 1
             self._match(run, module)
             self._recomputes.append(run)
+        record = run.record
+        if record is not None and record.forward_done and not record.failed:
+            record.implementation = implementation  # the rule a finding cites depends on it
+            try:
+                run.started = record.begin_recompute(grad_enabled=True)  # (the forward's grad mode is not known)
+            except Exception as exc:  # noqa: BLE001
+                run.failure = exc
         return _Frame(run, recompute=True, grad=torch.is_grad_enabled())
 
     def _match(self, run: ModuleRun, module: torch.nn.Module) -> None:
@@ -273,7 +262,7 @@ class RecomputeProbe:
             self._stats["unmatched"] += 1
             return
         self._candidates[id(module)].remove(chosen)
-        run.matched = chosen
+        run.record = chosen.record
         self._stats["matched"] += 1
 
     # -- who recomputes ------------------------------------------------------------------------
@@ -320,65 +309,41 @@ class RecomputeProbe:
         name = self._names.get(id(module))
         return f"`{name}` ({type(module).__name__})" if name else type(module).__name__
 
-    # -- comparing -----------------------------------------------------------------------------
+    # -- findings ----------------------------------------------------------------------------
     def _compare(self) -> list[Finding]:
+        """The findings the records of the recomputes made, each named by its module and driver."""
         counts: dict[str, int] = {}
-        made: list[tuple[str, list[Finding]]] = []
+        made: list[tuple[str, int, ModuleRun]] = []
         for run in self._recomputes:
-            if not run.finished and run.outputs is None:
+            if not run.finished:
                 self._stats["early_stopped"] += 1
-            forward = run.matched
-            if forward is None:
+            if run.record is None:
                 continue
             region = f"{self._name(run)} recomputed by {run.driver}"
             counts[region] = counts.get(region, 0) + 1
-            try:
-                made.append((region, self._differences(run, forward, region, counts[region])))
-            except Exception as exc:  # noqa: BLE001 - recheck's own: that recompute is not compared
-                note = could_not(f"compare the recompute of {region}, call {counts[region]}", exc)
-                if note not in self.notes:
-                    self.notes.append(note)
+            made.append((region, counts[region], run))
         findings: list[Finding] = []
-        for region, found in made:
-            findings.extend(dataclasses.replace(f, invocation=dataclasses.replace(f.invocation, of=counts[region]))
-                            if f.invocation else f for f in with_likely_causes(found))
+        for region, index, run in made:
+            record = run.record
+            assert record is not None
+            try:
+                if run.failure is not None:
+                    raise run.failure
+                found = record.findings_of(counts[region])
+            except Exception as exc:  # noqa: BLE001 - recheck's own: that recompute is not compared
+                self._note(could_not(f"compare the recompute of {region}, call {index}", exc))
+                continue
+            for note in record.problems:
+                self._note(note)
+            invocation = Invocation(index, counts[region], {}, run.site)
+            findings += [dataclasses.replace(f, region=region, invocation=invocation) for f in found]
         return findings
 
-    def _differences(self, run: ModuleRun, forward: ModuleRun, region: str, index: int) -> list[Finding]:
-        found: list[Finding] = []
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
-        def add(kind: str, subject: str, message: str, detail: str = "") -> None:
-            code = explain(kind, subject, implementation=run.implementation or "unknown")
-            found.append(Finding(kind, message, code=code, region=region, subject=subject, detail=detail,
-                                 hint=hint(code) if code else None,
-                                 invocation=Invocation(index, None, {}, run.site)))
 
-        for subject, message, detail in context_differences(forward.context, run.context, compare_grad=False):
-            add("context", subject, message, detail)
-        consumed = forward.rng_exit or {}
-        for stream, before in forward.rng_entry.items():
-            drew = stream in consumed and consumed[stream] != before
-            if drew and run.rng_entry.get(stream) != before:
-                add("rng", stream, f"{stream} state at recompute differs from the forward's; the region draws "
-                    "from it", "the implementation does not restore the forward's RNG state around the recompute")
-        states: list[tuple[Mapping[tuple[str, str], Any], Mapping[tuple[str, str], Any], str]] = []
-        if forward.state_exit is not None:
-            states.append((forward.state_exit, run.state_entry, "changed between forward and recompute"))
-            if run.state_exit is not None:  # what the forward wrote, written again
-                written = {k for k, v in forward.state_exit.items()
-                           if k in forward.state_entry and not same(forward.state_entry[k], v)}
-                states.append(({k: v for k, v in run.state_entry.items() if k in written},
-                               {k: v for k, v in run.state_exit.items() if k in written},
-                               "updated again by the recompute"))
-        for before, after, how in states:  # (an entry only one of the two has is not compared)
-            both = before.keys() & after.keys()
-            for (_, subject), kind, message, detail in state_changes(before, after, how,
-                                                                     leave_out=lambda key: key not in both):
-                add(kind, subject, message, detail)
-        if forward.outputs is not None and run.outputs is not None:
-            again = dict(run.outputs)
-            for path, original in forward.outputs:
-                other = again.get(path)
-                if other is not None and not original.same(other):
-                    add("recompute", path, f"recomputed {path} differs from the forward's", original.difference(other))
-        return found
+def _pointers(args: Any) -> tuple[int, ...]:
+    """The data pointers of a call's tensor arguments (a recompute meets the forward of its inputs)."""
+    return tuple(a.data_ptr() for a in (args if isinstance(args, tuple) else (args,)) if isinstance(a, torch.Tensor))

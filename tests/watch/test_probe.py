@@ -202,3 +202,34 @@ def test_a_probe_keeps_no_object_after_it_ends():
     del block
     gc.collect()
     assert [ref() for ref in refs] == [None, None]  # the module and the config it read are freed
+
+
+def _dropout_block():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), torch.randn(8, 4, requires_grad=True)
+
+
+def test_a_hand_written_checkpoint_s_rng_finding_is_worded_as_watch_words_it():
+    """One comparator: the probe's RNG finding is the invocation record's, word for word."""
+    from torch.utils.checkpoint import checkpoint
+
+    block, x = _dropout_block()
+    with RecomputeProbe() as probe:
+        Recompute.apply(block, x).sum().backward()
+    with recheck.watch(raise_on_finding=False) as watched:
+        checkpoint(block, x, use_reentrant=True, preserve_rng_state=False).sum().backward()
+    said = {(f.kind, f.subject, f.message, f.detail) for f in probe.findings if f.kind == "rng"}
+    assert said and said == {(f.kind, f.subject, f.message, f.detail) for f in watched.report if f.kind == "rng"}
+
+
+def test_a_parameter_changed_before_a_hand_written_recompute_is_told():
+    """A parameter modified in place between the forward and a hand-written recompute is the
+    cause the record names (``param_version``), not only an output that differs."""
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    with RecomputeProbe() as probe:
+        out = Recompute.apply(block, torch.randn(8, 4, requires_grad=True))
+        with torch.no_grad():
+            block[0].weight.add_(1)
+        out.sum().backward()
+    kinds = {f.kind for f in probe.findings}
+    assert {"param_version", "recompute"} <= kinds, probe.findings
