@@ -6,7 +6,7 @@ valgrind's callgrind are the same at every run of the same code (with the hash s
 two versions can be told apart by a fraction of a percent.  They are a proxy: a cache miss costs
 more than an instruction, and that is what the timed benchmarks measure.
 
-Two models, plain torch (no other library):
+Its own models, plain torch (no other library):
 
 * ``block``: four checkpointed transformer blocks (LayerNorm, attention with a transposed key,
   GELU MLP, dropout; 26 saved tensors an invocation), one training step each;
@@ -14,7 +14,12 @@ Two models, plain torch (no other library):
   the fixed cost per invocation, with nothing to digest;
 * ``block-each``: ``block`` with each step in a ``watch()`` block of its own, as ``pytest
   --recheck`` watches each test and ``watch_sweep.py`` each step: what a block costs besides
-  its invocations (less ``block``'s figure).
+  its invocations (less ``block``'s figure);
+* ``mlp``, ``llama``, ``resnet``, ``vit``: ``watch_overhead.py``'s models and training steps, a
+  unit being a ``watch()`` block of five steps as ``watch_overhead.py --steps 5`` times them (the
+  block's own cost, its regions' static reach included, shared by its steps; ``llama`` needs
+  transformers, ``resnet`` and ``vit`` timm: run this script with an interpreter that has them,
+  its children use the same one).
 
 Each figure is a slope, so torch's import and the first block's set-up cancel out: instructions
 of a run with more steps (or invocations) less a run with fewer, divided by the difference.
@@ -24,7 +29,7 @@ with it two runs of the same code differ by a few hundred instructions in ten bi
 it by about 2% of a step), the garbage collector off during the measured part.  A run takes one to
 three minutes under callgrind; ``--jobs 2`` runs two at once.
 
-    python benchmarks/watch_instructions.py [--models block,one-op] [--jobs 2]
+    python benchmarks/watch_instructions.py [--models block,one-op,mlp] [--jobs 2]
 
 To compare two checkouts, run each checkout's own copy of this script (it puts its checkout
 first on ``sys.path`` for the children).  Needs ``valgrind`` on ``PATH``.  Nothing here is
@@ -46,11 +51,15 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 #: model -> (the two sizes whose difference is measured, invocations a size unit, what a unit is)
-MODELS = {"block": ((1, 3), 4, "step"), "block-each": ((1, 3), 4, "step"), "one-op": ((50, 150), 1, "invocation")}
+MODELS = {"block": ((1, 3), 4, "step"), "block-each": ((1, 3), 4, "step"), "one-op": ((50, 150), 1, "invocation"),
+          **{name: ((1, 2), 0, "block of 5 steps") for name in ("mlp", "llama", "resnet", "vit")}}  # 0: counted
+#: the steps in a block of watch_overhead.py's models
+BLOCK_STEPS = 5
 
 
 def _child(model: str, mode: str, size: int) -> None:
-    """Run ``size`` steps (block) or invocations (one-op), watched or plain, after a warm-up."""
+    """Run ``size`` steps (block), invocations (one-op) or blocks of steps (watch_overhead.py's
+    models), watched or plain, after a warm-up."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -58,7 +67,19 @@ def _child(model: str, mode: str, size: int) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    if model in ("block", "block-each"):
+    if MODELS[model][1] == 0:  # watch_overhead.py's model and step
+        import warnings
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from watch_overhead import build
+
+        warnings.simplefilter("ignore")
+        _, step = build(model, "cpu")
+
+        def run(count: int) -> None:
+            for _ in range(count):
+                step()
+    elif model in ("block", "block-each"):
         block_class = _make_block()
         blocks = torch.nn.ModuleList(block_class(32) for _ in range(4))
         optimizer = torch.optim.SGD(blocks.parameters(), lr=1e-3)
@@ -82,7 +103,15 @@ def _child(model: str, mode: str, size: int) -> None:
             total.sum().backward()
 
     def measured(count: int) -> None:
-        if mode == "watch" and model == "block-each":
+        if MODELS[model][1] == 0:  # blocks of BLOCK_STEPS steps
+            for _ in range(count):
+                if mode == "watch":
+                    with recheck.watch(raise_on_finding=False) as block:
+                        run(BLOCK_STEPS)
+                    print(f"invocations {block.report.stats['invocations']}")
+                else:
+                    run(BLOCK_STEPS)
+        elif mode == "watch" and model == "block-each":
             for _ in range(count):  # a block per step
                 with recheck.watch(raise_on_finding=False):
                     run(1)
@@ -92,8 +121,9 @@ def _child(model: str, mode: str, size: int) -> None:
         else:
             run(count)
 
-    measured(2)
-    measured(2)
+    measured(1 if MODELS[model][1] == 0 else 2)
+    if MODELS[model][1]:
+        measured(2)
     gc.collect()
     gc.disable()
     measured(size)
@@ -124,8 +154,8 @@ def _sine(tensor):  # the one-op region: a Python function, as a user's region i
     return tensor.sin()
 
 
-def _instructions(model: str, mode: str, size: int) -> int:
-    """Instructions callgrind counts for one child run."""
+def _instructions(model: str, mode: str, size: int) -> tuple[int, float]:
+    """Instructions callgrind counts for one child run, and the invocations a unit it reports."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(CHECKOUT), os.environ.get("PYTHONPATH", "")])}
     # without address randomization (``setarch -R``) the count is the same at every run, to the
@@ -138,7 +168,8 @@ def _instructions(model: str, mode: str, size: int) -> int:
     if done.returncode != 0 or found is None:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"{model} {mode} {size}: callgrind run failed: {' | '.join(tail)}")
-    return int(found.group(1))
+    invocations = re.findall(r"^invocations ([\d.]+)$", done.stdout, re.M)
+    return int(found.group(1)), float(invocations[-1]) if invocations else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(model, mode, size) for model in models for mode in ("plain", "watch") for size in MODELS[model][0]]
     print(f"{len(runs)} callgrind runs of {CHECKOUT}, {ns.jobs} at once ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(ns.jobs) as pool:
-        counts = dict(zip(runs, pool.map(lambda run: _instructions(*run), runs)))
+        results = dict(zip(runs, pool.map(lambda run: _instructions(*run), runs)))
+    counts = {run: count for run, (count, _) in results.items()}
     for model in models:
         (small, large), invocations, unit = MODELS[model]
+        invocations = invocations or results[(model, "watch", large)][1] or 1
         per = {mode: (counts[(model, mode, large)] - counts[(model, mode, small)]) / (large - small)
                for mode in ("plain", "watch")}
         added = per["watch"] - per["plain"]
