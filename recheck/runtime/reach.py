@@ -142,6 +142,8 @@ class Reach:
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
+        #: the classes of the modules whose methods were walked
+        self._classes: set[type] = set()
         self._anonymous = 0
         #: the modules found only by running the region (see :meth:`add_found`): ids of those in
         #: ``modules``, and the name each was given, kept while the module lives
@@ -158,6 +160,7 @@ class Reach:
         other.objects, other.compiled, other._host_rng = dict(self.objects), list(self.compiled), set(self._host_rng)
         other._rng_scanned, other._rng_unscanned = set(self._rng_scanned), list(self._rng_unscanned)
         other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
+        other._classes = set(self._classes)
         other._anonymous = self._anonymous
         return other
 
@@ -171,7 +174,7 @@ class Reach:
         for sub_name, sub in module.named_modules(remove_duplicate=True):
             if id(sub) in self.modules:
                 continue
-            name = ".".join(p for p in (prefix, sub_name) if p)
+            name = f"{prefix}.{sub_name}" if prefix and sub_name else prefix or sub_name
             if type(sub).__name__ == "OptimizedModule" and type(sub).__module__.startswith("torch._dynamo"):
                 self.compiled.append(f"{name or type(sub._orig_mod).__name__} (torch.compile of "
                                      f"{type(sub._orig_mod).__qualname__})")
@@ -188,16 +191,20 @@ class Reach:
 
     def add_found(self, module: torch.nn.Module) -> None:
         """Add a module found only by running the region (made in its forward, or reached through
-        what is not walked), under the name it was given when first found: held until
-        :meth:`let_go_of_found`, named alike while it lives."""
+        what is not walked), under the name it was given when first found, named alike while it
+        lives.  Held until :meth:`let_go_of_found` when first found; found again by a later
+        invocation, alive since, it was not made by a forward (a global the walk does not see, a
+        plain object's attribute) and stays, with what a layer above keeps of the reach."""
         key = id(module)
         if key in self.modules:
             return
         known = self._found_names.get(key)
-        if known is None:
-            names = self._found_names
-            known = names[key] = (self.name_unknown(module), weakref.ref(module, lambda _: names.pop(key, None)))
-        self._found_now += [id(sub) for _, sub in self.add_module(known[0], module)]
+        if known is not None:
+            self.add_module(known[0], module)
+            return
+        names = self._found_names
+        names[key] = (self.name_unknown(module), weakref.ref(module, lambda _: names.pop(key, None)))
+        self._found_now += [id(sub) for _, sub in self.add_module(names[key][0], module)]
 
     def let_go_of_found(self) -> None:
         """Drop the modules found by running the region, and what a layer above keeps of them
@@ -217,6 +224,9 @@ class Reach:
                 self.add_generator(f"{name}.{attr}" if name else f"self.{attr}", value)
 
     def _walk_class(self, cls: type) -> None:
+        if cls in self._classes:  # (a model's layers are a few classes, many times over)
+            return
+        self._classes.add(cls)
         for klass in cls.__mro__:
             if is_library(klass.__module__):
                 continue
@@ -439,7 +449,17 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
     entry = cache.get(key)
     if entry is not None:
         return entry[0]
-    reach = static_reach(function, (), {})
+    if not key[-1]:
+        reach = static_reach(function, (), {})
+    else:
+        # regions that differ only by the numbers and strings their closures hold (the first and
+        # last index of a segment of timm's checkpoint_seq) reach the same: walked once, each
+        # region given a copy (what a layer above keeps with a reach is one region's)
+        walked = cache.get(key[:-1])
+        if walked is None:
+            walked = cache[key[:-1]] = (static_reach(function, (), {}), holders)
+            walked[0].host_rng  # looked for once, not by every copy
+        reach = walked[0].copy()
     cache[key] = (reach, holders)
     return reach
 
@@ -478,7 +498,7 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
         # a module first: a missing attribute of a module is asked of its __getattr__, which raises
         if isinstance(function, torch.nn.Module):
             holders.append(function)
-            return tuple(map(id, holders)), tuple(holders)
+            return (*map(id, holders), ()), tuple(holders)
         if isinstance(function, functools.partial):  # not by its attributes: a Mock has every one
             bound = (*function.args, *getattr(function, "keywords", {}).values())
             holders.extend(a for a in bound if isinstance(a, torch.nn.Module) or _is_generator(a))
@@ -502,4 +522,4 @@ def _cache_key(function: Any) -> tuple[Any, tuple]:
     # file under pytester) has equal code over another namespace; the reach keeps that namespace
     # alive (its globals), so its id is not reused while the entry exists
     holders.insert(0, code)
-    return (id(function.__globals__), *map(id, holders), *scalars), tuple(holders)
+    return (id(function.__globals__), *map(id, holders), tuple(scalars)), tuple(holders)
