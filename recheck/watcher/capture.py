@@ -299,19 +299,21 @@ def _parameter_key(module: str, name: str) -> tuple[str, str]:
 _SHARDED: tuple[weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]], Any] = (weakref.WeakKeyDictionary(), 0)
 
 
-def _sharded_parameters() -> weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]]:
+def _sharded_parameters() -> weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] | None:
     """For each module whose parameters FSDP2 (``fully_shard``) manages, a dict like its
     ``_parameters`` holding the sharded parameters: the one an optimizer steps.  Around its
     forward and its recompute the module holds unsharded parameters that each all-gather writes
     anew, whose versions never move; the sharded parameter's do.  Read again when the composable
     states (FSDP2's, ``checkpoint``'s, ``replicate``'s) changed: their number or the last one made
-    (a model made anew); empty where ``torch.distributed`` was never imported."""
+    (a model made anew); None where there is no composable state (``torch.distributed`` never
+    imported, or no module made composable)."""
     global _SHARDED
     states = sys.modules.get("torch.distributed._composable_state")
     mapping = getattr(states, "_module_state_mapping", None)
-    if mapping is None:
-        return _SHARDED[0]
-    seen = (len(mapping), next(reversed(mapping.data), None))
+    held = getattr(mapping, "data", None)  # (the weak dict's own dict: its len() is a Python call)
+    if mapping is None or not held:
+        return None
+    seen = (len(held), next(reversed(held), None))
     if seen != _SHARDED[1]:
         sharded: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
         for reference in list(mapping.values()):
@@ -325,7 +327,7 @@ def _sharded_parameters() -> weakref.WeakKeyDictionary[torch.nn.Module, dict[str
                         own = sharded[module] = dict(module._parameters)
                     own[name] = fsdp_param.sharded_param
         _SHARDED = (sharded, seen)
-    return _SHARDED[0]
+    return _SHARDED[0] or None
 
 
 def _tensor_slots(reach: Reach, stale: bool = False,
