@@ -2,7 +2,9 @@
 
 Only files whose text can hold a checkpoint call or a ``GradientCheckpointingLayer``
 are parsed at first; files that define what those regions call are parsed on demand,
-round by round, until every reference the tree can answer is answered.  Inside a parsed
+round by round, until every reference the tree can answer is answered: each round walks
+the regions' calls for what they miss, and the rules run once the walks miss nothing the
+tree could answer (a rule's own lookups can still send the run round again).  Inside a parsed
 file, phase one analyses the bodies of the top-level definitions that can matter and
 outlines the rest (:mod:`recheck.lint.outline`); phase two reading an outlined body has it
 analysed here, from the file's text, on the spot (:meth:`_Run.analyse_outlined`).
@@ -13,7 +15,9 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import itertools
 import multiprocessing
+import multiprocessing.pool
 import os
 import re
 import signal
@@ -32,7 +36,7 @@ from recheck.lint.facts import Deferred, FileFacts
 from recheck.lint.files import FileError, discover, read_source, resolve
 from recheck.lint.imports import module_name
 from recheck.lint.index import Index
-from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits
+from recheck.lint.regions import Hit, SiteReport, discovered_entries, find_regions, region_hits, walk_regions
 from recheck.lint.rules import RULES
 from recheck.lint.wrappers import installed_class, unchanged
 from recheck.lint.settings import LintOptions
@@ -202,16 +206,72 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _pooled(work, jobs: list[tuple], workers: int) -> Iterator[tuple]:
-    """``work`` over ``jobs``, each result as it is done (the caller consumes them all), in
-    a fork pool when there are enough, the garbage collector paused meanwhile."""
-    with collector_paused():  # as in lint_paths
-        if workers <= 1 or len(jobs) < POOL_THRESHOLD:
-            yield from map(work, jobs)
-            return
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        with multiprocessing.get_context(method).Pool(workers, initializer=_ignore_interrupts) as pool:
-            yield from pool.imap_unordered(work, jobs, chunksize=8)
+class _Workers:
+    """The run's worker processes: one fork pool, made when a phase first has enough files
+    for it and kept until the run ends, so that later rounds do not fork again and files
+    no region reaches can be parse-checked while this process works alone.
+
+    Note:
+        Phase two (regions and their rules) runs in this process between rounds of phase
+        one; meanwhile one worker parse-checks a slice of the files no region is known to
+        reach (:meth:`lend`), a slice at a time, so that a worker is never held for long
+        when the next round's files arrive.  Whatever is left is checked at the end, on
+        every worker (``_Run.check_syntax``).
+    """
+
+    #: bytes of source a lent slice holds (a fraction of a second's parse-check)
+    SLICE = 1 << 21
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._lent: list[multiprocessing.pool.AsyncResult] = []
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def pool(self) -> multiprocessing.pool.Pool:
+        if self._pool is None:
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+            self._pool = multiprocessing.get_context(method).Pool(self.count, initializer=_ignore_interrupts)
+        return self._pool
+
+    def map(self, work: Callable[[tuple], tuple], jobs: list[tuple]) -> Iterator[tuple]:
+        """``work`` over ``jobs``, each result as it is done (the caller consumes them all), on
+        the workers when there are enough jobs, the garbage collector paused meanwhile."""
+        with collector_paused():  # as in lint_paths
+            if self.count <= 1 or len(jobs) < POOL_THRESHOLD:
+                yield from map(work, jobs)
+            else:
+                yield from self.pool().imap_unordered(work, jobs, chunksize=8)
+
+    def lend(self, jobs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Hand one worker a slice of ``jobs`` to parse-check, unless one is still at it; the
+        jobs not handed out are returned.  Only a run with a pool already made lends."""
+        if self._pool is None or self.count <= 1 or not jobs or any(not r.ready() for r in self._lent):
+            return jobs
+        size, cut = 0, 0
+        while cut < len(jobs) and size < self.SLICE:
+            size += len(jobs[cut][1])
+            cut += 1
+        self._lent.append(self._pool.apply_async(_syntax_checks, (jobs[:cut],)))
+        return jobs[cut:]
+
+    def returned(self) -> Iterator[tuple[str, FileError | None]]:
+        """The verdicts of every slice lent, waiting for those still running."""
+        for result in self._lent:
+            yield from result.get()
+        self._lent = []
+
+
+def _syntax_checks(jobs: list[tuple[str, str]]) -> list[tuple[str, FileError | None]]:
+    return [_syntax_check(job) for job in jobs]
 
 
 #: ``progress(parsed, to_parse)``: files parsed so far of those known to need parsing (the
@@ -239,7 +299,10 @@ class _Run:
         self.cache = FactsCache(options.cache_dir, ",".join(sorted(self.extra)), options.cache_root)
         self.salt = ""  # the discovered entry points the facts were extracted with
         cpus = available_cpus()
-        self.workers = min(options.jobs, cpus) if options.jobs > 0 else cpus
+        self.workers = _Workers(min(options.jobs, cpus) if options.jobs > 0 else cpus)
+        #: files to parse-check that no worker has been lent yet (see :meth:`lend_syntax_check`)
+        self.unchecked: list[tuple[str, str]] | None = None
+        self.checked_keys: dict[str, str] = {}
         #: notes for stderr besides the cache's (see LintResult.warnings)
         self.notes: list[str] = []
         if options.jobs > cpus:
@@ -285,7 +348,7 @@ class _Run:
         done, self.parsed = self.parsed, self.parsed + len(jobs)
         if self.progress is not None and jobs:
             self.progress(done, self.parsed)
-        for display, result in _pooled(_phase_one, jobs, self.workers):
+        for display, result in self.workers.map(_phase_one, jobs):
             if self.progress is not None:
                 done += 1
                 self.progress(done, self.parsed)
@@ -398,21 +461,41 @@ class _Run:
             again.update((s.display, s) for s in self.sources.values() if mention.search(s.text))
         return list(again.values())
 
+    def lend_syntax_check(self) -> None:
+        """While this process works alone, have a worker parse-check a slice of the files no
+        round has read so far (those a later round reads are parsed there, and their
+        verdicts here are dropped)."""
+        if self.unchecked is None:
+            self.unchecked = [(s.display, s.text) for s in self.sources.values()
+                              if s.display not in self.facts and self.cache.get_checked(self.checked_key(s)) is None]
+        self.unchecked = self.workers.lend(self.unchecked)
+
+    def checked_key(self, source: _Source) -> str:
+        """A file's key for its parse-check verdict (its bytes hashed once a run, when cached)."""
+        key = self.checked_keys.get(source.display)
+        if key is None:
+            key = self.checked_keys[source.display] = self.cache.key(source.data, source.module) if self.cache.folder else ""
+        return key
+
     def check_syntax(self, sources: list[_Source]) -> int:
         """Parse-check files phase one never read, so a broken file is never silently passed."""
+        lent = dict(self.workers.returned())
         jobs = []
-        keys: dict[str, str] = {}  # each file's bytes hashed once, for the lookup and the store
+        verdicts: list[tuple[str, FileError | None]] = []
         for source in sources:
-            verdict = self.cache.get_checked(keys.setdefault(source.display, self.cache.key(source.data, source.module)))
+            if source.display in lent:
+                verdicts.append((source.display, lent[source.display]))
+                continue
+            verdict = self.cache.get_checked(self.checked_key(source))
             if verdict is None:
                 jobs.append((source.display, source.text))
             elif verdict:
                 self.report(FileError(source.display, verdict))
-        for display, error in _pooled(_syntax_check, jobs, self.workers):
+        for display, error in itertools.chain(verdicts, self.workers.map(_syntax_check, jobs)):
             if error is not None:
                 self.report(error)
-            self.cache.put_checked(keys[display], error.reason if error else "")
-        return len(jobs)
+            self.cache.put_checked(self.checked_key(self.sources[display]), error.reason if error else "")
+        return len(jobs) + len(verdicts)
 
     def wanted(self, index: Index, by_module: dict[str, _Source]) -> tuple[list[_Source], dict[str, set[str]]]:
         """Unparsed files that define what the regions reference, or subclass region classes,
@@ -543,7 +626,8 @@ def _lint(run: _Run) -> LintResult:
             run.report(error)
         stats = {**stored.stats, "parsed": 0, "cached": stored.stats.get("indexed", 0)}
     else:
-        hits, sites, stats, assumed, read = _analyse(run)
+        with run.workers:
+            hits, sites, stats, assumed, read = _analyse(run)
         run.cache.put_result(tree_key, _StoredResult(hits, [e for e in run.errors.values() if e.path in run.sources],
                                                      stats, sites, assumed, read))
     used = {site.entry for site in sites}
@@ -579,6 +663,7 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
     demand: dict[str, set[str]] = {}
     for _ in range(MAX_ROUNDS):
         run.parse(pending, demand)
+        run.lend_syntax_check()
         index = Index(run.facts.values(), run.assigners, run.installed_facts.values(), run.installed_names)
         analysed = False
         pending = run.discover(index)
@@ -586,7 +671,13 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
             continue
         reports, walked, assumed, read = [], set(), [], {}
         regions = find_regions(index, reports, run.source_text, assumed, read)
+        run.lend_syntax_check()
+        walk_regions(index, regions)
+        pending, demand = run.wanted(index, by_module) if regions or index.misses or index.installed_misses else ([], {})
+        if pending:  # the rules wait for the last round
+            continue
         hits = region_hits(index, regions, walked)
+        run.lend_syntax_check()
         analysed = True
         pending, demand = run.wanted(index, by_module) if regions or index.misses or index.installed_misses else ([], {})
         if not pending:

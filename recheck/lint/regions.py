@@ -19,7 +19,7 @@ from recheck.lint.rules.base import RegionView, TreeView
 from recheck.lint.targets import CHECKPOINTING_BASES, ENTRY_POINTS
 from recheck.lint.wrappers import ASSUMED, Wrapper, find_wrapper, installed
 
-__all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits"]
+__all__ = ["Hit", "Region", "SiteReport", "discovered_entries", "find_regions", "region_hits", "walk_regions"]
 
 MAX_FUNCTIONS_PER_REGION = 400
 #: the bases of a custom autograd Function, whose ``apply`` runs its ``forward``
@@ -590,6 +590,16 @@ class _TreeView(TreeView):
             if running is not None:
                 return running
         return None
+
+
+def walk_regions(index: Index, regions: list[Region]) -> None:
+    """Walk every region's calls as :func:`region_hits` does, for its lookups alone: the names
+    they miss tell the engine which files to parse next.  The rules run once the walks miss
+    nothing more the tree could answer (they may look up more: the engine asks again after)."""
+    resolver = _Resolver(index)
+    for region in regions:
+        for _ in _walk(resolver, region, []):
+            pass
 
 
 def region_hits(index: Index, regions: list[Region], walked: set[tuple[str, str]] | None = None) -> list[Hit]:

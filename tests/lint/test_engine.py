@@ -188,3 +188,40 @@ def test_a_lint_run_leaves_no_reference_cycles():
     done = subprocess.run([sys.executable, "-c", _NO_CYCLES], input=_BUILDING, capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "0"
+
+
+def test_a_pooled_run_parse_checks_every_file_no_region_reaches(write, region_source, tmp_path, monkeypatch):
+    """Files no region reaches are parse-checked on the workers, part of them while this
+    process finds regions between rounds: every broken one is reported once, a file a later
+    round parses is judged by that parse, and the verdicts match a serial run's."""
+    monkeypatch.chdir(tmp_path)
+    for i in range(POOL_THRESHOLD + 2):
+        write(f"pkg/m{i:02}.py", region_source)
+    write("pkg/__init__.py", "")
+    for i in range(40):
+        write(f"pkg/plain{i:02}.py", f"X{i} = {i}\n" * 200)
+    write("pkg/broken_a.py", "def f(:\n    pass\n")
+    write("pkg/broken_b.py", "x = (1,\n")
+    write("pkg/outputs.py", "from dataclasses import dataclass\n\n@dataclass\nclass Out:\n    y: object\n")
+    write("pkg/user.py", """\
+        from torch.utils.checkpoint import checkpoint
+        from pkg.outputs import Out
+
+        def block(x) -> Out:
+            return make(x)
+
+        def make(x):
+            return x
+
+        def run(x):
+            return checkpoint(block, x, use_reentrant=True)
+        """)
+    serial = lint_paths([Path("pkg")], LintOptions(root=tmp_path, cache_dir=None, jobs=1))
+    pooled = lint_paths([Path("pkg")], LintOptions(root=tmp_path, cache_dir=None, jobs=2))
+    for result in (serial, pooled):
+        assert sorted(e.path for e in result.errors) == ["pkg/broken_a.py", "pkg/broken_b.py"]
+        # the return annotation is looked up by RC110 alone: the round after the walks asks again
+        assert [(f.path, f.code) for f in result.findings if f.code == "RC110"] == [("pkg/user.py", "RC110")]
+    assert [(e.path, e.reason) for e in pooled.errors] == [(e.path, e.reason) for e in serial.errors]
+    assert _findings(pooled) == _findings(serial)
+    assert pooled.stats == serial.stats

@@ -235,13 +235,13 @@ def test_jobs_are_bounded_by_the_cpus_and_it_says_so(lint, write, region_source,
 
     cpus = engine.available_cpus() if hasattr(engine, "available_cpus") else os.cpu_count()
     started = []
-    pooled = engine._pooled
+    pool = engine._Workers.pool
 
-    def spy(work, jobs, workers):
-        started.append(workers)
-        return pooled(work, jobs, workers)
+    def spy(self):
+        started.append(self.count)
+        return pool(self)
 
-    monkeypatch.setattr(engine, "_pooled", spy)
+    monkeypatch.setattr(engine._Workers, "pool", spy)
     for n in range(20):
         write(f"m{n}.py", region_source)
     run = lint("-j", "1000")
