@@ -224,7 +224,9 @@ class Finding:
 
     A dynamic finding has a ``region`` (the checkpointed callable, with its ``file:line``), an
     ``invocation`` and a ``subject``; a static one ``kind="lint"``, a rule ``code`` and its 1-based
-    ``path``/``line``/``column``.  ``latent`` marks a difference only a full replay executed.
+    ``path``/``line``/``column``.  ``latent`` marks a difference only a full replay executed;
+    ``cause`` is the kind of the finding a symptom was pointed at as its likely cause
+    (:func:`recheck.runtime.explaining.with_likely_causes`), which a report groups it under.
     """
 
     kind: str
@@ -241,6 +243,7 @@ class Finding:
     detail: str = ""
     hint: str | None = None
     latent: bool = False
+    cause: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -251,6 +254,8 @@ class Finding:
             raise ValueError("a lint finding needs a rule code")
         if "\n" in self.message:
             raise ValueError("Finding.message is one line; put the rest in detail")
+        if self.cause is not None and self.cause not in DYNAMIC_KINDS:
+            raise ValueError(f"unknown cause kind {self.cause!r}; expected one of {', '.join(DYNAMIC_KINDS)}")
 
     @property
     def location(self) -> str | None:
@@ -265,9 +270,12 @@ class Finding:
         return ":".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The finding's record: every field (``subject`` as its text), and for a typed subject
-        ``subject_data``, its parts (:meth:`Subject.parts`; a lint record keeps ruff's fields)."""
+        """The finding's record: every field (``subject`` as its text; ``cause`` only where set), and
+        for a typed subject ``subject_data``, its parts (:meth:`Subject.parts`; a lint record keeps
+        ruff's fields)."""
         data = asdict(self)
+        if self.cause is None:
+            del data["cause"]
         if self.invocation is not None:
             data["invocation"] = {**asdict(self.invocation), "tags": dict(self.invocation.tags)}
         subject = self.subject
@@ -345,10 +353,10 @@ def report_entries(findings: Iterable[Finding]) -> list[Entry]:
     """The entries of a report, the most severe first: the one grouping of findings every face renders.
 
     1. ``consequences`` (last): a ``check_step``'s end-of-step differences from the twin (no
-       invocation) that follow from a cause the watched run reported (a ``likely cause`` hint, a
+       invocation) that follow from a cause the watched run reported (pointed at it: ``cause``, a
        stream with no rule of its own, or the kind and rule of a watched finding).
-    2. ``modules``: one hazard in several modules, or on several attributes that one recompute
-       changed in one module (a BatchNorm's buffers), found by the message read with the name left out.
+    2. ``modules``: one hazard (kind, rule, subject kind) in several modules, or on several attributes
+       that one recompute changed in one module (a BatchNorm's buffers), told by the subjects' parts.
     3. ``values``: one subject of one region whose message differs only by a value per call.
     4. ``finding``: one finding, or the same finding over several invocations.
 
@@ -387,14 +395,13 @@ def _regions(findings: Iterable[Finding]) -> tuple[str, ...]:
 
 def _is_consequence(finding: Finding, watched: set[tuple[str, str | None]]) -> bool:
     """An end-of-step difference from the twin explained by a watched cause: pointed at it
-    (``likely cause``), without a rule of its own (the RNG stream the recompute drew from), or
+    (``cause``), without a rule of its own (the RNG stream the recompute drew from), or
     of the kind and rule of a hazard the watched run reported (a BatchNorm buffer whose
     statistics the recompute updated again, ``watched``: those findings' kind and rule)."""
     if finding.invocation is not None:
         return False
-    if finding.code is not None and (finding.kind, finding.code) in watched:
-        return True
-    return (finding.hint or "").startswith("likely cause") or (finding.code is None and finding.hint is None)
+    return finding.cause is not None or (finding.kind, finding.code) in watched \
+        or (finding.code is None and finding.hint is None)
 
 
 #: How a consequence entry counts its findings, by what their subject is.
@@ -418,48 +425,45 @@ def _consequence_message(findings: Sequence[Finding]) -> str:
 _MODULE_SUBJECTS = ("buffer", "attribute", "parameter")
 
 
-def _named(finding: Finding) -> tuple[str, str, str] | None:
-    """``(module path, attribute, message template)`` of a finding about one attribute of a
-    module (``buffer `layers.0.1.running_mean```: module ``layers.0.1``) that its message names
-    once (the template is the message with that name left out), else None."""
-    subject = parts_of(finding.subject)
-    module = subject.owner or ("self" if subject.what == "attribute" else "")
-    if subject.what not in _MODULE_SUBJECTS or not module or subject.more or finding.invocation is None:
-        return None
-    quoted = f"`{module}.{subject.name}`"
-    if finding.message.count(quoted) != 1:
-        return None
-    return module, subject.name, finding.message.replace(quoted, "{}")
-
-
 def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
-    """``modules`` entries (step 2 of :func:`report_entries`); the findings they take go in ``taken``."""
-    named = [(f, n, _changed_by_one_recompute(f, n[0], n[2])) for f in findings if (n := _named(f)) is not None]
+    """``modules`` entries (step 2 of :func:`report_entries`): findings of a call about one attribute
+    of a module (``buffer `layers.0.1.running_mean```: module ``layers.0.1``), told by their subject's
+    parts.  One hazard is one kind, rule, subject kind, hint and cause; its family, the attributes one
+    recompute (region, call, module) changed.  The findings they take go in ``taken``."""
+    named = []
+    for f in findings:
+        subject, inv = parts_of(f.subject), f.invocation
+        module = subject.owner or ("self" if subject.what == "attribute" else "")
+        if subject.what in _MODULE_SUBJECTS and module and not subject.more and inv is not None:
+            named.append((f, module, subject.name, (f.kind, f.code, subject.what, f.region, module, inv.index,
+                                                    inv.callsite)))
     families: dict[tuple, dict[str, None]] = {}  # the attributes one recompute changed, in order
-    for _, (_, attribute, _), recompute in named:
+    for _, _, attribute, recompute in named:
         families.setdefault(recompute, {})[attribute] = None
     groups: dict[tuple, list[tuple[Finding, str]]] = {}
-    for f, (module, _, template), recompute in named:
-        key = (f.kind, f.code, template, f.hint, f.latent, tuple(families[recompute]))
+    for f, module, _, recompute in named:
+        key = (*recompute[:3], f.hint, f.latent, f.cause, tuple(families[recompute]))
         groups.setdefault(key, []).append((f, module))
     entries = []
-    for (_, _, template, _, _, family), pairs in groups.items():
+    for family, pairs in ((key[-1], pairs) for key, pairs in groups.items()):
         group = tuple(f for f, _ in pairs)
         modules = tuple(dict.fromkeys(f"{f.region}: {module}" for f, module in pairs))
         if len(modules) < 2 and len(family) < 2:
             continue
         regions = _regions(group)
         where = f" in {plural(len(modules), 'module')}" + (f" of {plural(len(regions), 'region')}" if regions else "")
-        message = template.replace("{}", ", ".join(f"`{a}`" for a in family)) + where
-        entries.append(Entry("modules", message, group, regions, modules, family))
+        entries.append(Entry("modules", _headline(pairs, family) + where, group, regions, modules, family))
         taken.update(id(f) for f in group)
     return entries
 
 
-def _changed_by_one_recompute(finding: Finding, module: str, template: str) -> tuple:
-    inv = finding.invocation
-    return (finding.kind, finding.code, template, finding.region, module,
-            inv.index if inv else None, inv.callsite if inv else None)
+def _headline(pairs: Sequence[tuple[Finding, str]], family: tuple[str, ...]) -> str:
+    """What the messages of one hazard's findings say, the family standing for each one's attribute
+    (quoted ``module.name``); where they say more apart (a value each), what they say alike."""
+    names = ", ".join(f"`{a}`" for a in family)
+    said = list(dict.fromkeys(f.message.replace(f"`{m}.{parts_of(f.subject).name}`", names, 1) for f, m in pairs))
+    common = os.path.commonprefix(said)
+    return said[0] if len(said) == 1 or ": " not in common else common[: common.rfind(": ")]
 
 
 def _value_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]:
@@ -639,7 +643,7 @@ def _known(data: Any, what: str, known: Iterable[str]) -> None:
 
 #: What each optional field of a finding record must hold (None is always allowed; a bool is no integer).
 _FIELD_TYPES: dict[str, tuple[type, str]] = {
-    **{name: (str, "a string") for name in ("code", "path", "region", "subject", "detail", "hint")},
+    **{name: (str, "a string") for name in ("code", "path", "region", "subject", "detail", "hint", "cause")},
     **{name: (int, "an integer") for name in ("line", "column", "end_line", "end_column")},
     "latent": (bool, "true or false"),
 }

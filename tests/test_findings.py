@@ -174,3 +174,43 @@ def test_report_groups_by_the_subject_s_parts_never_its_wording():
     assert entry.modules == ("B.forward: bn1", "B.forward: bn2")
     texts = [found(f"buffer `{m}.{n}`", m, n) for m in ("bn1", "bn2") for n in ("running_mean", "running_var")]
     assert [e.form for e in report_entries(texts)] == ["finding"] * 4
+
+
+def _cpu_rng_cause() -> Finding:
+    return Finding("rng", "cpu RNG state at recompute differs", code="RC002", region="B.forward",
+                   subject=Subject("device RNG", owner="cpu"), invocation=Invocation(1, 1))
+
+
+def test_a_consequence_is_told_by_the_cause_it_points_at_never_by_its_hint_s_wording():
+    """Issue 41: whether an end-of-step difference is a consequence is data (``cause``, the kind of
+    the finding it follows from), so rewording the hint changes no grouping."""
+    reworded = Finding("gradient", "grad of `w` differs", code="RC002", region="step train",
+                       subject=Subject("gradient", "w"), hint="follows from: cpu RNG state at recompute", cause="rng")
+    assert [(e.form, e.count) for e in report_entries([_cpu_rng_cause(), reworded])] == \
+        [("finding", 1), ("consequences", 1)]
+    # a hint that merely reads like a pointer makes no consequence
+    own = Finding("global", "global `pkg.N` differs", code="RC101", region="step train",
+                  subject=Subject("global", "N", owner="pkg"), hint="likely cause: a global of its own")
+    assert [e.form for e in report_entries([_cpu_rng_cause(), own])] == ["finding", "finding"]
+    # and the pointer survives JSON
+    again = Report.from_json(Report([_cpu_rng_cause(), reworded]).to_json())
+    assert again.findings[1].cause == "rng" and [e.form for e in again.entries()][-1] == "consequences"
+
+
+def test_one_hazard_in_several_modules_is_joined_by_its_subjects_whatever_the_wording():
+    """The ``modules`` entry is decided by kind, rule and subject parts: a message that does not
+    quote its buffer as ``module.name`` still joins."""
+    found = [Finding("buffer", f"running statistics of {m} ({n}) updated again", code="RC106", region="B.forward",
+                     subject=Subject("buffer", n, owner=m), invocation=Invocation(1, 1))
+             for m in ("bn1", "bn2") for n in ("running_mean", "running_var")]
+    (entry,) = report_entries(found)
+    assert entry.form == "modules" and entry.family == ("running_mean", "running_var") and entry.count == 4
+
+
+def test_two_attributes_one_recompute_changed_are_one_entry_saying_what_they_share():
+    found = [Finding("state", f"attribute `gate.{n}` updated again by the recompute: {a} -> {b}", region="B.forward",
+                     subject=Subject("attribute", n, owner="gate"), invocation=Invocation(1, 1))
+             for n, a, b in (("calls", 1, 2), ("steps", 5, 6))]
+    (entry,) = report_entries(found)
+    assert (entry.form, entry.family) == ("modules", ("calls", "steps"))
+    assert entry.message == "attribute `calls`, `steps` updated again by the recompute in 1 module of 1 region"

@@ -236,6 +236,6 @@ def test_end_state_differences_without_a_watched_cause_are_not_consequences():
     own = Finding("global", "global `pkg.N` differs from the uncheckpointed step", code="RC101",
                   hint="a global", region="step train", subject=Subject("global", "N", owner="pkg"))
     follows = Finding("gradient", "grad of `w` differs", region="step train", subject=Subject("gradient", "w"),
-                      code="RC002", hint="likely cause: cpu RNG state at recompute differs")
+                      code="RC002", hint="likely cause: cpu RNG state at recompute differs", cause="rng")
     forms = [(e.form, e.count) for e in report_entries([follows, own, cause])]
     assert forms == [("finding", 1), ("finding", 1), ("consequences", 1)]

@@ -43,14 +43,15 @@ def with_likely_causes(findings: Sequence[Finding]) -> list[Finding]:
     """``findings`` with every symptom that has no hint of its own pointed at the likeliest cause.
 
     The likeliest cause is the first cause kind in :data:`CAUSES`, a finding that
-    happened (not latent) first; the symptom takes its rule code and a ``likely cause:`` hint.
+    happened (not latent) first; the symptom takes its rule code, a ``likely cause:`` hint, and the
+    cause's kind as ``cause`` (what a report groups it under).
     """
     causes = [f for f in findings if f.kind in CAUSES and f.code and not is_symptom(f)]
     if not causes:
         return list(findings)
     cause = min(causes, key=lambda f: (f.latent, CAUSES.index(f.kind)))
     text = f"likely cause: {cause.message}"
-    return [dataclasses.replace(f, code=cause.code, hint=hint(str(cause.code), text))
+    return [dataclasses.replace(f, code=cause.code, hint=hint(str(cause.code), text), cause=cause.kind)
             if f.hint is None and is_symptom(f) else f for f in findings]
 
 
