@@ -68,6 +68,8 @@ class ComputeContext:
     #: ``(device type, enabled, dtype)``, the dtype None while that autocast is disabled
     autocast: tuple[tuple[str, bool, torch.dtype | None], ...]
     default_dtype: torch.dtype
+    #: whether autocast's weight cache is on (read where an autocast is enabled: else it serves nothing)
+    autocast_cache: bool = False
 
     def autocast_of(self, device_type: str) -> tuple[bool, torch.dtype | None]:
         """``(enabled, dtype)`` of one device type's autocast; the dtype only when enabled."""
@@ -103,7 +105,7 @@ def current_context(grad_enabled: bool | None = None) -> ComputeContext:
         autocast = tuple(_autocast_of(d) for d in AUTOCAST_DEVICE_TYPES)
     default_dtype = torch.get_default_dtype()
     if autocast is not _DISABLED:
-        return ComputeContext(grad, autocast, default_dtype)
+        return ComputeContext(grad, autocast, default_dtype, torch.is_autocast_cache_enabled())
     # the usual context is one of a few values: one object each (a record keeps its context as
     # long as the watch() block lasts), by grad mode, then default dtype
     plain = _PLAIN[grad]

@@ -15,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+from torch.utils import checkpoint
+
 from recheck.catalogue import hint
 from recheck.findings import Finding, Invocation, error_line, one_line
 from recheck.runtime.explaining import CAUSES
@@ -154,10 +157,27 @@ _AUTOCAST_CACHE = ("autocast's weight cache", "autocast's weight cache served a 
 
 
 def _autocast_cache_miss(record: InvocationRecord, exc: BaseException) -> bool:
-    """Whether ``exc`` is selective checkpointing's storage miss of a cast, with autocast on at the forward."""
+    """Whether ``exc`` is selective checkpointing's miss of a cast autocast's weight cache served at
+    the forward, by what state says: the forward ran under autocast with its cache on, and the
+    failing dispatch mode on the error's traceback (``_CachedTorchDispatchMode``) met a cast, to an
+    enabled autocast's dtype, of a leaf tensor that requires grad (a weight: what the cache keeps)
+    more often than its forward recorded one."""
     context = record.forward.context if record.forward is not None else None
-    return ("aten._to_copy" in str(exc) and "not found in storage" in str(exc) and context is not None
-            and any(enabled for _, enabled, _ in context.autocast))
+    cached = getattr(checkpoint, "_CachedTorchDispatchMode", None)
+    if context is None or not context.autocast_cache or cached is None:
+        return False
+    dtypes = {dtype for _, enabled, dtype in context.autocast if enabled}
+    tb = exc.__traceback__
+    while tb is not None and not isinstance(tb.tb_frame.f_locals.get("self"), cached):
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    local = tb.tb_frame.f_locals  # (the parameters of the mode's __torch_dispatch__)
+    mode, func, args, kwargs = local["self"], local.get("func"), local.get("args"), local.get("kwargs")
+    weight = args[0] if isinstance(args, tuple) and args else None
+    return (func is torch.ops.aten._to_copy.default and isinstance(weight, torch.Tensor) and weight.is_leaf
+            and weight.requires_grad and isinstance(kwargs, dict) and kwargs.get("dtype") in dtypes
+            and mode.func_counter.get(func, 0) > len(mode.storage.get(func, ())))
 
 
 def _advice(finding: Finding) -> str:
