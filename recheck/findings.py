@@ -270,12 +270,9 @@ class Finding:
         return ":".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """The finding's record: every field (``subject`` as its text; ``cause`` only where set), and
-        for a typed subject ``subject_data``, its parts (:meth:`Subject.parts`; a lint record keeps
-        ruff's fields)."""
+        """The finding's record: every field (``subject`` as its text), and for a typed subject
+        ``subject_data``, its parts (:meth:`Subject.parts`; a lint record keeps ruff's fields)."""
         data = asdict(self)
-        if self.cause is None:
-            del data["cause"]
         if self.invocation is not None:
             data["invocation"] = {**asdict(self.invocation), "tags": dict(self.invocation.tags)}
         subject = self.subject
