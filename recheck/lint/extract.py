@@ -606,20 +606,13 @@ class _Extractor:
                 elif isinstance(target, ast.Subscript) and isinstance(base, ast.Name):  # blocks[name] = Block()
                     local_lists.setdefault(base.id, []).extend(classes)
 
-        sources: dict[str, ast.AST] = {}  # a loop variable's iterable, an unpacked name's value
-        for node in nodes:
-            kind = type(node)
-            if kind is ast.For or kind is ast.comprehension or (
-                    kind is ast.Assign and any(isinstance(t, ast.Tuple) for t in node.targets)):  # type: ignore[attr-defined]
-                targets = [node.target] if kind is not ast.Assign else node.targets  # type: ignore[attr-defined]
-                origin = node.value if kind is ast.Assign else node.iter  # type: ignore[attr-defined]
-                for target in targets:
-                    for name in ast.walk(target):
-                        if isinstance(name, ast.Name):
-                            sources.setdefault(name.id, origin)
+        traced_through: list[dict[str, ast.AST]] = []  # made when a module is added by name (rare)
 
         def traced(value: ast.AST) -> list[str]:
             """What ``value`` builds, through the loops and unpackings that bound its names."""
+            if not traced_through:
+                traced_through.append(_unpacked_sources(nodes))
+            sources = traced_through[0]
             for depth in range(4):
                 classes = _module_classes(value, context, local_lists)
                 inner = value.value if isinstance(value, ast.Starred) else value
@@ -655,6 +648,22 @@ class _Extractor:
                 facts.returns_built.extend(_module_classes(node.value, context, local_lists))
                 if isinstance(node.value, ast.Name):  # return block_fn: the class a factory picks
                     facts.returns_built.extend(_class_references(node.value, context))
+
+
+def _unpacked_sources(nodes: list[ast.AST]) -> dict[str, ast.AST]:
+    """Each loop variable's iterable and each name unpacked from a value, by name (the first)."""
+    sources: dict[str, ast.AST] = {}
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.For or kind is ast.comprehension or (
+                kind is ast.Assign and any(isinstance(t, ast.Tuple) for t in node.targets)):  # type: ignore[attr-defined]
+            targets = [node.target] if kind is not ast.Assign else node.targets  # type: ignore[attr-defined]
+            origin = node.value if kind is ast.Assign else node.iter  # type: ignore[attr-defined]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        sources.setdefault(name.id, origin)
+    return sources
 
 
 def _leaves(target: ast.AST) -> Iterator[ast.AST]:

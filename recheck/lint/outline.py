@@ -179,7 +179,8 @@ def used_as_value(source: str, start: int, end: int) -> bool:
     return source[at] in _OPENERS or (source[at - 3:at + 1] == "else" and (at < 4 or not _identifier_char(source[at - 4])))
 
 
-_MUTATING = [(name, re.compile(r"\.[ \t\f]*(" + name + ")")) for name in sorted(MUTATING_METHODS)]
+#: a mutating method's name after a dot (the longest name first: ``popitem`` before ``pop``)
+_MUTATING = re.compile(r"\.[ \t\f]*(" + "|".join(sorted(MUTATING_METHODS, key=len, reverse=True)) + ")")
 
 
 def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str]) -> set[int]:
@@ -189,22 +190,20 @@ def call_write_units(text: TextLines, units: Sequence[Unit], candidates: set[str
     if not candidates:
         return set()
     source, lines = text.text, []
-    for method, after_dot in _MUTATING:
-        for match in after_dot.finditer(source):  # the method's name after a dot, in C
-            found = match.start(1)
-            end = found + len(method)
-            if end < len(source) and _identifier_char(source[end]):
-                continue
-            at = match.start() - 1
-            while at >= 0 and source[at] in " \t\f":
-                at -= 1
-            if at < 0:
-                continue
-            char = source[at]
-            if char in ")\n\\":  # `(x).append`, a call's result, or a continued line: look closer
-                lines.append(text.line(found))
-            elif _identifier_char(char) and text.word_at(at) in candidates:
-                lines.append(text.line(found))
+    for match in _MUTATING.finditer(source):  # a method's name after a dot, in C, in one pass
+        found, end = match.span(1)
+        if end < len(source) and _identifier_char(source[end]):
+            continue
+        at = match.start() - 1
+        while at >= 0 and source[at] in " \t\f":
+            at -= 1
+        if at < 0:
+            continue
+        char = source[at]
+        if char in ")\n\\":  # `(x).append`, a call's result, or a continued line: look closer
+            lines.append(text.line(found))
+        elif _identifier_char(char) and text.word_at(at) in candidates:
+            lines.append(text.line(found))
     return _Units(units).holding(lines) if lines else set()
 
 
