@@ -24,7 +24,7 @@ from recheck.lint.outline import (
     statement_scan,
     units_with_words,
 )
-from recheck.lint.reachability import argument_value, guards, none_names, optional_params
+from recheck.lint.reachability import NoneStates, argument_value, guards, none_names, none_states, optional_params
 from recheck.lint.rules import RULES
 from recheck.lint.scope import (
     FUNCTION_NODES,
@@ -299,9 +299,9 @@ class _Extractor:
         self.module = module
         self.extra_entries = extra_entries
         self.class_entries: dict[str, frozenset[str]] = {}
-        #: the parameters of the function being scanned (call arguments read against them)
-        self._arguments = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[],
-                                        kwarg=None, defaults=[])
+        #: what is None in the function being scanned while its parameters are left out (call
+        #: arguments are read against it)
+        self._none: NoneStates = ({}, {})
         #: units outlined, by name: the qualnames of the classes and functions outlined
         self.outlined: dict[str, list[str]] = {}
         #: units analysed after the first pass, by name: what their analysis made
@@ -458,9 +458,10 @@ class _Extractor:
             facts.returns_annotation = context.qualify(returns) or ""
         self.facts.functions[qualname] = facts
         self._bind_locals(nodes, context, qualname)
-        if not isinstance(node, ast.Lambda) and optional_params(arguments):
+        optional = optional_params(arguments)
+        if not isinstance(node, ast.Lambda) and optional:
             facts.none_if = none_names(nodes, arguments)
-        self._arguments = arguments
+        self._none = none_states(facts.none_if, arguments)
         sites = len(self.facts.call_sites)
         self._scan(nodes, context, facts)
         calls = len(self.facts.call_sites) > sites
@@ -487,7 +488,7 @@ class _Extractor:
                             if isinstance(target, ast.Attribute) and context.is_self(target.value):
                                 owner_facts.param_attributes[target.attr] = (statement.value.id, positions[statement.value.id])
         if not isinstance(node, ast.Lambda):
-            facts.optional = sorted(optional_params(arguments))
+            facts.optional = sorted(optional)
             facts.star = [a.arg if a is not None else "" for a in (arguments.vararg, arguments.kwarg)]
             facts.keyword_only = [a.arg for a in arguments.kwonlyargs]
             if facts.optional:  # branches that cannot run hide their side effects and their calls
@@ -561,10 +562,10 @@ class _Extractor:
             if refs:
                 positional = -1 if any(isinstance(a, ast.Starred) for a in node.args) else len(node.args)
                 splats = tuple(k.value.id if isinstance(k.value, ast.Name) else "?" for k in node.keywords if k.arg is None)
-                values = [(k.arg, argument_value(k.value, facts.none_if, self._arguments)) for k in node.keywords]
+                values = [(k.arg, argument_value(k.value, self._none)) for k in node.keywords]
                 keywords = tuple(f"{name}={value}" if value else name for name, value in values if name is not None)
                 facts.call_passes.append((len(facts.calls), len(refs), positional, keywords, splats, node.lineno,
-                                          tuple(argument_value(a, facts.none_if, self._arguments) for a in node.args)))
+                                          tuple(argument_value(a, self._none) for a in node.args)))
             facts.calls.extend(refs)
 
     def _attributes(self, nodes: list[ast.AST], context: FunctionContext, owner: ClassFacts | None,

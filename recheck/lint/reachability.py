@@ -20,7 +20,8 @@ import ast
 from recheck.lint.facts import FunctionFacts
 from recheck.lint.scope import subtree
 
-__all__ = ["argument_value", "binds", "empty_params", "guards", "none_names", "optional_params", "passes_on", "unreachable"]
+__all__ = ["NoneStates", "argument_value", "binds", "empty_params", "guards", "none_names", "none_states", "optional_params",
+           "passes_on", "unreachable"]
 
 NONE, EMPTY = "none", "empty"
 _EMPTY_LITERALS = (ast.Dict, ast.List, ast.Tuple, ast.Set)
@@ -202,17 +203,28 @@ def none_names(nodes: list[ast.AST], arguments: ast.arguments) -> dict[str, list
     return {}
 
 
-def argument_value(node: ast.AST, none_if: dict[str, list[str]], arguments: ast.arguments) -> str:
+#: what :func:`argument_value` reads of a function: each name that is None (or empty) while
+#: the listed parameters are not given, with those parameters, and which of the two it is
+NoneStates = tuple[dict[str, set[str]], dict[str, str]]
+
+
+def none_states(none_if: dict[str, list[str]], arguments: ast.arguments) -> NoneStates:
+    """A function's :data:`NoneStates`, from its :func:`none_names` and parameters (once a function)."""
+    own = optional_params(arguments)
+    sources = {name: set(params) for name, params in none_if.items()}
+    return sources, {name: EMPTY if any(own.get(p) == EMPTY for p in params) else NONE
+                     for name, params in sources.items()}
+
+
+def argument_value(node: ast.AST, known: NoneStates) -> str:
     """A call argument as :func:`passes_on` reads it: a name, ``"None"`` for what is always
     None, the parameters (space-separated) that, all left out, make it None
     (``cache.self_attention_cache if cache is not None else None``), ``""`` otherwise."""
     if isinstance(node, ast.Name):
         return node.id
-    if isinstance(node, ast.Constant) or not none_if:
+    sources, states = known
+    if isinstance(node, ast.Constant) or not sources:
         return "None" if isinstance(node, ast.Constant) and node.value is None else ""
-    own = optional_params(arguments)
-    sources = {name: set(params) for name, params in none_if.items()}
-    states = {name: EMPTY if any(own.get(p) == EMPTY for p in params) else NONE for name, params in sources.items()}
     found = _none_sources(node, sources, states)
     return "" if found is None else " ".join(sorted(found)) or "None"
 
