@@ -177,7 +177,7 @@ def _autocast_cache_miss(record: InvocationRecord, exc: BaseException) -> bool:
     weight = args[0] if isinstance(args, tuple) and args else None
     return (func is torch.ops.aten._to_copy.default and isinstance(weight, torch.Tensor) and weight.is_leaf
             and weight.requires_grad and isinstance(kwargs, dict) and kwargs.get("dtype") in dtypes
-            and mode.func_counter.get(func, 0) > len(mode.storage.get(func, ())))
+            and getattr(mode, "func_counter", {}).get(func, 0) > len(getattr(mode, "storage", {}).get(func, ())))
 
 
 def _advice(finding: Finding) -> str:
