@@ -122,7 +122,7 @@ class Twin:
                  optimizers: Sequence[torch.optim.Optimizer] = (), reach: Reach | None = None,
                  inputs: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
         self.step = step
-        self.state: StepState = discover_state(step, modules, optimizers)
+        self.state: StepState = discover_state(step, modules, optimizers, getattr(step, "parts", None))
         # walked once per step function while it reaches the same objects (a copy: the twin adds to it)
         self.reach: Reach = (reach or reach_of(step, {})).copy()
         for module in self.state.modules:
@@ -780,6 +780,11 @@ class RegionStep:
         #: the plain run's upstream gradient, once made (every later run gets the same)
         self.upstream: list[tuple[str, torch.Tensor]] | None = None
         self.input_grads: dict[str, torch.Tensor | None] = {}
+
+    @property
+    def parts(self) -> tuple[Any, ...]:
+        """What the step holds of the user's (the state a twin discovers from it)."""
+        return self.fn, self.args, self.kwargs, self.grad_outputs
 
     def __call__(self) -> Any:
         from torch.utils.checkpoint import checkpoint

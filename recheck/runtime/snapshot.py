@@ -116,6 +116,7 @@ class TensorRecord:
         #: the copy's digest, where its bytes are read in place: each observe reads the tensor only
         self.digest = DigestedTensor.of(self.copy) if DigestedTensor.fits(self.copy) else None
         self._verified = False  # whether the last observe found the tensor as captured
+        self._seen: Observed | None = None  # observe's answer for that case, made once
 
     def same_bytes(self) -> bool:
         """True when the tensor's shape, dtype and bytes are those captured.
@@ -153,7 +154,9 @@ class TensorRecord:
         """
         if self.tensor._version == self.version and self.same_bytes():
             self._verified = True
-            return (Observed(self.kind, self.subject, self.copy),)
+            if self._seen is None:
+                self._seen = Observed(self.kind, self.subject, self.copy)
+            return (self._seen,)
         self._verified = False
         return (shared_or_copied(self.kind, self.subject, self.tensor, reference, lean),)
 
@@ -432,10 +435,22 @@ class ValueRecord:
             return (Observed(self.kind, self.subject, "<absent>", "<absent>"),)
         if self._immutable and value is self.value:
             if self._seen is None:
-                self._seen = Observed(self.kind, self.subject, self.print, show_printed(value, self.print))
+                self._seen = _AsCaptured(self.kind, self.subject, self.print, value)
             return (self._seen,)
         seen = _printed(value)
         return (Observed(self.kind, self.subject, seen, show_printed(value, seen)),)
+
+
+class _AsCaptured(Observed):
+    """An immutable value observed as it was captured: its text (:func:`show_printed`) is made
+    only where a comparison shows it, not at every check for every attribute of every module."""
+
+    def __init__(self, kind: str, subject: str, printed: Any, value: Any) -> None:
+        self.kind, self.subject, self.value, self._shown_value = kind, subject, printed, value
+
+    @property
+    def shown(self) -> str:  # type: ignore[override]
+        return show_printed(self._shown_value, self.value)
 
 
 class NewKeysRecord:
@@ -478,7 +493,13 @@ class ModuleRecord(NewKeysRecord):
         self.bindings = [_Content(names, 0) for names in (module._parameters, module._buffers, module._modules)]
 
     def unchanged(self) -> bool:
-        return super().unchanged() and all(same_mapping(c.obj, c.items) for c in self.bindings)
+        return super().unchanged() and self.bound()
+
+    def bound(self) -> bool:
+        """Whether the parameter, buffer and submodule dicts map their names to the objects captured."""
+        parameters, buffers, submodules = self.bindings
+        return (same_mapping(parameters.obj, parameters.items) and same_mapping(buffers.obj, buffers.items)
+                and same_mapping(submodules.obj, submodules.items))
 
     def restore(self) -> None:
         super().restore()
@@ -778,7 +799,8 @@ class Snapshot:
             attributes = module.__dict__
             for key in itertools.filterfalse(MODULE_INTERNALS.__contains__, list(attributes)):  # (most: in C)
                 if is_module_state(key) and add(("attr", id(module), key), functools.partial(
-                        ValueRecord, "state", attribute_subject(prefix, key), attributes, key)):
+                        ValueRecord, "state", attribute_subject(prefix, key), attributes, key)) \
+                        and type(attributes.get(key)) not in _NOT_HOLDERS:  # (most: flags and sizes)
                     self.hold(f"{prefix or 'self'}.{key}", attributes.get(key))
             self._classes(type(module))
         self._rank = 0
@@ -1051,8 +1073,9 @@ class Snapshot:
                     items = record.observe()
                 for item in items:
                     seen[(item.kind, item.subject)] = item
-                if not (record._verified if type(record) is TensorRecord
-                        else type(record) is ValueRecord and items[0] is record._seen):
+                kind = type(record)
+                if not (record._verified if kind is TensorRecord else items[0] is record._seen if kind is ValueRecord
+                        else not items and record.bound() if kind is ModuleRecord else False):
                     changed.append(record)
         self._changed = changed
         return seen

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -365,22 +366,37 @@ def discover_state(
     step: Callable[..., Any],
     modules: Iterable[torch.nn.Module] = (),
     optimizers: Iterable[torch.optim.Optimizer] = (),
+    parts: Iterable[Any] | None = None,
 ) -> StepState:
     """The modules, optimizers and tensors reachable from ``step``, plus those given.
 
     Looks through closures, named globals, ``functools.partial`` arguments, bound
     ``self`` objects and their attributes, up to a few levels of referenced functions.
     Submodules of a found module are not listed separately (their parameters are reached
-    through the parent).
+    through the parent).  ``parts``: what a step recheck generates holds (``check()``'s region,
+    its arguments), looked through as the step's attributes are; its own code is recheck's.
     """
     state = StepState(modules=given_objects(modules, "modules"), optimizers=given_objects(optimizers, "optimizers"))
     seen: set[int] = {id(m) for m in state.modules} | {id(o) for o in state.optimizers}
-    _visit(step, state, seen, depth=0)
-    covered = {id(t) for t in state.parameters()} | {id(t) for t in state.buffers()}
-    loose = [t for t in state.tensors if id(t) not in covered]
+    if parts is None:
+        _visit(step, state, seen, depth=0)
+    for part in parts or ():
+        _visit(part, state, seen, depth=1)
+    loose = _loose(state)
     state.leaves = [t for t in loose if t.requires_grad and t.is_leaf]
     state.tensors = [t for t in loose if not (t.requires_grad and t.is_leaf)]
     return state
+
+
+def _loose(state: StepState) -> list[torch.Tensor]:
+    """The tensors found that no module holds as a parameter or buffer, nor an optimizer's group
+    (their ids read in one walk over the modules, and only where a tensor was found)."""
+    if not state.tensors:
+        return []
+    covered = {id(t) for module in state.modules for sub in module.modules()
+               for t in itertools.chain(sub._parameters.values(), sub._buffers.values())}
+    covered.update(id(p) for opt in state.optimizers for group in opt.param_groups for p in group["params"])
+    return [t for t in state.tensors if id(t) not in covered]
 
 
 #: What ``modules`` and ``optimizers`` hold, and the name a message gives it.
