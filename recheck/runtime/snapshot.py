@@ -490,21 +490,24 @@ class ModuleRecord(NewKeysRecord):
 
     def __init__(self, module: torch.nn.Module, prefix: str) -> None:
         super().__init__(module.__dict__, prefix)
-        self.bindings = [_Content(names, 0) for names in (module._parameters, module._buffers, module._modules)]
+        names: tuple[dict[str, Any], ...] = (module._parameters, module._buffers, module._modules)
+        self.bindings = tuple((mapping, dict(mapping)) for mapping in names)
 
     def unchanged(self) -> bool:
         return super().unchanged() and self.bound()
 
     def bound(self) -> bool:
         """Whether the parameter, buffer and submodule dicts map their names to the objects captured."""
-        parameters, buffers, submodules = self.bindings
-        return (same_mapping(parameters.obj, parameters.items) and same_mapping(buffers.obj, buffers.items)
-                and same_mapping(submodules.obj, submodules.items))
+        (parameters, then_parameters), (buffers, then_buffers), (submodules, then_submodules) = self.bindings
+        return (same_mapping(parameters, then_parameters) and same_mapping(buffers, then_buffers)
+                and same_mapping(submodules, then_submodules))
 
     def restore(self) -> None:
         super().restore()
-        for content in self.bindings:
-            content.restore()
+        for mapping, then in self.bindings:
+            if not same_mapping(mapping, then):
+                dict.clear(mapping)
+                dict.update(mapping, then)
 
 
 class HeldValueRecord(ValueRecord):
@@ -1065,7 +1068,17 @@ class Snapshot:
             seen[(item.kind, item.subject)] = item
         with _one_pass():
             for record in self.records:
-                if (reference is not None or lean) and type(record) is TensorRecord:
+                kind = type(record)
+                # the most common records, inline where they are as captured (most are: a module's
+                # flags and sizes, its dicts of parameters, buffers and submodules)
+                if kind is ValueRecord and record._immutable \
+                        and record.namespace.get(record.key, MISSING) is record.value:
+                    item = record._seen or record.observe()[0]
+                    seen[(item.kind, item.subject)] = item
+                    continue
+                if kind is ModuleRecord and record.namespace.keys() <= record.keys and record.bound():
+                    continue
+                if (reference is not None or lean) and kind is TensorRecord:
                     items: Any = record.observe(None if reference is None else
                                                 reference.get((record.kind, record.subject)),
                                                 lean and record.kind != "buffer")
@@ -1073,9 +1086,7 @@ class Snapshot:
                     items = record.observe()
                 for item in items:
                     seen[(item.kind, item.subject)] = item
-                kind = type(record)
-                if not (record._verified if kind is TensorRecord else items[0] is record._seen if kind is ValueRecord
-                        else not items and record.bound() if kind is ModuleRecord else False):
+                if not (kind is TensorRecord and record._verified):
                     changed.append(record)
         self._changed = changed
         return seen
