@@ -62,33 +62,11 @@ from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_f
 if TYPE_CHECKING:  # pragma: no cover
     from recheck.runtime.reach import Reach
 
-__all__ = [
-    "ClassKeysRecord",
-    "ClassValueRecord",
-    "DefaultDtypeRecord",
-    "DigestedTensor",
-    "GradRecord",
-    "HeldKeysRecord",
-    "HeldValueRecord",
-    "InstanceRngRecord",
-    "ModuleRecord",
-    "NewKeysRecord",
-    "Observed",
-    "RngRecord",
-    "SlotRecord",
-    "Snapshot",
-    "TensorRecord",
-    "ValueRecord",
-    "fingerprint",
-    "is_immutable",
-    "rng_fingerprint",
-    "rng_states",
-    "rng_summary",
-    "same_items",
-    "same_mapping",
-    "shared_or_copied",
-    "show",
-]
+__all__ = ["ClassKeysRecord", "ClassValueRecord", "DefaultDtypeRecord", "DigestedTensor", "GradRecord",
+           "HeldKeysRecord", "HeldValueRecord", "InstanceRngRecord", "ModuleRecord", "NewKeysRecord", "Observed",
+           "RngRecord", "SlotRecord", "Snapshot", "TensorRecord", "ValueRecord", "fingerprint", "is_immutable",
+           "rng_fingerprint", "rng_states", "rng_summary", "same_items", "same_mapping", "shared_or_copied",
+           "show"]
 
 # -- tensors ------------------------------------------------------------------------------------
 

@@ -167,6 +167,25 @@ def test_a_tracked_module_s_bindings_and_new_attributes_are_put_back_and_the_new
     assert "calls" not in vars(model[0])
 
 
+def test_what_an_observe_finds_changed_in_a_module_is_put_back_by_the_restore_that_trusts_it():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    weight, relu = model[0].weight, model[1]
+    snapshot = Snapshot(RngRecord({}))
+    snapshot.track(static_reach(model, (), {}), param_kind="state")
+    first = snapshot.observe()
+    model[0].weight = nn.Parameter(torch.zeros(2, 2))  # a binding only: no attribute appears
+    model[1] = nn.Identity()
+    model.train(False)
+    seen = snapshot.observe()
+    assert seen[("state", "attribute `0.training`")].value != first[("state", "attribute `0.training`")].value
+    assert (first[("state", "attribute `0.training`")].shown, seen[("state", "attribute `0.training`")].shown) \
+        == ("True", "False")
+    snapshot.restore(trust_observed=True)  # only what the observe did not find as captured
+    assert model[0].weight is weight and model[1] is relu and model.training and model[0].training
+    again = snapshot.observe()
+    assert all(again[key] is first[key] for key in first if key[1].endswith("training`"))
+
+
 def _reads_and_writes(x):
     global SCALE
     SCALE = SCALE * 1.0
