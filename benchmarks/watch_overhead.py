@@ -154,8 +154,10 @@ def run_one(model_name: str, mode: str, steps: int, repeats: int, device: str) -
                 findings, invocations = len(watcher.report), watcher.report.stats["invocations"]
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    from recheck.runtime.digests import DIGEST_NAME
+
     return {"model": model_name, "mode": mode, "seconds": best, "peak_bytes": peak,
-            "findings": findings, "invocations": invocations}
+            "findings": findings, "invocations": invocations, "digest": DIGEST_NAME}
 
 
 def available(model_name: str) -> str | None:
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{model_name:8} {mode:7} {times[mode] / ns.steps:9.4f} {times[mode] / times['plain']:6.2f} "
                       f"{result['peak_bytes'] / 2**20:9.1f} {(result['peak_bytes'] - base) / 2**20:9.1f} "
                       f"{result['invocations']:6d} {result['findings']:8d}", flush=True)
+            if results["interleaved"]["digest"] != "xxh3-128":  # recheck[torch] installs xxhash
+                print(f"{model_name:8} digests by {results['interleaved']['digest']}: xxhash is not installed "
+                      f"in {sys.executable}'s environment, every saved tensor is hashed several times slower")
     return 0
 
 
