@@ -497,9 +497,13 @@ class _Run:
             self.cache.put_checked(self.checked_key(self.sources[display]), error.reason if error else "")
         return len(jobs) + len(verdicts)
 
-    def wanted(self, index: Index, by_module: dict[str, _Source]) -> tuple[list[_Source], dict[str, set[str]]]:
+    def wanted(self, index: Index, by_module: dict[str, _Source],
+               regions: list) -> tuple[list[_Source], dict[str, set[str]]]:
         """Unparsed files that define what the regions reference, or subclass region classes,
-        and in each the names of the top-level definitions wanted (to analyse at once)."""
+        and in each the names of the top-level definitions wanted (to analyse at once); none
+        when there is no region and no lookup missed."""
+        if not (regions or index.misses or index.installed_misses):
+            return [], {}
         wanted: dict[str, _Source] = {}
         demand: dict[str, set[str]] = {}
         for miss in index.misses:
@@ -673,13 +677,13 @@ def _analyse(run: _Run) -> tuple[list[Hit], list[SiteReport], dict[str, int], li
         regions = find_regions(index, reports, run.source_text, assumed, read)
         run.lend_syntax_check()
         walk_regions(index, regions)
-        pending, demand = run.wanted(index, by_module) if regions or index.misses or index.installed_misses else ([], {})
+        pending, demand = run.wanted(index, by_module, regions)
         if pending:  # the rules wait for the last round
             continue
         hits = region_hits(index, regions, walked)
         run.lend_syntax_check()
         analysed = True
-        pending, demand = run.wanted(index, by_module) if regions or index.misses or index.installed_misses else ([], {})
+        pending, demand = run.wanted(index, by_module, regions)
         if not pending:
             break
     if not analysed:  # the rounds ran out after parsing more: analyse what was parsed

@@ -461,7 +461,7 @@ class _Extractor:
         optional = optional_params(arguments)
         if not isinstance(node, ast.Lambda) and optional:
             facts.none_if = none_names(nodes, arguments)
-        self._none = none_states(facts.none_if, arguments)
+        self._none = none_states(facts.none_if, optional)
         sites = len(self.facts.call_sites)
         self._scan(nodes, context, facts)
         calls = len(self.facts.call_sites) > sites
@@ -607,13 +607,13 @@ class _Extractor:
                 elif isinstance(target, ast.Subscript) and isinstance(base, ast.Name):  # blocks[name] = Block()
                     local_lists.setdefault(base.id, []).extend(classes)
 
-        traced_through: list[dict[str, ast.AST]] = []  # made when a module is added by name (rare)
+        sources: dict[str, ast.AST] | None = None  # made when a module is added by name (rare)
 
         def traced(value: ast.AST) -> list[str]:
             """What ``value`` builds, through the loops and unpackings that bound its names."""
-            if not traced_through:
-                traced_through.append(_unpacked_sources(nodes))
-            sources = traced_through[0]
+            nonlocal sources
+            if sources is None:
+                sources = _unpacked_sources(nodes)
             for depth in range(4):
                 classes = _module_classes(value, context, local_lists)
                 inner = value.value if isinstance(value, ast.Starred) else value

@@ -208,9 +208,9 @@ def none_names(nodes: list[ast.AST], arguments: ast.arguments) -> dict[str, list
 NoneStates = tuple[dict[str, set[str]], dict[str, str]]
 
 
-def none_states(none_if: dict[str, list[str]], arguments: ast.arguments) -> NoneStates:
-    """A function's :data:`NoneStates`, from its :func:`none_names` and parameters (once a function)."""
-    own = optional_params(arguments)
+def none_states(none_if: dict[str, list[str]], own: dict[str, str]) -> NoneStates:
+    """A function's :data:`NoneStates`, from its :func:`none_names` and :func:`optional_params`
+    (once a function)."""
     sources = {name: set(params) for name, params in none_if.items()}
     return sources, {name: EMPTY if any(own.get(p) == EMPTY for p in params) else NONE
                      for name, params in sources.items()}
