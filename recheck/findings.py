@@ -397,7 +397,7 @@ def _is_consequence(finding: Finding, watched: set[tuple[str, str | None]]) -> b
     statistics the recompute updated again, ``watched``: those findings' kind and rule)."""
     if finding.invocation is not None:
         return False
-    return finding.cause is not None or (finding.kind, finding.code) in watched \
+    return finding.cause is not None or (finding.code is not None and (finding.kind, finding.code) in watched) \
         or (finding.code is None and finding.hint is None)
 
 
@@ -442,7 +442,8 @@ def _module_entries(findings: Sequence[Finding], taken: set[int]) -> list[Entry]
         key = (*recompute[:3], f.hint, f.latent, f.cause, tuple(families[recompute]))
         groups.setdefault(key, []).append((f, module))
     entries = []
-    for family, pairs in ((key[-1], pairs) for key, pairs in groups.items()):
+    for key, pairs in groups.items():
+        family = key[-1]
         group = tuple(f for f, _ in pairs)
         modules = tuple(dict.fromkeys(f"{f.region}: {module}" for f, module in pairs))
         if len(modules) < 2 and len(family) < 2:
