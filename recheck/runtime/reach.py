@@ -139,6 +139,11 @@ class Reach:
         self._rng_scanned: set[int] = set()
         #: functions walked whose use of the host streams :attr:`host_rng` has not looked at yet
         self._rng_unscanned: list[types.FunctionType] = []
+        #: functions whose closure cells were followed, for the walk and for the host streams: by
+        #: function, not code (one decorator's inner code closes over every method it wraps), and
+        #: held, so that an id stays theirs while the reach lives
+        self._closed: dict[int, types.FunctionType] = {}
+        self._rng_closed: dict[int, types.FunctionType] = {}
         self.reads: dict[tuple[int, str], GlobalRef] = {}
         self.writes: dict[tuple[int, str], GlobalRef] = {}
         self._walked: set[int] = set()
@@ -161,6 +166,7 @@ class Reach:
         other._rng_scanned, other._rng_unscanned = set(self._rng_scanned), list(self._rng_unscanned)
         other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
         other._classes = set(self._classes)
+        other._closed, other._rng_closed = dict(self._closed), dict(self._rng_closed)
         other._anonymous = self._anonymous
         return other
 
@@ -243,14 +249,33 @@ class Reach:
 
     # code -------------------------------------------------------------------------------------
     def walk_function(self, function: types.FunctionType) -> None:
-        """Record the globals ``function`` reads and writes, following same-module calls."""
-        if id(function.__code__) in self._walked:
+        """Record the globals ``function`` reads and writes, following same-module calls.
+
+        Note:
+            A code object is read once, but the closure cells of every function made from it are
+            followed: a library's decorator (``deprecate_kwarg``, a kernel hub's forward) is one
+            inner code shared by every method it wraps, each closing over another original.
+        """
+        code = function.__code__
+        if id(code) not in self._walked:
+            self._walked.add(id(code))
+            if not self._walk_code(function):
+                return
+        elif not function.__closure__ or is_library(function.__globals__.get("__name__")):
             return
-        self._walked.add(id(function.__code__))
+        if function.__closure__ and id(function) not in self._closed:
+            self._closed[id(function)] = function
+            for cell_name, cell in zip(code.co_freevars, function.__closure__):
+                contents = _cell_value(cell)
+                if contents is not _EMPTY_CELL:
+                    self.add_value(cell_name, contents)
+
+    def _walk_code(self, function: types.FunctionType) -> bool:
+        """Record the globals ``function``'s code reads and writes (False: library code, not walked)."""
         namespace = function.__globals__
         module_name = namespace.get("__name__", "?")
         if is_library(module_name):
-            return
+            return False
         reads, writes = code_globals(function.__code__)
         for name in writes:
             self.writes.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
@@ -271,10 +296,7 @@ class Reach:
                 continue
             self.reads.setdefault((id(namespace), name), GlobalRef(namespace, module_name, name))
             self.add_value(name, value)
-        for cell_name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-            contents = _cell_value(cell)
-            if contents is not _EMPTY_CELL:
-                self.add_value(cell_name, contents)
+        return True
 
     @property
     def host_rng(self) -> set[str]:
@@ -288,19 +310,19 @@ class Reach:
 
     def _scan_host_rng(self, function: types.FunctionType) -> None:
         """Note whether ``function`` (or a function it names, in any module) uses Python's or
-        numpy's global RNG: the ``random`` or ``numpy`` module, or a function taken from them."""
-        if id(function.__code__) in self._rng_scanned or len(self._host_rng) == 2:
+        numpy's global RNG: the ``random`` or ``numpy`` module, or a function taken from them.
+        Its code is looked at once, the cells of each function made from it (as in the walk)."""
+        if len(self._host_rng) == 2:
             return
-        self._rng_scanned.add(id(function.__code__))
-        namespace = function.__globals__
-        for name in code_globals(function.__code__)[0]:
-            value = namespace.get(name)
-            stream = _host_stream(value)
-            if stream is not None:
-                self._host_rng.add(stream)
-            elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
-                self._scan_host_rng(value)
-        for value in cell_values(function):
+        values: list[Any] = []
+        if id(function.__code__) not in self._rng_scanned:
+            self._rng_scanned.add(id(function.__code__))
+            namespace = function.__globals__
+            values = [namespace.get(name) for name in code_globals(function.__code__)[0]]
+        if function.__closure__ and id(function) not in self._rng_closed:
+            self._rng_closed[id(function)] = function
+            values += cell_values(function)
+        for value in values:
             stream = _host_stream(value)
             if stream is not None:
                 self._host_rng.add(stream)
