@@ -123,8 +123,7 @@ class Twin:
                  inputs: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
         self.step = step
         self.state: StepState = discover_state(step, modules, optimizers, getattr(step, "parts", None))
-        # walked once per step function while it reaches the same objects (a copy: the twin adds to it)
-        self.reach: Reach = (reach or reach_of(step, {})).copy()
+        self.reach: Reach = reach or reach_of(step, {})  # (a reach of its own: the twin adds to it)
         for module in self.state.modules:
             if id(module) not in self.reach.modules:
                 self.reach.add_module(self.reach.name_unknown(module), module)
@@ -780,6 +779,8 @@ class RegionStep:
         #: the plain run's upstream gradient, once made (every later run gets the same)
         self.upstream: list[tuple[str, torch.Tensor]] | None = None
         self.input_grads: dict[str, torch.Tensor | None] = {}
+        #: what the region alone reaches, given to each watch of the step as its reach of the region
+        self.reach: Reach | None = None
 
     @property
     def parts(self) -> tuple[Any, ...]:
@@ -790,14 +791,18 @@ class RegionStep:
         from torch.utils.checkpoint import checkpoint
 
         from recheck.intercept import patches
+        from recheck.watcher.dispatch import Dispatcher
 
         installation = patches.installed()
-        plain = installation is not None and isinstance(installation.hooks, Bypass)
+        hooks = installation.hooks if installation is not None else None
+        plain = isinstance(hooks, Bypass)
         args, kwargs, fresh = prepare_inputs(self.args, self.kwargs)
         self.input_grads = {}
         fn = self.fn
         if kwargs and self.options["use_reentrant"]:  # the reentrant variant takes no keyword arguments
             fn, kwargs = functools.partial(fn, **kwargs), {}
+        elif isinstance(hooks, Dispatcher) and self.reach is not None:
+            hooks.known_reach(fn, self.reach.copy())  # (a copy: a watch adds what its forward finds)
         outputs = checkpoint(fn, *args, **self.options, **kwargs)
         tensors = dict(leaves(outputs))
         try:
@@ -913,7 +918,9 @@ def check_region_report(fn: Callable[..., Any], args: tuple, kwargs: dict, *, us
     region = region_name(fn)
     step = RegionStep(fn, args, kwargs, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state,
                       early_stop=early_stop, grad_outputs=grad_outputs)
-    twin = Twin(step, reach=static_reach(fn, args, kwargs), inputs=input_tensors(args, kwargs))
+    # what the region alone reaches is its watch's too: walked once, handed to the watch (RegionStep)
+    step.reach = static_reach(fn, (), {})
+    twin = Twin(step, reach=static_reach(fn, args, kwargs, step.reach), inputs=input_tensors(args, kwargs))
     ctx = Context(region=region, invocation=Invocation(index=1, of=1), tolerance=tolerance,
                   use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
     written, plain, found, notes = _compared(twin, ctx, region, 1, dict(watch_options), plain_error=True,

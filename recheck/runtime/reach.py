@@ -408,11 +408,14 @@ def _is_plain_object(value: Any) -> bool:
             and not callable(value) and not is_library(type(value).__module__))
 
 
-def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Reach:
-    """Everything found from the callable and its arguments before anything runs."""
-    reach = Reach()
+def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict, walked: Reach | None = None) -> Reach:
+    """Everything found from the callable and its arguments before anything runs (``walked``: what
+    the callable alone reaches, found already: a copy of it is extended, the callable not walked again)."""
+    reach = Reach() if walked is None else walked.copy()
     root: Any = fn
-    if isinstance(root, torch.nn.Module):
+    if walked is not None:
+        pass
+    elif isinstance(root, torch.nn.Module):
         reach.add_module("", root)
     elif isinstance(root, types.MethodType) and isinstance(root.__self__, torch.nn.Module):
         reach.add_module("", root.__self__)

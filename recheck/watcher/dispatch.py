@@ -31,7 +31,7 @@ from recheck.intercept import module_calls, patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.naming import hold_cwd, release_cwd
-from recheck.runtime.reach import reach_of
+from recheck.runtime.reach import Reach, _cache_key, reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
@@ -364,6 +364,13 @@ class Dispatcher(Interceptor):
         forwards nest, or run in several threads, every call is told: each record hears them all."""
         forward = stack[0].forward if len(stack) == 1 and self._listeners == 1 else None
         module_calls.pass_over(forward.told if forward is not None else None)
+
+    def known_reach(self, function: Any, reach: Reach) -> None:
+        """``function``'s static reach, walked already (``check()`` walks its region for its
+        snapshot): the block takes it as its own instead of walking the region again."""
+        key, holders = _cache_key(function)
+        if key is not None:
+            self._reach_cache.setdefault(key, (reach, holders))
 
     def _begin_forward(self, record: InvocationRecord, function: Any, args: tuple | None,
                        kwargs: dict | None) -> None:
