@@ -178,7 +178,9 @@ class Subject(str):
     def __new__(cls, what: str, name: str = "", *, owner: str = "", path: str = "",
                 more: tuple[str, ...] = ()) -> Subject:
         self = super().__new__(cls, subject_text(what, name, owner, path, more))
-        vars(self).update(what=what, name=name, owner=owner, path=path, more=tuple(more))  # (not __setattr__)
+        parts = self.__dict__  # (not __setattr__)
+        parts["what"], parts["name"], parts["owner"], parts["path"] = what, name, owner, path
+        parts["more"] = more if type(more) is tuple else tuple(more)
         return self
 
     def __setattr__(self, key: str, value: Any) -> None:

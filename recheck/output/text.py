@@ -64,9 +64,8 @@ def subject_text(what: str, name: str = "", owner: str = "", path: str = "", mor
         form = "parameters {names}"
     if what not in ("parameter", "gradient"):  # (the only forms with ``{names}``)
         return form.format(owner=owner, name=name, path=path)
-    names = ", ".join(f"`{n}`" for n in (name, *more)) if name else path
-    if what == "parameter" and name and owner:
-        names = ", ".join(f"`{n}`" for n in (f"{owner}.{name}", *more))
+    first = f"{owner}.{name}" if what == "parameter" and owner else name
+    names = "`" + "`, `".join((first, *more)) + "`" if name else path
     return form.format(owner=owner, name=name, path=path, names=names)
 
 
