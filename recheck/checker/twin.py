@@ -68,7 +68,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from recheck.checker.compare import Context, compare_grads, compare_observed, compare_outputs
 from recheck.checker.rounding import Values, in_float64, judge, largest
-from recheck.findings import Finding, Invocation, Report, Subject, could_not
+from recheck.findings import Finding, Invocation, Report, Subject, could_not, parts_of
 from recheck.intercept.bypass import Bypass, bypassing
 from recheck.distributed.world import any_rank, collectives_made
 from recheck.runtime.bits import Tolerance, local_tensor, unwrapped
@@ -518,7 +518,7 @@ def _tensors_of(finding: Finding, a: StepRun, b: StepRun) -> tuple[torch.Tensor,
     x: Any
     y: Any
     if finding.kind == "gradient":
-        name = subject.removeprefix("grad of ")
+        name = parts_of(subject).path  # (as the runs' gradients are named: `w`, args[0])
         x, y = a.grads.get(name), b.grads.get(name)
     elif finding.kind == "output":
         x, y = dict(a.result).get(subject), dict(b.result).get(subject)
@@ -562,10 +562,14 @@ def _value_causes(findings: Sequence[Finding], watched: Sequence[Finding]) -> li
     differed, a parameter or input changed in between, a global the recompute read otherwise):
     the value differences follow from them, and a float64 rerun could not say more.  A host RNG
     (numpy, Python), a side effect or a global only the end states show does not."""
-    host = ("numpy", "Python random", "random.Random")
     return [f for f in [*findings, *watched]
             if f.kind in ("recompute", "param_version", "input_mutation") or (f.kind == "global" and f in watched)
-            or (f.kind == "rng" and not any(h in str(f.subject) for h in host))]
+            or (f.kind == "rng" and _torch_stream(parts_of(f.subject)))]
+
+
+def _torch_stream(subject: Subject) -> bool:
+    """A stream torch draws from: a device's default generator, or a ``torch.Generator``."""
+    return subject.what == "device RNG" or (subject.what == "RNG instance" and subject.owner == "generator")
 
 
 def _separate_rounding(twin: Twin, ctx: Context, findings: list[Finding], written: StepRun,

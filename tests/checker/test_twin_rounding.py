@@ -252,3 +252,20 @@ def test_sizing_a_difference_warns_nothing_into_the_users_run():
         report = recheck.check(model, torch.randn(3, 4), use_reentrant=True)  # an output that needs no grad
     assert report.by_kind("output"), str(report)
     assert not [w for w in seen if "recheck" in w.filename], [str(w.message) for w in seen]
+
+
+def test_a_torch_generator_explains_values_whatever_its_name_and_a_host_stream_does_not():
+    """Whether an RNG finding explains the twins' value differences (so no float64 rerun is made)
+    is read from its subject's parts: a torch generator named like numpy's is torch's."""
+    from recheck.checker.twin import _value_causes
+    from recheck.findings import Finding, Subject
+
+    def rng(subject: Subject) -> Finding:
+        return Finding(kind="rng", message=f"{subject} differs", subject=subject)
+
+    torch_streams = [rng(Subject("RNG instance", "self.numpy_gen", owner="generator")),
+                     rng(Subject("device RNG", owner="cpu"))]
+    host_streams = [rng(Subject("RNG instance", "self.rng", owner="random.Random")),
+                    rng(Subject("RNG instance", "self.state", owner="numpy RandomState")),
+                    rng(Subject("host RNG", "Python random")), rng(Subject("host RNG", "numpy global RNG"))]
+    assert _value_causes(torch_streams + host_streams, []) == torch_streams
