@@ -229,7 +229,21 @@ class _Flat:
         keys = self._keys
         if keys is None:
             keys = self._keys = [(what, Subject(what, name, owner=owner)) for what, owner, name in self.parts]
+        elif None in keys:  # some made by :meth:`key`
+            keys[:] = [self.key(index) for index in range(len(keys))]
         return keys
+
+    def key(self, index: int) -> Any:
+        """The key of one slot, made (and kept) without the others' (a difference between two
+        layouts asks for a few)."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = [None] * len(self.parts)
+        key = keys[index]
+        if key is None:
+            what, owner, name = self.parts[index]
+            key = keys[index] = what, Subject(what, name, owner=owner)
+        return key
 
     def places_in(self, other: _Flat) -> tuple[int, ...] | None:
         """The index in ``other`` of each of this layout's slots, by key (None: a key it lacks);
@@ -604,6 +618,9 @@ class ModuleState(Mapping[tuple[str, str], Any]):
             if type(other) is ModuleState and other.flat is self.flat:
                 return (all(map(operator.is_, self.raw, other.raw)) and self.printed == other.printed
                         and self.extra == other.extra)
+            found = self.differing(other)
+            if found is not None:
+                return found[0] == found[1]
             return bool(self.entries() == (other.entries() if type(other) is ModuleState else other))
         except Exception:  # noqa: BLE001 - a user's __eq__ or __bool__
             return False
@@ -617,11 +634,17 @@ class ModuleState(Mapping[tuple[str, str], Any]):
                 entries.setdefault(key, entry)
         return entries
 
-    def _slot_entries(self, indices: Iterable[int], printed: dict[int, Any]) -> dict[tuple[str, str], Any]:
+    def _slot_entries(self, indices: Iterable[int], printed: dict[int, Any],
+                      worded: bool = True) -> dict[tuple[str, str], Any]:
         """The entries of the slots at ``indices`` (in that order), ``printed`` being the printed
-        entries by slot index."""
+        entries by slot index; not ``worded``: the keys of these slots only are made."""
         entries: dict[tuple[str, str], Any] = {}
-        raw, keys = self.raw, self.flat.keys
+        raw, flat = self.raw, self.flat
+        if worded:
+            keys: Any = flat.keys
+        else:
+            indices = list(indices)
+            keys = dict(zip(indices, map(flat.key, indices)))
         for index in indices:
             key = keys[index]
             entry = printed.get(index, _UNPRINTED)
@@ -638,20 +661,32 @@ class ModuleState(Mapping[tuple[str, str], Any]):
     def differing(self, other: Mapping[tuple[str, str], Any]) -> tuple[dict[tuple[str, str], Any],
                                                                   dict[tuple[str, str], Any]] | None:
         """The entries of this state and ``other``'s that may differ, as two dicts in the order
-        of :meth:`entries`; None where the two are not of one layout (compare all entries then).
+        of :meth:`entries`; None where ``other`` is no state (compare all entries then).
 
         Left out are only the slots where both states hold the very same immutable object,
         whose entries are equal: a state of BatchNorm layers whose statistics changed is
         compared by its printed slots and extras, not by a dict of every flag and size of
-        every module (a recompute's state is compared so at every invocation).
+        every module (a recompute's state is compared so at every invocation).  Two states of
+        two layouts (a module found by running joined the scope) are paired slot by slot by
+        the slots' parts, so that no key is worded for a slot left out.
         """
-        if type(other) is not ModuleState or other.flat is not self.flat \
-                or any(key[0] != "global" for key in (*self.extra, *other.extra)):
+        if type(other) is not ModuleState or any(key[0] != "global" for key in (*self.extra, *other.extra)):
             return None  # (an extra buffer may stand for a slot's key: entries() decides which wins)
         mine, theirs = dict(self.printed), dict(other.printed)
-        moved = itertools.compress(itertools.count(), map(operator.is_not, self.raw, other.raw))
-        indices = sorted({*moved, *mine, *theirs})
-        before, after = self._slot_entries(indices, mine), other._slot_entries(indices, theirs)
+        if other.flat is self.flat:
+            moved = itertools.compress(itertools.count(), map(operator.is_not, self.raw, other.raw))
+            indices = sorted({*moved, *mine, *theirs})
+            before, after = self._slot_entries(indices, mine), other._slot_entries(indices, theirs)
+        else:  # each of other's slots paired with this one's of the same parts (or with none, past the end)
+            size = len(self.raw)
+            places = list(map(dict(zip(self.flat.parts, range(size))).get, other.flat.parts, itertools.repeat(size)))
+            alike = list(itertools.compress(itertools.count(), map(
+                operator.is_, map([*self.raw, _UNPRINTED].__getitem__, places), other.raw)))
+            # (a printed slot holds None, as an empty buffer's does: one left in gives no entry)
+            left, right = set(map(places.__getitem__, alike)).difference(mine), set(alike).difference(theirs)
+            before = self._slot_entries(itertools.filterfalse(left.__contains__, range(size)), mine, worded=False)
+            after = other._slot_entries(itertools.filterfalse(right.__contains__, range(len(other.raw))), theirs,
+                                        worded=False)
         before.update(self.extra)
         after.update(other.extra)
         return before, after
