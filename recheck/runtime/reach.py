@@ -37,6 +37,8 @@ __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals"
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
 
+#: exact types of values that hold no module, generator, tensor, function or state of their own
+_SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
 #: exact types of module attributes that cannot be a ``torch.Generator``
 _NOT_GENERATORS = frozenset({dict, collections.OrderedDict, bool, int, float, str, tuple, list, set, type(None),
                               types.FunctionType, torch.dtype, torch.device, torch.Tensor, torch.nn.Parameter})
@@ -345,6 +347,8 @@ class Reach:
 
     def add_value(self, name: str, value: Any, depth: int = 2) -> None:
         """Take modules, generators and functions out of a value (closure cell, argument)."""
+        if type(value) in _SCALARS or type(value) is type:  # (most of a layer's cells and globals)
+            return
         if isinstance(value, torch.nn.Module):
             if id(value) not in self.modules:
                 self.add_module(name, value)
@@ -390,6 +394,8 @@ class Reach:
 
 def _host_stream(value: Any) -> str | None:
     """``"Python random"`` or ``"numpy global RNG"`` when ``value`` draws from that global stream."""
+    if type(value) in _SCALARS:
+        return None
     name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
     if not isinstance(name, str):
         owner = getattr(value, "__self__", None)  # random.random is a method of random._inst
