@@ -63,8 +63,10 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
     return found
 
 
-def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[str, torch.nn.Module]]:
-    """The given modules and all their submodules, each once, with its reach name.
+def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module],
+                    walks: Subtrees | None = None) -> list[tuple[str, torch.nn.Module]]:
+    """The given modules and all their submodules, each once, with its reach name (``walks``:
+    the subtrees walked earlier in the forward, taken again where they still hold).
 
     Module state is compared for the modules a forward ran and those its callable names
     directly (issue 4: "the buffers and attributes of the modules it runs"), not for every
@@ -74,7 +76,7 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     a parent updates without calling the child's forward
     (``F.batch_norm(x, self.bn.running_mean, ...)``) is still compared.
     """
-    subs = _preorder(list(ran), {})  # each module once
+    subs = _preorder(list(ran), {}, known=walks)  # each module once
     ids, named = list(map(id, subs)), reach.modules
     if not all(map(named.__contains__, ids)):  # one ran without being reachable statically
         for sub in subs:
@@ -82,19 +84,37 @@ def with_submodules(reach: Reach, ran: Iterable[torch.nn.Module]) -> list[tuple[
     return list(map(named.__getitem__, ids))
 
 
-def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None],
-              subtrees: dict[int, list[torch.nn.Module]] | None = None) -> list[torch.nn.Module]:
+#: per root's id, its subtree as walked and the children each of its modules had then
+Subtrees = dict[int, tuple[list[torch.nn.Module], list[tuple[Any, ...]]]]
+_MODULES = operator.attrgetter("_modules")
+_VALUES = operator.methodcaller("values")
+
+
+def _children(modules: list[torch.nn.Module]) -> list[tuple[Any, ...]]:
+    """The children of each module (C-level passes): a subtree whose modules have the same
+    children has the same modules in the same order."""
+    return list(map(tuple, map(_VALUES, map(_MODULES, modules))))
+
+
+def _preorder(roots: Iterable[torch.nn.Module], walked: dict[int, None], subtrees: Subtrees | None = None,
+              known: Subtrees | None = None) -> list[torch.nn.Module]:
     """The modules of each root's ``modules()``, root after root, each once, in the same order,
     leaving out those in ``walked`` with their subtrees (and adding the rest to it).  Walked
     with a list for a stack: ``Module.modules()`` resumes a generator at every level for every
-    module.  ``subtrees`` is told each root's subtree as found, by the root's id."""
+    module.  ``subtrees`` is told each root's subtree as walked, by the root's id; one of
+    ``known`` is taken again while each of its modules has the same children (the scope of a
+    forward's end is the subtrees of the modules told as they ran)."""
     found: list[torch.nn.Module] = []
     for root in roots:
         if id(root) in walked:
             continue
-        modules = subtree(root)
-        if subtrees is not None:
-            subtrees[id(root)] = modules
+        kept = known.get(id(root)) if known is not None else None
+        if kept is not None and _children(kept[0]) == kept[1]:
+            modules = kept[0]
+        else:
+            modules = subtree(root)
+            if subtrees is not None:
+                subtrees[id(root)] = (modules, _children(modules))
         if walked.keys().isdisjoint(map(id, modules)):
             walked.update(dict.fromkeys(map(id, modules)))
             found += modules
@@ -130,8 +150,7 @@ BufferVersions = dict[tuple[int, str], tuple[torch.nn.Module, int, int, Any]]
 
 
 def buffer_versions(modules: Iterable[torch.nn.Module], into: BufferVersions,
-                    walked: dict[int, None] | None = None,
-                    subtrees: dict[int, list[torch.nn.Module]] | None = None) -> None:
+                    walked: dict[int, None] | None = None, subtrees: Subtrees | None = None) -> None:
     """Add the buffers of ``modules`` and their submodules to ``into`` (those not in it yet).
 
     The bytes are kept (as a digest), not only the version counter: BatchNorm's kernel

@@ -122,7 +122,7 @@ class Forward:
         #: submodules, whose state the scope compares already (``intercept.module_calls.pass_over``)
         self.told: dict[int, None] = {}
         #: the subtrees walked for ``buffers_seen`` in this forward, by their root's id
-        self.subtrees: dict[int, list[torch.nn.Module]] = {}
+        self.subtrees: capture.Subtrees = {}
         #: the buffers of those modules' subtrees when first seen (to tell what the forward wrote)
         self.buffers_seen: capture.BufferVersions = {}
         #: the modules whose subtrees' buffers are in ``buffers_seen`` (ids, as keys)
@@ -179,7 +179,7 @@ class Forward:
         reach = self.reach
         # tuples and dicts of strings: what an invocation keeps adds few objects for the
         # garbage collector to walk (an empty tuple is none; a record lives as long as the block)
-        self.state_modules = tuple(capture.with_submodules(reach, self.ran.values()))
+        self.state_modules = tuple(capture.with_submodules(reach, self.ran.values(), self.subtrees))
         # the same scope as the region's last invocation (the usual case): its very tuples, so
         # that what the layouts keep for them is found by identity, and its set of their ids
         last = reach.kept.get("scope")
@@ -642,7 +642,7 @@ class InvocationRecord:
                 capture.buffer_versions((module,), forward.buffers_seen, forward.walked, forward.subtrees)
             if module._modules:  # its subtree as walked in this forward, or found now
                 below = forward.subtrees.get(key)
-                forward.told.update(dict.fromkeys(map(id, capture.subtree(module) if below is None else below)))
+                forward.told.update(dict.fromkeys(map(id, capture.subtree(module) if below is None else below[0])))
             else:  # a leaf (most modules): its subtree is itself
                 forward.told[key] = None
 

@@ -357,3 +357,27 @@ def test_a_block_per_step_tells_what_changed_between_forward_and_recompute_in_ea
     found = [f for f in report.findings if f.kind == "param_version"]
     assert [f.subject for f in found] == ["parameter `functions[2].bias`"], str(report)
     assert step(lambda: blocks[3].bias.add_(1)).ok
+
+
+class Growing(nn.Module):
+    """Adds a submodule in its first forward, and reads it without calling it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if "gate" not in self._modules:
+            self.gate = nn.Dropout(0.0)
+        return self.fc(x) * (1 - self.gate.p)
+
+
+def test_a_submodule_added_by_the_forward_is_compared_with_its_parent():
+    block = Growing()
+    with recheck.watch(raise_on_finding=False) as watcher:
+        y = checkpoint(block, torch.randn(2, 8), use_reentrant=False)
+        block.gate.p = 0.5  # by the training loop, between forward and recompute
+        y.sum().backward()
+    found = [f for f in watcher.report if f.kind == "state"]
+    assert len(found) == 1 and found[0].subject.endswith(".p`"), str(watcher.report)  # (named as found: Dropout#1)
+    assert "changed between forward and recompute: 0.0 -> 0.5" in found[0].message
