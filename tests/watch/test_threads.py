@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import traceback
 import warnings
 
 import pytest
@@ -41,11 +42,16 @@ def _threaded_block(steps: int, region=None, threads: int = 2) -> recheck.Watch:
             errors.append(exc)
 
     with recheck.watch(raise_on_finding=False) as w:
-        running = [threading.Thread(target=work, name=f"worker{i}") for i in range(threads)]
+        # daemon threads and a bounded join: a block that stops making progress fails with every
+        # thread's stack, and a stuck thread cannot keep the test process from ending
+        running = [threading.Thread(target=work, name=f"worker{i}", daemon=True) for i in range(threads)]
         for thread in running:
             thread.start()
         for thread in running:
-            thread.join()
+            thread.join(timeout=300)
+        stuck = [thread.name for thread in running if thread.is_alive()]
+        assert not stuck, f"{stuck} still running after 300 s:\n" + "\n".join(
+            "".join(traceback.format_stack(frame)) for frame in sys._current_frames().values())
     assert not errors, errors
     return w
 
