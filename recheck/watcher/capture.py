@@ -133,9 +133,8 @@ def _walk(roots: Iterable[torch.nn.Module], walked: dict[int, None]) -> list[tor
             continue
         walked[id(module)] = None
         found.append(module)
-        children = [child for child in module._modules.values() if child is not None]
-        children.reverse()
-        stack.extend(children)
+        if module._modules:  # (most modules are leaves)
+            stack.extend(reversed([child for child in module._modules.values() if child is not None]))
     return found
 
 
