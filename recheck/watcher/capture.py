@@ -26,7 +26,7 @@ from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_finge
 from recheck.runtime.digests import Store, print_buffer
 
 __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "buffer_versions", "changed_buffers",
-           "direct_modules", "entry_state", "global_text", "module_state", "parameter_versions",
+           "direct_modules", "entry_state", "global_change", "module_state", "parameter_versions",
            "shown_change", "subtree", "with_submodules"]
 
 
@@ -509,7 +509,7 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
     Keyed ``("rng", stream)`` and ``("global", subject)``; RNG states are
     compared in the one exact encoding of :func:`recheck.runtime.rng.rng_fingerprint` (every
     invocation reads them four times).  ``rng_only`` skips globals, and ``with_text=False`` skips the
-    texts (a recompute only needs the text of what differs: :func:`global_text`).
+    texts (a recompute only needs the text of what differs: :func:`global_change`).
     """
     shown: dict[tuple[str, str], str] = {}
     generators, host = reach.generators, reach.host_rng
@@ -533,15 +533,19 @@ def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,
 _CPU_RNG_KEY = ("rng", CPU_STREAM)
 
 
-def global_text(reach: Reach, key: tuple[str, str]) -> str:
-    """The text :func:`entry_state` gives for the global ``key``, read now ("?" for other keys:
-    a parameter's version is shown from the values themselves)."""
+def global_change(reach: Reach, key: tuple[str, str], then: Any, then_text: str) -> tuple[str, str]:
+    """How a ``global`` finding shows the global ``key`` at forward (its print ``then`` and text
+    ``then_text``) and now: an object changed in place shows the attributes that changed, as a
+    ``state`` finding does (its text now is its text then)."""
     kind, subject = key
-    if kind == "global":
-        for ref in list(reach.reads.values()):
-            if subject == ref.subject:
-                return show(ref.namespace.get(ref.name, MISSING))
-    return "?"
+    for ref in list(reach.reads.values()) if kind == "global" else ():
+        if subject == ref.subject:
+            value = ref.namespace.get(ref.name, MISSING)
+            now = shallow(value)
+            if then_text == show_printed(value, now) and _changed_fields((then, value), (now, value)):
+                return shown_change((then, value), (now, value))
+            return then_text, show(value)
+    return then_text, "?"
 
 
 #: what :func:`module_state` keeps of a bool attribute: its shallow print and the value

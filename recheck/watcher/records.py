@@ -844,8 +844,8 @@ class InvocationRecord:
         for key, value in entry.items():
             kind, subject = key
             if kind == "global" and forward.entry.get(key, value) != value and forward.reads(self.function, key):
-                now = capture.global_text(forward.reach, key)
-                self._add("global", f"{subject} was {forward.shown[key]} at forward and {now} at recompute",
+                then, now = capture.global_change(forward.reach, key, forward.entry[key], forward.shown[key])
+                self._add("global", f"{subject} was {then} at forward and {now} at recompute",
                           subject=subject)
         # (name, version at forward, version now) of the parameters modified in place since
         # the parameters of the forward's scope (the modules that ran, their submodules, the

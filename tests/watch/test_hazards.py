@@ -557,3 +557,37 @@ def test_a_recompute_that_saves_fewer_tensors_than_its_forward_is_a_finding():
     found = [f for f in watcher.report if f.kind == "recompute"]
     assert [f.subject for f in found] == ["saved tensors"]
     assert "fewer than the 2 tensors its forward saved" in found[0].message
+
+
+class _Registry:
+    """A table of functions kept in a global, in the style of transformers' ``ALL_ATTENTION_FUNCTIONS``."""
+
+    def __init__(self) -> None:
+        self.local = {}
+
+    def get(self, name):
+        return self.local.get(name, torch.tanh)
+
+
+REGISTRY = _Registry()
+
+
+def registered(x):
+    return REGISTRY.get("act")(x) * 2
+
+
+def test_a_global_object_changed_inside_names_the_attribute_that_changed():
+    x = inputs()
+    with recheck.watch(raise_on_finding=False) as w:
+        y = checkpoint(registered, x, use_reentrant=False)
+        REGISTRY.local["act"] = torch.sigmoid
+        try:
+            y.sum().backward()
+        finally:
+            REGISTRY.local.clear()
+    (finding,) = w.report.by_kind("global")
+    assert finding.subject == f"global `{__name__}.REGISTRY`"
+    # the object is the same one, so its repr is too: the message shows what changed inside it
+    assert finding.message.startswith(f"global `{__name__}.REGISTRY` was _Registry with .local = <another value> "
+                                      "at forward and .local = {'act': <built-in method s"), str(w.report)
+
