@@ -157,11 +157,15 @@ _NARROWING: Mapping[str, Callable[[str, Subject, Mapping[str, object]], bool]] =
     # torch's checkpoint restores and this one did not; absent means torch's
     "RC003": lambda kind, subject, context: (context.get("implementation", "torch") != "torch"
                                              and (kind == "context" or _default_stream(subject))),
-    "RC106": lambda kind, subject, context: subject.what == "buffer" and subject.name in _BATCHNORM_BUFFERS,
-    # torch's default dtype is a global every factory call reads; no checkpoint restores it
-    "RC101": lambda kind, subject, context: kind == "global" or (subject.what == "context"
-                                                                 and subject.name == "default dtype"),
-    "RC104": lambda kind, subject, context: subject.what not in TRAINING_STATE,
+    "RC106": lambda kind, subject, context: (subject.what == "buffer" and subject.name in _BATCHNORM_BUFFERS
+                                             and not context.get("between")),
+    # torch's default dtype is a global every factory call reads; no checkpoint restores it; state
+    # changed between the forward and its recompute, by the program outside the region, is state
+    # the recompute reads anew (a write by the region itself is RC104's)
+    "RC101": lambda kind, subject, context: (kind == "global" or (subject.what == "context"
+                                                                  and subject.name == "default dtype")
+                                             or bool(context.get("between"))),
+    "RC104": lambda kind, subject, context: subject.what not in TRAINING_STATE and not context.get("between"),
 }
 
 @dataclass(frozen=True)
@@ -183,8 +187,10 @@ class Entry:
         """Whether a finding of ``kind`` about ``subject`` is explained by this rule.
 
         ``context`` carries what the face knows of the checkpoint call:
-        ``preserve_rng_state`` (bool, absent when unknown) and ``implementation``
-        (``"torch"`` for torch's own checkpoint, another name for a hand-written one).
+        ``preserve_rng_state`` (bool, absent when unknown), ``implementation``
+        (``"torch"`` for torch's own checkpoint, another name for a hand-written one) and
+        ``between`` (True where state changed between the forward and its recompute, outside
+        the region, rather than by the recompute).
         """
         narrow = _NARROWING.get(self.code)
         return narrow is None or narrow(kind, subject, context)
@@ -199,7 +205,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("RC102", "the region moves tensors to a device whose RNG checkpoint does not preserve"),
     Entry("RC105", "the region draws from an RNG that checkpoint does not restore"),
     Entry("RC106", "BatchNorm in training mode updates its running statistics again on recompute"),
-    Entry("RC101", "the region reads a global that changes between forward and recompute"),
+    Entry("RC101", "the region reads a global or module attribute that changes between forward and recompute"),
     Entry("RC103", "the region logs, prints or warns; it runs again on recompute"),
     Entry("RC104", "the region mutates state outside itself; the recompute mutates it again"),
     Entry("RC107", "the region mutates one of its inputs in place"),

@@ -66,6 +66,9 @@ _STRIDED = torch.strided
 
 #: the subject of a finding about the tensors a recompute saved for backward
 _SAVED = Subject("saved tensors")
+#: how state changed by the program between a forward and its recompute is worded (the state
+#: the recompute reads anew, RC101's; state the recompute itself writes again is RC104's)
+CHANGED_BETWEEN = "changed between forward and recompute"
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
 #: what a forward's containers become once it returned (:meth:`Forward.settle`) where nothing
@@ -876,7 +879,7 @@ class InvocationRecord:
         # state the region cannot read, or that is back as its forward found it (a ``context_fn``
         # that puts it back for the recompute), is not what it computes from
         started = forward.state_entry
-        self._compare_state(forward.state_exit, state_entry, "changed between forward and recompute",
+        self._compare_state(forward.state_exit, state_entry, CHANGED_BETWEEN,
                             leave_out=_is_global,
                             matters=lambda key, then, now: forward.reads(self.function, key, then, now)
                             and not (key in started and now is not None and same(started[key], now, self.tolerance)))
@@ -1025,26 +1028,29 @@ class InvocationRecord:
                        leave_out: Callable[[tuple[str, str]], bool] | None = None,
                        matters: Callable[[tuple[str, str], Any, Any], bool] | None = None) -> None:
         """A finding for each :func:`state_changes` gives; those of ``latent_keys`` are latent."""
+        between = how == CHANGED_BETWEEN
         for key, kind, message, detail in state_changes(before, after, how, self.tolerance, self.store, leave_out,
                                                         matters):
-            self._add(kind, message, subject=key[1], detail=detail, latent=key in latent_keys)
+            self._add(kind, message, subject=key[1], detail=detail, latent=key in latent_keys, between=between)
 
-    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False) -> _Draft:
+    def _finding(self, kind: str, message: str, subject: str, detail: str = "", latent: bool = False,
+                 between: bool = False) -> _Draft:
         latent = latent and self.replay_fully and self.early_stop is True
-        context: dict[str, Any] = {"implementation": self.implementation}
+        context: dict[str, Any] = {"implementation": self.implementation, "between": between}
         if self.preserve_rng_state is not None:
             context["preserve_rng_state"] = self.preserve_rng_state
         code = explain(kind, subject, **context)
         return _Draft(kind, sys.intern(message), code, subject, detail, sys.intern(hint(code)) if code else None,
                       latent)
 
-    def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False) -> None:
+    def _add(self, kind: str, message: str, *, subject: str, detail: str = "", latent: bool = False,
+             between: bool = False) -> None:
         for said in self.findings:  # a loop, not any() over a generator: a record of BatchNorm layers says many
             if said.message == message and said.subject == subject:
                 return
         if not self.findings:
             self.findings = []
-        self.findings.append(self._finding(kind, message, subject, detail, latent))
+        self.findings.append(self._finding(kind, message, subject, detail, latent, between))
 
     def _saved_finding(self) -> list[_Draft]:
         """One ``recompute`` finding for the saved tensors whose recomputed print differs."""

@@ -591,3 +591,23 @@ def test_a_global_object_changed_inside_names_the_attribute_that_changed():
     assert finding.message.startswith(f"global `{__name__}.REGISTRY` was _Registry with .local = <another value> "
                                       "at forward and .local = {'act': <built-in method s"), str(w.report)
 
+
+class _Tabled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.table = nn.Linear(8, 8), _Registry()
+
+    def forward(self, x):
+        return self.table.get("act")(self.fc(x))
+
+
+def test_module_state_changed_between_forward_and_recompute_is_put_down_to_the_read_not_a_write():
+    block = _Tabled()
+    with recheck.watch(raise_on_finding=False) as w:
+        y = checkpoint(block, inputs(), use_reentrant=False)
+        block.table.local["act"] = torch.sigmoid  # by the training loop, outside the region
+        y.sum().backward()
+    (finding,) = w.report.by_kind("state")
+    assert "changed between forward and recompute" in finding.message
+    # the region reads state that changed under it (RC101), it does not write it (RC104)
+    assert finding.code == "RC101" and "RC104" not in (finding.hint or ""), str(w.report)
