@@ -26,6 +26,7 @@ differs, in that order.
 
 from __future__ import annotations
 
+import operator
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -249,6 +250,11 @@ _len_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
 _NO_MODES: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
+_MODULE = operator.itemgetter(1)
+_FORWARD_HOOKS = operator.attrgetter("_forward_hooks")
+_FORWARD_PRE_HOOKS = operator.attrgetter("_forward_pre_hooks")
+
+
 def _hooks(modules: Iterable[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``(where, hook names)`` for each hook dictionary with hooks: global, then each module's."""
     found = []
@@ -256,6 +262,10 @@ def _hooks(modules: Iterable[tuple[str, torch.nn.Module]]) -> tuple[tuple[str, t
         for where, hooks in (("global forward hooks", _global_hooks), ("global forward-pre hooks", _global_pre_hooks)):
             if hooks:
                 found.append((where, tuple(map(_hook_name, hooks.values()))))
+    modules = tuple(modules)
+    held = list(map(_MODULE, modules))
+    if not any(map(_FORWARD_HOOKS, held)) and not any(map(_FORWARD_PRE_HOOKS, held)):  # (C-level: most have none)
+        return tuple(found)
     for name, module in modules:
         if module._forward_hooks:
             found.append((f"forward hooks of `{name or type(module).__name__}`",
