@@ -134,7 +134,12 @@ def test_ctrl_c_during_a_pooled_lint_prints_one_line_and_exits_130(tmp_path, reg
     while not (marker.exists() and len(marker.read_text()) >= 2) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    out, err = process.communicate(timeout=60)
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:  # no lint left running (its workers sleep a minute a file) when the test fails
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
     assert process.returncode == 130 and err == "recheck: interrupted\n", err
 
 
