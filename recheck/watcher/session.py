@@ -107,7 +107,11 @@ class Watch:
         self.place = current_place()
         self._showing = showing()
         self._showing.__enter__()
-        DISPATCHER.enter(self)
+        try:
+            DISPATCHER.enter(self)
+        except BaseException:  # a block that does not start keeps nothing open either
+            self._showing.__exit__(None, None, None)
+            raise
         self._active = True
         return self
 

@@ -269,3 +269,31 @@ def test_a_log_record_made_in_a_watched_block_names_the_user_s_line(call):
     assert record.funcName == "test_a_log_record_made_in_a_watched_block_names_the_user_s_line"
     if call != "explicit_stacklevel":
         assert record.lineno in range(line, line + 7)
+
+
+class _Retold:
+    """An object whose text changes while its fingerprint (here, a constant) does not."""
+
+    text = "first"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def test_a_watch_block_that_cannot_start_leaves_no_text_kept(monkeypatch):
+    from recheck.runtime.fingerprints import show_printed
+    from recheck.watcher.dispatch import DISPATCHER
+
+    def fails(session):
+        raise RuntimeError("cannot start")
+
+    monkeypatch.setattr(DISPATCHER, "enter", fails)
+    with pytest.raises(RuntimeError, match="cannot start") as caught:  # (its traceback holds the block)
+        with recheck.watch():
+            pass
+    monkeypatch.undo()
+    # outside any block a text is made afresh each time: nothing of the failed block keeps it
+    value = _Retold()
+    assert show_printed(value, 0) == "first"
+    value.text = "second"
+    assert show_printed(value, 0) == "second", caught
