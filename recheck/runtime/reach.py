@@ -32,7 +32,7 @@ from recheck.runtime.fingerprints import MODULE_INTERNALS
 from recheck.runtime.rng import instance_kind
 
 __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "is_library",
-           "reach_of", "static_reach"]
+           "keep_reach", "reach_of", "static_reach"]
 
 _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
                      "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
@@ -417,11 +417,20 @@ def _is_plain_object(value: Any) -> bool:
 def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict, walked: Reach | None = None) -> Reach:
     """Everything found from the callable and its arguments before anything runs (``walked``: what
     the callable alone reaches, found already: a copy of it is extended, the callable not walked again)."""
-    reach = Reach() if walked is None else walked.copy()
-    root: Any = fn
-    if walked is not None:
-        pass
-    elif isinstance(root, torch.nn.Module):
+    reach = _root_reach(fn) if walked is None else walked.copy()
+    for index, arg in enumerate(args):
+        reach.add_value(f"args[{index}]", arg)
+    for key, arg in kwargs.items():
+        reach.add_value(f"kwargs[{key!r}]", arg)
+    for name in [n for n in reach.tensors if n.startswith(("args[", "kwargs["))]:
+        del reach.tensors[name]  # inputs are the checker's own business
+    return reach
+
+
+def _root_reach(root: Any) -> Reach:
+    """What the checkpointed callable alone reaches."""
+    reach = Reach()
+    if isinstance(root, torch.nn.Module):
         reach.add_module("", root)
     elif isinstance(root, types.MethodType) and isinstance(root.__self__, torch.nn.Module):
         reach.add_module("", root.__self__)
@@ -439,12 +448,6 @@ def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict, walked: Reac
             for attr, value in vars(root).items() if hasattr(root, "__dict__") else ():
                 reach.add_value(attr, value)
         reach.add_value("fn", root)
-    for index, arg in enumerate(args):
-        reach.add_value(f"args[{index}]", arg)
-    for key, arg in kwargs.items():
-        reach.add_value(f"kwargs[{key!r}]", arg)
-    for name in [n for n in reach.tensors if n.startswith(("args[", "kwargs["))]:
-        del reach.tensors[name]  # inputs are the checker's own business
     return reach
 
 
@@ -493,6 +496,14 @@ def reach_of(function: Any, cache: dict[Any, tuple[Reach, tuple]]) -> Reach:
         reach = walked[0].copy()
     cache[key] = (reach, holders)
     return reach
+
+
+def keep_reach(function: Any, reach: Reach, cache: dict[Any, tuple[Reach, tuple]]) -> None:
+    """Give ``cache`` (:func:`reach_of`'s) ``reach`` as ``function``'s, walked already by the
+    caller (``check()`` walks its region for its snapshot), unless it holds one."""
+    key, holders = _cache_key(function)
+    if key is not None:
+        cache.setdefault(key, (reach, holders))
 
 
 def cell_values(function: Any) -> list[Any]:

@@ -31,7 +31,7 @@ from recheck.intercept import module_calls, patches, pipelining
 from recheck.intercept.hooks import CheckpointCall, Interceptor, Phase, Run
 from recheck.runtime.effects import EffectCapture, hold_logging, release_logging
 from recheck.runtime.naming import hold_cwd, release_cwd
-from recheck.runtime.reach import Reach, _cache_key, reach_of
+from recheck.runtime.reach import Reach, keep_reach, reach_of
 from recheck.watcher.options import WatchOptions
 from recheck.watcher.records import InvocationRecord
 
@@ -368,9 +368,7 @@ class Dispatcher(Interceptor):
     def known_reach(self, function: Any, reach: Reach) -> None:
         """``function``'s static reach, walked already (``check()`` walks its region for its
         snapshot): the block takes it as its own instead of walking the region again."""
-        key, holders = _cache_key(function)
-        if key is not None:
-            self._reach_cache.setdefault(key, (reach, holders))
+        keep_reach(function, reach, self._reach_cache)
 
     def _begin_forward(self, record: InvocationRecord, function: Any, args: tuple | None,
                        kwargs: dict | None) -> None:
