@@ -68,3 +68,35 @@ def test_weight_update_between_microbatches_is_reported():
     assert versions, str(w.report)
     assert {f.invocation.tags["microbatch"] for f in versions} == {1}
     assert "recompute" in w.report.kinds
+
+
+def test_an_attention_function_swapped_before_backward_is_named_as_the_cause():
+    # transformers' layers look their attention function up in a process-wide registry
+    # (ALL_ATTENTION_FUNCTIONS, since 4.48) from a forward wrapped by a decorator shared with
+    # other methods; a function registered between forward and backward is what the recompute runs
+    registry = getattr(transformers.modeling_utils, "ALL_ATTENTION_FUNCTIONS", None)
+    if registry is None:
+        pytest.skip(f"transformers {transformers.__version__} has no attention registry")
+    model = tiny("llama")
+    model.config._attn_implementation = "sdpa"
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    sdpa = registry["sdpa"]
+
+    def louder(*args, **kwargs):
+        output, weights = sdpa(*args, **kwargs)
+        return output * 1.5, weights
+
+    ids = batch()
+    with recheck.watch(raise_on_finding=False) as w:
+        loss = model(input_ids=ids, labels=ids).loss
+        registry["sdpa"] = louder
+        try:
+            loss.backward()
+        finally:
+            del registry["sdpa"]  # the registry's own entry shows again
+    assert registry["sdpa"] is sdpa
+    causes = w.report.by_kind("global")
+    assert causes and all(f.subject.endswith(".ALL_ATTENTION_FUNCTIONS`") for f in causes), str(w.report)
+    assert "RC101" in causes[0].hint
+    assert w.report.by_kind("recompute"), str(w.report)
