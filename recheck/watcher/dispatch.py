@@ -80,21 +80,30 @@ class Dispatcher(Interceptor):
     # -- sessions ------------------------------------------------------------------------
 
     def enter(self, session: SessionLike) -> None:
-        with self._lock:
+        """Start ``session``'s block: the patches, and for the first block the holds on the
+        runtime.  Whatever was taken is given back when a later step raises (nothing stays patched)."""
+        with self._lock, contextlib.ExitStack() as undo:
             names = session.options.checkpoint_functions
             installation = patches.acquire(self, extra_functions=names)
+            undo.callback(patches.release)
             for name in names:
                 how = installation.declared.get(name, "")
                 if how not in ("code", "rebound"):
                     session.add_note(f"checkpoint-functions: {how}; its calls are not intercepted")
             pipelining.acquire()
+            undo.callback(pipelining.release)
             if not self.sessions:
                 hold_logging()  # for the block, not for each recompute's capture
+                undo.callback(release_logging)
                 hold_cwd()  # call sites are named relative to the working directory at the start
-                self._let_go_of_calls = module_calls.hold()  # in place for the block, not for each forward
+                undo.callback(release_cwd)
+                let_go = module_calls.hold()  # in place for the block, not for each forward
+                undo.callback(let_go)
                 self._launched = launched_place()
+                self._let_go_of_calls = let_go
             self.sessions.append(session)
             self._options = None
+            undo.pop_all()
 
     def exit(self, session: SessionLike) -> None:
         with self._lock:

@@ -484,3 +484,35 @@ def test_a_nested_regions_forward_hears_the_modules_its_outer_region_knows():
     # the nested call's record compared the BatchNorm its own forward ran, as the outer one did
     assert any("run" in region for region in by_region), str(w.report)
     assert any("outer" in region for region in by_region), str(w.report)
+
+
+@pytest.mark.parametrize("failing", ["pipelining.acquire", "hold_cwd", "launched_place"])
+def test_a_block_whose_start_fails_part_way_undoes_what_it_had_done(monkeypatch, failing):
+    import logging
+
+    from recheck.intercept import patches
+    from recheck.watcher import dispatch
+
+    checkpoint_before = torch.utils.checkpoint.checkpoint
+    code_before = checkpoint_before.__code__  # (patched in place where it is imported by name)
+    logger_before = dict(logging.Logger.__dict__)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cannot start")
+
+    owner, _, name = failing.rpartition(".")
+    monkeypatch.setattr(getattr(dispatch, owner) if owner else dispatch, name, fails)
+    with pytest.raises(RuntimeError, match="cannot start"):
+        with recheck.watch():
+            pass
+    monkeypatch.undo()
+    # every original object is back: checkpoint, the module call, logging
+    assert torch.utils.checkpoint.checkpoint is checkpoint_before and checkpoint_before.__code__ is code_before
+    assert patches.installed() is None
+    assert nn.Module.__dict__["_call_impl"] is _CALL_IMPL
+    assert dict(logging.Logger.__dict__) == logger_before
+    # and the next block starts and ends as ever
+    with recheck.watch() as w:
+        checkpoint(nn.Linear(4, 4), torch.randn(2, 4, requires_grad=True), use_reentrant=False).sum().backward()
+    assert w.report.ok and w.report.stats["verified"] == 1
+    assert torch.utils.checkpoint.checkpoint is checkpoint_before
