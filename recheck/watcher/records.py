@@ -66,9 +66,6 @@ _STRIDED = torch.strided
 
 #: the subject of a finding about the tensors a recompute saved for backward
 _SAVED = Subject("saved tensors")
-#: how state changed by the program between a forward and its recompute is worded (the state
-#: the recompute reads anew, RC101's; state the recompute itself writes again is RC104's)
-CHANGED_BETWEEN = "changed between forward and recompute"
 #: the empty set of streams a forward consumed (one object, shared by every record)
 _NONE: frozenset[tuple[str, str]] = frozenset()
 #: what a forward's containers become once it returned (:meth:`Forward.settle`) where nothing
@@ -879,8 +876,9 @@ class InvocationRecord:
         # state the region cannot read, or that is back as its forward found it (a ``context_fn``
         # that puts it back for the recompute), is not what it computes from
         started = forward.state_entry
-        self._compare_state(forward.state_exit, state_entry, CHANGED_BETWEEN,
-                            leave_out=_is_global,
+        # (state the recompute reads anew, RC101's; what it writes again below is RC104's)
+        self._compare_state(forward.state_exit, state_entry, "changed between forward and recompute",
+                            between=True, leave_out=_is_global,
                             matters=lambda key, then, now: forward.reads(self.function, key, then, now)
                             and not (key in started and now is not None and same(started[key], now, self.tolerance)))
         return entry, state_entry
@@ -1026,9 +1024,10 @@ class InvocationRecord:
     def _compare_state(self, before: Mapping[tuple[str, str], Any], after: Mapping[tuple[str, str], Any], how: str,
                        latent_keys: frozenset[tuple[str, str]] = frozenset(),
                        leave_out: Callable[[tuple[str, str]], bool] | None = None,
-                       matters: Callable[[tuple[str, str], Any, Any], bool] | None = None) -> None:
-        """A finding for each :func:`state_changes` gives; those of ``latent_keys`` are latent."""
-        between = how == CHANGED_BETWEEN
+                       matters: Callable[[tuple[str, str], Any, Any], bool] | None = None,
+                       between: bool = False) -> None:
+        """A finding for each :func:`state_changes` gives; those of ``latent_keys`` are latent
+        (``between``: the program changed the state between the forward and its recompute)."""
         for key, kind, message, detail in state_changes(before, after, how, self.tolerance, self.store, leave_out,
                                                         matters):
             self._add(kind, message, subject=key[1], detail=detail, latent=key in latent_keys, between=between)
