@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "compare_tensors", "digest",
+__all__ = ["Tolerance", "TensorDiff", "bit_view", "bits_equal", "bits_float", "compare_tensors", "digest",
            "format_bits", "host_memory", "local_tensor", "same", "unwrapped"]
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -526,6 +526,11 @@ def digest(t: torch.Tensor) -> int:
 def float_bits(value: float) -> int:
     """The IEEE-754 double bit pattern of a Python float (so ``-0.0 != 0.0``)."""
     return _UNPACK_Q(_PACK_D(value))[0]
+
+
+def bits_float(bits: int) -> float:
+    """The float whose bit pattern :func:`float_bits` gave (to show a value that is gone)."""
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 #: compiled once: every float of every module attribute is read at every invocation

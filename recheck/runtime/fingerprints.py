@@ -19,11 +19,11 @@ from typing import Any, Iterator
 import torch
 
 from recheck.findings import one_line
-from recheck.runtime.bits import float_bits
+from recheck.runtime.bits import bits_float, float_bits
 from recheck.runtime.digests import tensor_digest
 
 __all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "module_state_names",
-           "same_objects", "shallow", "show", "show_printed", "showing"]
+           "same_objects", "shallow", "show", "show_printed", "show_shallow", "showing"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -264,6 +264,28 @@ def shallow(value: Any, depth: int = 2) -> Any:
         pairs = list(attrs.items())[:_MAX_ITEMS]
         return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
     return ("id", id(value))
+
+
+def show_shallow(printed: Any) -> str:
+    """A :func:`shallow` print as a finding shows a value that is gone (a field's value at forward,
+    of an object changed in place since): plain values as they were, a tensor by its metadata and
+    version, an empty container as itself; anything printed by identity or by content is
+    ``<another object>``, which is all a print can tell of it."""
+    kind = type(printed)
+    if kind in AS_IS:
+        return show(printed, 40)
+    if kind is tuple and len(printed) == 2 and printed[0] in ("bool", "float"):
+        return repr(printed[1] if printed[0] == "bool" else bits_float(printed[1]))
+    if kind is tuple and len(printed) == 5 and printed[0] == "tensor":
+        _, _, version, shape, dtype = printed
+        return f"{str(dtype).removeprefix('torch.')}{list(shape)} (version {version})"
+    if kind is tuple and len(printed) == 3 and printed[1] == 0 and printed[0] in _EMPTY_SHOWN:
+        return _EMPTY_SHOWN[printed[0]]
+    return "<another object>"
+
+
+#: how an empty container of each printed kind shows
+_EMPTY_SHOWN = {"dict": "{}", "list": "[]", "tuple": "()", "set": "set()", "frozenset": "frozenset()"}
 
 
 def alike_but_identity(a: Any, b: Any) -> bool:

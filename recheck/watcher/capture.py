@@ -21,7 +21,7 @@ import torch
 from recheck.findings import Subject, one_line_pair
 from recheck.runtime.naming import buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values
-from recheck.runtime.fingerprints import AS_IS, MISSING, module_state_names, shallow, show, show_printed
+from recheck.runtime.fingerprints import AS_IS, MISSING, module_state_names, shallow, show, show_printed, show_shallow
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
@@ -477,28 +477,72 @@ def shown_change(then: Any, now: Any) -> tuple[str, str]:
     if fields:  # one object changed in place: its repr now is its repr then too
         shown = fields[:3]
         more = f" and {len(fields) - 3} more" if len(fields) > 3 else ""
-        return (f"{type(now[1]).__name__} with " + ", ".join(f".{k} = {a}" for k, a, _ in shown) + more,
-                ", ".join(f".{k} = {b}" for k, _, b in shown) + more)
+        return (f"{type(now[1]).__name__} with " + ", ".join(f".{path} = {a}" for _, path, a, _ in shown) + more,
+                ", ".join(f".{path} = {b}" for _, path, _, b in shown) + more)
     return one_line_pair(show(then[1], 1 << 62), show(now[1], 1 << 62))
 
 
-def _changed_fields(then: Any, now: Any) -> list[tuple[str, str, str]]:
-    """The fields of one object changed in place between two of its entries, as (name, then, now)
-    (empty where the entries are not one object's shallow prints): a print keeps a plain value
-    (a number, a string, None) itself, so its value then can still be shown."""
+def _changed_fields(then: Any, now: Any) -> list[tuple[str, str, str, str]]:
+    """The fields of one object changed in place between two of its entries, as (name, path to
+    the first differing element, then, now), such as ``("cache", "cache['k']", "<absent>",
+    "3")`` (empty where the entries are not one object's shallow prints): a print keeps plain
+    values (numbers, strings, None) and the items of the containers it holds, so the first
+    element that differs inside a field can still be named and its value then shown."""
     before, after = then[0], now[0]
     if then[1] is not now[1] or type(before) is not tuple or type(after) is not tuple or len(before) != 3 \
             or len(after) != 3 or before[0] != "object" or after[0] != "object":
         return []
-    old, new = dict(before[2]), dict(after[2])
-    changed = []
+    differing = _differing(dict(before[2]), dict(after[2]), now[1], ".")
+    return [(key, path, was, shown) for key, path, was, shown in differing if isinstance(key, str)]
+
+
+def _differing(old: dict, new: dict, holder: Any, how: str) -> Iterator[tuple[Any, str, str, str]]:
+    """For each key whose print differs between ``old`` and ``new`` (the items of a print of
+    ``holder``, read through ``how``: ``"."`` for attributes, ``"[]"`` for keys and indices):
+    (key, the path to the first differing element below it, its text then, its text now)."""
     for key in dict.fromkeys([*old, *new]):
         if key in old and key in new and old[key] == new[key]:
             continue
-        was = "<absent>" if key not in old else show(old[key], 40) if type(old[key]) in AS_IS else "<another value>"
-        value = getattr(now[1], key, MISSING) if isinstance(key, str) else MISSING
-        changed.append((str(key), was, "<absent>" if value is MISSING else show(value, 40)))
-    return changed
+        value = _member(holder, key, how)
+        if how == "[]" and type(key) is int and value is MISSING and isinstance(holder, dict):
+            return  # a key gone from a dict, printed as an int: maybe an object's id, not to be shown
+        step = f".{key}" if how == "." else f"[{key!r}]"
+        was, printed = old.get(key, MISSING), new.get(key, MISSING)
+        inner = _items(was, printed)
+        if inner is not None and value is not MISSING:
+            for _, below, was_below, now_below in _differing(*inner, value, "[]"):
+                yield key, step.lstrip(".") + below, was_below, now_below
+                break
+            else:
+                yield key, step.lstrip("."), "<another object>", show(value, 40)
+            continue
+        shown = "<absent>" if value is MISSING else \
+            show_shallow(printed) if type(printed) is tuple and printed[:1] == ("tensor",) else show(value, 40)
+        yield key, step.lstrip("."), "<absent>" if was is MISSING else show_shallow(was), shown
+
+
+def _items(before: Any, after: Any) -> tuple[dict, dict] | None:
+    """The items of two prints of one container kind (a dict's by key, a list's or tuple's by
+    index), to look for the first that differs; None for anything else."""
+    if type(before) is not tuple or type(after) is not tuple or len(before) != 3 or len(after) != 3 \
+            or before[0] != after[0] or before[0] not in ("dict", "list", "tuple"):
+        return None
+    if before[0] == "dict":
+        return dict(before[2]), dict(after[2])
+    return dict(enumerate(before[2])), dict(enumerate(after[2]))
+
+
+def _member(holder: Any, key: Any, how: str) -> Any:
+    """``holder``'s attribute or item ``key`` as it is now (MISSING where it has none)."""
+    try:
+        if how == ".":
+            return getattr(holder, key, MISSING) if isinstance(key, str) else MISSING
+        if isinstance(holder, dict):
+            return dict.get(holder, key, MISSING)
+        return holder[key] if isinstance(holder, (list, tuple)) and 0 <= key < len(holder) else MISSING
+    except Exception:  # noqa: BLE001 - a user's __getattr__: the value now is not shown
+        return MISSING
+
 
 
 def entry_state(reach: Reach, *, rng_only: bool = False, with_text: bool = True,

@@ -269,7 +269,7 @@ class Forward:
         aliases = getattr(type(now[1]), "attribute_map", None)
         if isinstance(aliases, dict):
             names = names | {field for alias, field in aliases.items() if alias in names}
-        return any(name in names for name, _, _ in fields)
+        return any(name in names for name, *_ in fields)
 
     def state(self, store: Store) -> capture.ModuleState:
         """The compared state now: buffers and attributes of the scope, the globals written."""

@@ -588,8 +588,44 @@ def test_a_global_object_changed_inside_names_the_attribute_that_changed():
     (finding,) = w.report.by_kind("global")
     assert finding.subject == f"global `{__name__}.REGISTRY`"
     # the object is the same one, so its repr is too: the message shows what changed inside it
-    assert finding.message.startswith(f"global `{__name__}.REGISTRY` was _Registry with .local = <another value> "
-                                      "at forward and .local = {'act': <built-in method s"), str(w.report)
+    # and names the first element that differs inside it, with its value then (a key it did not hold)
+    assert finding.message.startswith(f"global `{__name__}.REGISTRY` was _Registry with .local['act'] = <absent> "
+                                      "at forward and .local['act'] = <built-in method s"), str(w.report)
+
+
+class _Settings:
+    """A plain object a layer holds, in the style of a config: numbers, a tensor, lists and dicts."""
+
+    def __init__(self) -> None:
+        self.scale, self.steps, self.table = 0.5, [1, 2], {"mode": "fast", "sizes": (4, 8)}
+        self.offset = torch.zeros(2)
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.settings = nn.Linear(8, 8), _Settings()
+
+    def forward(self, x):
+        s = self.settings
+        return self.fc(x) * s.scale * len(s.steps) + s.offset.sum() + (s.table["mode"] == "fast")
+
+
+@pytest.mark.parametrize("change, then, now", [
+    (lambda s: s.table.__setitem__("mode", "slow"), ".table['mode'] = 'fast'", ".table['mode'] = 'slow'"),
+    (lambda s: s.steps.append(3), ".steps[2] = <absent>", ".steps[2] = 3"),
+    (lambda s: setattr(s, "scale", -0.0), ".scale = 0.5", ".scale = -0.0"),
+    (lambda s: s.offset.add_(1), ".offset = float32[2] (version 0)", ".offset = float32[2] (version 1)"),
+    (lambda s: s.table.__setitem__("sizes", (4, 16)), ".table['sizes'] = <another object>", ".table['sizes'] = (4, 16)"),
+])
+def test_an_attribute_changed_inside_shows_its_first_differing_element_then_and_now(change, then, now):
+    layer, x = _Configured(), inputs()
+    with recheck.watch(raise_on_finding=False) as w:
+        y = checkpoint(layer, x, use_reentrant=False)
+        change(layer.settings)
+        y.sum().backward()
+    (finding,) = [f for f in w.report if "settings" in f.subject]
+    assert f"_Settings with {then} -> {now}" in finding.message, str(w.report)
 
 
 class _Tabled(nn.Module):
