@@ -269,23 +269,38 @@ def shallow(value: Any, depth: int = 2) -> Any:
 def show_shallow(printed: Any) -> str:
     """A :func:`shallow` print as a finding shows a value that is gone (a field's value at forward,
     of an object changed in place since): plain values as they were, a tensor by its metadata and
-    version, an empty container as itself; anything printed by identity or by content is
-    ``<another object>``, which is all a print can tell of it."""
-    kind = type(printed)
-    if kind in AS_IS:
-        return show(printed, 40)
-    if kind is tuple and len(printed) == 2 and printed[0] in ("bool", "float"):
-        return repr(printed[1] if printed[0] == "bool" else bits_float(printed[1]))
-    if kind is tuple and len(printed) == 5 and printed[0] == "tensor":
+    version, a short container of plain values as itself; anything printed by identity, or by
+    content too large or deep to write out, is ``<another object>``, which is all a print tells."""
+    text = _plain_text(printed)
+    if text is not None:
+        return one_line(text, 40)
+    if type(printed) is tuple and len(printed) == 5 and printed[0] == "tensor":
         _, _, version, shape, dtype = printed
         return f"{str(dtype).removeprefix('torch.')}{list(shape)} (version {version})"
-    if kind is tuple and len(printed) == 3 and printed[1] == 0 and printed[0] in _EMPTY_SHOWN:
-        return _EMPTY_SHOWN[printed[0]]
+    if type(printed) is tuple and len(printed) == 3 and printed[0] in _BRACKETS and printed[1] == len(printed[2]) <= 8:
+        opening, closing = _BRACKETS[printed[0]]
+        if printed[0] == "dict":  # (keys of other types than str print as ints: maybe ids)
+            texts = [f"{k!r}: {_plain_text(v)}" if type(k) is str and _plain_text(v) is not None else None
+                     for k, v in printed[2]]
+        else:
+            texts = [_plain_text(v) for v in printed[2]]
+        if None not in texts:
+            comma = "," if len(texts) == 1 and printed[0] == "tuple" else ""
+            return one_line(opening + ", ".join(map(str, texts)) + comma + closing, 40)
     return "<another object>"
 
 
-#: how an empty container of each printed kind shows
-_EMPTY_SHOWN = {"dict": "{}", "list": "[]", "tuple": "()", "set": "set()", "frozenset": "frozenset()"}
+#: the brackets a container of each printed kind is written with
+_BRACKETS = {"dict": ("{", "}"), "list": ("[", "]"), "tuple": ("(", ")")}
+
+
+def _plain_text(printed: Any) -> str | None:
+    """The text of a print of a plain value (a number, a string, None, a bool), else None."""
+    if type(printed) in AS_IS or isinstance(printed, (int, str, bytes)):  # (an enum's member prints as itself)
+        return repr(printed)
+    if type(printed) is tuple and len(printed) == 2 and printed[0] in ("bool", "float"):
+        return repr(printed[1] if printed[0] == "bool" else bits_float(printed[1]))
+    return None
 
 
 def alike_but_identity(a: Any, b: Any) -> bool:

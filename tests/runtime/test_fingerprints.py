@@ -315,3 +315,33 @@ def test_a_printed_text_is_made_once_per_check_and_let_go_when_it_ends():
     with showing():  # the next check makes it again
         show_printed(value, printed)
     assert Printed.calls == 3 * once
+
+
+# -- show_shallow: a value that is gone, shown from its print -----------------------------------
+
+import enum  # noqa: E402
+
+import pytest  # noqa: E402
+
+from recheck.runtime.fingerprints import show_shallow  # noqa: E402
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+@pytest.mark.parametrize("value, shown", [
+    (1.5, "1.5"), (-0.0, "-0.0"), (float("nan"), "nan"), (True, "True"), (None, "None"), ("x", "'x'"),
+    (_Level.LOW, "<_Level.LOW: 1>"),
+    ((4, 8), "(4, 8)"), ((3,), "(3,)"), ([], "[]"), ({"a": 1.5, "b": None}, "{'a': 1.5, 'b': None}"),
+    (torch.ones(2, dtype=torch.bfloat16), "bfloat16[2] (version 0)"),
+    # what a print keeps only by identity or cannot write out: no guess
+    ({0: "x"}, "<another object>"),  # an int key may be an object's id in a print
+    ([1] * 9, "<another object>"), ([[1]], "<another object>"), (object(), "<another object>"),
+])
+def test_show_shallow_writes_out_what_a_print_keeps_and_no_more(value, shown):
+    assert show_shallow(shallow(value, 1)) == shown
+
+
+def test_show_shallow_keeps_the_bits_of_a_float():
+    assert show_shallow(shallow(-0.0)) != show_shallow(shallow(0.0))
