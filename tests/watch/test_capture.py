@@ -425,3 +425,57 @@ def test_the_entries_two_states_may_differ_by_are_the_entries_that_differ(first,
         if then is None or now is None or (then[0] != now[0] if type(then) is tuple else not then.same(now)):
             assert key in (mine if then is not None else theirs) and key in (theirs if now is not None else mine)
     assert not before.same(after) or full_before == full_after  # (False: compared one by one)
+
+
+class _Held:
+    """A plain object of a user's class, as a config or registry a layer holds."""
+
+
+class _Hostile:
+    """A value whose ``repr`` and attribute lookups raise: a finding must still be worded."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __getattr__(self, name: str):
+        raise RuntimeError("no attributes")
+
+
+_PLAIN = st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=5), st.none(), st.booleans())
+_VALUES = st.recursive(
+    st.one_of(_PLAIN, st.builds(lambda n: torch.zeros(n), st.integers(0, 3)), st.builds(_Hostile)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-2, 2)), inner, max_size=4)),
+    max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcd"), _VALUES, max_size=4), st.data())
+def test_an_object_changed_in_place_is_worded_by_the_fields_whose_prints_differ(fields, data):
+    """``shown_change`` on any object changed in place never raises, names only fields whose
+    shallow prints differ, and names each of them (the ones shown and the count of the rest)."""
+    from recheck.runtime.fingerprints import shallow
+    from recheck.watcher.capture import _changed_fields, shown_change
+
+    held = _Held()
+    held.__dict__.update(fields)
+    then = (shallow(held), held)
+    for name in data.draw(st.lists(st.sampled_from("abcde"), max_size=3)):
+        value = held.__dict__.get(name)
+        how = data.draw(st.sampled_from(("set", "delete", "append", "put", "bump")))
+        if how == "set":
+            held.__dict__[name] = data.draw(_VALUES)
+        elif how == "delete":
+            held.__dict__.pop(name, None)
+        elif how == "append" and isinstance(value, list):
+            value.append(data.draw(_VALUES))
+        elif how == "put" and isinstance(value, dict):
+            value[data.draw(st.text(max_size=3))] = data.draw(_VALUES)
+        elif how == "bump" and isinstance(value, torch.Tensor):
+            value.add_(1)
+    now = (shallow(held), held)
+    was_text, now_text = shown_change(then, now)
+    assert isinstance(was_text, str) and isinstance(now_text, str)
+    old, new = dict(then[0][2]), dict(now[0][2])
+    differing = [key for key in dict.fromkeys([*old, *new]) if old.get(key, "<gone>") != new.get(key, "<gone>")]
+    assert [key for key, *_ in _changed_fields(then, now)] == differing
