@@ -14,7 +14,7 @@ import itertools
 import logging
 import operator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -23,7 +23,7 @@ from recheck.runtime.bits import bits_float, float_bits
 from recheck.runtime.digests import tensor_digest
 
 __all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "module_state_names",
-           "same_objects", "shallow", "show", "show_printed", "show_shallow", "showing"]
+           "instance_dict", "items_of", "same_objects", "shallow", "show", "show_printed", "show_shallow", "showing"]
 
 _MAX_ITEMS = 4096
 _LOGGERS = (logging.Logger, logging.LoggerAdapter)
@@ -100,6 +100,38 @@ def _holds_tensors(items: Any) -> bool:
     return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
+def instance_dict(value: Any) -> dict | None:
+    """``value``'s own ``__dict__``, read without its class's attribute hooks (a config's
+    ``__getattribute__`` is a Python call at every read, a proxy's may raise), or None where it
+    has none that can be read.  Observing a value should not run its code: what that code does is
+    the program's.  Only an object with no ``__dict__`` of its own (``__slots__``) is asked for
+    one, where a proxy answers with its target's.
+    """
+    try:
+        attrs = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        try:
+            attrs = getattr(value, "__dict__", None)
+        except Exception:  # noqa: BLE001 - its lookup raised: nothing to read
+            return None
+    except Exception:  # noqa: BLE001 - a __dict__ property that raised
+        return None
+    return attrs if issubclass(type(attrs), dict) else None
+
+
+def items_of(value: Any, cls: type, limit: int = _MAX_ITEMS) -> tuple[int, Sequence[Any]]:
+    """The length and first ``limit`` items (a dict's ``(key, value)`` pairs) of a list, tuple,
+    dict, set or frozenset ``value`` of class ``cls``, read through the built-in type's own
+    methods: a subclass's overridden ``__len__``, ``__getitem__``, ``items`` or ``__iter__`` is
+    the program's code, not what the container holds."""
+    if cls is list or cls is tuple:  # (most: sliced in C)
+        return len(value), value[:limit]
+    if issubclass(cls, dict):
+        return dict.__len__(value), list(itertools.islice(dict.items(value), limit))
+    base = next(kind for kind in (list, tuple, set, frozenset) if issubclass(cls, kind))
+    return base.__len__(value), list(itertools.islice(base.__iter__(value), limit))
+
+
 def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     """A hashable, comparable summary of ``value`` that changes when its content does.
 
@@ -117,52 +149,57 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     the manager's registry of every logger in the process (grown by any import, torch's
     own during the first backward), which change without changing the region.
     """
-    cls = type(value)  # not isinstance: see shallow()
-    if value is None or issubclass(cls, (bool, int, str, bytes)):
-        return (cls.__name__, value)
-    if issubclass(cls, float):
-        return ("float", float_bits(value))
-    if issubclass(cls, complex):
-        return ("complex", float_bits(value.real), float_bits(value.imag))
-    if issubclass(cls, torch.Tensor):
-        return ("tensor", tuple(value.shape), str(value.dtype), str(value.device),
-                value.requires_grad, tensor_digest(value))
-    if issubclass(cls, torch.Generator):
-        return ("generator", id(value))  # its stream is compared as ``rng``
-    if issubclass(cls, _LOGGERS):
-        logger = value.logger if issubclass(cls, logging.LoggerAdapter) else value
-        return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
-                tuple(map(id, logger.handlers)))
-    if depth <= 0 and not _plain_numbers(value):
+    try:
+        cls = type(value)  # not isinstance: see shallow()
+        if value is None or issubclass(cls, (bool, int, str, bytes)):
+            return (cls.__name__, value)
+        if issubclass(cls, float):
+            return ("float", float_bits(value))
+        if issubclass(cls, complex):
+            return ("complex", float_bits(value.real), float_bits(value.imag))
+        if issubclass(cls, torch.Tensor):
+            return ("tensor", tuple(value.shape), str(value.dtype), str(value.device),
+                    value.requires_grad, tensor_digest(value))
+        if issubclass(cls, torch.Generator):
+            return ("generator", id(value))  # its stream is compared as ``rng``
+        if issubclass(cls, _LOGGERS):
+            logger = value.logger if issubclass(cls, logging.LoggerAdapter) else value
+            return ("logger", id(value), id(logger), logger.level, logger.disabled, logger.propagate,
+                    tuple(map(id, logger.handlers)))
+        if depth <= 0 and not _plain_numbers(value):
+            return ("id", type(value).__name__, id(value))
+        if issubclass(cls, (torch.nn.Module, type)) or callable(value):
+            return ("id", type(value).__name__, id(value))
+        # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
+        # (a transformers config holds a hundred of them, printed at every observation)
+        if issubclass(cls, (list, tuple)):
+            size, listed = items_of(value, cls)
+            items = tuple((kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1)
+                          for v in listed)
+            return (cls.__name__, size, items)
+        if issubclass(cls, dict):
+            size, pairs = items_of(value, cls)
+            items = tuple(((kind.__name__, k) if (kind := type(k)) in _SCALARS else fingerprint(k, 1),
+                           (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
+                          for k, v in pairs)
+            return (cls.__name__, size, items)
+        if issubclass(cls, (set, frozenset)):
+            size, listed = items_of(value, cls)
+            return (cls.__name__, size, frozenset(fingerprint(v, depth - 1) for v in listed))
+        if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
+            return ("ndarray", getattr(value, "shape", ()), str(getattr(value, "dtype", "")),
+                    value.tobytes())
+        attrs = instance_dict(value)
+        if attrs is not None and cls.__module__ not in ("builtins",):
+            items = tuple((k, (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
+                          for k, v in list(attrs.items())[:_MAX_ITEMS]
+                          if not (k == "state" and issubclass(cls, torch.optim.Optimizer)))
+            if issubclass(cls, torch.optim.Optimizer):  # its moments are compared one by one, as optimizer state
+                items += (("state", ("parameters", len(value.state))),)
+            return ("object", type(value).__qualname__, items)  # by state: an equal object is equal
         return ("id", type(value).__name__, id(value))
-    if issubclass(cls, (torch.nn.Module, type)) or callable(value):
-        return ("id", type(value).__name__, id(value))
-    # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
-    # (a transformers config holds a hundred of them, printed at every observation)
-    if issubclass(cls, (list, tuple)):
-        items = tuple((kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1)
-                      for v in value[:_MAX_ITEMS])
-        return (type(value).__name__, len(value), items)
-    if issubclass(cls, dict):
-        items = tuple(((kind.__name__, k) if (kind := type(k)) in _SCALARS else fingerprint(k, 1),
-                       (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
-                      for k, v in list(dict.items(value))[:_MAX_ITEMS])
-        return (type(value).__name__, len(value), items)
-    if issubclass(cls, (set, frozenset)):
-        members = frozenset(fingerprint(v, depth - 1) for v in list(value)[:_MAX_ITEMS])
-        return (type(value).__name__, len(value), members)
-    if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):
-        return ("ndarray", getattr(value, "shape", ()), str(getattr(value, "dtype", "")),
-                value.tobytes())
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict) and type(value).__module__ not in ("builtins",):
-        items = tuple((k, (kind.__name__, v) if (kind := type(v)) in _SCALARS else fingerprint(v, depth - 1))
-                      for k, v in list(attrs.items())[:_MAX_ITEMS]
-                      if not (k == "state" and issubclass(cls, torch.optim.Optimizer)))
-        if issubclass(cls, torch.optim.Optimizer):  # its moments are compared one by one, as optimizer state
-            items += (("state", ("parameters", len(value.state))),)
-        return ("object", type(value).__qualname__, items)  # by state: an equal object is equal
-    return ("id", type(value).__name__, id(value))
+    except Exception:  # noqa: BLE001 - the value's own code raised (a __getattribute__, an overridden
+        return ("id", type(value).__name__, id(value))  # container method): it is compared by identity
 
 
 def _plain_numbers(value: Any) -> bool:
@@ -233,37 +270,43 @@ def shallow(value: Any, depth: int = 2) -> Any:
     ``isinstance``, which asks a value for its ``__class__``: a class with its own
     ``__getattribute__`` (a transformers config) answers that in Python.
     """
-    cls = type(value)
-    if cls in AS_IS:
-        return value
-    if issubclass(cls, bool):
-        return ("bool", value)
-    if issubclass(cls, (int, str, bytes)):
-        return value
-    if issubclass(cls, float):
-        return ("float", float_bits(value))
-    if issubclass(cls, torch.Tensor):
-        return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
-    if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
+    try:
+        cls = type(value)
+        if cls in AS_IS:
+            return value
+        if issubclass(cls, bool):
+            return ("bool", value)
+        if issubclass(cls, (int, str, bytes)):
+            return value
+        if issubclass(cls, float):
+            return ("float", float_bits(value))
+        if issubclass(cls, torch.Tensor):
+            return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
+        if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
+            return ("id", id(value))
+        below = depth - 1
+        if cls is list or cls is tuple:  # (read as it is: most are short)
+            size, items = len(value), value if len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
+            return (cls.__name__, size, tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
+        if issubclass(cls, (list, tuple)):
+            size, items = items_of(value, cls)
+            return (cls.__name__, size, tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
+        if issubclass(cls, dict):
+            size, pairs = items_of(value, cls)
+            return ("dict", size, tuple([(k if isinstance(k, (str, int)) else id(k),
+                                          v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
+        if issubclass(cls, (set, frozenset)):
+            size, members = items_of(value, cls)
+            return (cls.__name__, size, frozenset([shallow(v, 0) for v in members]))
+        if issubclass(cls, _LOGGERS):
+            return fingerprint(value)
+        attrs = instance_dict(value)
+        if attrs is not None:
+            pairs = list(attrs.items())[:_MAX_ITEMS]
+            return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
         return ("id", id(value))
-    below = depth - 1
-    if issubclass(cls, (list, tuple)):
-        # a list or tuple itself is read as it is; a subclass through its slicing, as ever
-        items = value if (cls is list or cls is tuple) and len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
-        return (cls.__name__, len(value), tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
-    if issubclass(cls, dict):
-        pairs = list(dict.items(value))[:_MAX_ITEMS]
-        return ("dict", len(value), tuple([(k if isinstance(k, (str, int)) else id(k),
-                                            v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
-    if issubclass(cls, (set, frozenset)):
-        return (cls.__name__, len(value), frozenset([shallow(v, 0) for v in list(value)[:_MAX_ITEMS]]))
-    if issubclass(cls, _LOGGERS):
-        return fingerprint(value)
-    attrs = getattr(value, "__dict__", None)
-    if isinstance(attrs, dict):
-        pairs = list(attrs.items())[:_MAX_ITEMS]
-        return ("object", id(value), tuple([(k, v if type(v) in AS_IS else _item(v, below)) for k, v in pairs]))
-    return ("id", id(value))
+    except Exception:  # noqa: BLE001 - the value's own code raised (a __getattribute__, an overridden
+        return ("id", id(value))  # container method): it is compared by identity
 
 
 def show_shallow(printed: Any) -> str:

@@ -15,7 +15,6 @@ methods of reached modules whose classes live outside torch are walked too.
 
 from __future__ import annotations
 
-import collections
 import dis
 import functools
 import itertools
@@ -27,8 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from recheck.findings import Subject
-from recheck.runtime.fingerprints import MODULE_INTERNALS
+from recheck.findings import Subject, error_line
+from recheck.runtime.fingerprints import MODULE_INTERNALS, instance_dict, items_of, show
 from recheck.runtime.rng import instance_kind
 
 __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "is_library",
@@ -39,16 +38,11 @@ _LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing
 
 #: exact types of values that hold no module, generator, tensor, function or state of their own
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
-#: exact types of module attributes that cannot be a ``torch.Generator``
-_NOT_GENERATORS = frozenset({dict, collections.OrderedDict, bool, int, float, str, tuple, list, set, type(None),
-                              types.FunctionType, torch.dtype, torch.device, torch.Tensor, torch.nn.Parameter})
-
-
 def _is_generator(value: Any) -> bool:
-    """``isinstance(value, torch.Generator)``, without torch's ``isinstance`` hook for the types
-    that never are one (torch 2.14 gives ``Generator`` a metaclass whose hook is a Python call:
-    a ``partial`` of transformers' layers binds a tensor, a tuple and flags, asked every invocation)."""
-    return type(value) not in _NOT_GENERATORS and isinstance(value, torch.Generator)
+    """Whether ``value`` is a ``torch.Generator``, told by its type: ``isinstance`` would ask the
+    value for its ``__class__`` (a user class may answer that, or raise) and run the hook torch
+    2.14's metaclass for ``Generator`` has, a Python call for every attribute of every layer."""
+    return issubclass(type(value), torch.Generator)
 
 
 @dataclass(frozen=True)
@@ -137,6 +131,8 @@ class Reach:
         self.objects: dict[str, Any] = {}
         #: callables and modules made by ``torch.compile`` that the region or step reaches
         self.compiled: list[str] = []
+        #: values the walk could not look into, by name: why (their own code raised when read)
+        self.unreadable: dict[str, str] = {}
         self._host_rng: set[str] = set()
         self._rng_scanned: set[int] = set()
         #: functions walked whose use of the host streams :attr:`host_rng` has not looked at yet
@@ -165,6 +161,7 @@ class Reach:
         other = Reach()
         other.modules, other.generators, other.tensors = dict(self.modules), dict(self.generators), dict(self.tensors)
         other.objects, other.compiled, other._host_rng = dict(self.objects), list(self.compiled), set(self._host_rng)
+        other.unreadable = dict(self.unreadable)
         other._rng_scanned, other._rng_unscanned = set(self._rng_scanned), list(self._rng_unscanned)
         other.reads, other.writes, other._walked = dict(self.reads), dict(self.writes), set(self._walked)
         other._classes = set(self._classes)
@@ -290,9 +287,10 @@ class Reach:
             if name not in namespace:
                 continue  # a builtin
             value = namespace[name]
-            if isinstance(value, (types.ModuleType, type)):
+            kind = type(value)  # (not isinstance: it asks a value for its __class__, which a user class may answer)
+            if issubclass(kind, (types.ModuleType, type)):
                 continue
-            if isinstance(value, types.FunctionType):
+            if kind is types.FunctionType:
                 if value.__globals__ is namespace:
                     self.walk_function(value)
                 continue
@@ -325,10 +323,13 @@ class Reach:
             self._rng_closed[id(function)] = function
             values += cell_values(function)
         for value in values:
-            stream = _host_stream(value)
+            try:
+                stream = _host_stream(value)
+            except Exception:  # noqa: BLE001 - a value whose class raises on lookups draws from no host stream it names
+                continue
             if stream is not None:
                 self._host_rng.add(stream)
-            elif isinstance(value, types.FunctionType) and not is_library(value.__module__):
+            elif type(value) is types.FunctionType and not is_library(value.__module__):
                 self._scan_host_rng(value)
 
     def _add_module_attribute(self, module: types.ModuleType, attr: str) -> None:
@@ -346,40 +347,52 @@ class Reach:
         self.add_value(f"{module.__name__}.{attr}", value)
 
     def add_value(self, name: str, value: Any, depth: int = 2) -> None:
-        """Take modules, generators and functions out of a value (closure cell, argument)."""
+        """Take modules, generators and functions out of a value (closure cell, argument).
+
+        A value whose own code raises when it is looked into (a ``__getattribute__``, a
+        ``__dict__`` property, a container's overridden methods) is not looked into: it is named
+        in :attr:`unreadable`, and the rest of the walk goes on.
+        """
         if type(value) in _SCALARS or type(value) is type:  # (most of a layer's cells and globals)
             return
-        if isinstance(value, torch.nn.Module):
+        try:
+            self._add_value(name, value, depth)
+        except Exception as exc:  # noqa: BLE001 - the user's object raised; named, never raised into the run
+            self.unreadable.setdefault(name, error_line(exc))
+
+    def _add_value(self, name: str, value: Any, depth: int) -> None:
+        kind = type(value)  # (told by its type: ``isinstance`` would ask the value for ``__class__``)
+        if issubclass(kind, torch.nn.Module):
             if id(value) not in self.modules:
                 self.add_module(name, value)
-        elif isinstance(value, torch.Generator):
+        elif issubclass(kind, torch.Generator):
             self.add_generator(name, value)
-        elif isinstance(value, torch.Tensor):
+        elif issubclass(kind, torch.Tensor):
             if all(t is not value for t in self.tensors.values()):
                 self.tensors[name] = value
-        elif isinstance(value, types.FunctionType):
+        elif kind is types.FunctionType:
             original = getattr(value, "_torchdynamo_orig_callable", None)
             if original is not None:
                 self.compiled.append(f"{name} (torch.compile of {getattr(original, '__qualname__', original)!s})")
                 self.add_value(name, original, depth)
                 return
             self.walk_function(value)
-        elif isinstance(value, types.MethodType):
+        elif kind is types.MethodType:
             self.add_value(name, value.__self__, depth)
             self.add_value(name, value.__func__, depth)
-        elif isinstance(value, functools.partial):
+        elif issubclass(kind, functools.partial):
             self.add_value(name, value.func, depth)
             for index, arg in enumerate(value.args):
                 self.add_value(f"{name}.args[{index}]", arg, depth)
             for key, arg in value.keywords.items():
                 self.add_value(f"{name}.keywords[{key!r}]", arg, depth)
-        elif depth > 0 and isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
+        elif depth > 0 and issubclass(kind, (list, tuple)):
+            for index, item in enumerate(items_of(value, kind)[1]):
                 self.add_value(f"{name}[{index}]", item, depth - 1)
-        elif depth > 0 and isinstance(value, dict):
-            for key, item in value.items():
-                self.add_value(f"{name}[{key!r}]", item, depth - 1)
-        elif type(value).__module__.startswith("torch.distributed.pipelining."):
+        elif depth > 0 and issubclass(kind, dict):
+            for key, item in items_of(value, kind)[1]:
+                self.add_value(f"{name}[{show(key, 40)}]", item, depth - 1)  # (a key's repr that raises: its type)
+        elif kind.__module__.startswith("torch.distributed.pipelining."):
             # a schedule or a stage: the step runs its stages' modules, and every rank runs the step
             if all(o is not value for o in self.objects.values()):
                 self.objects[name] = value
@@ -393,13 +406,21 @@ class Reach:
 
 
 def _host_stream(value: Any) -> str | None:
-    """``"Python random"`` or ``"numpy global RNG"`` when ``value`` draws from that global stream."""
-    if type(value) in _SCALARS:
+    """``"Python random"`` or ``"numpy global RNG"`` when ``value`` draws from that global stream.
+    Told by its type, never by asking the value (a user class's attribute hooks may raise)."""
+    kind = type(value)
+    if kind in _SCALARS:
         return None
-    name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-    if not isinstance(name, str):
-        owner = getattr(value, "__self__", None)  # random.random is a method of random._inst
-        name = type(owner).__module__ if owner is not None else None
+    if issubclass(kind, types.ModuleType):
+        name = value.__name__
+    elif issubclass(kind, type) or is_library(kind.__module__) or kind.__getattribute__ is object.__getattribute__:
+        # a class, a function, a builtin, an object without attribute hooks: asking runs none of its code
+        name = getattr(value, "__module__", None)
+        if not isinstance(name, str):
+            owner = getattr(value, "__self__", None)  # random.random is a method of random._inst
+            name = type(owner).__module__ if owner is not None else None
+    else:  # an object whose class answers attribute lookups itself: its class's module, unasked
+        name = kind.__module__
     if name == "random" or (isinstance(name, str) and name.startswith("_random")):
         return "Python random"
     if isinstance(name, str) and (name == "numpy" or name.startswith("numpy.random")):
@@ -409,9 +430,9 @@ def _host_stream(value: Any) -> str | None:
 
 def _is_plain_object(value: Any) -> bool:
     """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
-    attrs = getattr(value, "__dict__", None)
-    return (isinstance(attrs, dict) and not isinstance(value, (type, types.ModuleType, torch.nn.Module))
-            and not callable(value) and not is_library(type(value).__module__))
+    kind = type(value)
+    return (not issubclass(kind, (type, types.ModuleType, torch.nn.Module)) and not callable(value)
+            and not is_library(kind.__module__) and instance_dict(value) is not None)
 
 
 def static_reach(fn: Callable[..., Any], args: tuple, kwargs: dict, walked: Reach | None = None) -> Reach:

@@ -209,17 +209,18 @@ def instance_kind(value: Any) -> str | None:
     """How findings name an RNG instance's kind (``random.Random``, ``numpy RandomState``,
     ``numpy Generator``, ``numpy BitGenerator``), or None for anything else.  numpy is asked only
     where it is imported already (an instance of its classes cannot exist otherwise)."""
-    if isinstance(value, random.Random):  # (SystemRandom draws from the OS: no state of its own)
-        return None if isinstance(value, random.SystemRandom) else "random.Random"
+    kind = type(value)  # (its type: ``isinstance`` would ask the value for its ``__class__``)
+    if issubclass(kind, random.Random):  # (SystemRandom draws from the OS: no state of its own)
+        return None if issubclass(kind, random.SystemRandom) else "random.Random"
     numpy = sys.modules.get("numpy")
     generators = getattr(numpy, "random", None) if numpy is not None else None
     if generators is None:
         return None
-    for kind, name in (("numpy RandomState", "RandomState"), ("numpy Generator", "Generator"),
-                       ("numpy BitGenerator", "BitGenerator")):
+    for name_of, name in (("numpy RandomState", "RandomState"), ("numpy Generator", "Generator"),
+                          ("numpy BitGenerator", "BitGenerator")):
         cls = getattr(generators, name, None)
-        if isinstance(cls, type) and isinstance(value, cls):
-            return kind
+        if isinstance(cls, type) and issubclass(kind, cls):
+            return name_of
     return None
 
 

@@ -52,8 +52,8 @@ import torch
 from recheck.findings import Subject, error_line
 from recheck.runtime.bits import bits_equal
 from recheck.runtime.digests import tensor_digest
-from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, MODULE_INTERNALS,
-                                          fingerprint, is_module_state, show, show_printed)
+from recheck.runtime.fingerprints import (MISSING, Observed, _MAX_DEPTH, _MAX_ITEMS, MODULE_INTERNALS, fingerprint,
+                                          instance_dict, is_module_state, items_of, show, show_printed)
 from recheck.runtime.naming import DEFAULT_DTYPE_SUBJECT, attribute_subject, buffer_subject, parameter_subject
 from recheck.runtime.reach import code_globals, is_library
 from recheck.runtime.rng import (RngRecord, instance_kind, instance_state, rng_fingerprint, rng_states, rng_summary,
@@ -221,50 +221,55 @@ class _Content:
     (ids of tensors the snapshot records by themselves) is not copied again."""
 
     def __init__(self, obj: Any, depth: int, tracked: frozenset[int] = frozenset()) -> None:
+        # read and put back through the built-in types' own methods: a subclass's overridden
+        # ``__iter__``, ``items`` or ``__getitem__`` (one that instantiates, or raises) is the
+        # program's code, not what the container holds
         self.obj = obj
-        if isinstance(obj, list):
-            self.items: Any = list(obj)
-        elif isinstance(obj, dict):  # dict's own methods: a subclass may instantiate on __getitem__
+        cls = type(obj)
+        if issubclass(cls, list):
+            self.items: Any = list(list.__iter__(obj))
+        elif issubclass(cls, dict):
             self.items = dict(dict.items(obj))
-        elif isinstance(obj, set):
-            self.items = set(obj)
-        elif isinstance(obj, bytearray):
+        elif issubclass(cls, set):
+            self.items = set(set.__iter__(obj))
+        elif issubclass(cls, bytearray):
             self.items = bytes(obj)
-        elif isinstance(obj, torch.Tensor):
+        elif issubclass(cls, torch.Tensor):
             self.items = (obj._version, obj.detach().clone())
-        elif isinstance(obj, collections.deque):
+        elif issubclass(cls, collections.deque):
             self.items = list(obj)
         elif _is_ndarray(obj):
             self.items = obj.copy()
         else:
             self.items = None
-        values = (dict.values(obj) if isinstance(obj, dict) else obj
-                  if isinstance(obj, (list, tuple, set, collections.deque)) else ())
-        self.children = [_Content(v, depth - 1, tracked) for v in list(values)[:_MAX_ITEMS]
+        values = (dict.values(obj) if issubclass(cls, dict) else tuple.__iter__(obj) if issubclass(cls, tuple)
+                  else self.items if issubclass(cls, (list, set, collections.deque)) else ())
+        self.children = [_Content(v, depth - 1, tracked) for v in list(itertools.islice(values, _MAX_ITEMS))
                          if depth > 0 and _is_container(v) and id(v) not in tracked]
 
     def restore(self) -> None:
         for child in self.children:
             child.restore()
-        obj, items = self.obj, self.items
-        if isinstance(obj, list) and not same_items(obj, items):
-            obj[:] = items
-        elif isinstance(obj, dict):
+        obj, items, cls = self.obj, self.items, type(self.obj)
+        if issubclass(cls, list) and not same_items(list(list.__iter__(obj)), items):
+            list.__setitem__(obj, slice(None), items)
+        elif issubclass(cls, dict):
             if not same_mapping(obj, items):
                 dict.clear(obj)
                 dict.update(obj, items)
-        elif isinstance(obj, set) and not (len(obj) == len(items) and all(any(x is y for y in items) for x in obj)):
-            obj.clear()
-            obj.update(items)
-        elif isinstance(obj, bytearray):
+        elif issubclass(cls, set) and not (set.__len__(obj) == len(items)
+                                           and all(any(x is y for y in items) for x in set.__iter__(obj))):
+            set.clear(obj)
+            set.update(obj, items)
+        elif issubclass(cls, bytearray):
             obj[:] = items
-        elif isinstance(obj, torch.Tensor):
+        elif issubclass(cls, torch.Tensor):
             version, copy = items
             if obj._version != version:
                 with torch.no_grad():
                     obj.copy_(copy)
                 _set_version(obj, version)
-        elif isinstance(obj, collections.deque) and not same_items(list(obj), items):
+        elif issubclass(cls, collections.deque) and not same_items(list(obj), items):
             obj.clear()
             obj.extend(items)
         elif items is not None and _is_ndarray(obj) and not (
@@ -296,7 +301,10 @@ def is_immutable(value: Any) -> bool:
 
 
 def _is_container(value: Any) -> bool:
-    return isinstance(value, (list, dict, set, bytearray, tuple, torch.Tensor, collections.deque)) or _is_ndarray(value)
+    return issubclass(type(value), _CONTAINERS) or _is_ndarray(value)
+
+
+_CONTAINERS = (list, dict, set, bytearray, tuple, torch.Tensor, collections.deque)
 
 
 def _is_iterator(value: Any) -> bool:
@@ -698,6 +706,12 @@ class DefaultDtypeRecord:
         yield Observed("context", DEFAULT_DTYPE_SUBJECT, str(dtype), str(dtype).removeprefix("torch."))
 
 
+def _made_name(key: tuple, make: Any) -> str:
+    """How a note names the record ``make`` was to make (its subject, where it was given one)."""
+    subject = next((arg for arg in getattr(make, "args", ()) if type(arg) is Subject), None)
+    return str(subject) if subject is not None else f"a {key[0]} the region reaches"
+
+
 # -- the snapshot -------------------------------------------------------------------------------
 
 
@@ -735,7 +749,11 @@ class Snapshot:
         if key in self.keys:
             return False
         self.keys.add(key)
-        record = make()
+        try:
+            record = make()
+        except Exception as exc:  # noqa: BLE001 - the value's own code raised when read: named, not raised
+            self.unrestorable.setdefault(_made_name(key, make), f"reading it raised {error_line(exc)}")
+            return False
         (self.grads if type(record) is GradRecord else self.records).append(record)
         return True
 
@@ -875,7 +893,7 @@ class Snapshot:
         model's modules hold: what the search's bound (:data:`_MAX_HELD` values) leaves out is
         the deepest, never a metrics object's list because a model's attributes hold many values.
         """
-        if type(value) in _NOT_HOLDERS or isinstance(value, _SKIPPED_HOLDERS):
+        if type(value) in _NOT_HOLDERS or issubclass(type(value), _SKIPPED_HOLDERS):  # (its type, not its __class__)
             return
         first = self._rank if depth < _MAX_DEPTH else 0  # (what is held directly: in the order given)
         heapq.heappush(self._pending, (-depth, first, next(self._order), self._rank, name, value, depth, held))
@@ -901,10 +919,16 @@ class Snapshot:
             self._pending.clear()
 
     def _hold(self, name: str, value: Any, depth: int, held: bool) -> None:
+        try:
+            self._look_into(name, value, depth, held)
+        except Exception as exc:  # noqa: BLE001 - the value's own code raised when read: named, the search goes on
+            self.unrestorable.setdefault(f"`{name}`", f"looking into it raised {error_line(exc)}")
+
+    def _look_into(self, name: str, value: Any, depth: int, held: bool) -> None:
         cls = type(value)
         if depth <= 0:
             if id(value) not in self._deeper and (instance_kind(value) is not None or not is_library(cls.__module__)
-                                                  and isinstance(getattr(value, "__dict__", None), dict)):
+                                                  and instance_dict(value) is not None):
                 self._deeper[id(value)] = (name, value)  # named in the notes unless recorded by another way
             return
         self._held_left -= 1
@@ -915,27 +939,30 @@ class Snapshot:
         kind = instance_kind(value)
         if kind is not None:
             self._rng_instance(name, value, kind)
-        elif isinstance(value, (list, tuple, collections.deque)):
-            for index, item in enumerate(itertools.islice(value, _MAX_ITEMS)):
+        elif issubclass(cls, (list, tuple, collections.deque)):
+            items = items_of(value, cls)[1] if issubclass(cls, (list, tuple)) else itertools.islice(value, _MAX_ITEMS)
+            for index, item in enumerate(items):
                 if type(item) not in _NOT_HOLDERS:
                     self.hold(f"{name}[{index}]", item, depth - 1)
-        elif isinstance(value, dict):
+        elif issubclass(cls, dict):
             for key, item in itertools.islice(dict.items(value), _MAX_ITEMS):
                 if type(item) not in _NOT_HOLDERS:  # (a key of another type is not asked for its repr)
                     self.hold(f"{name}[{key!r}]" if type(key) in (str, int) else f"{name}[...]", item, depth - 1)
-        elif isinstance(value, (set, frozenset)) or is_library(cls.__module__) and not hasattr(cls, "__next__"):
+        elif issubclass(cls, (set, frozenset)) or is_library(cls.__module__) and not hasattr(cls, "__next__"):
             return  # (a set holds hashable values; torch's, numpy's and Python's own objects keep no project state)
-        elif isinstance(getattr(value, "__dict__", None), dict):
+        elif instance_dict(value) is not None:
             self._object(name, value, depth, held)
         elif not self._slots(name, value, depth):
             what = f"{cls.__module__}.{cls.__qualname__}"
             self.unrestorable.setdefault(f"`{name}`", (
                 f"an iterator ({what}), whose position cannot be read" if hasattr(cls, "__next__") else
-                f"a {what} object without attributes recheck can read (a compiled extension's)"))
+                f"a {what} object without attributes recheck can read "
+                "(a compiled extension's, or one whose `__dict__` raises)"))
 
     def _object(self, name: str, obj: Any, depth: int, held: bool) -> None:
         """A plain object's attributes, those it creates later, and its classes' plain data."""
-        attributes = obj.__dict__
+        attributes = instance_dict(obj)
+        assert attributes is not None  # (the caller found it)
         if not self.add(("object", id(obj)), functools.partial(HeldKeysRecord if held else NewKeysRecord,
                                                                attributes, name)):
             return

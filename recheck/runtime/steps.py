@@ -16,6 +16,7 @@ import functools
 import inspect
 import itertools
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from recheck.findings import error_line
 from recheck.runtime.bits import bits_equal
+from recheck.runtime.fingerprints import instance_dict, items_of
 from recheck.runtime.reach import code_globals, code_module_attributes, is_library
 from recheck.runtime.rng import RngRecord
 from recheck.runtime.snapshot import TensorRecord, is_immutable, same_items, same_mapping
@@ -52,6 +55,9 @@ class StepState:
     #: ``(Type.attribute, object)`` of each object a module keeps that wraps an optimizer without
     #: being one (a training engine's: DeepSpeed ZeRO's): its own state no snapshot can see
     wrappers: list[tuple[str, Any]] = field(default_factory=list)
+    #: objects whose own code raised when the search looked into them, by type: why (what they
+    #: hold is neither found nor put back; a check names them)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def parameters(self) -> list[torch.Tensor]:
         """Every distinct parameter: of the modules, the optimizers' groups, and loose leaves
@@ -424,34 +430,42 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
     if id(obj) in seen or depth > _MAX_DEPTH:
         return
     seen.add(id(obj))
-    if isinstance(obj, torch.nn.Module):
+    try:
+        _look_into(obj, state, seen, depth)
+    except Exception as exc:  # noqa: BLE001 - the object's own code raised: named, the search goes on
+        state.unreadable.setdefault(f"a `{type(obj).__qualname__}` object the step holds", error_line(exc))
+
+
+def _look_into(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
+    kind = type(obj)  # (its type: ``isinstance`` would ask the object for its ``__class__``)
+    if issubclass(kind, torch.nn.Module):
         state.modules.append(obj)
         _held_optimizers(obj, state, seen)
         return
-    if isinstance(obj, torch.optim.Optimizer):
+    if issubclass(kind, torch.optim.Optimizer):
         state.optimizers.append(obj)
         return
-    if isinstance(obj, torch.Generator):
+    if issubclass(kind, torch.Generator):
         state.generators.append(obj)
         return
-    if isinstance(obj, _STATEFUL):
+    if issubclass(kind, _STATEFUL):
         state.stateful.append(obj)
         return
     if _is_schedule(obj):
         state.schedules.append(obj)  # and on into its attributes: the stages' modules
-    if isinstance(obj, torch.Tensor):
+    if issubclass(kind, torch.Tensor):
         if not obj.is_inference() and obj.device.type != "meta":
             state.tensors.append(obj)
         return
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        for item in list(obj)[:1000]:
+    if issubclass(kind, (list, tuple, set, frozenset)):
+        for item in items_of(obj, kind, 1000)[1]:
             _visit(item, state, seen, depth)
         return
-    if isinstance(obj, dict):
-        for item in list(obj.values())[:1000]:
+    if issubclass(kind, dict):
+        for _, item in items_of(obj, kind, 1000)[1]:
             _visit(item, state, seen, depth)
         return
-    if isinstance(obj, functools.partial):
+    if issubclass(kind, functools.partial):
         _visit(obj.func, state, seen, depth)
         for item in (*obj.args, *obj.keywords.values()):
             _visit(item, state, seen, depth)
@@ -480,8 +494,8 @@ def _visit(obj: Any, state: StepState, seen: set[int], depth: int) -> None:
         return
     if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj):
         return
-    attributes = getattr(obj, "__dict__", None)
-    if isinstance(attributes, dict) and depth < _MAX_DEPTH:
+    attributes = instance_dict(obj)
+    if attributes is not None and depth < _MAX_DEPTH:
         for value in list(attributes.values()):
             _visit(value, state, seen, depth + 1)
     if callable(obj) and not isinstance(obj, type):
@@ -495,13 +509,14 @@ def _held_optimizers(module: torch.nn.Module, state: StepState, seen: set[int]) 
     """The optimizers a module keeps in its own attributes (a training engine that steps its
     optimizer itself: DeepSpeed's), and the objects there that wrap one without being one."""
     for key, value in vars(module).items():
-        if isinstance(value, torch.optim.Optimizer):
+        kind = type(value)  # (not isinstance: a user class may answer __class__, or raise)
+        if issubclass(kind, torch.optim.Optimizer):
             if id(value) not in seen:
                 seen.add(id(value))
                 state.optimizers.append(value)
-        elif not isinstance(value, (torch.nn.Module, torch.Tensor, type)) and not inspect.ismodule(value):
-            held = getattr(value, "__dict__", None)  # (a proxy's may be anything)
-            inner = [v for v in held.values() if isinstance(v, torch.optim.Optimizer)] if isinstance(held, dict) else []
+        elif not issubclass(kind, (torch.nn.Module, torch.Tensor, type, types.ModuleType)):
+            held = instance_dict(value)
+            inner = [v for v in held.values() if issubclass(type(v), torch.optim.Optimizer)] if held is not None else []
             if inner and all(w is not value for _, w in state.wrappers):
                 state.wrappers.append((f"{type(module).__name__}.{key}", value))
                 for optimizer in inner:
@@ -514,4 +529,4 @@ def _is_schedule(obj: Any) -> bool:
     """A ``torch.distributed.pipelining`` schedule (only if that package is already imported)."""
     schedules = sys.modules.get("torch.distributed.pipelining.schedules")
     base = getattr(schedules, "_PipelineSchedule", None)
-    return base is not None and isinstance(obj, base)
+    return base is not None and issubclass(type(obj), base)

@@ -14,7 +14,7 @@ import itertools
 import operator
 import sys
 import weakref
-from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, TypeGuard, ValuesView
 
 import torch
 
@@ -30,6 +30,12 @@ __all__ = ["BufferVersions", "ModuleState", "ParameterVersions", "buffer_version
            "shown_change", "subtree", "with_submodules"]
 
 
+def _is_module(value: Any) -> TypeGuard[torch.nn.Module]:
+    """Whether ``value`` is a module, told by its type: ``isinstance`` would ask the value for its
+    ``__class__``, which a user class may answer with code of its own, or an error."""
+    return issubclass(type(value), torch.nn.Module)
+
+
 def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
     """Modules a checkpointed callable names directly: itself, its bound ``self``, a
     ``partial``'s arguments, its closure cells and the globals its code reads.
@@ -39,26 +45,26 @@ def direct_modules(function: Any, reach: Reach) -> list[torch.nn.Module]:
     """
     found: list[torch.nn.Module] = []
     for _ in range(8):
-        if isinstance(function, torch.nn.Module):
+        if _is_module(function):
             found.append(function)
             function = None  # no closure to read (asked of a module, ``__closure__`` raises in its __getattr__)
             break
-        if isinstance(function, functools.partial):  # not by its attributes: a Mock has every one
+        if issubclass(type(function), functools.partial):  # not by its attributes: a Mock has every one
             found.extend(a for a in (*function.args, *getattr(function, "keywords", {}).values())
-                         if isinstance(a, torch.nn.Module))
+                         if _is_module(a))
             function = function.func
         elif hasattr(function, "__self__") and hasattr(function, "__func__"):
-            if isinstance(function.__self__, torch.nn.Module):
+            if _is_module(function.__self__):
                 found.append(function.__self__)
             function = function.__func__
         else:
             break
     for value in cell_values(function):
-        if isinstance(value, torch.nn.Module):
+        if _is_module(value):
             found.append(value)
     for ref in list(reach.reads.values()):
         value = ref.namespace.get(ref.name)
-        if isinstance(value, torch.nn.Module):
+        if _is_module(value):
             found.append(value)
     return found
 
@@ -598,8 +604,15 @@ _BOOL_ENTRIES = {True: (("bool", True), True), False: (("bool", False), False)}
 
 def _kept(value: Any) -> Any:
     """What a state entry keeps of a value to show it in a finding: a copy of a list, dict or
-    set (they may grow later), the object itself otherwise."""
-    return type(value)(value) if type(value) in (list, dict, set) else value
+    set (they may grow later; a subclass's copied through the built-in type, whose methods are
+    not the program's code), the object itself otherwise."""
+    kind = type(value)
+    if kind in (list, dict, set):
+        return kind(value)
+    if issubclass(kind, (list, dict, set)):
+        base = next(b for b in (list, dict, set) if issubclass(kind, b))
+        return base(dict.items(value)) if base is dict else base(base.__iter__(value))
+    return value
 
 
 def _state_layout(pairs: tuple[tuple[str, torch.nn.Module], ...], reach: Reach | None,

@@ -599,6 +599,10 @@ class InvocationRecord:
     # -- forward -------------------------------------------------------------------------
 
     def begin_forward(self, reach: Reach, args: tuple | None = None, kwargs: dict | None = None) -> None:
+        for name, why in reach.unreadable.items():  # (what it holds is neither found nor compared)
+            note = f"could not look into `{name}`, which {self.region} reaches: {why}; what it holds is not compared"
+            if note not in self.problems:
+                self.problems = (*self.problems, note)
         entry, shown = capture.entry_state(reach)
         intended = self.grad_enabled if self.intended_grad is None else self.intended_grad
         # the versions of the parameters of the scope the region's last invocation had (the
