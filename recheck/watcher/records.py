@@ -86,7 +86,7 @@ class Forward:
                  "buffers_seen", "walked", "state_modules", "attribute_modules", "touched_buffers",
                  "written_buffers", "context", "inputs", "inputs_need_grad", "layout_memo", "scope_pairs", "told",
                  "subtrees", "predicted", "params_after", "wider", "state_entry", "names",
-                 "written_values")
+                 "written_values", "globals_exit")
 
     def __init__(self, reach: Reach, entry: dict[tuple[str, str], Any], shown: dict[tuple[str, str], str],
                  params: capture.ParameterVersions | None = None, context: ComputeContext | None = None) -> None:
@@ -99,6 +99,8 @@ class Forward:
         #: returned, for those the entry did not read
         self.params_after: capture.ParameterVersions | None = None
         self.rng_consumed: frozenset[tuple[str, str]] = _NONE
+        #: the prints of the globals the region reads as its forward left them (None: none read)
+        self.globals_exit: dict[tuple[str, str], Any] | None = None
         self.state_exit: capture.ModuleState | dict[tuple[str, str], Any] = {}
         self.outputs: list[tuple[str, TensorPrint]] | None = None
         #: what torch saved, in order; each holds its tensor until the forward returns and its
@@ -518,6 +520,10 @@ class InvocationRecord:
     forward_effects: list[Any] | None = None
     _at_last_save: tuple[capture.ModuleState, int | None] | None = None
     _late_keys: frozenset[tuple[str, str]] = _NONE
+    #: globals the region reads that its own forward changed, as (subject, then, now, whether the
+    #: recompute changed it again): a ``global`` finding where the recompute changes it again (a
+    #: counter) or computes something else, none where it changes nothing (a cache its forward filled)
+    _own_writes: tuple[tuple[str, str, str, bool], ...] = ()
     _early_effects: int | None = None
     #: notes of the observations of this call that failed (recheck's own failures, never the
     #: region's): each check that failed was skipped, and the call went on
@@ -654,10 +660,13 @@ class InvocationRecord:
         forward = self.forward
         if forward is None:
             return
-        exit_state, _ = capture.entry_state(forward.reach, rng_only=True)
+        reads_globals = bool(forward.reach.reads)
+        exit_state, _ = capture.entry_state(forward.reach, rng_only=not reads_globals, with_text=False)
         # a stream read only since a module found while running reached it has no entry to compare
         forward.rng_consumed = frozenset(k for k, v in exit_state.items()
                                          if k[0] == "rng" and k in forward.entry and forward.entry[k] != v) or _NONE
+        if reads_globals:  # (what the recompute starts from, where the forward changed a global itself)
+            forward.globals_exit = {k: v for k, v in exit_state.items() if k[0] == "global"}
         forward.scope()
         try:
             forward.wider = wider_context(forward.scope_pairs)
@@ -845,10 +854,15 @@ class InvocationRecord:
         forward = self.forward
         assert forward is not None
         entry, _ = capture.entry_state(forward.reach, with_text=False)
+        left = forward.globals_exit
         for key, value in entry.items():
             kind, subject = key
             if kind == "global" and forward.entry.get(key, value) != value and forward.reads(self.function, key):
                 then, now = capture.global_change(forward.reach, key, forward.entry[key], forward.shown[key])
+                if left is not None and left.get(key) == value:
+                    # the forward left it so: the region's own write, a finding only if it matters (findings_of)
+                    self._own_writes = (*self._own_writes, (subject, then, now, False))
+                    continue
                 self._add("global", f"{subject} was {then} at forward and {now} at recompute",
                           subject=subject)
         # (name, version at forward, version now) of the parameters modified in place since
@@ -903,6 +917,12 @@ class InvocationRecord:
                           subject=key[1],
                           detail="checkpoint restores only torch's default generators, and only with "
                                  "preserve_rng_state=True")
+        if self._own_writes:  # (rare: a global the forward changed itself, read again as the recompute left it)
+            now_state, _ = capture.entry_state(forward.reach, with_text=False)
+            forward_left = forward.globals_exit or {}
+            self._own_writes = tuple(
+                (subject, then, now, now_state.get(("global", subject)) != forward_left.get(("global", subject)))
+                for subject, then, now, _ in self._own_writes)
         state_exit = forward.state(self.store)
         # under a full replay of a call that asked for early stop, what its forward changed only
         # after its last saved tensor is changed again only because of the replay: latent
@@ -1073,6 +1093,10 @@ class InvocationRecord:
         """The findings, ``call i of n`` of the region, symptoms pointed at their likely cause
         (each made once, here: a block of BatchNorm layers has many)."""
         drafts = (*self.findings, *self._saved_finding())
+        if self._own_writes:  # a global its forward changed: where the recompute changes it again or differs
+            differs = any(draft.kind == "recompute" for draft in drafts)
+            drafts += tuple(self._finding("global", f"{subject} was {then} at forward and {now} at recompute", subject)
+                            for subject, then, now, again in dict.fromkeys(self._own_writes) if again or differs)
         if not drafts:  # (the region is worded only for a finding)
             return []
         region, callsite, tags = str(self.region), self.region.callsite, self.tags

@@ -647,3 +647,59 @@ def test_module_state_changed_between_forward_and_recompute_is_put_down_to_the_r
     assert "changed between forward and recompute" in finding.message
     # the region reads state that changed under it (RC101), it does not write it (RC104)
     assert finding.code == "RC101" and "RC104" not in (finding.hint or ""), str(w.report)
+
+
+class _LazyConfig:
+    """A config in the style of omegaconf's ``DictConfig``: its first read of a field fills an
+    internal memo (``_flags_cache``) that every later read reuses."""
+
+    def __init__(self, **fields) -> None:
+        self._fields, self._flags_cache = dict(fields), None
+
+    def __getattr__(self, name):
+        fields = object.__getattribute__(self, "_fields")
+        if name not in fields:
+            raise AttributeError(name)
+        if object.__getattribute__(self, "_flags_cache") is None:
+            self._flags_cache = {"struct": None}
+        return fields[name]
+
+
+LAZY = _LazyConfig(scale=2.0)
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+TALLY = _Tally()
+
+
+def _reads_lazy_config(x):
+    return torch.tanh(x) * LAZY.scale
+
+
+def _counts_its_calls(x):
+    TALLY.calls += 1  # a counter bumped again by every recompute
+    return torch.tanh(x) * TALLY.calls
+
+
+def test_a_memo_the_forward_fills_behind_a_global_is_no_finding():
+    # the forward's first read fills the memo; the recompute starts from it, leaves it so and
+    # computes the same: a write that changes nothing (it was "global `LAZY` was ... at forward")
+    LAZY._flags_cache = None
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(_reads_lazy_config, inputs(), use_reentrant=False).sum().backward()
+    assert LAZY._flags_cache is not None and not w.report, str(w.report)
+
+
+def test_a_counter_the_forward_bumps_behind_a_global_is_still_found():
+    # bumped by the forward, then again by the recompute: a repeated side effect, whatever the
+    # saved tensors say (tanh saves its output before the scale is applied)
+    TALLY.calls = 0
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(_counts_its_calls, inputs(), use_reentrant=False).sum().backward()
+    (finding,) = w.report.by_kind("global")
+    assert finding.subject.endswith(".TALLY`") and "RC101" in finding.hint
+    assert ".calls = 0 at forward and .calls = 1 at recompute" in finding.message, str(w.report)
