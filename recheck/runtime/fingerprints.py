@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import operator
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -22,7 +25,7 @@ from recheck.findings import one_line
 from recheck.runtime.bits import bits_float, float_bits
 from recheck.runtime.digests import tensor_digest
 
-__all__ = ["AS_IS", "MISSING", "alike_but_identity", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "module_state_names",
+__all__ = ["AS_IS", "MISSING", "alike_but_identity", "by_identity", "is_library", "MODULE_INTERNALS", "Observed", "fingerprint", "is_module_state", "module_state_names",
            "instance_dict", "items_of", "same_objects", "shallow", "show", "show_printed", "show_shallow", "showing"]
 
 _MAX_ITEMS = 4096
@@ -100,6 +103,37 @@ def _holds_tensors(items: Any) -> bool:
     return any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in list(items)[:8])
 
 
+_LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
+                     "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
+
+#: The standard library's top-level modules: their globals (``sys.modules``, ``os.environ``) are
+#: the interpreter's, not state a region keeps.
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+def is_library(module_name: str | None) -> bool:
+    """Whether ``module_name`` (a ``__module__``) is torch's, numpy's or the standard library's:
+    code a region runs there keeps no state of the project's (its globals, its classes'
+    attributes), and objects of its classes are no plain objects of the project's."""
+    top = (module_name or "").split(".")[0]
+    return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
+
+
+#: callables that are code, whatever they hold: compared by identity
+_CODE = (type, types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+
+
+def by_identity(value: Any, cls: type) -> bool:
+    """Whether the callable ``value`` (of class ``cls``) is compared by identity: a function,
+    method, class or ``partial``, a descriptor (a compiled function), an object of torch's,
+    numpy's or Python's own classes, one without a ``__dict__``.  A callable object of the
+    project's classes (a functor that counts its calls, a scaler with a running value) is state,
+    compared by its attributes as any object is: the counter it bumps again in a recompute is a
+    finding."""
+    return callable(value) and (issubclass(cls, _CODE) or is_library(cls.__module__)
+                                or getattr(cls, "__get__", None) is not None or instance_dict(value) is None)
+
+
 def instance_dict(value: Any) -> dict | None:
     """``value``'s own ``__dict__``, read without its class's attribute hooks (a config's
     ``__getattribute__`` is a Python call at every read, a proxy's may raise), or None where it
@@ -168,7 +202,7 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
                     tuple(map(id, logger.handlers)))
         if depth <= 0 and not _plain_numbers(value):
             return ("id", type(value).__name__, id(value))
-        if issubclass(cls, (torch.nn.Module, type)) or callable(value):
+        if issubclass(cls, (torch.nn.Module, type)) or by_identity(value, cls):
             return ("id", type(value).__name__, id(value))
         # below, an item of an exact scalar type is printed in place, as fingerprint() prints it
         # (a transformers config holds a hundred of them, printed at every observation)
@@ -282,7 +316,7 @@ def shallow(value: Any, depth: int = 2) -> Any:
             return ("float", float_bits(value))
         if issubclass(cls, torch.Tensor):
             return ("tensor", id(value), value._version, tuple(value.shape), value.dtype)
-        if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or callable(value):
+        if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or by_identity(value, cls):
             return ("id", id(value))
         below = depth - 1
         if cls is list or cls is tuple:  # (read as it is: most are short)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dis
 import functools
 import itertools
-import sys
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -27,14 +26,11 @@ from typing import Any, Callable
 import torch
 
 from recheck.findings import Subject, error_line
-from recheck.runtime.fingerprints import MODULE_INTERNALS, instance_dict, items_of, show
+from recheck.runtime.fingerprints import MODULE_INTERNALS, by_identity, instance_dict, is_library, items_of, show
 from recheck.runtime.rng import instance_kind
 
 __all__ = ["GlobalRef", "ModuleRecorder", "Reach", "cell_values", "code_globals", "is_library",
            "keep_reach", "reach_of", "static_reach"]
-
-_LIBRARY_PREFIXES = ("torch", "numpy", "functools", "logging", "random", "typing", "builtins",
-                     "collections", "contextlib", "warnings", "abc", "enum", "dataclasses")
 
 #: exact types of values that hold no module, generator, tensor, function or state of their own
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
@@ -104,19 +100,6 @@ def code_globals(code: types.CodeType) -> tuple[frozenset[str], frozenset[str]]:
             reads |= nested_reads
             writes |= nested_writes
     return frozenset(reads), frozenset(writes)
-
-
-#: The standard library's top-level modules: their globals (``sys.modules``, ``os.environ``) are
-#: the interpreter's, not state a region keeps.
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
-
-
-def is_library(module_name: str | None) -> bool:
-    """Whether ``module_name`` (a ``__module__``) is torch's, numpy's or the standard library's:
-    code a region runs there keeps no state of the project's (its globals, its classes'
-    attributes), and objects of its classes are no plain objects of the project's."""
-    top = (module_name or "").split(".")[0]
-    return top in _LIBRARY_PREFIXES or (top in _STDLIB and top != "__main__")
 
 
 class Reach:
@@ -431,7 +414,7 @@ def _host_stream(value: Any) -> str | None:
 def _is_plain_object(value: Any) -> bool:
     """An instance of a user class that keeps state in its ``__dict__`` (a KV cache, a tracker)."""
     kind = type(value)
-    return (not issubclass(kind, (type, types.ModuleType, torch.nn.Module)) and not callable(value)
+    return (not issubclass(kind, (type, types.ModuleType, torch.nn.Module)) and not by_identity(value, kind)
             and not is_library(kind.__module__) and instance_dict(value) is not None)
 
 

@@ -83,6 +83,9 @@ def names_read(roots: Iterable[types.FunctionType], classes: Iterable[type]) -> 
     names: set[str] = set()
     walked: set[types.CodeType] = set()
     todo = list(roots)
+    for cls in set(classes):  # an object of one of them called (``self.scale(x)``) runs its __call__, unnamed
+        todo += [f for klass in cls.__mro__ if not is_library(klass.__module__)
+                 for f in _functions_in(vars(klass).get("__call__"))]
     while todo:
         function = todo.pop()
         code = function.__code__

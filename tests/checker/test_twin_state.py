@@ -7,6 +7,7 @@ pipeline schedule object held in a global (no ``__eq__``, the same repr every ru
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -265,7 +266,7 @@ def test_a_schedule_whose_state_differs_is_still_a_finding():
 
 
 class CallableSchedule(Schedule):
-    """A schedule that is called to run (callables print by identity: their state is not read)."""
+    """A schedule that is called to run: an object of the project's class, compared by its state."""
 
     def __call__(self) -> None:
         pass
@@ -274,19 +275,48 @@ class CallableSchedule(Schedule):
 RUNNER = CallableSchedule(2)
 
 
+def _run(n_microbatches: int) -> None:
+    pass
+
+
+_MADE: list = []  # (no code the step runs names it: each run's partial lives on, its id its own)
+
+
+class _Runner(functools.partial):
+    def __new__(cls, *args, **kwargs):
+        made = super().__new__(cls, *args, **kwargs)
+        _MADE.append(made)
+        return made
+
+
 def test_a_fresh_object_whose_state_cannot_be_compared_is_a_note_not_a_finding():
     model = _model()
     x = torch.randn(2, 4)
 
     def train_step():
         global RUNNER
-        RUNNER = CallableSchedule(2)
+        RUNNER = _Runner(_run, 2)  # a partial: code, compared by identity, and each step's is another
         _forward(model, x).sum().backward()
 
     before = RUNNER
     report = _check(train_step)
     assert report.ok, report.findings
     assert any("RUNNER" in note and "cannot compare" in note for note in report.notes), report.notes
+    assert RUNNER is before
+
+
+def test_a_fresh_callable_object_is_compared_by_its_state():
+    model = _model()
+    x = torch.randn(2, 4)
+
+    def train_step():
+        global RUNNER
+        RUNNER = CallableSchedule(2)  # equal state in both runs: alike, nothing to note
+        _forward(model, x).sum().backward()
+
+    before = RUNNER
+    report = _check(train_step)
+    assert report.ok and not any("RUNNER" in note for note in report.notes), (report.findings, report.notes)
     assert RUNNER is before
 
 

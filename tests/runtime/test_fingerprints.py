@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 
 import torch
 from hypothesis import given
@@ -138,16 +139,20 @@ def test_shallow_sorts_each_type_once_and_keeps_per_value_tests_per_value():
     assert shallow(Level.LOW) is Level.LOW and shallow([Level.LOW]) == ("list", 1, (Level.LOW,))
     # a list subclass is read through list's own methods: its overridden slicing is its code
     assert shallow(_Window([1, 2])) == ("_Window", 2, (1, 2))
-    # callable() is asked of each value, not cached with its type
+    # a callable object of the project's class is state, printed by its attributes (its counter
+    # shows), also once its class gains __call__; a function is code, printed by identity
     ticker = _Ticker()
     before = shallow(ticker)
     assert before[0] == "object"
     _Ticker.__call__ = lambda self: None  # a class that gains __call__ later
     try:
-        assert shallow(ticker) == ("id", id(ticker))
+        assert shallow(ticker) == before
+        ticker.calls += 1
+        assert shallow(ticker) != before
     finally:
         del _Ticker.__call__
-    assert shallow(ticker) == before
+    function = lambda: None  # noqa: E731
+    assert shallow(function) == ("id", id(function)) and shallow(functools.partial(function))[0] == "id"
 
 
 def test_items_are_printed_inside_containers_as_on_their_own():

@@ -703,3 +703,36 @@ def test_a_counter_the_forward_bumps_behind_a_global_is_still_found():
     (finding,) = w.report.by_kind("global")
     assert finding.subject.endswith(".TALLY`") and "RC101" in finding.hint
     assert ".calls = 0 at forward and .calls = 1 at recompute" in finding.message, str(w.report)
+
+
+class _CountingScale:
+    """A callable helper a layer holds (not a module): it counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls, self.factor = 0, 2.0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x * self.factor
+
+
+class _ScaledFirst(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale, self.fc = _CountingScale(), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(self.scale(x))
+
+
+def test_a_callable_object_bumped_again_by_the_recompute_is_found_by_watch_and_check():
+    # a callable object of the project's class is state, not code: its counter, bumped again by
+    # the recompute (its values alike), was printed by identity and never compared
+    layer, x = _ScaledFirst(), inputs()
+    with recheck.watch(raise_on_finding=False) as w:
+        checkpoint(layer, x, use_reentrant=False).sum().backward()
+    assert layer.scale.calls == 2
+    (finding,) = w.report.by_kind("state")
+    assert finding.code == "RC104" and "_CountingScale with .calls = 1 -> .calls = 2" in finding.message, str(w.report)
+    report = recheck.check(layer, x)
+    assert report.by_kind("state") and layer.scale.calls == 2, str(report)  # found, and put back
