@@ -172,10 +172,10 @@ def fingerprint(value: Any, depth: int = _MAX_DEPTH) -> Any:
     Floats compare by bit pattern (``-0.0`` and NaN payloads count); tensors by metadata
     and :func:`~recheck.runtime.digests.tensor_digest`; tuples, lists, dicts and sets by
     length and content (up to ``_MAX_ITEMS`` items and three levels, and a short list of plain
-    scalars below that); objects of user classes by their
+    scalars below that); objects of user classes, callable ones too, by their
     class and ``__dict__`` (never their identity or repr: two objects with equal state are equal);
-    modules, functions, generators (whose streams are compared as RNG state) and other objects by
-    identity.
+    modules, code (:func:`by_identity`), generators (whose streams are compared as RNG state) and
+    other objects by identity.
 
     A logger (transformers' modules all read theirs) is compared by what decides what a
     call emits: identity, level, ``disabled``, ``propagate`` and its handlers.  Its
