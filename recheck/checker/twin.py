@@ -141,8 +141,9 @@ class Twin:
         self.snapshot.add(("default dtype",), DefaultDtypeRecord)
         self.parameters = self.snapshot.track(self.reach, param_kind="state")
         self.snapshot.closures(step)  # (a batch list it pops from, a list it appends to)
-        for name, why in [*self.reach.unreadable.items(), *self.state.unreadable.items()]:
-            self.snapshot.unrestorable.setdefault(name if "`" in name else f"`{name}`", f"looking into it raised {why}")
+        unreadable = {**{f"`{name}`": why for name, why in self.reach.unreadable.items()}, **self.state.unreadable}
+        for what, why in unreadable.items():  # (the step search names its objects by their type, in words)
+            self.snapshot.unrestorable.setdefault(what, f"looking into it raised {why}")
         self.snapshot.refuse_iterators()
         self.inputs = [tensor for _, tensor in inputs]
         for path, tensor in inputs:  # a region's inputs (check()), named by their path

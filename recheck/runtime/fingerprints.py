@@ -157,9 +157,11 @@ def items_of(value: Any, cls: type, limit: int = _MAX_ITEMS) -> tuple[int, Seque
     """The length and first ``limit`` items (a dict's ``(key, value)`` pairs) of a list, tuple,
     dict, set or frozenset ``value`` of class ``cls``, read through the built-in type's own
     methods: a subclass's overridden ``__len__``, ``__getitem__``, ``items`` or ``__iter__`` is
-    the program's code, not what the container holds."""
-    if cls is list or cls is tuple:  # (most: sliced in C)
-        return len(value), value[:limit]
+    the program's code, not what the container holds.  A list or tuple of those exact types is
+    given as it is where it is within ``limit`` (most are short: no copy)."""
+    if cls is list or cls is tuple:
+        size = len(value)
+        return size, value if size <= limit else value[:limit]
     if issubclass(cls, dict):
         return dict.__len__(value), list(itertools.islice(dict.items(value), limit))
     base = next(kind for kind in (list, tuple, set, frozenset) if issubclass(cls, kind))
@@ -319,9 +321,6 @@ def shallow(value: Any, depth: int = 2) -> Any:
         if depth <= 0 or issubclass(cls, (torch.nn.Module, type, torch.Generator)) or by_identity(value, cls):
             return ("id", id(value))
         below = depth - 1
-        if cls is list or cls is tuple:  # (read as it is: most are short)
-            size, items = len(value), value if len(value) <= _MAX_ITEMS else value[:_MAX_ITEMS]
-            return (cls.__name__, size, tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))
         if issubclass(cls, (list, tuple)):
             size, items = items_of(value, cls)
             return (cls.__name__, size, tuple([v if type(v) in AS_IS else _item(v, below) for v in items]))

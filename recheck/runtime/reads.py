@@ -76,16 +76,15 @@ def names_read(roots: Iterable[types.FunctionType], classes: Iterable[type]) -> 
     """Every name the code of ``roots`` names, following the functions it names (see the
     module docstring) through ``classes``' methods and properties."""
     methods: dict[str, list[Any]] = {}
+    todo = list(roots)
     for cls in set(classes):
         for klass in cls.__mro__:
             for name, member in vars(klass).items():
                 methods.setdefault(name, []).append(member)
+            if not is_library(klass.__module__):  # an object of it called (``self.scale(x)``) runs its
+                todo += _functions_in(vars(klass).get("__call__"))  # __call__, which no code names
     names: set[str] = set()
     walked: set[types.CodeType] = set()
-    todo = list(roots)
-    for cls in set(classes):  # an object of one of them called (``self.scale(x)``) runs its __call__, unnamed
-        todo += [f for klass in cls.__mro__ if not is_library(klass.__module__)
-                 for f in _functions_in(vars(klass).get("__call__"))]
     while todo:
         function = todo.pop()
         code = function.__code__
