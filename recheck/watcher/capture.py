@@ -21,7 +21,8 @@ import torch
 from recheck.findings import Subject, one_line_pair
 from recheck.runtime.naming import buffer_subject
 from recheck.runtime.reach import GlobalRef, Reach, cell_values
-from recheck.runtime.fingerprints import AS_IS, MISSING, module_state_names, shallow, show, show_printed, show_shallow
+from recheck.runtime.fingerprints import (AS_IS, MISSING, items_of, module_state_names, shallow, show, show_printed,
+                                          show_shallow)
 from recheck.runtime.rng import CPU_STREAM, cpu_fingerprint, only_cpu, rng_fingerprints
 from recheck.runtime.digests import Store, print_buffer
 
@@ -510,21 +511,21 @@ def _differing(old: dict, new: dict, holder: Any, how: str) -> Iterator[tuple[An
         if key in old and key in new and old[key] == new[key]:
             continue
         value = _member(holder, key, how)
-        if how == "[]" and type(key) is int and value is MISSING and isinstance(holder, dict):
+        if how == "[]" and type(key) is int and value is MISSING and issubclass(type(holder), dict):
             return  # a key gone from a dict, printed as an int: maybe an object's id, not to be shown
-        step = f".{key}" if how == "." else f"[{key!r}]"
+        step = str(key) if how == "." else f"[{key!r}]"
         was, printed = old.get(key, MISSING), new.get(key, MISSING)
         inner = _items(was, printed)
         if inner is not None and value is not MISSING:
             for _, below, was_below, now_below in _differing(*inner, value, "[]"):
-                yield key, step.lstrip(".") + below, was_below, now_below
+                yield key, step + below, was_below, now_below
                 break
             else:
-                yield key, step.lstrip("."), "<another object>", show(value, 40)
+                yield key, step, "<another object>", show(value, 40)
             continue
         shown = "<absent>" if value is MISSING else \
             show_shallow(printed) if type(printed) is tuple and printed[:1] == ("tensor",) else show(value, 40)
-        yield key, step.lstrip("."), "<absent>" if was is MISSING else show_shallow(was), shown
+        yield key, step, "<absent>" if was is MISSING else show_shallow(was), shown
 
 
 def _items(before: Any, after: Any) -> tuple[dict, dict] | None:
@@ -543,9 +544,13 @@ def _member(holder: Any, key: Any, how: str) -> Any:
     try:
         if how == ".":
             return getattr(holder, key, MISSING) if isinstance(key, str) else MISSING
-        if isinstance(holder, dict):
+        kind = type(holder)
+        if issubclass(kind, dict):
             return dict.get(holder, key, MISSING)
-        return holder[key] if isinstance(holder, (list, tuple)) and 0 <= key < len(holder) else MISSING
+        if issubclass(kind, (list, tuple)):
+            size, items = items_of(holder, kind)
+            return items[key] if 0 <= key < size and key < len(items) else MISSING
+        return MISSING
     except Exception:  # noqa: BLE001 - a user's __getattr__: the value now is not shown
         return MISSING
 

@@ -520,10 +520,10 @@ class InvocationRecord:
     forward_effects: list[Any] | None = None
     _at_last_save: tuple[capture.ModuleState, int | None] | None = None
     _late_keys: frozenset[tuple[str, str]] = _NONE
-    #: globals the region reads that its own forward changed, as (subject, then, now, whether the
+    #: globals the region reads that its own forward changed, as (subject, message, whether the
     #: recompute changed it again): a ``global`` finding where the recompute changes it again (a
     #: counter) or computes something else, none where it changes nothing (a cache its forward filled)
-    _own_writes: tuple[tuple[str, str, str, bool], ...] = ()
+    _own_writes: tuple[tuple[str, str, bool], ...] = ()
     _early_effects: int | None = None
     #: notes of the observations of this call that failed (recheck's own failures, never the
     #: region's): each check that failed was skipped, and the call went on
@@ -859,12 +859,12 @@ class InvocationRecord:
             kind, subject = key
             if kind == "global" and forward.entry.get(key, value) != value and forward.reads(self.function, key):
                 then, now = capture.global_change(forward.reach, key, forward.entry[key], forward.shown[key])
+                message = f"{subject} was {then} at forward and {now} at recompute"
                 if left is not None and left.get(key) == value:
                     # the forward left it so: the region's own write, a finding only if it matters (findings_of)
-                    self._own_writes = (*self._own_writes, (subject, then, now, False))
+                    self._own_writes = (*self._own_writes, (subject, message, False))
                     continue
-                self._add("global", f"{subject} was {then} at forward and {now} at recompute",
-                          subject=subject)
+                self._add("global", message, subject=subject)
         # (name, version at forward, version now) of the parameters modified in place since
         # the parameters of the forward's scope (the modules that ran, their submodules, the
         # callable's own): a region of timm's checkpoint_seq reaches every block of the model
@@ -921,8 +921,8 @@ class InvocationRecord:
             now_state, _ = capture.entry_state(forward.reach, with_text=False)
             forward_left = forward.globals_exit or {}
             self._own_writes = tuple(
-                (subject, then, now, now_state.get(("global", subject)) != forward_left.get(("global", subject)))
-                for subject, then, now, _ in self._own_writes)
+                (subject, message, now_state.get(("global", subject)) != forward_left.get(("global", subject)))
+                for subject, message, _ in self._own_writes)
         state_exit = forward.state(self.store)
         # under a full replay of a call that asked for early stop, what its forward changed only
         # after its last saved tensor is changed again only because of the replay: latent
@@ -1095,8 +1095,8 @@ class InvocationRecord:
         drafts = (*self.findings, *self._saved_finding())
         if self._own_writes:  # a global its forward changed: where the recompute changes it again or differs
             differs = any(draft.kind == "recompute" for draft in drafts)
-            drafts += tuple(self._finding("global", f"{subject} was {then} at forward and {now} at recompute", subject)
-                            for subject, then, now, again in dict.fromkeys(self._own_writes) if again or differs)
+            drafts += tuple(self._finding("global", message, subject)
+                            for subject, message, again in dict.fromkeys(self._own_writes) if again or differs)
         if not drafts:  # (the region is worded only for a finding)
             return []
         region, callsite, tags = str(self.region), self.region.callsite, self.tags
